@@ -1,0 +1,146 @@
+"""minBERT: the BERT encoder written from scratch.
+
+Class order follows the original: embeddings -> self-attention -> layer -> encoder -> pooler -> model.
+The course's split API is kept so that the embedding output is reachable (SMART perturbs it):
+
+    hidden = bert.embed(input_ids, token_type_ids)          # (B, T, H)
+    hidden = bert.encode(hidden, attention_mask)            # (B, T, H)
+    outputs = bert(input_ids, attention_mask)               # {'last_hidden_state', 'pooler_output'}
+
+Shapes: B batch, T tokens, H hidden, nh heads, hs head size (H = nh * hs).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from base_bert import BertConfig, BertPreTrainedModel
+
+
+class BertEmbeddings(nn.Module):
+    """Sum of word, position and segment embeddings, then LayerNorm and dropout."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
+        self.layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+        seq_len = input_ids.shape[1]
+        if seq_len > self.position_embeddings.num_embeddings:
+            raise ValueError(f"sequence of {seq_len} tokens is longer than the model's "
+                             f"{self.position_embeddings.num_embeddings} positions; truncate it")
+        positions = torch.arange(seq_len, device=input_ids.device)  # (T,)
+        hidden = self.word_embeddings(input_ids) + self.position_embeddings(positions)  # (B, T, H)
+        if token_type_ids is None:
+            # Segment 0 everywhere: add its one row instead of looking up a tensor of zeros.
+            hidden = hidden + self.token_type_embeddings.weight[0]
+        else:
+            hidden = hidden + self.token_type_embeddings(token_type_ids)
+        return self.dropout(self.layer_norm(hidden))
+
+
+class BertSelfAttention(nn.Module):
+    """Multi-head scaled dot-product attention with one fused Q/K/V projection."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.head_size = config.hidden_size // config.num_attention_heads
+        self.qkv = nn.Linear(config.hidden_size, 3 * config.hidden_size)
+        self.out_proj = nn.Linear(config.hidden_size, config.hidden_size)
+        self.dropout_p = config.attention_probs_dropout_prob
+        self.implementation = config.attn_implementation
+
+    def attention(self, query, key, value, key_mask: torch.Tensor) -> torch.Tensor:
+        """The handout's softmax(QK^T / sqrt(hs)) V, written out; `key_mask` (B, 1, 1, T) is True where attended."""
+        scores = query @ key.transpose(-2, -1) / math.sqrt(self.head_size)  # (B, nh, T, T)
+        scores = scores.masked_fill(~key_mask, torch.finfo(scores.dtype).min)
+        probs = F.dropout(scores.softmax(dim=-1), p=self.dropout_p, training=self.training)
+        return probs @ value  # (B, nh, T, hs)
+
+    def forward(self, hidden: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
+        B, T, H = hidden.shape
+        qkv = self.qkv(hidden).view(B, T, 3, self.num_heads, self.head_size)  # (B, T, 3, nh, hs)
+        query, key, value = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 x (B, nh, T, hs)
+        if self.implementation == "sdpa":
+            context = F.scaled_dot_product_attention(
+                query, key, value, attn_mask=key_mask,
+                dropout_p=self.dropout_p if self.training else 0.0)  # (B, nh, T, hs)
+        else:
+            context = self.attention(query, key, value, key_mask)
+        context = context.transpose(1, 2).reshape(B, T, H)  # (B, T, H)
+        return self.out_proj(context)
+
+
+class BertLayer(nn.Module):
+    """Post-LayerNorm transformer block: attention, add & norm, feed-forward (exact GELU), add & norm."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.attention = BertSelfAttention(config)
+        self.attention_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.ffn_in = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.ffn_out = nn.Linear(config.intermediate_size, config.hidden_size)
+        self.output_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def add_norm(self, residual: torch.Tensor, sublayer_output: torch.Tensor, norm: nn.LayerNorm) -> torch.Tensor:
+        """Dropout on the sub-layer output before it is added to its input and normalised."""
+        return norm(residual + self.dropout(sublayer_output))
+
+    def feed_forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.ffn_out(F.gelu(self.ffn_in(hidden)))  # (B, T, H)
+
+    def forward(self, hidden: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
+        hidden = self.add_norm(hidden, self.attention(hidden, key_mask), self.attention_norm)
+        return self.add_norm(hidden, self.feed_forward(hidden), self.output_norm)
+
+
+class BertEncoder(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.layers = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
+
+    def forward(self, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        key_mask = attention_mask.bool()[:, None, None, :]  # (B, 1, 1, T): padding keys are never attended
+        for layer in self.layers:
+            hidden = layer(hidden, key_mask)
+        return hidden
+
+
+class BertPooler(nn.Module):
+    """Dense + tanh on the [CLS] hidden state."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.dense(hidden[:, 0]))  # (B, H)
+
+
+class BertModel(BertPreTrainedModel):
+    def __init__(self, config: BertConfig):
+        super().__init__(config)
+        self.embeddings = BertEmbeddings(config)
+        self.encoder = BertEncoder(config)
+        self.pooler = BertPooler(config)
+        self.init_weights()
+
+    def embed(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+        return self.embeddings(input_ids, token_type_ids)  # (B, T, H)
+
+    def encode(self, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return self.encoder(hidden, attention_mask)  # (B, T, H)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                token_type_ids: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        hidden = self.encode(self.embed(input_ids, token_type_ids), attention_mask)
+        return {"last_hidden_state": hidden, "pooler_output": self.pooler(hidden)}

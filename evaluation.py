@@ -1,0 +1,394 @@
+"""Metrics, leaderboard prediction files and result plots for the three multitask tasks.
+
+Tasks: SST-5 sentiment (accuracy), Quora paraphrase detection (accuracy), STS-B similarity
+(Pearson r). The course leaderboard combines them as
+    overall = ((pearson + 1) / 2 + sst_acc + paraphrase_acc) / 3
+so that the Pearson correlation is mapped from [-1, 1] onto [0, 1] before averaging.
+
+Everything here is pure (no model, no torch); matplotlib is imported inside the plot
+functions only, so importing this module stays cheap for training and tests.
+"""
+
+import csv
+import math
+import os
+import re
+import tempfile
+import warnings
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+
+LEADERBOARD_COLUMNS = {
+    "sst": "Predicted_Sentiment",
+    "quora": "Predicted_Is_Paraphrase",
+    "sts": "Predicted_Similarity",
+}
+
+# The multitask CLI defaults; keys use the same task names as LEADERBOARD_COLUMNS.
+DEFAULT_OUTPUTS = {
+    ("sst", "dev"): "predictions/sst-dev-output.csv",
+    ("sst", "test"): "predictions/sst-test-output.csv",
+    ("quora", "dev"): "predictions/para-dev-output.csv",
+    ("quora", "test"): "predictions/para-test-output.csv",
+    ("sts", "dev"): "predictions/sts-dev-output.csv",
+    ("sts", "test"): "predictions/sts-test-output.csv",
+}
+
+# (history key, human label) for the columns of forgetting tables and plots.
+HISTORY_METRICS = (
+    ("sst_acc", "SST acc"),
+    ("para_acc", "QQP acc"),
+    ("sts_pearson", "STS r"),
+    ("overall", "overall"),
+)
+
+
+class PredictionsFileError(ValueError):
+    """A predictions CSV is missing or malformed; the message names the file and the problem."""
+
+
+# ---------------------------------------------------------------------------------------
+# Metrics
+
+
+def _paired_arrays(predictions, labels) -> tuple[np.ndarray, np.ndarray]:
+    pred = np.asarray(predictions, dtype=float).reshape(-1)
+    gold = np.asarray(labels, dtype=float).reshape(-1)
+    if pred.shape != gold.shape:
+        raise ValueError(f"{pred.size} predictions but {gold.size} labels")
+    if pred.size == 0:
+        raise ValueError("cannot compute metrics on zero examples")
+    return pred, gold
+
+
+def _f1_per_class(pred: np.ndarray, gold: np.ndarray, cls: float) -> float:
+    true_pos = np.sum((pred == cls) & (gold == cls))
+    predicted = np.sum(pred == cls)
+    actual = np.sum(gold == cls)
+    # F1 = 2TP / (predicted + actual); a class absent from both scores 0, as in scikit-learn.
+    return 0.0 if predicted + actual == 0 else float(2 * true_pos / (predicted + actual))
+
+
+def sst_metrics(predictions, labels) -> dict[str, float]:
+    """Accuracy plus macro and support-weighted F1 over the classes seen in either input.
+
+    The class set is the union of predicted and gold labels (scikit-learn's convention), so a
+    class the model predicts but never occurs in the gold data drags the macro F1 down.
+    """
+    pred, gold = _paired_arrays(predictions, labels)
+    classes = np.union1d(pred, gold)
+    f1 = np.array([_f1_per_class(pred, gold, c) for c in classes])
+    support = np.array([np.sum(gold == c) for c in classes])
+    return {
+        "acc": float(np.mean(pred == gold)),
+        "f1_macro": float(np.mean(f1)),
+        "f1_weighted": float(np.sum(f1 * support) / support.sum()),
+    }
+
+
+def paraphrase_metrics(predictions, labels) -> dict[str, float]:
+    """Accuracy and F1 of the positive (is-paraphrase) class; inputs must be 0/1."""
+    pred, gold = _paired_arrays(predictions, labels)
+    for name, values in (("predictions", pred), ("labels", gold)):
+        if not np.isin(values, (0.0, 1.0)).all():
+            raise ValueError(f"paraphrase {name} must be 0 or 1 (threshold probabilities first)")
+    return {"acc": float(np.mean(pred == gold)), "f1": _f1_per_class(pred, gold, 1.0)}
+
+
+def sts_metrics(predictions, labels) -> dict[str, float]:
+    """Pearson correlation between predicted and gold similarity scores.
+
+    Pearson r is undefined when either side is constant (zero variance); a collapsed model
+    does exactly that early in training, so it is reported as 0.0 (no linear relation)
+    with a RuntimeWarning instead of NaN, which would poison the overall score.
+    """
+    pred, gold = _paired_arrays(predictions, labels)
+    if np.ptp(pred) == 0 or np.ptp(gold) == 0:
+        side = "predictions" if np.ptp(pred) == 0 else "labels"
+        warnings.warn(f"STS {side} are constant; Pearson r reported as 0.0", RuntimeWarning, stacklevel=2)
+        return {"pearson": 0.0}
+    return {"pearson": float(np.corrcoef(pred, gold)[0, 1])}
+
+
+def overall_score(sst_acc: float, paraphrase_acc: float, sts_pearson: float) -> float:
+    return ((sts_pearson + 1) / 2 + sst_acc + paraphrase_acc) / 3
+
+
+def summarize_line(metrics: Mapping[str, object]) -> str:
+    """One line like 'epoch 3 | sst_acc 0.5120 | sts_pearson 0.8610', keys in the given order."""
+
+    def fmt(value: object) -> str:
+        if isinstance(value, (float, np.floating)):
+            return f"{float(value):.4f}"
+        return str(value)
+
+    return " | ".join(f"{key} {fmt(value)}" for key, value in metrics.items())
+
+
+# ---------------------------------------------------------------------------------------
+# Leaderboard prediction files
+
+
+def _column(task: str) -> str:
+    if task not in LEADERBOARD_COLUMNS:
+        raise ValueError(f"unknown task {task!r}; expected one of {sorted(LEADERBOARD_COLUMNS)}")
+    return LEADERBOARD_COLUMNS[task]
+
+
+def _format_prediction(value, task: str) -> str:
+    number = float(value)
+    if task == "sts":
+        if not math.isfinite(number):
+            raise ValueError(f"similarity prediction {value!r} is not finite")
+        return f"{number:.6g}"
+    if not number.is_integer():
+        raise ValueError(f"{task} prediction {value!r} is not an integer class")
+    if task == "quora" and number not in (0.0, 1.0):
+        raise ValueError(f"paraphrase prediction {value!r} is not 0 or 1")
+    return str(int(number))
+
+
+def _first_few(items: Iterable[str], limit: int = 3) -> str:
+    items = sorted(items)
+    shown = ", ".join(items[:limit])
+    return shown + (f" (+{len(items) - limit} more)" if len(items) > limit else "")
+
+
+def write_predictions(path: str | os.PathLike, ids: Sequence, predictions: Sequence, task: str) -> None:
+    """Write a leaderboard CSV `id,<column>` with one row per id, in the order given.
+
+    The file is written to a temporary sibling and moved into place, so a crash mid-write
+    never leaves a truncated predictions file that looks complete.
+    """
+    path = Path(path)
+    column = _column(task)
+    ids = [str(i) for i in ids]
+    if len(ids) != len(predictions):
+        raise ValueError(f"{path}: {len(ids)} ids but {len(predictions)} predictions")
+    repeated = [i for i, count in Counter(ids).items() if count > 1]
+    if repeated:
+        raise ValueError(f"{path}: repeated ids: {_first_few(repeated)}")
+    rows = [(i, _format_prediction(p, task)) for i, p in zip(ids, predictions)]
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", newline="") as handle:
+            writer = csv.writer(handle, lineterminator="\n")
+            writer.writerow(["id", column])
+            writer.writerows(rows)
+        os.replace(tmp_name, path)
+    except BaseException:
+        os.unlink(tmp_name)
+        raise
+
+
+def _parse_value(text: str, task: str) -> int | float:
+    number = float(text)  # ValueError on junk, handled by the caller
+    if task == "sts":
+        if not math.isfinite(number):
+            raise ValueError
+        return number
+    if not number.is_integer() or (task == "quora" and number not in (0.0, 1.0)):
+        raise ValueError
+    return int(number)
+
+
+def read_predictions(path: str | os.PathLike, task: str) -> dict[str, int | float]:
+    """Parse a leaderboard CSV into {id: prediction}, rejecting anything the grader would.
+
+    Accepts the comma-separated form written by write_predictions and the course starter's
+    form ('id \\t Predicted_Sentiment' header, 'id , value' rows); cells are whitespace-stripped.
+    """
+    path = Path(path)
+    column = _column(task)
+    if not path.is_file():
+        raise PredictionsFileError(f"{path}: file not found")
+    with path.open(newline="") as handle:
+        header_line = handle.readline()
+        header = [cell.strip() for cell in re.split(r"[,\t]", header_line.strip())]
+        if header != ["id", column]:
+            raise PredictionsFileError(f"{path}: header is {header_line.strip()!r}, expected 'id,{column}'")
+        predictions: dict[str, int | float] = {}
+        for line_number, row in enumerate(csv.reader(handle), start=2):
+            if not row:
+                continue
+            cells = [cell.strip() for cell in row]
+            if len(cells) != 2 or not cells[0]:
+                raise PredictionsFileError(f"{path}:{line_number}: expected 'id,value', got {','.join(row)!r}")
+            row_id, text = cells
+            if row_id in predictions:
+                raise PredictionsFileError(f"{path}:{line_number}: duplicate id {row_id}")
+            try:
+                predictions[row_id] = _parse_value(text, task)
+            except ValueError:
+                raise PredictionsFileError(f"{path}:{line_number}: invalid {column} value {text!r}") from None
+    return predictions
+
+
+def check_predictions_file(
+    path: str | os.PathLike, expected_ids: Iterable | None, task: str
+) -> dict[str, int | float]:
+    """Read a predictions file and, when expected_ids is given, require exactly those ids.
+
+    Returns the parsed {id: prediction}; raises PredictionsFileError naming the file and the
+    missing or extra ids.
+    """
+    predictions = read_predictions(path, task)
+    if expected_ids is not None:
+        expected_list = [str(i) for i in expected_ids]
+        expected = set(expected_list)
+        if len(expected) != len(expected_list):
+            raise ValueError("expected_ids contains duplicates")
+        missing = expected - predictions.keys()
+        extra = predictions.keys() - expected
+        problems = []
+        if missing:
+            problems.append(f"{len(missing)} missing ids ({_first_few(missing)})")
+        if extra:
+            problems.append(f"{len(extra)} unexpected ids ({_first_few(extra)})")
+        if problems:
+            raise PredictionsFileError(f"{path}: " + "; ".join(problems))
+    return predictions
+
+
+# ---------------------------------------------------------------------------------------
+# Stage history: forgetting tables and plots
+
+
+def _history_matrix(history: Sequence[Mapping]) -> tuple[list[str], np.ndarray]:
+    """Row labels ('1. qqp', ...) and a (stages, len(HISTORY_METRICS)) matrix of dev metrics.
+
+    'overall' is derived from the three task metrics when an entry does not carry it.
+    """
+    if not history:
+        raise ValueError("history is empty; nothing to tabulate")
+    labels, rows = [], []
+    for index, entry in enumerate(history, start=1):
+        stage = entry.get("stage", f"stage {index}")
+        for key in ("sst_acc", "para_acc", "sts_pearson"):
+            if key not in entry:
+                raise ValueError(f"history entry {index} ({stage}) lacks {key!r}")
+        overall = entry.get("overall", overall_score(entry["sst_acc"], entry["para_acc"], entry["sts_pearson"]))
+        labels.append(f"{index}. {stage}")
+        rows.append([entry["sst_acc"], entry["para_acc"], entry["sts_pearson"], overall])
+    return labels, np.array(rows, dtype=float)
+
+
+def forgetting_table_markdown(history: Sequence[Mapping]) -> str:
+    """Markdown table stage × metric, closed by a 'forgetting' row = best-ever minus final.
+
+    A forgetting of 0 means the final model is as good as the best stage on that metric.
+    """
+    labels, matrix = _history_matrix(history)
+    names = [name for _, name in HISTORY_METRICS]
+    lines = ["| stage | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+    for label, row in zip(labels, matrix):
+        lines.append(f"| {label} | " + " | ".join(f"{v:.4f}" for v in row) + " |")
+    forgetting = matrix.max(axis=0) - matrix[-1]
+    lines.append("| forgetting (best − final) | " + " | ".join(f"{v:.4f}" for v in forgetting) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig, path: str | os.PathLike) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    _pyplot().close(fig)
+    return path
+
+
+def plot_forgetting_matrix(history: Sequence[Mapping], path: str | os.PathLike) -> Path:
+    """Heat map of dev metrics after each completed stage, values written in the cells."""
+    plt = _pyplot()
+    labels, matrix = _history_matrix(history)
+    fig, ax = plt.subplots(figsize=(1.6 * matrix.shape[1] + 2, 0.6 * matrix.shape[0] + 1.5))
+    image = ax.imshow(matrix, cmap="viridis", vmin=min(0.0, matrix.min()), vmax=1.0, aspect="auto")
+    ax.set_xticks(range(matrix.shape[1]), [name for _, name in HISTORY_METRICS])
+    ax.set_yticks(range(matrix.shape[0]), labels)
+    ax.set_xlabel("dev metric")
+    ax.set_ylabel("after stage")
+    for row in range(matrix.shape[0]):
+        for col in range(matrix.shape[1]):
+            value = matrix[row, col]
+            ax.text(col, row, f"{value:.3f}", ha="center", va="center", color="white" if value < 0.6 else "black")
+    fig.colorbar(image, ax=ax)
+    ax.set_title("Dev performance after each training stage")
+    return _save(fig, path)
+
+
+def plot_training_curves(history: Sequence[Mapping], path: str | os.PathLike) -> Path:
+    """One panel per task: dev metric over history entries, plus train metric when logged
+    (keys 'train_sst_acc', 'train_para_acc', 'train_sts_pearson')."""
+    plt = _pyplot()
+    labels, matrix = _history_matrix(history)
+    tasks = HISTORY_METRICS[:3]
+    fig, axes = plt.subplots(1, len(tasks), figsize=(5 * len(tasks), 4), sharex=True)
+    steps = np.arange(len(labels))
+    for col, (ax, (key, name)) in enumerate(zip(axes, tasks)):
+        ax.plot(steps, matrix[:, col], marker="o", label="dev")
+        train = [entry.get(f"train_{key}", np.nan) for entry in history]
+        if not np.all(np.isnan(np.asarray(train, dtype=float))):
+            ax.plot(steps, train, marker="s", linestyle="--", label="train")
+        ax.set_title(name)
+        ax.set_xticks(steps, labels, rotation=45, ha="right")
+        ax.grid(alpha=0.3)
+        ax.legend()
+    return _save(fig, path)
+
+
+def plot_error_analysis(
+    sst_pred, sst_gold, para_pred, para_gold, sts_pred, sts_gold, out_dir: str | os.PathLike
+) -> list[Path]:
+    """Write sst_error_histogram.png, quora_confusion_matrix.png and sts_scatter.png."""
+    plt = _pyplot()
+    out_dir = Path(out_dir)
+    sst_p, sst_g = _paired_arrays(sst_pred, sst_gold)
+    para_p, para_g = _paired_arrays(para_pred, para_gold)
+    sts_p, sts_g = _paired_arrays(sts_pred, sts_gold)
+    paths = []
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.hist(sst_p - sst_g, bins=np.arange(-4.5, 5.5, 1.0), rwidth=0.85)
+    ax.set_xticks(range(-4, 5))
+    ax.set_xlabel("predicted − gold sentiment class")
+    ax.set_ylabel("examples")
+    ax.set_title(f"SST errors (acc {sst_metrics(sst_p, sst_g)['acc']:.3f})")
+    paths.append(_save(fig, out_dir / "sst_error_histogram.png"))
+
+    para = paraphrase_metrics(para_p, para_g)  # also validates the 0/1 values indexed below
+    confusion = np.zeros((2, 2), dtype=int)  # rows: gold, columns: predicted
+    np.add.at(confusion, (para_g.astype(int), para_p.astype(int)), 1)
+    fig, ax = plt.subplots(figsize=(4.5, 4))
+    ax.imshow(confusion, cmap="Blues")
+    for gold in range(2):
+        for pred in range(2):
+            ax.text(pred, gold, str(confusion[gold, pred]), ha="center", va="center",
+                    color="white" if confusion[gold, pred] > confusion.max() / 2 else "black")
+    ax.set_xticks([0, 1], ["not para", "para"])
+    ax.set_yticks([0, 1], ["not para", "para"])
+    ax.set_xlabel("predicted")
+    ax.set_ylabel("gold")
+    ax.set_title(f"QQP (acc {para['acc']:.3f}, F1 {para['f1']:.3f})")
+    paths.append(_save(fig, out_dir / "quora_confusion_matrix.png"))
+
+    fig, ax = plt.subplots(figsize=(5, 5))
+    ax.scatter(sts_g, sts_p, s=6, alpha=0.4)
+    ax.set_xlabel("gold similarity")
+    ax.set_ylabel("predicted similarity")
+    ax.set_title(f"STS (Pearson r = {sts_metrics(sts_p, sts_g)['pearson']:.3f})")
+    paths.append(_save(fig, out_dir / "sts_scatter.png"))
+    return paths

@@ -1,0 +1,313 @@
+import math
+import os
+import zipfile
+
+import numpy as np
+import pytest
+
+import evaluation
+import prepare_submit
+from evaluation import (
+    DEFAULT_OUTPUTS,
+    PredictionsFileError,
+    check_predictions_file,
+    forgetting_table_markdown,
+    overall_score,
+    paraphrase_metrics,
+    plot_error_analysis,
+    plot_forgetting_matrix,
+    plot_training_curves,
+    read_predictions,
+    sst_metrics,
+    sts_metrics,
+    summarize_line,
+    write_predictions,
+)
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+HISTORY = [
+    {"stage": "qqp", "sst_acc": 0.20, "para_acc": 0.80, "sts_pearson": 0.70, "train_para_acc": 0.85},
+    {"stage": "sts", "sst_acc": 0.50, "para_acc": 0.75, "sts_pearson": 0.80, "train_sts_pearson": 0.9},
+    {"stage": "sst", "sst_acc": 0.45, "para_acc": 0.70, "sts_pearson": 0.85, "train_sst_acc": 0.6},
+]
+
+
+# --- metrics -------------------------------------------------------------------------------
+
+
+def test_sst_metrics_hand_computed():
+    # class 0: F1 1; class 1: TP 1, 1 predicted, 2 gold -> 2/3; class 2: TP 1, 2 predicted, 1 gold -> 2/3
+    metrics = sst_metrics([0, 1, 2, 2], [0, 1, 2, 1])
+    assert metrics["acc"] == pytest.approx(3 / 4)
+    assert metrics["f1_macro"] == pytest.approx((1 + 2 / 3 + 2 / 3) / 3)
+    assert metrics["f1_weighted"] == pytest.approx((1 * 1 + 2 * 2 / 3 + 1 * 2 / 3) / 4)
+
+
+def test_sst_f1_matches_sklearn_including_class_only_predicted():
+    sklearn_metrics = pytest.importorskip("sklearn.metrics")
+    rng = np.random.default_rng(0)
+    gold = rng.integers(0, 4, size=200)  # class 4 never occurs in gold
+    pred = rng.integers(0, 5, size=200)
+    metrics = sst_metrics(pred, gold)
+    assert metrics["f1_macro"] == pytest.approx(sklearn_metrics.f1_score(gold, pred, average="macro"))
+    assert metrics["f1_weighted"] == pytest.approx(sklearn_metrics.f1_score(gold, pred, average="weighted"))
+
+
+def test_paraphrase_metrics_hand_computed():
+    # TP 2, 3 predicted positives, 2 gold positives -> F1 = 2*2 / (3+2)
+    metrics = paraphrase_metrics([1, 1, 1, 0], [1.0, 0.0, 1.0, 0.0])
+    assert metrics == pytest.approx({"acc": 3 / 4, "f1": 4 / 5})
+
+
+def test_paraphrase_metrics_rejects_probabilities():
+    with pytest.raises(ValueError, match="0 or 1"):
+        paraphrase_metrics([0.7, 0.2], [1, 0])
+
+
+def test_sts_pearson_known_vectors():
+    # x deviations (-1, 0, 1), y deviations (-4/3, -1/3, 5/3): r = 3 / (sqrt(2) * sqrt(42)/3)
+    assert sts_metrics([1, 2, 3], [1, 2, 4])["pearson"] == pytest.approx(9 / math.sqrt(84))
+    assert sts_metrics([1, 2, 3], [3, 2, 1])["pearson"] == pytest.approx(-1.0)
+
+
+def test_sts_constant_predictions_give_zero_with_warning():
+    with pytest.warns(RuntimeWarning, match="constant"):
+        assert sts_metrics([2.5, 2.5, 2.5], [1.0, 3.0, 4.0]) == {"pearson": 0.0}
+
+
+def test_metrics_reject_mismatched_lengths():
+    with pytest.raises(ValueError, match="3 predictions but 2 labels"):
+        sst_metrics([1, 2, 3], [1, 2])
+
+
+def test_overall_score_maps_pearson_to_unit_interval():
+    assert overall_score(0.5, 0.8, 0.6) == pytest.approx((0.8 + 0.5 + 0.8) / 3)
+    assert overall_score(1.0, 1.0, 1.0) == pytest.approx(1.0)
+    assert overall_score(0.0, 0.0, -1.0) == pytest.approx(0.0)
+
+
+def test_summarize_line_formats_in_key_order():
+    line = summarize_line({"epoch": 2, "sst_acc": 0.5, "sts_pearson": np.float32(0.25)})
+    assert line == "epoch 2 | sst_acc 0.5000 | sts_pearson 0.2500"
+
+
+# --- prediction files ------------------------------------------------------------------------
+
+
+def test_default_outputs_are_the_course_cli_paths():
+    assert set(DEFAULT_OUTPUTS.values()) == {
+        f"predictions/{task}-{split}-output.csv" for task in ("sst", "para", "sts") for split in ("dev", "test")
+    }
+    assert {task for task, _ in DEFAULT_OUTPUTS} == set(evaluation.LEADERBOARD_COLUMNS)
+
+
+def test_write_predictions_round_trip_keeps_order_and_values(tmp_path):
+    path = tmp_path / "nested" / "sst-dev-output.csv"
+    write_predictions(path, ["c3", "a1", "b2"], np.array([4, 0, 2]), "sst")
+    assert path.read_text() == "id,Predicted_Sentiment\nc3,4\na1,0\nb2,2\n"
+    assert list(read_predictions(path, "sst").items()) == [("c3", 4), ("a1", 0), ("b2", 2)]
+
+
+def test_similarity_round_trip_precision(tmp_path):
+    path = tmp_path / "sts.csv"
+    values = [0.123456789, 4.6, np.float32(1.5), 3]
+    write_predictions(path, ["x", "y", "z", "w"], values, "sts")
+    read = read_predictions(path, "sts")
+    assert list(read) == ["x", "y", "z", "w"]
+    assert list(read.values()) == pytest.approx([float(v) for v in values], rel=5e-6)  # 6 significant digits
+
+
+def test_paraphrase_written_as_integers(tmp_path):
+    path = tmp_path / "para.csv"
+    write_predictions(path, ["p", "q"], [1.0, 0.0], "quora")
+    assert path.read_text().splitlines() == ["id,Predicted_Is_Paraphrase", "p,1", "q,0"]
+
+
+@pytest.mark.parametrize(
+    "ids, predictions, task, message",
+    [
+        (["a", "b", "a"], [1, 2, 3], "sst", "repeated ids: a"),
+        (["a", "b"], [1], "sst", "2 ids but 1 predictions"),
+        (["a"], [2.5], "sst", "not an integer"),
+        (["a"], [2], "quora", "not 0 or 1"),
+        (["a"], [float("nan")], "sts", "not finite"),
+        (["a"], [1], "mnli", "unknown task"),
+    ],
+)
+def test_write_predictions_rejects_bad_input_without_writing(tmp_path, ids, predictions, task, message):
+    with pytest.raises(ValueError, match=message):
+        write_predictions(tmp_path / "out.csv", ids, predictions, task)
+    assert os.listdir(tmp_path) == []
+
+
+def test_atomic_write_leaves_no_temp_files(tmp_path):
+    path = tmp_path / "sst.csv"
+    write_predictions(path, ["a"], [1], "sst")
+    write_predictions(path, ["a", "b"], [1, 3], "sst")
+    assert os.listdir(tmp_path) == ["sst.csv"]
+    assert read_predictions(path, "sst") == {"a": 1, "b": 3}
+
+
+def test_failed_replace_keeps_old_file_and_removes_temp(tmp_path, monkeypatch):
+    path = tmp_path / "sst.csv"
+    write_predictions(path, ["a"], [1], "sst")
+
+    def failing_replace(src, dst):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(evaluation.os, "replace", failing_replace)
+    with pytest.raises(OSError, match="disk full"):
+        write_predictions(path, ["b"], [2], "sst")
+    assert os.listdir(tmp_path) == ["sst.csv"]
+    assert path.read_text() == "id,Predicted_Sentiment\na,1\n"
+
+
+def test_read_accepts_course_starter_format(tmp_path):
+    path = tmp_path / "sst.csv"
+    path.write_text("id \t Predicted_Sentiment \nabc , 3 \ndef , 0 \n")
+    assert read_predictions(path, "sst") == {"abc": 3, "def": 0}
+
+
+def test_check_rejects_duplicate_ids_in_file(tmp_path):
+    path = tmp_path / "sst.csv"
+    path.write_text("id,Predicted_Sentiment\na,1\nb,2\na,3\n")
+    with pytest.raises(PredictionsFileError, match=r"sst.csv:4: duplicate id a"):
+        check_predictions_file(path, None, "sst")
+
+
+def test_check_reports_missing_and_extra_ids(tmp_path):
+    path = tmp_path / "para.csv"
+    write_predictions(path, ["a", "b", "zz"], [1, 0, 1], "quora")
+    with pytest.raises(PredictionsFileError, match=r"para.csv: 1 missing ids \(c\); 1 unexpected ids \(zz\)"):
+        check_predictions_file(path, ["a", "b", "c"], "quora")
+    assert check_predictions_file(path, ["zz", "b", "a"], "quora") == {"a": 1, "b": 0, "zz": 1}
+
+
+@pytest.mark.parametrize(
+    "content, task, message",
+    [
+        ("id,Predicted_Similarity\na,1.0\n", "sst", "expected 'id,Predicted_Sentiment'"),
+        ("id,Predicted_Sentiment\na,good\n", "sst", "sst.csv:2: invalid Predicted_Sentiment value 'good'"),
+        ("id,Predicted_Sentiment\na,1,2\n", "sst", "sst.csv:2: expected 'id,value'"),
+        ("", "sst", "header is ''"),
+    ],
+)
+def test_check_rejects_malformed_files(tmp_path, content, task, message):
+    path = tmp_path / "sst.csv"
+    path.write_text(content)
+    with pytest.raises(PredictionsFileError, match=message):
+        check_predictions_file(path, None, task)
+
+
+def test_check_missing_file(tmp_path):
+    with pytest.raises(PredictionsFileError, match="nope.csv: file not found"):
+        check_predictions_file(tmp_path / "nope.csv", ["a"], "sts")
+
+
+# --- forgetting table and plots ------------------------------------------------------------
+
+
+def test_forgetting_table_best_minus_final():
+    table = forgetting_table_markdown(HISTORY)
+    lines = table.strip().splitlines()
+    assert lines[0] == "| stage | SST acc | QQP acc | STS r | overall |"
+    assert len(lines) == 2 + len(HISTORY) + 1
+    assert lines[2].startswith("| 1. qqp | 0.2000 | 0.8000 | 0.7000 |")
+    forgetting = [float(cell) for cell in lines[-1].strip("|").split("|")[1:]]
+    overall = [overall_score(h["sst_acc"], h["para_acc"], h["sts_pearson"]) for h in HISTORY]
+    assert forgetting == pytest.approx([0.50 - 0.45, 0.80 - 0.70, 0.0, max(overall) - overall[-1]], abs=1e-4)
+
+
+def test_forgetting_table_rejects_incomplete_history():
+    with pytest.raises(ValueError, match="history entry 1 \\(qqp\\) lacks 'sts_pearson'"):
+        forgetting_table_markdown([{"stage": "qqp", "sst_acc": 0.2, "para_acc": 0.8}])
+    with pytest.raises(ValueError, match="empty"):
+        forgetting_table_markdown([])
+
+
+def _assert_png(path):
+    data = path.read_bytes()
+    assert data.startswith(PNG_MAGIC) and len(data) > 1000
+
+
+def test_plot_forgetting_matrix_and_training_curves(tmp_path):
+    _assert_png(plot_forgetting_matrix(HISTORY, tmp_path / "plots" / "forgetting.png"))
+    _assert_png(plot_training_curves(HISTORY, tmp_path / "curves.png"))
+
+
+def test_plot_error_analysis_writes_three_pngs(tmp_path):
+    rng = np.random.default_rng(1)
+    sst_gold = rng.integers(0, 5, 50)
+    para_gold = rng.integers(0, 2, 50)
+    sts_gold = rng.uniform(0, 5, 50)
+    paths = plot_error_analysis(
+        np.clip(sst_gold + rng.integers(-1, 2, 50), 0, 4), sst_gold,
+        rng.integers(0, 2, 50), para_gold,
+        sts_gold + rng.normal(0, 0.5, 50), sts_gold,
+        tmp_path,
+    )
+    assert sorted(p.name for p in paths) == ["quora_confusion_matrix.png", "sst_error_histogram.png", "sts_scatter.png"]
+    for path in paths:
+        _assert_png(path)
+
+
+# --- prepare_submit ------------------------------------------------------------------------
+
+
+def _write_multitask_predictions(directory):
+    for (task, _split), default_path in DEFAULT_OUTPUTS.items():
+        values = [0.5, 4.25] if task == "sts" else [1, 0]
+        write_predictions(directory / os.path.basename(default_path), ["id1", "id2"], values, task)
+
+
+def test_prepare_submit_multitask_zip(tmp_path, capsys):
+    predictions_dir = tmp_path / "preds"
+    _write_multitask_predictions(predictions_dir)
+    out = tmp_path / "submission.zip"
+    assert prepare_submit.main(["--predictions_dir", str(predictions_dir), "--out", str(out)]) == 0
+    with zipfile.ZipFile(out) as archive:
+        assert sorted(archive.namelist()) == sorted(DEFAULT_OUTPUTS.values())
+        assert archive.read("predictions/sst-dev-output.csv") == (predictions_dir / "sst-dev-output.csv").read_bytes()
+    assert "with 6 files" in capsys.readouterr().out
+
+
+def test_prepare_submit_missing_file_is_one_line_error(tmp_path, capsys):
+    predictions_dir = tmp_path / "preds"
+    _write_multitask_predictions(predictions_dir)
+    (predictions_dir / "sts-test-output.csv").unlink()
+    out = tmp_path / "submission.zip"
+    assert prepare_submit.main(["--predictions_dir", str(predictions_dir), "--out", str(out)]) == 1
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "sts-test-output.csv: file not found" in error
+    assert os.listdir(tmp_path) == ["preds"]
+
+
+def test_prepare_submit_rejects_wrong_header(tmp_path, capsys):
+    predictions_dir = tmp_path / "preds"
+    _write_multitask_predictions(predictions_dir)
+    (predictions_dir / "para-dev-output.csv").write_text("id,Predicted_Sentiment\na,1\n")
+    args = ["--predictions_dir", str(predictions_dir), "--out", str(tmp_path / "s.zip")]
+    assert prepare_submit.main(args) == 1
+    assert "para-dev-output.csv: header" in capsys.readouterr().err
+
+
+def test_prepare_submit_minbert_part(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    for name in prepare_submit.MINBERT_CODE_FILES:
+        (tmp_path / name).write_text("# code\n")
+    csv_names = [name for name, _ in prepare_submit.submission_predictions("minbert")]
+    for name in csv_names:
+        write_predictions(tmp_path / "predictions" / name, ["a", "b"], [1, 0], "sst")
+    assert len(csv_names) == 8 and "finetune-cfimdb-test-out.csv" in csv_names
+
+    assert prepare_submit.main(["--part", "minbert"]) == 0
+    with zipfile.ZipFile(tmp_path / "cs224n_default_final_project_submission.zip") as archive:
+        assert sorted(archive.namelist()) == sorted(
+            list(prepare_submit.MINBERT_CODE_FILES) + [f"predictions/{name}" for name in csv_names]
+        )
+
+    (tmp_path / "classifier.py").unlink()
+    assert prepare_submit.main(["--part", "minbert", "--out", "second.zip"]) == 1
+    assert "classifier.py: file not found" in capsys.readouterr().err
+    assert not (tmp_path / "second.zip").exists()
