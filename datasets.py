@@ -1,0 +1,365 @@
+"""Load, validate and batch the course's tab-separated task files (SST, CFIMDB, Quora, STS).
+
+File format, as the course ships it (read here with the csv module, delimiter tab, standard
+double-quote quoting, exactly as the course's csv.DictReader reads them):
+
+    train/dev:      <index>  id  sentence  sentiment                (ids-sst-*, ids-cfimdb-*)
+                    <index>  id  sentence1  sentence2  is_duplicate  (quora-*) or ... similarity (sts-*)
+    test-student:   the same without the label column; the SST and CFIMDB ones carry two
+                    leading index columns (header "0<TAB><TAB>id<TAB>sentence").
+
+The first column(s) are unnamed pandas indexes and are ignored; only named columns are used.
+Labels are written "3" (SST/CFIMDB) or "0.0"/"4.6" (Quora/STS). Text is kept as written apart
+from stripping surrounding whitespace: the uncased tokenizer does the lowercasing.
+
+Every problem with a file is a DataError "<path>:<line>: <problem>" raised at load time. Two
+kinds of row are dropped, never silently (a DataWarning gives the count, the file and the lines):
+rows whose label cell is empty in a labelled split (the course's quora-dev.csv has two,
+which the course's loader also skipped), and training rows with an empty sentence. Dev and test
+rows with an empty sentence are kept, because every id there must get a prediction.
+
+Evaluation loaders (shuffle=False) visit examples longest first rather than in file order, to
+pad less; every batch carries the examples' `ids`, so predictions are matched back by id.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import math
+import random
+import re
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Sampler
+
+SENTENCE_TASKS = ("sst", "cfimdb")
+PAIR_TASKS = ("quora", "sts")
+SPLITS = ("train", "dev", "test")
+LABEL_COLUMNS = {"sst": "sentiment", "cfimdb": "sentiment", "quora": "is_duplicate", "sts": "similarity"}
+TEXT_COLUMNS = {"sst": ("sentence",), "cfimdb": ("sentence",),
+                "quora": ("sentence1", "sentence2"), "sts": ("sentence1", "sentence2")}
+_FILE_PREFIXES = {"sst": "ids-sst", "cfimdb": "ids-cfimdb", "quora": "quora", "sts": "sts"}
+_FILE_SPLITS = {"train": "train", "dev": "dev", "test": "test-student"}
+_WORD_OR_PUNCTUATION = re.compile(r"\w+|[^\w\s]")
+
+
+class DataError(ValueError):
+    """A data file is missing or malformed; str() is one line naming the file (and line)."""
+
+    def __init__(self, path: str | Path, problem: str, line: int | None = None):
+        self.path = str(path)
+        self.problem = problem
+        self.line = line
+        where = self.path if line is None else f"{self.path}:{line}"
+        super().__init__(f"{where}: {problem}")
+
+
+class DataWarning(UserWarning):
+    """Rows were dropped while loading; the message gives the count, the file and the lines."""
+
+
+@dataclass(frozen=True)
+class SentenceExample:
+    id: str
+    sentence: str
+    label: int | None
+
+
+@dataclass(frozen=True)
+class PairExample:
+    id: str
+    sentence1: str
+    sentence2: str
+    label: float | None
+
+
+def standard_paths(data_dir: str | Path) -> dict[tuple[str, str], Path]:
+    """(task, split) -> the course's file name inside data_dir, e.g. ("sst", "test") -> ids-sst-test-student.csv."""
+    data_dir = Path(data_dir)
+    return {(task, split): data_dir / f"{_FILE_PREFIXES[task]}-{_FILE_SPLITS[split]}.csv"
+            for task in SENTENCE_TASKS + PAIR_TASKS for split in SPLITS}
+
+
+def load_sentence_examples(path: str | Path, task: str, split: str) -> list[SentenceExample]:
+    """Read an SST or CFIMDB file; labels are ints (SST 0-4, CFIMDB 0/1), None for split="test"."""
+    if task not in SENTENCE_TASKS:
+        raise ValueError(f"task must be one of {SENTENCE_TASKS}, got {task!r}")
+    return [SentenceExample(example_id, sentence, None if label is None else int(label))
+            for example_id, (sentence,), label in _load_rows(path, task, split)]
+
+
+def load_pair_examples(path: str | Path, task: str, split: str) -> list[PairExample]:
+    """Read a Quora or STS file; labels are floats (Quora 0.0/1.0, STS 0-5), None for split="test"."""
+    if task not in PAIR_TASKS:
+        raise ValueError(f"task must be one of {PAIR_TASKS}, got {task!r}")
+    return [PairExample(example_id, sentence1, sentence2, label)
+            for example_id, (sentence1, sentence2), label in _load_rows(path, task, split)]
+
+
+def load_split(data_dir: str | Path, task: str, split: str) -> list[SentenceExample] | list[PairExample]:
+    """Load the course file for (task, split) from data_dir."""
+    path = standard_paths(data_dir)[(task, split)]
+    if task in SENTENCE_TASKS:
+        return load_sentence_examples(path, task, split)
+    return load_pair_examples(path, task, split)
+
+
+def _load_rows(path: str | Path, task: str, split: str) -> list[tuple[str, tuple[str, ...], float | None]]:
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    labelled = split != "test"
+    label_column = LABEL_COLUMNS[task]
+    text_columns = TEXT_COLUMNS[task]
+    required = ("id",) + text_columns + ((label_column,) if labelled else ())
+    header, rows = _read_table(path, required)
+    column = {name: i for i, name in enumerate(header)}  # a repeated name keeps its last position, as in DictReader
+
+    loaded = []
+    first_line_of_id: dict[str, int] = {}
+    unlabelled_lines, empty_text_lines = [], []
+    for line, fields in rows:
+        example_id = fields[column["id"]].strip()
+        if not example_id:
+            raise DataError(path, "empty id", line)
+        if example_id in first_line_of_id:
+            raise DataError(path, f"duplicate id {example_id!r} (first on line {first_line_of_id[example_id]})", line)
+        first_line_of_id[example_id] = line
+
+        texts = tuple(fields[column[name]].strip() for name in text_columns)
+        label = None
+        if labelled:
+            label_text = fields[column[label_column]].strip()
+            if not label_text:
+                unlabelled_lines.append(line)
+                continue
+            label = _parse_label(task, label_text, path, line)
+        if split == "train" and not all(texts):
+            empty_text_lines.append(line)
+            continue
+        loaded.append((example_id, texts, label))
+
+    _warn_dropped(path, unlabelled_lines, f"an empty '{label_column}' label")
+    _warn_dropped(path, empty_text_lines, "an empty sentence")
+    if not loaded:
+        raise DataError(path, "no usable rows: every row was dropped (see the warnings)")
+    return loaded
+
+
+def _read_table(path: str | Path, required_columns: Sequence[str]) -> tuple[list[str], list[tuple[int, list[str]]]]:
+    """Header and (first line number, fields) of every record; blank lines are not records."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(path, "file not found" if not path.exists() else "not a regular file")
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = raw.count(b"\n", 0, err.start) + 1
+        raise DataError(path, f"text is not valid UTF-8 (byte 0x{raw[err.start]:02x})", line) from None
+    text = text.removeprefix("\ufeff")
+    if not text.strip():
+        raise DataError(path, "file is empty")
+
+    reader = csv.reader(io.StringIO(text, newline=""), delimiter="\t")
+    header: list[str] | None = None
+    header_line = 1
+    rows = []
+    last_line_read = 0
+    try:
+        for fields in reader:
+            first_line, last_line_read = last_line_read + 1, reader.line_num
+            if not fields:
+                continue
+            if header is None:
+                header, header_line = fields, first_line
+                continue
+            if len(fields) != len(header):
+                raise DataError(path, f"expected {len(header)} tab-separated fields as in the header, found "
+                                      f"{len(fields)} (a stray tab or an unbalanced quote?)", first_line)
+            rows.append((first_line, fields))
+    except csv.Error as err:
+        raise DataError(path, f"malformed CSV ({err})", last_line_read + 1) from None
+
+    for name in required_columns:
+        if name not in header:
+            found = ", ".join(repr(h) for h in header)
+            raise DataError(path, f"missing required column {name!r} (header has {found})", header_line)
+    if not rows:
+        raise DataError(path, "header but no data rows")
+    return header, rows
+
+
+def _parse_label(task: str, text: str, path: str | Path, line: int) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise DataError(path, f"label {text!r} is not a number", line) from None
+    if task == "sst":
+        valid, expected = value in (0, 1, 2, 3, 4), "an integer 0-4"
+    elif task in ("cfimdb", "quora"):
+        valid, expected = value in (0, 1), "0 or 1"
+    else:
+        valid, expected = 0.0 <= value <= 5.0, "a number in [0, 5]"  # NaN fails both comparisons
+    if not valid:
+        raise DataError(path, f"{task} label {text!r} out of range (expected {expected})", line)
+    return value
+
+
+def _warn_dropped(path: str | Path, lines: list[int], reason: str) -> None:
+    if not lines:
+        return
+    shown = ", ".join(str(n) for n in lines[:10]) + (", ..." if len(lines) > 10 else "")
+    warnings.warn(f"{path}: dropped {len(lines)} row(s) with {reason} (lines {shown})", DataWarning, stacklevel=4)
+
+
+def collate_sentences(examples: Sequence[SentenceExample], tokenizer, max_length: int) -> dict:
+    """Tokenize a batch, padded to its longest sentence; labels is None for unlabelled examples."""
+    encoding = tokenizer([e.sentence for e in examples], padding=True, truncation=True,
+                         max_length=max_length, return_tensors="pt")
+    return {
+        "input_ids": encoding["input_ids"],  # (B, T)
+        "attention_mask": encoding["attention_mask"],  # (B, T)
+        "token_type_ids": encoding["token_type_ids"],  # (B, T)
+        "labels": _labels(examples, torch.long),  # (B,) or None
+        "ids": [e.id for e in examples],
+    }
+
+
+def collate_pairs(examples: Sequence[PairExample], tokenizer, max_length: int,
+                  label_dtype: torch.dtype = torch.float32, cross_encoder: bool = False) -> dict:
+    """Tokenize a batch of pairs: each side on its own (SBERT, keys *_1 / *_2) or jointly.
+
+    cross_encoder=True gives input_ids / attention_mask / token_type_ids of
+    [CLS] s1 [SEP] s2 [SEP] with segment ids 0 then 1, truncated longest-first to max_length.
+    """
+    first = [e.sentence1 for e in examples]
+    second = [e.sentence2 for e in examples]
+    batch = {}
+    if cross_encoder:
+        encoding = tokenizer(first, text_pair=second, padding=True, truncation=True,
+                             max_length=max_length, return_tensors="pt")
+        batch["input_ids"] = encoding["input_ids"]  # (B, T)
+        batch["attention_mask"] = encoding["attention_mask"]  # (B, T)
+        batch["token_type_ids"] = encoding["token_type_ids"]  # (B, T)
+    else:
+        for suffix, texts in (("_1", first), ("_2", second)):
+            encoding = tokenizer(texts, padding=True, truncation=True, max_length=max_length, return_tensors="pt")
+            batch["input_ids" + suffix] = encoding["input_ids"]  # (B, T_side)
+            batch["attention_mask" + suffix] = encoding["attention_mask"]  # (B, T_side)
+            batch["token_type_ids" + suffix] = encoding["token_type_ids"]  # (B, T_side)
+    batch["labels"] = _labels(examples, label_dtype)  # (B,) or None
+    batch["ids"] = [e.id for e in examples]
+    return batch
+
+
+def _labels(examples: Sequence[SentenceExample] | Sequence[PairExample], dtype: torch.dtype) -> torch.Tensor | None:
+    labels = [e.label for e in examples]
+    if all(label is None for label in labels):
+        return None
+    if any(label is None for label in labels):
+        raise ValueError("a batch mixes labelled and unlabelled examples")
+    return torch.tensor(labels, dtype=dtype)
+
+
+def estimate_length(text: str) -> int:
+    """Words plus punctuation marks: a cheap stand-in for the WordPiece count, used only to sort."""
+    return len(_WORD_OR_PUNCTUATION.findall(text))
+
+
+def example_lengths(examples: Sequence[SentenceExample] | Sequence[PairExample],
+                    cross_encoder: bool = False) -> list[int]:
+    """Length estimates for bucketing: a pair counts the sum of both sides when encoded
+    jointly, else the longer side (each side is padded separately)."""
+    lengths = []
+    for example in examples:
+        if isinstance(example, SentenceExample):
+            lengths.append(estimate_length(example.sentence))
+        else:
+            first, second = estimate_length(example.sentence1), estimate_length(example.sentence2)
+            lengths.append(first + second if cross_encoder else max(first, second))
+    return lengths
+
+
+class LengthBucketSampler(Sampler[list[int]]):
+    """Batch sampler that groups examples of similar length, so batches need little padding.
+
+    shuffle=True: shuffle all indices, cut them into buckets of batch_size * bucket_size_multiplier,
+    sort each bucket by length, cut it into batches and shuffle the batches. The order depends only
+    on (seed, epoch); call set_epoch(epoch) before each epoch to get a new one.
+    shuffle=False: indices sorted by length, longest first, so an out-of-memory error shows up on
+    the first batch rather than the last.
+    Every index appears in exactly one batch per pass; only the last batch of a bucket can be short.
+    """
+
+    def __init__(self, lengths: Sequence[int], batch_size: int, shuffle: bool, seed: int = 0,
+                 bucket_size_multiplier: int = 50):
+        if batch_size < 1 or bucket_size_multiplier < 1:
+            raise ValueError("batch_size and bucket_size_multiplier must be at least 1")
+        self.lengths = list(lengths)
+        self.batch_size = batch_size
+        self.shuffle = shuffle
+        self.seed = seed
+        self.bucket_size = batch_size * bucket_size_multiplier
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return math.ceil(len(self.lengths) / self.batch_size)
+
+    def __iter__(self):
+        if not self.shuffle:
+            order = sorted(range(len(self.lengths)), key=lambda i: -self.lengths[i])
+            yield from _cut(order, self.batch_size)
+            return
+        rng = np.random.default_rng([self.seed, self.epoch])
+        order = rng.permutation(len(self.lengths)).tolist()
+        batches = []
+        for start in range(0, len(order), self.bucket_size):
+            bucket = sorted(order[start:start + self.bucket_size], key=self.lengths.__getitem__)
+            batches.extend(_cut(bucket, self.batch_size))
+        for i in rng.permutation(len(batches)).tolist():
+            yield batches[i]
+
+
+def _cut(indices: list[int], batch_size: int) -> list[list[int]]:
+    return [indices[start:start + batch_size] for start in range(0, len(indices), batch_size)]
+
+
+def make_dataloader(examples: Sequence[SentenceExample] | Sequence[PairExample], tokenizer, batch_size: int,
+                    shuffle: bool, seed: int = 0, max_length: int = 128, cross_encoder: bool = False,
+                    num_workers: int = 0) -> DataLoader:
+    """DataLoader over length-bucketed batches with the collate that fits the example type.
+
+    Batches are dicts from collate_sentences / collate_pairs (pair labels are float32). With
+    shuffle=True call loader.batch_sampler.set_epoch(epoch) each epoch for a fresh order. With
+    shuffle=False the order is longest first, not file order: match predictions by batch["ids"].
+    """
+    if not examples:
+        raise ValueError("no examples to batch")
+    if isinstance(examples[0], SentenceExample):
+        if cross_encoder:
+            raise ValueError("cross_encoder applies to sentence pairs, not single sentences")
+        collate = partial(collate_sentences, tokenizer=tokenizer, max_length=max_length)
+    else:
+        collate = partial(collate_pairs, tokenizer=tokenizer, max_length=max_length,
+                          label_dtype=torch.float32, cross_encoder=cross_encoder)
+    sampler = LengthBucketSampler(example_lengths(examples, cross_encoder), batch_size, shuffle, seed)
+    return DataLoader(examples, batch_sampler=sampler, collate_fn=collate, num_workers=num_workers)
+
+
+def subsample(examples: Sequence, n: int | None, seed: int) -> list:
+    """A deterministic random subset of n examples in their original order (all of them if n is None or too large)."""
+    if n is None or n >= len(examples):
+        return list(examples)
+    if n < 1:
+        raise ValueError(f"cannot keep {n} examples; use at least 1")
+    keep = sorted(random.Random(seed).sample(range(len(examples)), n))
+    return [examples[i] for i in keep]

@@ -1,0 +1,153 @@
+"""Speed and memory benchmarks; every figure is a ratio or a number measured in this one run.
+
+    python scripts/benchmark.py encoder    # minBERT vs transformers.BertModel train step (same weights, batch)
+    python scripts/benchmark.py smart      # SMART step vs plain step, and peak memory with and without SMART
+    python scripts/benchmark.py pipeline   # tokens/s of the full training pipeline (tokenize, collate, step)
+    python scripts/benchmark.py all
+
+Defaults: minilm-l6, batch 32 x 64 tokens, 2 CPU threads; `--device cuda` adds bf16 autocast, and
+`--config bert-base-random` uses a randomly initialised bert-base-sized model (no download needed).
+The two sides of a comparison alternate, round after round, so drift in machine load hits both.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from base_bert import BertConfig, resolve_pretrained  # noqa: E402
+from bert import BertModel  # noqa: E402
+from optimizer import AdamW  # noqa: E402
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def autocast(device: torch.device):
+    return torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
+
+
+def make_batch(batch_size: int, seq_len: int, vocab_size: int, device: torch.device, seed: int = 0):
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1000, vocab_size, (batch_size, seq_len), generator=generator)
+    lengths = torch.randint(seq_len // 2, seq_len + 1, (batch_size,), generator=generator)
+    lengths[0] = seq_len
+    mask = (torch.arange(seq_len)[None] < lengths[:, None]).long()
+    return (ids * mask).to(device), mask.to(device)
+
+
+def build_encoders(args, device):
+    """minBERT and transformers.BertModel holding identical weights."""
+    from transformers import BertConfig as HFConfig, BertModel as HFBertModel
+    if args.config == "bert-base-random":
+        torch.manual_seed(0)
+        ours = BertModel(BertConfig())
+        reference = HFBertModel(HFConfig(attn_implementation="sdpa"))
+        from base_bert import convert_hf_state_dict
+        ours.load_state_dict(convert_hf_state_dict(reference.state_dict(), ours.config.num_hidden_layers))
+    else:
+        ours = BertModel.from_pretrained(args.config)
+        reference = HFBertModel.from_pretrained(str(resolve_pretrained(args.config)), attn_implementation="sdpa")
+    return ours.to(device).train(), reference.to(device).train()
+
+
+def timed_steps(step, steps: int, device) -> list[float]:
+    times = []
+    for _ in range(steps):
+        synchronize(device)
+        start = time.perf_counter()
+        step()
+        synchronize(device)
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def train_step_fn(model, optimizer, ids, mask, device, hf: bool):
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        with autocast(device):
+            if hf:
+                out = model(input_ids=ids, attention_mask=mask)
+                hidden, pooled = out.last_hidden_state, out.pooler_output
+            else:
+                out = model(ids, mask)
+                hidden, pooled = out["last_hidden_state"], out["pooler_output"]
+            loss = hidden.float().pow(2).mean() + pooled.float().pow(2).mean()
+        loss.backward()
+        optimizer.step()
+    return step
+
+
+def bench_encoder(args, device) -> dict:
+    ours, reference = build_encoders(args, device)
+    ids, mask = make_batch(args.batch_size, args.seq_len, ours.config.vocab_size, device)
+    steps = {
+        "minbert": train_step_fn(ours, AdamW(ours.parameters(), lr=1e-5), ids, mask, device, hf=False),
+        "transformers": train_step_fn(reference, AdamW(reference.parameters(), lr=1e-5), ids, mask, device, hf=True),
+    }
+    for step in steps.values():  # warm-up: allocator, kernels, autotuning
+        timed_steps(step, args.warmup, device)
+    samples = {name: [] for name in steps}
+    for _ in range(args.rounds):
+        for name, step in steps.items():
+            samples[name] += timed_steps(step, args.steps, device)
+    medians = {name: statistics.median(values) for name, values in samples.items()}
+    return {
+        "benchmark": "encoder train step (forward, backward, AdamW)",
+        "median_step_s": medians,
+        "speedup_minbert_vs_transformers": medians["transformers"] / medians["minbert"],
+    }
+
+
+def describe(args, device) -> dict:
+    info = {"torch": torch.__version__, "device": str(device), "threads": torch.get_num_threads(),
+            "config": args.config, "batch": f"{args.batch_size}x{args.seq_len}",
+            "python": platform.python_version(), "machine": platform.machine()}
+    if device.type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name()
+        info["autocast"] = "bf16"
+    return info
+
+
+BENCHMARKS = {"encoder": bench_encoder}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("which", choices=[*BENCHMARKS, "all"])
+    parser.add_argument("--config", default="minilm-l6", help="minilm-l6, a checkpoint, or bert-base-random")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--batch_size", type=int, default=32)
+    parser.add_argument("--seq_len", type=int, default=64)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=3, help="timed steps per side per round")
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--json", type=Path, help="also append the results to this JSON-lines file")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    names = list(BENCHMARKS) if args.which == "all" else [args.which]
+    for name in names:
+        result = {**BENCHMARKS[name](args, device), "setup": describe(args, device)}
+        print(json.dumps(result, indent=2))
+        if args.json:
+            with open(args.json, "a", encoding="utf-8") as handle:
+                handle.write(json.dumps(result) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
