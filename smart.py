@@ -1,0 +1,314 @@
+"""SMART regularization (Jiang et al. 2020, "SMART: Robust and Efficient Fine-Tuning for Pre-trained
+Natural Language Models through Principled Regularized Optimization"), written for any torch.nn.Module.
+
+Fine-tuning minimises, at iteration t + 1,
+
+    F(theta) = L(theta) + lambda_s * R_s(theta) + mu * D_Breg(theta, theta_tilde_t)
+
+    R_s(theta)     = 1/n sum_i  max_{||x_tilde_i - x_i|| <= eps}  l_s(f(x_tilde_i; theta), f(x_i; theta))
+    D_Breg(theta, theta_tilde_t) = 1/n sum_i  l_s(f(x_i; theta), f(x_i; theta_tilde_t))
+    theta_tilde_t  = (1 - beta) * theta_t + beta * theta_tilde_{t-1}       (momentum Bregman proximal point)
+
+where x_i is the output of the embedding layer, l_s is the symmetric KL divergence for classifiers
+(softmax or a single sigmoid logit) and the squared error for regressors. The inner max is
+approximated by projected gradient ascent on the perturbation, started from N(0, sigma^2) noise.
+
+Usage with a model that splits into `embed(task, batch)` and `outputs_from_embeddings(...)`:
+
+    regularizer = SmartRegularizer(model, SmartConfig())
+    embeddings = model.embed(task, batch)                                   # one (B, T, H) per sentence
+    forward_fn = lambda e: model.outputs_from_embeddings(task, e, batch)
+    outputs = forward_fn(embeddings)                                        # the one clean forward
+    loss = task_loss(outputs) + regularizer.penalty(forward_fn, embeddings, outputs, "categorical",
+                                                    teacher_args=(task, batch))
+    loss.backward(); optimizer.step(); regularizer.after_optimizer_step()
+"""
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+ForwardFn = Callable[[tuple[Tensor, ...]], Tensor]
+
+
+def _at_least_float32(x: Tensor) -> Tensor:
+    # Half-precision logits (autocast) lose the small differences these divergences measure.
+    return x.to(torch.promote_types(x.dtype, torch.float32))
+
+
+def _check_same_shape(p: Tensor, q: Tensor) -> None:
+    # Broadcasting (B,) against (B, 1) would silently compare every pair of examples.
+    if p.shape != q.shape:
+        raise ValueError(f"divergence inputs must have the same shape, got {tuple(p.shape)} and {tuple(q.shape)}")
+
+
+def _batch_mean(per_element: Tensor) -> Tensor:
+    """Sum over everything but the batch dimension, then average over the batch."""
+    return per_element.reshape(per_element.shape[0], -1).sum(dim=1).mean()
+
+
+def symmetric_kl_categorical(logits_p: Tensor, logits_q: Tensor) -> Tensor:
+    """KL(p||q) + KL(q||p) between softmax(logits_p) and softmax(logits_q) over the last dimension,
+    averaged over the batch; computed in at least float32.
+
+    The two KL terms combine into sum_c (p_c - q_c) * (log p_c - log q_c), which needs only
+    log_softmax (no log of a probability that underflowed to zero, so no epsilon).
+    """
+    _check_same_shape(logits_p, logits_q)
+    log_p = F.log_softmax(_at_least_float32(logits_p), dim=-1)
+    log_q = F.log_softmax(_at_least_float32(logits_q), dim=-1)
+    return _batch_mean((log_p.exp() - log_q.exp()) * (log_p - log_q))
+
+
+def symmetric_kl_bernoulli(logit_p: Tensor, logit_q: Tensor) -> Tensor:
+    """KL(p||q) + KL(q||p) between the two-class distributions (sigmoid(a), 1 - sigmoid(a)) given by
+    single logits, averaged over the batch; computed in at least float32.
+
+    With log sigmoid(a) - log(1 - sigmoid(a)) = a, the sum of both KL terms collapses to
+    (sigmoid(a) - sigmoid(b)) * (a - b): exact and finite for any finite logits.
+    """
+    _check_same_shape(logit_p, logit_q)
+    a, b = _at_least_float32(logit_p), _at_least_float32(logit_q)
+    return _batch_mean((torch.sigmoid(a) - torch.sigmoid(b)) * (a - b))
+
+
+def squared_error(p: Tensor, q: Tensor) -> Tensor:
+    """(p - q)^2 summed over non-batch dimensions, averaged over the batch; in at least float32."""
+    _check_same_shape(p, q)
+    return _batch_mean((_at_least_float32(p) - _at_least_float32(q)) ** 2)
+
+
+DIVERGENCES: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
+    "categorical": symmetric_kl_categorical,
+    "bernoulli": symmetric_kl_bernoulli,
+    "squared": squared_error,
+}
+
+
+def _divergence(name: str) -> Callable[[Tensor, Tensor], Tensor]:
+    if name not in DIVERGENCES:
+        raise ValueError(f"unknown divergence {name!r}, expected one of {sorted(DIVERGENCES)}")
+    return DIVERGENCES[name]
+
+
+@dataclass
+class SmartConfig:
+    """SMART hyperparameters; symbols as in Jiang et al. 2020. Defaults are the paper's."""
+
+    adv_weight: float = 1.0
+    """lambda_s: weight of the smoothness-inducing adversarial regularizer R_s (0 disables it)."""
+    bregman_weight: float = 1.0
+    """mu: weight of the Bregman proximal point term D_Breg (0 disables it and the teacher copy)."""
+    teacher_momentum: float = 0.99
+    """beta: theta_tilde <- (1 - beta) * theta + beta * theta_tilde; 0 is vanilla BPP (previous iterate)."""
+    noise_std: float = 1e-5
+    """sigma: standard deviation of the random start of the perturbation."""
+    epsilon: float = 1e-5
+    """epsilon: radius of the perturbation ball."""
+    step_size: float = 1e-3
+    """eta: ascent step size on the normalised gradient."""
+    ascent_steps: int = 1
+    """K (T_x in the paper's algorithm): projected gradient ascent steps per batch."""
+    norm: str = "inf"
+    """p of the ball and of the gradient normalisation: "inf" (the paper's) or "l2"."""
+    norm_level: str = "token"
+    """Which slice a norm is taken over: "token" (each (H,) vector) or "sentence" (each (T, H) block)."""
+
+    def __post_init__(self) -> None:
+        for name in ("adv_weight", "bregman_weight"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"SmartConfig: {name} must be finite and >= 0, got {value!r}")
+        if not 0 <= self.teacher_momentum < 1:
+            raise ValueError(f"SmartConfig: teacher_momentum must be in [0, 1), got {self.teacher_momentum!r}")
+        for name in ("noise_std", "epsilon", "step_size"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"SmartConfig: {name} must be finite and > 0, got {value!r}")
+        if isinstance(self.ascent_steps, bool) or not isinstance(self.ascent_steps, int) or self.ascent_steps < 1:
+            raise ValueError(f"SmartConfig: ascent_steps must be an integer >= 1, got {self.ascent_steps!r}")
+        if self.norm not in ("inf", "l2"):
+            raise ValueError(f"SmartConfig: norm must be 'inf' or 'l2', got {self.norm!r}")
+        if self.norm_level not in ("token", "sentence"):
+            raise ValueError(f"SmartConfig: norm_level must be 'token' or 'sentence', got {self.norm_level!r}")
+
+
+def _norm_dims(x: Tensor, level: str) -> tuple[int, ...]:
+    return (-1,) if level == "token" else tuple(range(1, x.dim()))
+
+
+def _normalise(gradient: Tensor, config: SmartConfig) -> Tensor:
+    dims = _norm_dims(gradient, config.norm_level)
+    if config.norm == "inf":
+        norm = gradient.abs().amax(dim=dims, keepdim=True)
+    else:
+        norm = torch.linalg.vector_norm(gradient, ord=2, dim=dims, keepdim=True)
+    # Near the random start the gradient is O(sigma), so an additive eps like 1e-8 would shrink the
+    # step; the clamp only guards 0 / 0.
+    return gradient / norm.clamp_min(torch.finfo(norm.dtype).tiny)
+
+
+def _project(delta: Tensor, config: SmartConfig) -> Tensor:
+    if config.norm == "inf":
+        # The inf-ball is the same set per token or per sentence: every entry within [-eps, eps].
+        return delta.clamp(-config.epsilon, config.epsilon)
+    norm = torch.linalg.vector_norm(delta, ord=2, dim=_norm_dims(delta, config.norm_level), keepdim=True)
+    return delta * (config.epsilon / norm.clamp_min(config.epsilon))  # shrinks only slices outside the ball
+
+
+def _perturb(embeddings: tuple[Tensor, ...], deltas: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
+    return tuple((e + d).to(e.dtype) for e, d in zip(embeddings, deltas))
+
+
+def find_perturbation(
+    forward_fn: ForwardFn,
+    embeddings: tuple[Tensor, ...],
+    clean_outputs: Tensor,
+    divergence: str,
+    config: SmartConfig,
+) -> tuple[Tensor, ...] | None:
+    """Approximate argmax over the eps-ball of divergence(forward_fn(embeddings + delta), clean_outputs).
+
+    Starts from delta ~ N(0, sigma^2) per embedding tensor and takes K steps
+    delta <- project(delta + eta * g / ||g||), with g the gradient w.r.t. delta only (no parameter
+    gradients, no graph kept). Returns detached perturbations shaped like the embeddings (kept in at
+    least float32 so that steps of size ~eps survive), or None when an ascent gradient is not finite.
+    """
+    divergence_fn = _divergence(divergence)
+    anchors = tuple(e.detach() for e in embeddings)
+    target = clean_outputs.detach()
+    deltas = tuple(
+        torch.randn_like(e, dtype=torch.promote_types(e.dtype, torch.float32)) * config.noise_std for e in anchors
+    )
+    for _ in range(config.ascent_steps):
+        deltas = tuple(d.requires_grad_() for d in deltas)
+        with torch.enable_grad():
+            value = divergence_fn(forward_fn(_perturb(anchors, deltas)), target)
+            gradients = torch.autograd.grad(value, deltas)
+        if not torch.stack([torch.isfinite(g).all() for g in gradients]).all():
+            return None
+        with torch.no_grad():
+            deltas = tuple(
+                _project(d + config.step_size * _normalise(g, config), config) for d, g in zip(deltas, gradients)
+            )
+    return deltas
+
+
+def adversarial_regularizer(
+    forward_fn: ForwardFn,
+    embeddings: tuple[Tensor, ...],
+    clean_outputs: Tensor,
+    divergence: str,
+    config: SmartConfig,
+) -> tuple[Tensor, bool]:
+    """R_s = divergence(forward_fn(embeddings + delta*), clean_outputs) for the ascent's delta*.
+
+    Differentiable w.r.t. the weights through both the perturbed and the clean outputs (delta* itself
+    is a constant). Returns (R_s, False), or (a constant 0, True) when the ascent or R_s is not finite,
+    so that a NaN never reaches the weights; the caller counts the skip.
+    """
+    skipped = (torch.zeros((), device=clean_outputs.device), True)
+    deltas = find_perturbation(forward_fn, embeddings, clean_outputs, divergence, config)
+    if deltas is None:
+        return skipped
+    value = _divergence(divergence)(forward_fn(_perturb(embeddings, deltas)), clean_outputs)
+    if not torch.isfinite(value):
+        return skipped
+    return value, False
+
+
+class BregmanTeacher:
+    """theta_tilde, the moving average of the model's parameters that D_Breg anchors to.
+
+    Holds one detached copy of each parameter (not a copy of the module); buffers are read from the
+    live model at call time. Build it after the model is on its final device and dtype.
+    """
+
+    def __init__(self, model: nn.Module, momentum: float):
+        if not 0 <= momentum < 1:
+            raise ValueError(f"BregmanTeacher: momentum must be in [0, 1), got {momentum!r}")
+        self.momentum = momentum
+        self.params: dict[str, Tensor] = {
+            name: p.detach().clone(memory_format=torch.contiguous_format) for name, p in model.named_parameters()
+        }
+
+    @torch.no_grad()
+    def __call__(self, model: nn.Module, *args, **kwargs):
+        """model(*args, **kwargs) evaluated with theta_tilde, in the model's current train/eval mode
+        (so with dropout when training, like the clean forward it is compared with)."""
+        return torch.func.functional_call(model, {**self.params, **dict(model.named_buffers())}, args, kwargs)
+
+    @torch.no_grad()
+    def update(self, model: nn.Module) -> None:
+        """theta_tilde <- (1 - beta) * theta + beta * theta_tilde, in place."""
+        live = dict(model.named_parameters())
+        missing = self.params.keys() - live.keys()
+        if missing:
+            raise ValueError(f"BregmanTeacher.update: model lacks parameters {sorted(missing)}")
+        names = list(self.params)
+        torch._foreach_lerp_([self.params[n] for n in names], [live[n].detach() for n in names], 1 - self.momentum)
+
+    def state_dict(self) -> dict[str, Tensor]:
+        """The teacher parameters by name (the live tensors, contiguous: safetensors can save them)."""
+        return dict(self.params)
+
+    @torch.no_grad()
+    def load_state_dict(self, state: Mapping[str, Tensor]) -> None:
+        missing, unexpected = self.params.keys() - state.keys(), state.keys() - self.params.keys()
+        if missing or unexpected:
+            raise ValueError(
+                f"BregmanTeacher.load_state_dict: missing {sorted(missing)}, unexpected {sorted(unexpected)}"
+            )
+        for name, tensor in self.params.items():
+            if state[name].shape != tensor.shape:
+                raise ValueError(
+                    f"BregmanTeacher.load_state_dict: {name} has shape {tuple(state[name].shape)}, "
+                    f"expected {tuple(tensor.shape)}"
+                )
+            tensor.copy_(state[name])
+
+
+class SmartRegularizer:
+    """lambda_s * R_s + mu * D_Breg for one model, plus the teacher bookkeeping between steps."""
+
+    def __init__(self, model: nn.Module, config: SmartConfig):
+        self.model = model
+        self.config = config
+        self.teacher = BregmanTeacher(model, config.teacher_momentum) if config.bregman_weight > 0 else None
+        self.skipped_steps = 0
+
+    def penalty(
+        self,
+        forward_fn: ForwardFn,
+        embeddings: tuple[Tensor, ...],
+        clean_outputs: Tensor,
+        divergence: str,
+        teacher_args: tuple = (),
+        teacher_kwargs: Mapping | None = None,
+    ) -> Tensor:
+        """lambda_s * R_s + mu * divergence(clean_outputs, teacher(model, *teacher_args, **teacher_kwargs)).
+
+        clean_outputs = forward_fn(embeddings) from the caller's one clean forward, reused here; the
+        teacher outputs are a fixed target. A skipped adversarial term adds 0 and bumps skipped_steps.
+        """
+        divergence_fn = _divergence(divergence)
+        total = torch.zeros((), device=clean_outputs.device)
+        if self.config.adv_weight > 0:
+            smoothness, skipped = adversarial_regularizer(
+                forward_fn, embeddings, clean_outputs, divergence, self.config
+            )
+            self.skipped_steps += skipped
+            total = total + self.config.adv_weight * smoothness
+        if self.teacher is not None:
+            teacher_outputs = self.teacher(self.model, *teacher_args, **(teacher_kwargs or {}))
+            total = total + self.config.bregman_weight * divergence_fn(clean_outputs, teacher_outputs)
+        return total
+
+    def after_optimizer_step(self) -> None:
+        """Move the teacher towards the just-updated weights; call once after each optimizer.step()."""
+        if self.teacher is not None:
+            self.teacher.update(self.model)

@@ -1,0 +1,537 @@
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from smart import (
+    DIVERGENCES,
+    BregmanTeacher,
+    SmartConfig,
+    SmartRegularizer,
+    adversarial_regularizer,
+    find_perturbation,
+    squared_error,
+    symmetric_kl_bernoulli,
+    symmetric_kl_categorical,
+)
+
+HIDDEN = 6
+VOCAB = 11
+TASK_DIVERGENCE = {"sentiment": "categorical", "paraphrase": "bernoulli", "similarity": "squared"}
+
+
+class TinyMultitask(nn.Module):
+    """Embedding -> per-token MLP -> dropout -> masked mean pool -> task head, split like MultitaskBERT
+    into embed / outputs_from_embeddings so SMART can perturb the embedding output."""
+
+    def __init__(self, dropout: float = 0.1):
+        super().__init__()
+        self.embedding = nn.Embedding(VOCAB, HIDDEN)
+        self.encoder = nn.Sequential(nn.Linear(HIDDEN, HIDDEN), nn.GELU(), nn.Linear(HIDDEN, HIDDEN))
+        self.dropout = nn.Dropout(dropout)
+        self.sentiment = nn.Linear(HIDDEN, 3)
+        self.paraphrase = nn.Linear(3 * HIDDEN, 1)
+        # A buffer the teacher must read from the live model.
+        self.register_buffer("similarity_scale", torch.tensor(2.5))
+
+    def embed(self, task, batch):
+        sentences = ("ids",) if task == "sentiment" else ("ids_1", "ids_2")
+        return tuple(self.embedding(batch[name]) for name in sentences)  # each (B, T, H)
+
+    def _pool(self, embeddings, ids):
+        hidden = self.dropout(embeddings + self.encoder(embeddings))  # (B, T, H)
+        mask = (ids != 0).unsqueeze(-1).to(hidden.dtype)  # (B, T, 1)
+        return (hidden * mask).sum(1) / mask.sum(1)  # (B, H)
+
+    def outputs_from_embeddings(self, task, embeddings, batch):
+        if task == "sentiment":
+            return self.sentiment(self._pool(embeddings[0], batch["ids"]))  # (B, 3)
+        u = self._pool(embeddings[0], batch["ids_1"])
+        v = self._pool(embeddings[1], batch["ids_2"])
+        if task == "paraphrase":
+            return self.paraphrase(torch.cat([u, v, (u - v).abs()], dim=-1)).squeeze(-1)  # (B,)
+        return F.cosine_similarity(u, v, dim=-1) * self.similarity_scale + self.similarity_scale  # (B,)
+
+    def forward(self, task, batch):
+        return self.outputs_from_embeddings(task, self.embed(task, batch), batch)
+
+
+def make_batch(task, batch_size=4, length=5, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+
+    def ids():
+        tokens = torch.randint(1, VOCAB, (batch_size, length), generator=generator)
+        tokens[0, -2:] = 0  # some padding
+        return tokens
+
+    if task == "sentiment":
+        return {"ids": ids(), "labels": torch.randint(0, 3, (batch_size,), generator=generator)}
+    batch = {"ids_1": ids(), "ids_2": ids()}
+    if task == "paraphrase":
+        batch["labels"] = torch.randint(0, 2, (batch_size,), generator=generator).double()
+    else:
+        batch["labels"] = torch.rand(batch_size, generator=generator, dtype=torch.float64) * 5
+    return batch
+
+
+def task_loss(task, outputs, labels):
+    if task == "sentiment":
+        return F.cross_entropy(outputs, labels)
+    if task == "paraphrase":
+        return F.binary_cross_entropy_with_logits(outputs, labels)
+    return F.mse_loss(outputs, labels)
+
+
+def make_model(seed=0, dropout=0.1):
+    torch.manual_seed(seed)
+    return TinyMultitask(dropout).double()
+
+
+def forward_fn_for(model, task, batch):
+    return lambda embeddings: model.outputs_from_embeddings(task, embeddings, batch)
+
+
+# --- divergences -------------------------------------------------------------------------------------
+
+
+def softmax_np(x):
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def test_symmetric_kl_categorical_matches_hand_computation():
+    rng = np.random.default_rng(0)
+    a, b = rng.normal(size=(5, 4)) * 3, rng.normal(size=(5, 4)) * 3
+    p, q = softmax_np(a), softmax_np(b)
+    expected = np.mean([sum(p[i] * np.log(p[i] / q[i]) + q[i] * np.log(q[i] / p[i])) for i in range(5)])
+    got = symmetric_kl_categorical(torch.tensor(a), torch.tensor(b))
+    assert got.item() == pytest.approx(expected, rel=1e-12)
+
+
+def test_symmetric_kl_bernoulli_matches_hand_computation():
+    rng = np.random.default_rng(1)
+    a, b = rng.normal(size=7) * 4, rng.normal(size=7) * 4
+    p, q = 1 / (1 + np.exp(-a)), 1 / (1 + np.exp(-b))
+    kl_pq = p * np.log(p / q) + (1 - p) * np.log((1 - p) / (1 - q))
+    kl_qp = q * np.log(q / p) + (1 - q) * np.log((1 - q) / (1 - p))
+    got = symmetric_kl_bernoulli(torch.tensor(a), torch.tensor(b))
+    assert got.item() == pytest.approx(np.mean(kl_pq + kl_qp), rel=1e-10)
+
+
+def test_squared_error_matches_hand_computation():
+    a, b = np.array([0.5, 2.0, -1.0]), np.array([1.5, 2.0, 1.0])
+    assert squared_error(torch.tensor(a), torch.tensor(b)).item() == pytest.approx((1 + 0 + 4) / 3)
+
+
+def test_divergences_are_sums_over_non_batch_dimensions():
+    a, b = torch.randn(4, 1, dtype=torch.float64), torch.randn(4, 1, dtype=torch.float64)
+    assert symmetric_kl_bernoulli(a, b) == symmetric_kl_bernoulli(a.squeeze(1), b.squeeze(1))
+    assert squared_error(a, b) == squared_error(a.squeeze(1), b.squeeze(1))
+
+
+@pytest.mark.parametrize("name", sorted(DIVERGENCES))
+def test_divergence_is_symmetric_and_zero_only_at_equality(name):
+    divergence = DIVERGENCES[name]
+    shape = (6, 3) if name == "categorical" else (6,)
+    a, b = torch.randn(shape, dtype=torch.float64), torch.randn(shape, dtype=torch.float64)
+    assert divergence(a, b).item() == pytest.approx(divergence(b, a).item(), rel=1e-12)
+    assert divergence(a, a).item() == 0.0
+    assert divergence(a, b).item() > 0.0
+
+
+def test_categorical_divergence_ignores_a_logit_shift():
+    # Logits that differ by a constant are the same distribution.
+    a = torch.randn(3, 4, dtype=torch.float64)
+    assert symmetric_kl_categorical(a, a + 7.0).item() == pytest.approx(0.0, abs=1e-12)
+
+
+def test_divergences_stay_finite_for_saturated_logits():
+    a = torch.tensor([[200.0, -200.0, 0.0]])
+    b = torch.tensor([[-200.0, 200.0, 0.0]])
+    assert symmetric_kl_categorical(a, b).item() == pytest.approx(2 * 400.0)
+    assert symmetric_kl_bernoulli(a[:, 0], b[:, 0]).item() == pytest.approx(400.0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("name", sorted(DIVERGENCES))
+def test_half_precision_inputs_are_computed_in_float32(name, dtype):
+    divergence = DIVERGENCES[name]
+    shape = (6, 3) if name == "categorical" else (6,)
+    a, b = torch.randn(shape).to(dtype), torch.randn(shape).to(dtype)
+    got = divergence(a, b)
+    assert got.dtype == torch.float32
+    assert torch.equal(got, divergence(a.float(), b.float()))
+
+
+def test_divergence_rejects_mismatched_shapes():
+    with pytest.raises(ValueError, match="same shape"):
+        squared_error(torch.zeros(4), torch.zeros(4, 1))
+
+
+# --- config ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"adv_weight": -1.0},
+        {"bregman_weight": math.nan},
+        {"teacher_momentum": 1.0},
+        {"teacher_momentum": -0.1},
+        {"noise_std": 0.0},
+        {"epsilon": -1e-5},
+        {"step_size": math.inf},
+        {"ascent_steps": 0},
+        {"ascent_steps": 1.5},
+        {"norm": "l1"},
+        {"norm_level": "word"},
+    ],
+)
+def test_config_rejects_bad_values(overrides):
+    with pytest.raises(ValueError, match="SmartConfig"):
+        SmartConfig(**overrides)
+
+
+def test_unknown_divergence_is_rejected():
+    model = make_model()
+    batch = make_batch("sentiment")
+    embeddings = model.embed("sentiment", batch)
+    outputs = model("sentiment", batch)
+    with pytest.raises(ValueError, match="unknown divergence"):
+        find_perturbation(forward_fn_for(model, "sentiment", batch), embeddings, outputs, "kl", SmartConfig())
+
+
+# --- perturbation --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("norm", ["inf", "l2"])
+@pytest.mark.parametrize("norm_level", ["token", "sentence"])
+def test_perturbation_stays_inside_the_epsilon_ball(norm, norm_level):
+    model = make_model()
+    batch = make_batch("paraphrase")
+    embeddings = model.embed("paraphrase", batch)
+    outputs = model("paraphrase", batch)
+    epsilon = 1e-3
+    config = SmartConfig(
+        epsilon=epsilon, noise_std=1e-3, step_size=0.1, ascent_steps=3, norm=norm, norm_level=norm_level
+    )
+    deltas = find_perturbation(forward_fn_for(model, "paraphrase", batch), embeddings, outputs, "bernoulli", config)
+    assert len(deltas) == 2
+    for delta, embedding, ids in zip(deltas, embeddings, (batch["ids_1"], batch["ids_2"])):
+        assert delta.shape == embedding.shape and not delta.requires_grad
+        if norm == "inf":
+            # The inf-ball is the same set at both levels: every entry within [-eps, eps].
+            sizes = delta.abs().flatten(1).amax(dim=1)  # (B,)
+        elif norm_level == "token":
+            # Padding tokens get no gradient and keep their random start, so only real tokens must hit the boundary.
+            sizes = delta.norm(dim=-1)[ids != 0]  # (real tokens,)
+            assert (delta.norm(dim=-1) <= epsilon * (1 + 1e-9)).all()
+        else:
+            sizes = delta.flatten(1).norm(dim=1)  # (B,)
+        assert (sizes <= epsilon * (1 + 1e-9)).all()
+        # The step is 100 eps long, so the projection must have pulled every slice back to the boundary.
+        torch.testing.assert_close(sizes, torch.full_like(sizes, epsilon), rtol=1e-9, atol=0)
+
+
+class LinearScore(nn.Module):
+    """f(x) = w . sum_t x_t, whose worst case over each ball is known in closed form."""
+
+    def __init__(self, weight):
+        super().__init__()
+        self.weight = nn.Parameter(weight)
+
+    def forward(self, embeddings):
+        return embeddings[0].sum(dim=1) @ self.weight  # (B,)
+
+
+@pytest.mark.parametrize("norm", ["inf", "l2"])
+@pytest.mark.parametrize("norm_level", ["token", "sentence"])
+def test_one_ascent_step_reaches_the_worst_case_of_a_linear_model(norm, norm_level):
+    torch.manual_seed(0)
+    length, epsilon = 4, 1e-4
+    # Entries of equal size but mixed sign, so one inf-normalised step saturates every coordinate.
+    weight = torch.tensor([1.0, -1.0, 1.0, 1.0, -1.0, 1.0], dtype=torch.float64)
+    model = LinearScore(weight)
+    embeddings = (torch.randn(3, length, HIDDEN, dtype=torch.float64),)
+    outputs = model(embeddings)
+    config = SmartConfig(epsilon=epsilon, noise_std=1e-9, step_size=1.0, norm=norm, norm_level=norm_level)
+    deltas = find_perturbation(model, embeddings, outputs, "squared", config)
+    worst_case = {
+        ("inf", "token"): (length * epsilon * weight.abs().sum()) ** 2,
+        ("inf", "sentence"): (length * epsilon * weight.abs().sum()) ** 2,
+        ("l2", "token"): (length * epsilon * weight.norm()) ** 2,
+        ("l2", "sentence"): length * epsilon**2 * weight.norm() ** 2,
+    }[norm, norm_level]
+    reached = squared_error(model((embeddings[0] + deltas[0],)), outputs)
+    assert reached.item() == pytest.approx(worst_case.item(), rel=1e-6)
+
+
+def ascent_setup(task):
+    model = make_model()
+    model.eval()  # no dropout noise, so only the perturbation changes the outputs
+    batch = make_batch(task)
+    embeddings = model.embed(task, batch)
+    outputs = model(task, batch)
+    forward_fn = forward_fn_for(model, task, batch)
+    divergence = DIVERGENCES[TASK_DIVERGENCE[task]]
+
+    def value(deltas):
+        return divergence(forward_fn(tuple(e + d for e, d in zip(embeddings, deltas))), outputs).item()
+
+    return forward_fn, embeddings, outputs, value
+
+
+@pytest.mark.parametrize("task", sorted(TASK_DIVERGENCE))
+def test_each_ascent_step_increases_the_divergence(task):
+    forward_fn, embeddings, outputs, value = ascent_setup(task)
+    # A ball too large to bind and steps short against the start, so each step is a plain gradient step.
+    values = []
+    for steps in (1, 2, 3):
+        config = SmartConfig(epsilon=1.0, noise_std=1e-3, step_size=1e-4, ascent_steps=steps)
+        torch.manual_seed(1)  # the same random start every time
+        start = tuple(torch.randn_like(e) * config.noise_std for e in embeddings)
+        torch.manual_seed(1)
+        values.append(value(find_perturbation(forward_fn, embeddings, outputs, TASK_DIVERGENCE[task], config)))
+    assert value(start) < values[0] < values[1] < values[2]
+
+
+@pytest.mark.parametrize("task", sorted(TASK_DIVERGENCE))
+def test_ascent_beats_random_corners_of_the_ball(task):
+    forward_fn, embeddings, outputs, value = ascent_setup(task)
+    epsilon = 1e-3
+    config = SmartConfig(epsilon=epsilon, noise_std=1e-4, step_size=1e-2, ascent_steps=2)
+    found = find_perturbation(forward_fn, embeddings, outputs, TASK_DIVERGENCE[task], config)
+    random_corners = [tuple(torch.randint_like(e, 2) * 2 * epsilon - epsilon for e in embeddings) for _ in range(20)]
+    assert value(found) > max(value(corner) for corner in random_corners)
+
+
+def test_ascent_direction_does_not_depend_on_the_gradient_scale():
+    # Near the random start the gradient is tiny; normalisation must still give a full-length step.
+    torch.manual_seed(0)
+    weight = torch.randn(HIDDEN, dtype=torch.float64)
+    embeddings = (torch.randn(2, 3, HIDDEN, dtype=torch.float64),)
+    config = SmartConfig(norm="l2", norm_level="sentence", epsilon=1e-3, noise_std=1e-9, step_size=1.0)
+    found = {}
+    for scale in (1.0, 1e-6):
+        model = LinearScore(weight * scale)
+        torch.manual_seed(1)
+        found[scale] = find_perturbation(model, embeddings, model(embeddings), "squared", config)[0]
+    torch.testing.assert_close(found[1e-6], found[1.0], rtol=1e-6, atol=0)
+
+
+def test_ascent_leaves_parameter_gradients_untouched():
+    model = make_model()
+    batch = make_batch("sentiment")
+    embeddings = model.embed("sentiment", batch)
+    outputs = model("sentiment", batch)
+    config = SmartConfig(ascent_steps=3)
+    find_perturbation(forward_fn_for(model, "sentiment", batch), embeddings, outputs, "categorical", config)
+    adversarial_regularizer(forward_fn_for(model, "sentiment", batch), embeddings, outputs, "categorical", config)
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_adversarial_regularizer_backpropagates_into_the_weights():
+    model = make_model()
+    batch = make_batch("sentiment")
+    embeddings = model.embed("sentiment", batch)
+    outputs = model("sentiment", batch)
+    config = SmartConfig(epsilon=1e-2, noise_std=1e-3)
+    gradients = {}
+    for clean_path in (True, False):
+        model.zero_grad()
+        torch.manual_seed(3)
+        smoothness, skipped = adversarial_regularizer(
+            forward_fn_for(model, "sentiment", batch),
+            embeddings,
+            outputs if clean_path else outputs.detach(),
+            "categorical",
+            config,
+        )
+        assert not skipped and smoothness.item() > 0
+        smoothness.backward(retain_graph=True)
+        # The perturbed forward alone reaches the embedding table (through e + delta) and the layers above.
+        for p in (model.embedding.weight, model.encoder[0].weight, model.sentiment.weight):
+            assert p.grad is not None and torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0
+        gradients[clean_path] = model.embedding.weight.grad.clone()
+    # ... and the clean outputs are not a constant target.
+    assert not torch.allclose(gradients[True], gradients[False])
+
+
+@pytest.mark.parametrize("poison", [math.nan, math.inf])
+def test_non_finite_ascent_is_skipped_and_counted(poison):
+    model = make_model()
+    batch = make_batch("paraphrase")
+    regularizer = SmartRegularizer(model, SmartConfig(adv_weight=1.0, bregman_weight=1.0))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    embeddings = model.embed("paraphrase", batch)
+    outputs = model.outputs_from_embeddings("paraphrase", embeddings, batch)
+
+    def poisoned(perturbed):
+        return model.outputs_from_embeddings("paraphrase", perturbed, batch) * poison
+
+    assert adversarial_regularizer(poisoned, embeddings, outputs, "bernoulli", regularizer.config)[1]
+    penalty = regularizer.penalty(poisoned, embeddings, outputs, "bernoulli", teacher_args=("paraphrase", batch))
+    assert regularizer.skipped_steps == 1
+    assert torch.isfinite(penalty)
+    (task_loss("paraphrase", outputs, batch["labels"]) + penalty).backward()
+    optimizer.step()
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+# --- Bregman teacher -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("momentum", [0.99, 0.0])
+def test_teacher_update_follows_the_momentum_formula(momentum):
+    model = make_model()
+    teacher = BregmanTeacher(model, momentum)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p))
+    before = {name: t.clone() for name, t in teacher.params.items()}
+    teacher.update(model)
+    for name, p in model.named_parameters():
+        expected = (1 - momentum) * p.detach() + momentum * before[name]
+        if momentum == 0:
+            assert torch.equal(teacher.params[name], p.detach())
+        else:
+            torch.testing.assert_close(teacher.params[name], expected, rtol=1e-14, atol=1e-14)
+
+
+def test_teacher_holds_parameter_copies_not_the_module():
+    model = make_model()
+    teacher = BregmanTeacher(model, 0.99)
+    assert set(teacher.params) == {name for name, _ in model.named_parameters()}
+    for name, p in model.named_parameters():
+        assert teacher.params[name].data_ptr() != p.data_ptr()
+        assert not teacher.params[name].requires_grad
+
+
+def test_teacher_matches_the_model_until_the_model_moves():
+    model = make_model()  # in train mode: dropout must draw the same masks for both
+    batch = make_batch("similarity")
+    teacher = BregmanTeacher(model, 0.99)
+    torch.manual_seed(5)
+    live = model("similarity", batch)
+    torch.manual_seed(5)
+    remembered = teacher(model, "similarity", batch)
+    assert torch.equal(live, remembered) and not remembered.requires_grad
+
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    task_loss("similarity", live, batch["labels"]).backward()
+    optimizer.step()
+    model.eval()
+    assert not torch.allclose(model("similarity", batch), teacher(model, "similarity", batch))
+
+    # The buffer is read from the live model, not copied.
+    model.similarity_scale.fill_(0.0)
+    assert torch.equal(teacher(model, "similarity", batch), torch.zeros(4, dtype=torch.float64))
+
+
+def test_teacher_state_dict_round_trips_through_safetensors(tmp_path):
+    model = make_model()
+    teacher = BregmanTeacher(model, 0.9)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(2.0)
+    teacher.update(model)
+    save_file(teacher.state_dict(), tmp_path / "teacher.safetensors")
+
+    restored = BregmanTeacher(make_model(seed=1), 0.9)
+    restored.load_state_dict(load_file(tmp_path / "teacher.safetensors"))
+    assert restored.params.keys() == teacher.params.keys()
+    assert all(torch.equal(restored.params[name], teacher.params[name]) for name in teacher.params)
+
+    with pytest.raises(ValueError, match="missing"):
+        restored.load_state_dict({"embedding.weight": teacher.params["embedding.weight"]})
+    wrong_shape = {name: t.clone() for name, t in teacher.params.items()}
+    wrong_shape["sentiment.bias"] = torch.zeros(5, dtype=torch.float64)
+    with pytest.raises(ValueError, match="shape"):
+        restored.load_state_dict(wrong_shape)
+
+
+# --- the regularizer in a training loop --------------------------------------------------------------
+
+
+def train(config, optimizer_class, tasks=("sentiment", "paraphrase", "similarity"), steps=3):
+    model = make_model(seed=0)
+    optimizer = optimizer_class(model.parameters(), lr=1e-2)
+    regularizer = SmartRegularizer(model, config) if config is not None else None
+    torch.manual_seed(123)  # dropout masks
+    for step in range(steps):
+        for task in tasks:
+            batch = make_batch(task, seed=step)
+            optimizer.zero_grad()
+            embeddings = model.embed(task, batch)
+            forward_fn = forward_fn_for(model, task, batch)
+            outputs = forward_fn(embeddings)
+            loss = task_loss(task, outputs, batch["labels"])
+            if regularizer is not None:
+                loss = loss + regularizer.penalty(
+                    forward_fn, embeddings, outputs, TASK_DIVERGENCE[task], teacher_args=(task, batch)
+                )
+            loss.backward()
+            optimizer.step()
+            if regularizer is not None:
+                regularizer.after_optimizer_step()
+    return model, regularizer
+
+
+@pytest.mark.parametrize("optimizer_class", [torch.optim.AdamW, torch.optim.SGD])
+def test_zero_weights_reproduce_plain_training_exactly(optimizer_class):
+    plain, _ = train(None, optimizer_class)
+    regularized, regularizer = train(SmartConfig(adv_weight=0.0, bregman_weight=0.0), optimizer_class)
+    assert regularizer.teacher is None
+    for (name, p), q in zip(plain.named_parameters(), regularized.parameters()):
+        assert torch.equal(p, q), name
+    # The same loop with SMART switched on does move the weights differently.
+    smart, regularizer = train(SmartConfig(epsilon=1e-3, noise_std=1e-4), optimizer_class)
+    assert regularizer.skipped_steps == 0
+    assert not all(torch.equal(p, q) for p, q in zip(plain.parameters(), smart.parameters()))
+
+
+def test_penalty_is_the_weighted_sum_of_both_terms():
+    model = make_model()
+    model.eval()
+    batch = make_batch("sentiment")
+    config = SmartConfig(adv_weight=3.0, bregman_weight=0.5, epsilon=1e-3, noise_std=1e-4)
+    regularizer = SmartRegularizer(model, config)
+    with torch.no_grad():
+        model.sentiment.weight.add_(0.3)  # so the teacher lags behind the model
+    embeddings = model.embed("sentiment", batch)
+    forward_fn = forward_fn_for(model, "sentiment", batch)
+    outputs = forward_fn(embeddings)
+
+    torch.manual_seed(7)
+    smoothness, _ = adversarial_regularizer(forward_fn, embeddings, outputs, "categorical", config)
+    proximity = symmetric_kl_categorical(outputs, regularizer.teacher(model, "sentiment", batch))
+    torch.manual_seed(7)
+    penalty = regularizer.penalty(forward_fn, embeddings, outputs, "categorical", teacher_args=("sentiment", batch))
+    assert smoothness.item() > 0 and proximity.item() > 0
+    assert penalty.item() == pytest.approx(3.0 * smoothness.item() + 0.5 * proximity.item(), rel=1e-12)
+
+
+def test_zero_weights_skip_the_work_they_switch_off():
+    model = make_model()
+    batch = make_batch("sentiment")
+    embeddings = model.embed("sentiment", batch)
+    outputs = model.outputs_from_embeddings("sentiment", embeddings, batch)
+    perturbed_calls, model_calls = [], []
+    model.register_forward_hook(lambda *_: model_calls.append(1))
+
+    def counting_forward(perturbed):
+        perturbed_calls.append(1)
+        return model.outputs_from_embeddings("sentiment", perturbed, batch)
+
+    no_adversary = SmartRegularizer(model, SmartConfig(adv_weight=0.0, bregman_weight=1.0))
+    no_adversary.penalty(counting_forward, embeddings, outputs, "categorical", teacher_args=("sentiment", batch))
+    assert perturbed_calls == [] and model_calls == [1]
+
+    no_teacher = SmartRegularizer(model, SmartConfig(adv_weight=1.0, bregman_weight=0.0, ascent_steps=2))
+    model_calls.clear()
+    no_teacher.penalty(counting_forward, embeddings, outputs, "categorical")
+    assert no_teacher.teacher is None and model_calls == [] and len(perturbed_calls) == 3
