@@ -121,7 +121,141 @@ def describe(args, device) -> dict:
     return info
 
 
-BENCHMARKS = {"encoder": bench_encoder}
+def multitask_setup(args, device, smart: bool):
+    """A MultitaskBERT with its optimizer and (optionally) SMART on one fixed STS-like pair batch."""
+    from multitask_classifier import MultitaskBERT
+    from smart import SmartConfig, SmartRegularizer
+    torch.manual_seed(0)
+    if args.config == "bert-base-random":
+        bert = BertModel(BertConfig())
+    elif args.config.startswith("random:"):
+        bert = BertModel(BertConfig.from_json_file(resolve_pretrained(args.config[7:]) / "config.json"))
+    else:
+        bert = BertModel.from_pretrained(args.config)
+    model = MultitaskBERT(bert).to(device).train()
+    optimizer = AdamW(model.parameters(), lr=1e-5)
+    regularizer = SmartRegularizer(model, SmartConfig()) if smart else None
+    ids_1, mask_1 = make_batch(args.batch_size, args.seq_len, bert.config.vocab_size, device, seed=1)
+    ids_2, mask_2 = make_batch(args.batch_size, args.seq_len, bert.config.vocab_size, device, seed=2)
+    batch = {"input_ids_1": ids_1, "attention_mask_1": mask_1, "input_ids_2": ids_2, "attention_mask_2": mask_2,
+             "labels": torch.rand(args.batch_size, device=device) * 5}
+    return model, optimizer, regularizer, batch
+
+
+def multitask_step_fn(model, optimizer, regularizer, batch, device, task="quora"):
+    from multitask_classifier import DIVERGENCES, task_loss
+
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        with autocast(device):
+            embeddings = model.embed(task, batch)
+            outputs = model.outputs_from_embeddings(task, embeddings, batch)
+            loss = task_loss(model, task, outputs, (batch["labels"] > 2.5).float() if task == "quora"
+                             else batch["labels"])
+            if regularizer is not None:
+                loss = loss + regularizer.penalty(lambda e: model.outputs_from_embeddings(task, e, batch),
+                                                  embeddings, outputs, DIVERGENCES[task], teacher_args=(task, batch))
+        loss.backward()
+        optimizer.step()
+        if regularizer is not None:
+            regularizer.after_optimizer_step()
+    return step
+
+
+def _peak_memory_worker(args, device, smart, queue):
+    import resource
+    if device.type == "cpu":
+        # Random weights of the same shape: loading a checkpoint would set a higher-water mark than a step.
+        args = argparse.Namespace(**{**vars(args), "config": "random:" + args.config})
+    model, optimizer, regularizer, batch = multitask_setup(args, device, smart)
+    small = {k: v[:1, :8] if v.dim() == 2 else v[:1] for k, v in batch.items()}
+    multitask_step_fn(model, optimizer, regularizer, small, device)()  # optimizer state now exists
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+    else:
+        base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    step = multitask_step_fn(model, optimizer, regularizer, batch, device)
+    for _ in range(2):
+        step()
+    if device.type == "cuda":
+        queue.put(torch.cuda.max_memory_allocated() - base)
+    else:
+        queue.put(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base)
+
+
+def peak_step_memory(args, device, smart: bool) -> int:
+    """Peak memory a training step adds over the loaded model, measured in a fresh process
+    (CPU: peak resident set size; CUDA: peak allocated bytes)."""
+    import multiprocessing
+    context = multiprocessing.get_context("spawn")
+    queue = context.Queue()
+    process = context.Process(target=_peak_memory_worker, args=(args, device, smart, queue))
+    process.start()
+    value = queue.get()
+    process.join()
+    return value
+
+
+def bench_smart(args, device) -> dict:
+    """SMART step (clean forward, 1 ascent step, perturbed forward, teacher forward) vs a plain step."""
+    steps = {}
+    for name, smart in (("plain", False), ("smart", True)):
+        model, optimizer, regularizer, batch = multitask_setup(args, device, smart)
+        steps[name] = multitask_step_fn(model, optimizer, regularizer, batch, device)
+    for step in steps.values():
+        timed_steps(step, args.warmup, device)
+    samples = {name: [] for name in steps}
+    for _ in range(args.rounds):
+        for name, step in steps.items():
+            samples[name] += timed_steps(step, args.steps, device)
+    medians = {name: statistics.median(values) for name, values in samples.items()}
+    memory = {name: peak_step_memory(args, device, name == "smart") for name in ("plain", "smart")}
+    return {
+        "benchmark": "QQP SBERT train step with and without SMART",
+        "median_step_s": medians,
+        "smart_cost_ratio": medians["smart"] / medians["plain"],
+        "peak_step_memory_mib": {k: round(v / 2**20, 1) for k, v in memory.items()},
+        "teacher_copy_mib": round(sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20, 1),
+        "smart_memory_ratio": memory["smart"] / max(memory["plain"], 1),
+    }
+
+
+def bench_pipeline(args, device) -> dict:
+    """Real-text training throughput: loading, tokenizing, collating, forward, backward, AdamW."""
+    from datasets import load_sentence_examples, make_dataloader
+    from multitask_classifier import MultitaskBERT, task_loss
+    from tokenizer import BertTokenizer
+    data = Path(args.data_dir) / "ids-sst-train.csv"
+    examples = load_sentence_examples(data, "sst", "train")
+    tokenizer = BertTokenizer.from_pretrained(args.config)
+    model = MultitaskBERT(BertModel.from_pretrained(args.config)).to(device).train()
+    optimizer = AdamW(model.parameters(), lr=1e-5)
+    loader = make_dataloader(examples, tokenizer, args.batch_size, shuffle=True, seed=0, max_length=args.seq_len)
+    tokens, batches = 0, 0
+    start = None
+    for index, batch in enumerate(loader):
+        if index == args.warmup:
+            synchronize(device)
+            start = time.perf_counter()
+        if index >= args.warmup:
+            tokens += int(batch["attention_mask"].sum())
+            batches += 1
+        batch = {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
+        optimizer.zero_grad(set_to_none=True)
+        with autocast(device):
+            loss = task_loss(model, "sst", model("sst", batch), batch["labels"])
+        loss.backward()
+        optimizer.step()
+        if batches == args.steps * args.rounds:
+            break
+    synchronize(device)
+    seconds = time.perf_counter() - start
+    return {"benchmark": f"SST training pipeline on {data}", "batches": batches, "real_tokens": tokens,
+            "seconds": seconds, "tokens_per_second": tokens / seconds}
+
+
+BENCHMARKS = {"encoder": bench_encoder, "smart": bench_smart, "pipeline": bench_pipeline}
 
 
 def main(argv=None) -> int:
@@ -134,7 +268,9 @@ def main(argv=None) -> int:
     parser.add_argument("--seq_len", type=int, default=64)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--steps", type=int, default=3, help="timed steps per side per round")
-    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--data_dir", default=str(ROOT.parent / "shared" / "data" / "protocol"),
+                        help="for the pipeline benchmark (needs ids-sst-train.csv)")
     parser.add_argument("--json", type=Path, help="also append the results to this JSON-lines file")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)

@@ -1,0 +1,13 @@
+# Shared by the recipe scripts: where the data lives and how the CPU-sized runs are shaped.
+# DATA_DIR: a folder with the course's file names (scripts/download_data.py fills data/).
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+DATA_DIR="${DATA_DIR:-$ROOT/data}"
+SEED="${SEED:-11711}"
+# The thesis' SMART weights: lambda_s = 5 for the pair tasks, 10 for SST; mu = 1.
+SMART_FLAGS=(--smart --smart_adv_weight 5 --smart_bregman_weight 1 --smart_override sst:adv_weight=10)
+# GPU (Colab L4 or better): bert-base-uncased, bf16 autocast, the thesis' schedule.
+GPU_FLAGS=(--use_gpu --pretrained bert-base-uncased --option finetune --data_dir "$DATA_DIR" --seed "$SEED"
+           --batch_size 32 --lr 2e-5 --hidden_dropout_prob 0.1 --max_length 128)
+# CPU (2 cores): the bundled minilm-l6 and fewer cycles.
+CPU_FLAGS=(--pretrained minilm-l6 --option finetune --data_dir "$DATA_DIR" --seed "$SEED"
+           --batch_size 32 --lr 5e-5 --hidden_dropout_prob 0.1 --max_length 64 --quiet)

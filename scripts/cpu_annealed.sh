@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# CPU protocol, annealed-sampling multi-task training, 3 epochs
+# Extra flags are passed on (e.g. --max_train_examples 2000, --cycles 1). Output: runs/cpu_annealed/
+set -euo pipefail
+source "$(dirname "$0")/_common.sh"
+cd "$ROOT"
+python multitask_classifier.py "${CPU_FLAGS[@]}" --schedule annealed --epochs 3 --output_dir runs/cpu_annealed "$@"

@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# CPU protocol, SBERT only: minilm-l6, QQP -> [STS, SST, QQP 3%] x 3
+# Extra flags are passed on (e.g. --max_train_examples 2000, --cycles 1). Output: runs/cpu_sbert/
+set -euo pipefail
+source "$(dirname "$0")/_common.sh"
+cd "$ROOT"
+python multitask_classifier.py "${CPU_FLAGS[@]}" --cycles 3 --output_dir runs/cpu_sbert "$@"

@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# SBERT only, sequential QQP -> [STS, SST, QQP 3%] x 10 (thesis table 4.11)
+# Extra flags are passed on (e.g. --max_train_examples 2000, --cycles 1). Output: runs/gpu_sbert/
+set -euo pipefail
+source "$(dirname "$0")/_common.sh"
+cd "$ROOT"
+python multitask_classifier.py "${GPU_FLAGS[@]}" --output_dir runs/gpu_sbert "$@"

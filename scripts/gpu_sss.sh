@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# SMART-SBERT + SimCSE (SSS): supervised SimCSE on NLI, then the SS schedule (thesis table 4.13). NLI_FILES: NLI paths
+# Extra flags are passed on (e.g. --max_train_examples 2000, --cycles 1). Output: runs/gpu_sss/
+set -euo pipefail
+source "$(dirname "$0")/_common.sh"
+cd "$ROOT"
+python multitask_classifier.py "${GPU_FLAGS[@]}" "${SMART_FLAGS[@]}" --simcse_data ${NLI_FILES:?set NLI_FILES to NLI files} --simcse_epochs 3 --output_dir runs/gpu_sss "$@"
