@@ -165,9 +165,11 @@ class MultitaskBERT(nn.Module):
         """The 0-5 similarity that predictions report, from the sts outputs."""
         if self.pair_encoder == "cross":
             return 5 * torch.sigmoid(outputs.float())
-        if self.similarity_objective == "shifted":
-            return 2.5 * outputs + 2.5
-        return (5 * outputs).clamp(0, 5)
+        if self.similarity_objective == "cosine":  # trained towards label / 5, so only [0, 1] is meaningful
+            return (5 * outputs).clamp(0, 5)
+        # shifted is trained on 2.5 cos + 2.5; cosent ranks cosines anywhere in [-1, 1], and a clamp
+        # would tie every negative cosine at 0, so both use the same monotone map onto [0, 5].
+        return 2.5 * outputs + 2.5
 
     # The course's prediction API.
     def predict_sentiment(self, input_ids, attention_mask):
@@ -268,14 +270,18 @@ def parse_stage_list(text: str) -> list[Stage]:
     """'qqp,sts*2,qqp:0.03' -> stages; ':f' trains on a fraction f of the task, '*n' repeats it n times."""
     stages = []
     for token in filter(None, (t.strip() for t in text.split(","))):
-        repeat = 1
-        if "*" in token:
-            token, count = token.split("*", 1)
-            repeat = int(count)
-        name, _, fraction = token.partition(":")
+        stage_text, _, count = token.partition("*")
+        name, _, fraction = (part.strip() for part in stage_text.partition(":"))
         if name not in TASK_ALIASES:
             raise UsageError(f"unknown stage {name!r} in {text!r}; use sst, sts, qqp (optionally :fraction, *repeats)")
-        value = float(fraction) if fraction else 1.0
+        try:
+            repeat = int(count) if count else 1
+            value = float(fraction) if fraction else 1.0
+        except ValueError:
+            raise UsageError(f"stage {token!r} in {text!r}: write task[:fraction][*repeats], "
+                             "e.g. qqp:0.03 or sts*2") from None
+        if repeat < 1:
+            raise UsageError(f"stage {token!r}: the repeat count must be >= 1")
         if not 0 < value <= 1:
             raise UsageError(f"stage {token!r}: the fraction must be in (0, 1]")
         stages += [Stage("task", TASK_ALIASES[name], value)] * repeat
@@ -320,11 +326,26 @@ def smart_configs(args) -> dict[str, SmartConfig]:
             key, _, value = setting.partition("=")
             if key not in base or key == "teacher_momentum":
                 raise UsageError(f"--smart_override {override!r}: unknown or shared setting {key!r}")
-            per_task[TASK_ALIASES[task_name]][key] = type(base[key])(value)
+            try:
+                per_task[TASK_ALIASES[task_name]][key] = type(base[key])(value)
+            except ValueError:
+                raise UsageError(f"--smart_override {override!r}: {key} must be a "
+                                 f"{type(base[key]).__name__}, got {value!r}") from None
     try:
         return {task: SmartConfig(**values) for task, values in per_task.items()}
     except ValueError as err:
         raise UsageError(str(err)) from None
+
+
+def regularized_tasks(args) -> set[str]:
+    """The tasks --smart regularises (none without --smart)."""
+    if not args.smart:
+        return set()
+    names = [t.strip() for t in args.smart_tasks.split(",") if t.strip()]
+    unknown = [t for t in names if t not in TASK_ALIASES]
+    if unknown:
+        raise UsageError(f"--smart_tasks: unknown task {unknown[0]!r}; use sst, qqp, sts")
+    return {TASK_ALIASES[t] for t in names}
 
 
 def to_device(batch: dict, device: torch.device) -> dict:
@@ -341,12 +362,12 @@ class Trainer:
         self.output_dir = Path(args.output_dir)
         trainable = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = AdamW(trainable, lr=args.lr, weight_decay=args.weight_decay)
-        self.smart_tasks = {TASK_ALIASES[t] for t in args.smart_tasks.split(",") if t} if args.smart else set()
+        self.smart_tasks = regularized_tasks(args)
         self.regularizers: dict[str, SmartRegularizer] = {}
         self.teacher = None
         if self.smart_tasks:
             configs = smart_configs(args)
-            if args.smart_bregman_weight > 0 or any(configs[t].bregman_weight > 0 for t in self.smart_tasks):
+            if any(configs[t].bregman_weight > 0 for t in self.smart_tasks):
                 self.teacher = BregmanTeacher(model, args.smart_momentum)
             for task in self.smart_tasks:
                 regularizer = SmartRegularizer(model, configs[task])
@@ -369,7 +390,8 @@ class Trainer:
                 forward_fn = lambda e: self.model.outputs_from_embeddings(task, e, batch)  # noqa: E731
                 loss = loss + self.regularizers[task].penalty(forward_fn, embeddings, outputs, DIVERGENCES[task],
                                                               teacher_args=(task, batch))
-        (loss / self.args.grad_accumulation_steps).backward()
+        if loss.requires_grad:  # not so for the SBERT cosine with --option pretrain: it has no trainable weight
+            (loss / self.args.grad_accumulation_steps).backward()
         return loss.item()
 
     def simcse_step(self, batch: dict) -> float:
@@ -421,10 +443,9 @@ class Trainer:
             steps = ((lambda b, t=stage.task: self.task_step(t, b), batch) for batch in loader)
             return self.run_steps(steps, len(loader), f"stage {index + 1} {stage.label}")
         if stage.kind == "simcse":
-            batches = list(triplet_loader(self.triplets, self.tokenizer, self.args.batch_size, seed,
-                                          self.args.max_length))
-            return self.run_steps(((self.simcse_step, b) for b in batches), len(batches),
-                                  f"stage {index + 1} simcse")
+            batches = triplet_loader(self.triplets, self.tokenizer, self.args.batch_size, seed, self.args.max_length)
+            return self.run_steps(((self.simcse_step, b) for b in batches),
+                                  math.ceil(len(self.triplets) / self.args.batch_size), f"stage {index + 1} simcse")
         return self.run_multitask_epoch(index, stage, seed)
 
     def run_multitask_epoch(self, index: int, stage: Stage, seed: int) -> float:
@@ -571,6 +592,13 @@ class Trainer:
 
     def load_training_state(self, prefix: Path) -> None:
         tensors, metadata = read_checkpoint(prefix)
+        try:
+            self._restore(tensors, metadata)
+        except (KeyError, ValueError, RuntimeError) as err:
+            raise CheckpointError(f"{prefix}: cannot resume with these flags; the checkpoint was saved by a "
+                                  f"different model, optimizer or SMART setup ({type(err).__name__}: {err})") from None
+
+    def _restore(self, tensors: dict, metadata: dict) -> None:
         self.model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
         state = {}
         for index, step in metadata["optimizer"]["steps"].items():
@@ -740,12 +768,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.demo:
-        given = {a.lstrip("-").split("=")[0] for a in (argv if argv is not None else sys.argv[1:]) if a.startswith("--")}
-        for key, value in DEMO_SETTINGS.items():
-            if key not in given:  # explicit flags still win over the demo's settings
-                setattr(args, key, value)
+        # The demo's settings become the defaults, so every flag given (abbreviated too) still wins.
+        parser.set_defaults(**DEMO_SETTINGS)
+        args = parser.parse_args(argv)
     for flag in ("batch_size", "eval_batch_size", "grad_accumulation_steps", "max_length"):
         if getattr(args, flag) < 1:
+            parser.error(f"--{flag} must be >= 1")
+    for flag in ("max_train_examples", "simcse_max_examples"):
+        if getattr(args, flag) is not None and getattr(args, flag) < 1:
             parser.error(f"--{flag} must be >= 1")
     return args
 
@@ -761,11 +791,19 @@ def run(args) -> Trainer:
     if args.use_gpu and device.type == "cpu":
         warnings.warn("--use_gpu given but CUDA is not available; training on the CPU")
     stages = build_schedule(args)
+    if regularized_tasks(args):
+        smart_configs(args)  # bad SMART flags fail here, before any data or model is loaded
+    if args.simcse_data and args.option == "pretrain":
+        raise UsageError("the SimCSE stage trains the encoder, which --option pretrain freezes; "
+                         "use --option finetune")
     train_tasks = {s.task for s in stages if s.kind == "task"} | (set(TASKS) if args.schedule != "sequential" else set())
     data = load_task_data(args, train_tasks)  # every data file validated before the model loads
     triplets = []
     if args.simcse_data:
         triplets, _ = load_nli_triplets(args.simcse_data)
+        if not triplets:
+            raise UsageError(f"--simcse_data {' '.join(args.simcse_data)}: no (premise, entailed, contradicted) "
+                             "triplets in these files")
         triplets = subsample(triplets, args.simcse_max_examples, args.seed)
         print(f"SimCSE: {len(triplets)} NLI triplets")
     seed_everything(args.seed)
@@ -775,6 +813,9 @@ def run(args) -> Trainer:
     if args.option == "pretrain":
         for parameter in model.bert.parameters():
             parameter.requires_grad = False
+        if args.pair_encoder == "sbert" and "sts" in train_tasks:
+            print("note: with --option pretrain the SBERT similarity (a cosine) has no trainable weights; "
+                  "STS training steps change nothing")
     model.to(device)
     trainer = Trainer(args, model, tokenizer, data, triplets, device)
     last = Path(args.output_dir) / "last"
