@@ -18,6 +18,7 @@ import os
 import random
 import sys
 import time
+import uuid
 import warnings
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 from tqdm import tqdm
@@ -592,6 +594,7 @@ class Trainer:
 
     def load_training_state(self, prefix: Path) -> None:
         tensors, metadata = read_checkpoint(prefix)
+        check_resume_flags(metadata["args"], json.loads(json.dumps(vars(self.args), default=str)))
         try:
             self._restore(tensors, metadata)
         except (KeyError, ValueError, RuntimeError) as err:
@@ -622,12 +625,18 @@ class Trainer:
 
 
 def atomic_save(prefix: Path, tensors: dict, metadata: dict) -> None:
-    """Write PREFIX.safetensors then PREFIX.json, each via a temporary file and os.replace."""
+    """Write PREFIX.safetensors then PREFIX.json, each via a temporary file and os.replace.
+
+    Both carry the same random checkpoint id, so a crash between the two replaces is detected on
+    reading instead of pairing new weights with old metadata.
+    """
     prefix.parent.mkdir(parents=True, exist_ok=True)
     weights, info = prefix.with_suffix(".safetensors"), prefix.with_suffix(".json")
-    save_file({k: v.cpu() for k, v in tensors.items()}, str(weights) + ".tmp")
+    checkpoint_id = uuid.uuid4().hex
+    save_file({k: v.cpu() for k, v in tensors.items()}, str(weights) + ".tmp", metadata={"checkpoint_id": checkpoint_id})
     os.replace(str(weights) + ".tmp", weights)
-    info.with_suffix(".json.tmp").write_text(json.dumps(metadata, indent=1, default=str), encoding="utf-8")
+    info.with_suffix(".json.tmp").write_text(json.dumps({**metadata, "checkpoint_id": checkpoint_id}, indent=1,
+                                                        default=str), encoding="utf-8")
     os.replace(info.with_suffix(".json.tmp"), info)
 
 
@@ -636,9 +645,29 @@ def read_checkpoint(prefix: Path) -> tuple[dict, dict]:
     if not weights.is_file() or not info.is_file():
         raise CheckpointError(f"{prefix}: checkpoint needs both {weights.name} and {info.name}")
     try:
-        return load_file(str(weights)), json.loads(info.read_text(encoding="utf-8"))
+        with safe_open(str(weights), "pt") as handle:
+            weights_id = (handle.metadata() or {}).get("checkpoint_id")
+        tensors, metadata = load_file(str(weights)), json.loads(info.read_text(encoding="utf-8"))
     except Exception as err:
         raise CheckpointError(f"{prefix}: cannot read checkpoint ({type(err).__name__}: {err})") from None
+    if weights_id != metadata.get("checkpoint_id"):
+        raise CheckpointError(f"{prefix}: {weights.name} and {info.name} come from different saves "
+                              "(a write was interrupted); use the other checkpoint or start again")
+    return tensors, metadata
+
+
+# Flags that may differ between a stopped run and its --resume: none of them changes the result.
+RESUME_FREE_FLAGS = {"resume", "stop_after_stages", "quiet", "num_workers", "eval_batch_size", "use_gpu", "demo",
+                     *OUT_FLAGS.values()}
+
+
+def check_resume_flags(saved: dict, current: dict) -> None:
+    changed = sorted(k for k in saved.keys() | current.keys()
+                     if k not in RESUME_FREE_FLAGS and saved.get(k) != current.get(k))
+    if changed:
+        details = ", ".join(f"--{k} {saved.get(k)!r} -> {current.get(k)!r}" for k in changed[:4])
+        raise CheckpointError(f"cannot resume: {len(changed)} flag(s) differ from the stopped run ({details}); "
+                              "rerun with the original flags plus --resume")
 
 
 def load_multitask_model(prefix: str | Path, device: torch.device | str = "cpu") -> MultitaskBERT:

@@ -386,7 +386,23 @@ def test_resume_with_a_different_setup_is_a_clear_error(tiny_checkpoint, tmp_pat
     assert mc.main(run_flags(tiny_checkpoint, tmp_path, "--stop_after_stages", "1")) == 0
     flags = [f for f in run_flags(tiny_checkpoint, tmp_path, "--resume") if f != "--smart"]
     assert mc.main(flags + ["--pair_encoder", "cross"]) == 2
-    assert "cannot resume with these flags" in capsys.readouterr().err
+    assert "cannot resume: 2 flag(s) differ" in capsys.readouterr().err
+
+
+def test_resume_accepts_flags_that_do_not_change_the_result(tiny_checkpoint, tmp_path):
+    assert mc.main(run_flags(tiny_checkpoint, tmp_path, "--stop_after_stages", "1")) == 0
+    assert mc.main(run_flags(tiny_checkpoint, tmp_path, "--resume", "--eval_batch_size", "7")) == 0
+
+
+def test_checkpoint_halves_from_different_saves_are_detected(tmp_path):
+    tensors = {"w": torch.zeros(2)}
+    mc.atomic_save(tmp_path / "a", tensors, {"n": 1})
+    mc.atomic_save(tmp_path / "b", tensors, {"n": 2})
+    assert mc.read_checkpoint(tmp_path / "a")[1]["n"] == 1
+    (tmp_path / "b.json").replace(tmp_path / "a.json")  # as if the JSON write of a later save finished alone
+    with pytest.raises(mc.CheckpointError, match="come from different saves"):
+        mc.read_checkpoint(tmp_path / "a")
+    assert not list(tmp_path.glob("*.tmp"))
 
 
 def test_annealed_schedule_end_to_end(tiny_checkpoint, tmp_path):
