@@ -7,7 +7,7 @@ The course's split API is kept so that the embedding output is reachable (SMART 
     hidden = bert.encode(hidden, attention_mask)            # (B, T, H)
     outputs = bert(input_ids, attention_mask)               # {'last_hidden_state', 'pooler_output'}
 
-Shapes: B batch, T tokens, H hidden, nh heads, hs head size (H = nh * hs).
+Shapes: B batch, T tokens, N real (non-padding) tokens, H hidden, nh heads, hs head size (H = nh * hs).
 """
 from __future__ import annotations
 
@@ -65,17 +65,19 @@ class BertSelfAttention(nn.Module):
         probs = F.dropout(scores.softmax(dim=-1), p=self.dropout_p, training=self.training)
         return probs @ value  # (B, nh, T, hs)
 
-    def forward(self, hidden: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
-        B, T, H = hidden.shape
-        qkv = self.qkv(hidden).view(B, T, 3, self.num_heads, self.head_size)  # (B, T, 3, nh, hs)
-        query, key, value = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 x (B, nh, T, hs)
+    def forward(self, tokens: torch.Tensor, key_mask: torch.Tensor, layout: "TokenLayout") -> torch.Tensor:
+        B, T = layout.batch_size, layout.seq_len
+        H = tokens.shape[-1]
+        qkv = layout.unpack(self.qkv(tokens))  # (B, T, 3H): projections run on real tokens only
+        query, key, value = qkv.view(B, T, 3, self.num_heads, self.head_size).permute(2, 0, 3, 1, 4).unbind(0)
+        # query, key, value: (B, nh, T, hs) each
         if self.implementation == "sdpa":
             context = F.scaled_dot_product_attention(
                 query, key, value, attn_mask=key_mask,
                 dropout_p=self.dropout_p if self.training else 0.0)  # (B, nh, T, hs)
         else:
             context = self.attention(query, key, value, key_mask)
-        context = context.transpose(1, 2).reshape(B, T, H)  # (B, T, H)
+        context = layout.pack(context.transpose(1, 2).reshape(B, T, H))  # (N, H)
         return self.out_proj(context)
 
 
@@ -98,9 +100,33 @@ class BertLayer(nn.Module):
     def feed_forward(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.ffn_out(F.gelu(self.ffn_in(hidden)))  # (B, T, H)
 
-    def forward(self, hidden: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
-        hidden = self.add_norm(hidden, self.attention(hidden, key_mask), self.attention_norm)
-        return self.add_norm(hidden, self.feed_forward(hidden), self.output_norm)
+    def forward(self, tokens: torch.Tensor, key_mask: torch.Tensor, layout: "TokenLayout") -> torch.Tensor:
+        tokens = self.add_norm(tokens, self.attention(tokens, key_mask, layout), self.attention_norm)
+        return self.add_norm(tokens, self.feed_forward(tokens), self.output_norm)  # (N, H)
+
+
+class TokenLayout:
+    """Where the N real tokens of a padded (B, T) batch sit.
+
+    Every token-wise operation (projections, feed-forward, LayerNorm, dropout) runs on the packed
+    (N, H) real tokens only, so padding costs nothing there; attention alone needs the (B, T) grid.
+    Padding positions of the encoder output are zero.
+    """
+
+    def __init__(self, attention_mask: torch.Tensor):
+        self.batch_size, self.seq_len = attention_mask.shape
+        flat = attention_mask.reshape(-1).bool()  # (B*T,)
+        self.positions = None if bool(flat.all()) else flat.nonzero().squeeze(1)  # (N,) or None: no padding
+
+    def pack(self, grid: torch.Tensor) -> torch.Tensor:
+        flat = grid.reshape(self.batch_size * self.seq_len, grid.shape[-1])  # (B*T, D)
+        return flat if self.positions is None else flat.index_select(0, self.positions)  # (N, D)
+
+    def unpack(self, tokens: torch.Tensor) -> torch.Tensor:
+        if self.positions is not None:
+            grid = tokens.new_zeros(self.batch_size * self.seq_len, tokens.shape[-1])
+            tokens = grid.index_copy(0, self.positions, tokens)  # (B*T, D)
+        return tokens.view(self.batch_size, self.seq_len, tokens.shape[-1])  # (B, T, D)
 
 
 class BertEncoder(nn.Module):
@@ -110,9 +136,11 @@ class BertEncoder(nn.Module):
 
     def forward(self, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         key_mask = attention_mask.bool()[:, None, None, :]  # (B, 1, 1, T): padding keys are never attended
+        layout = TokenLayout(attention_mask)
+        tokens = layout.pack(hidden)  # (N, H)
         for layer in self.layers:
-            hidden = layer(hidden, key_mask)
-        return hidden
+            tokens = layer(tokens, key_mask, layout)
+        return layout.unpack(tokens)  # (B, T, H)
 
 
 class BertPooler(nn.Module):

@@ -291,6 +291,8 @@ def parse_stage_list(text: str) -> list[Stage]:
 
 
 def build_schedule(args) -> list[Stage]:
+    if args.pcgrad and args.schedule != "round_robin":
+        raise UsageError("--pcgrad needs --schedule round_robin (each step takes one batch of every task)")
     stages = [Stage("simcse")] * args.simcse_epochs if args.simcse_data else []
     if args.schedule == "sequential":
         stages += parse_stage_list(args.first_stages) + parse_stage_list(args.cycle) * args.cycles
@@ -299,6 +301,26 @@ def build_schedule(args) -> list[Stage]:
     if not stages:
         raise UsageError("the schedule is empty: give --first_stages, --cycle with --cycles >= 1, or --epochs")
     return stages
+
+
+def pcgrad_combine(task_gradients: list[list[torch.Tensor]], rng: random.Random) -> list[torch.Tensor]:
+    """PCGrad (Yu et al. 2020): each task's gradient drops its component along every other task's
+    gradient that it conflicts with (negative dot product), the others taken in random order; the
+    projected gradients are then summed. Dot products run over all parameters at once."""
+    def dot(a, b):
+        return sum((x.double() * y.double()).sum() for x, y in zip(a, b))
+
+    projected = []
+    for i, gradient in enumerate(task_gradients):
+        others = [j for j in range(len(task_gradients)) if j != i]
+        rng.shuffle(others)
+        for j in others:
+            conflict = dot(gradient, task_gradients[j])
+            if conflict < 0:
+                scale = (conflict / dot(task_gradients[j], task_gradients[j]).clamp_min(1e-30)).to(gradient[0].dtype)
+                gradient = [g - scale * h for g, h in zip(gradient, task_gradients[j])]
+        projected.append(gradient)
+    return [sum(parts) for parts in zip(*projected)]
 
 
 def annealed_probabilities(sizes: dict[str, int], epoch: int, epochs: int) -> dict[str, float]:
@@ -416,13 +438,13 @@ class Trainer:
         if self.teacher is not None:
             self.teacher.update(self.model)
 
-    def run_steps(self, steps, total: int, description: str) -> float:
+    def run_steps(self, steps, total: int, description: str, *step_args) -> float:
         """Drive (step_fn, batch) pairs with gradient accumulation; returns the mean loss."""
         self.model.train()
         losses = []
         bar = tqdm(steps, total=total, desc=description, leave=False, disable=self.args.quiet)
         for index, (step_fn, batch) in enumerate(bar, start=1):
-            losses.append(step_fn(batch))
+            losses.append(step_fn(batch, *step_args))
             if index % self.args.grad_accumulation_steps == 0 or index == total:
                 self.optimizer_step()
             if index % 20 == 0:
@@ -468,8 +490,27 @@ class Trainer:
             except StopIteration:  # a smaller task starts over, as in round-robin sampling
                 iterators[task] = iter(loaders[task])
                 return next(iterators[task])
+        if self.args.pcgrad:  # every step sees one batch of each task
+            count = math.ceil(total / len(TASKS))
+            steps = ((self.pcgrad_step, {t: next_batch(t) for t in TASKS}) for _ in range(count))
+            return self.run_steps(steps, count, f"stage {index + 1} {stage.label} pcgrad", rng.random)
         steps = ((lambda b, t=t: self.task_step(t, b), next_batch(t)) for t in order)
         return self.run_steps(steps, total, f"stage {index + 1} {stage.label}")
+
+    def pcgrad_step(self, batches: dict, random_number) -> float:
+        """One backward per task, then the tasks' gradients combined by PCGrad into .grad."""
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        accumulated = [p.grad for p in params]
+        task_gradients, losses = [], []
+        for task, batch in batches.items():
+            for p in params:
+                p.grad = None
+            losses.append(self.task_step(task, batch))
+            task_gradients.append([p.grad if p.grad is not None else torch.zeros_like(p) for p in params])
+        combined = pcgrad_combine(task_gradients, random.Random(random_number()))
+        for p, previous, gradient in zip(params, accumulated, combined):
+            p.grad = gradient if previous is None else previous + gradient
+        return float(np.mean(losses))
 
     # -- evaluation -------------------------------------------------------------------------------
     @torch.no_grad()
@@ -761,6 +802,8 @@ def build_parser() -> argparse.ArgumentParser:
                           help="stages before the cycles, e.g. 'qqp' or 'sts*3' (task[:fraction][*repeats])")
     schedule.add_argument("--cycle", default="sts,sst,qqp:0.03", help="one cycle of stages (rehearsal as :fraction)")
     schedule.add_argument("--cycles", type=int, default=10)
+    schedule.add_argument("--pcgrad", action="store_true",
+                          help="round_robin only: one batch per task each step, gradients combined by PCGrad")
 
     smart = parser.add_argument_group("SMART (Jiang et al. 2020); defaults are the paper's")
     smart.add_argument("--smart", action="store_true", help="regularise the tasks in --smart_tasks")

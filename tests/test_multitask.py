@@ -5,6 +5,7 @@ of the bundled minilm-l6 tokenizer, so the whole file takes seconds, not minutes
 """
 import json
 import math
+import random
 import shutil
 from types import SimpleNamespace
 
@@ -478,3 +479,37 @@ def test_simcse_stage_trains_the_encoder(tiny_checkpoint, tmp_path):
     assert not torch.equal(trained["encoder.layers.0.attention.qkv.weight"],
                            initial["encoder.layers.0.attention.qkv.weight"])
     assert torch.equal(trained["pooler.dense.weight"], initial["pooler.dense.weight"])  # unused: no gradient
+
+
+def test_pcgrad_projects_conflicting_gradients_by_hand():
+    g1 = [torch.tensor([1.0, 0.0])]
+    g2 = [torch.tensor([-1.0, 1.0])]
+    combined = mc.pcgrad_combine([g1, g2], random.Random(0))
+    # g1 . g2 = -1 < 0: g1' = g1 - (-1/2) g2 = (0.5, 0.5); g2' = g2 - (-1/1) g1 = (0, 1); sum = (0.5, 1.5)
+    torch.testing.assert_close(combined[0], torch.tensor([0.5, 1.5]))
+
+
+def test_pcgrad_leaves_agreeing_gradients_alone():
+    g1, g2 = [torch.tensor([1.0, 2.0]), torch.tensor([3.0])], [torch.tensor([2.0, 0.0]), torch.tensor([1.0])]
+    combined = mc.pcgrad_combine([g1, g2], random.Random(0))
+    torch.testing.assert_close(combined[0], torch.tensor([3.0, 2.0]))
+    torch.testing.assert_close(combined[1], torch.tensor([4.0]))
+
+
+def test_pcgrad_result_never_conflicts_with_a_task_for_two_tasks():
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(20):
+        g1, g2 = [torch.randn(5, generator=generator)], [torch.randn(5, generator=generator)]
+        combined = mc.pcgrad_combine([g1, g2], random.Random(0))[0]
+        assert (combined @ g1[0]).item() >= -1e-6 and (combined @ g2[0]).item() >= -1e-6
+
+
+def test_pcgrad_needs_round_robin(tiny_checkpoint, tmp_path, capsys):
+    assert mc.main(run_flags(tiny_checkpoint, tmp_path, "--schedule", "annealed", "--pcgrad")) == 2
+    assert "--pcgrad needs --schedule round_robin" in capsys.readouterr().err
+
+
+def test_round_robin_with_pcgrad_runs_end_to_end(tiny_checkpoint, tmp_path):
+    assert mc.main(run_flags(tiny_checkpoint, tmp_path, "--schedule", "round_robin", "--pcgrad", "--epochs", "1")) == 0
+    history = json.loads((tmp_path / "run" / "history.json").read_text())
+    assert [h["stage"] for h in history] == ["pretrained", "multitask-1"]
