@@ -238,9 +238,18 @@ class BregmanTeacher:
 
     @torch.no_grad()
     def __call__(self, model: nn.Module, *args, **kwargs):
-        """model(*args, **kwargs) evaluated with theta_tilde, in the model's current train/eval mode
-        (so with dropout when training, like the clean forward it is compared with)."""
-        return torch.func.functional_call(model, {**self.params, **dict(model.named_buffers())}, args, kwargs)
+        """model(*args, **kwargs) evaluated with theta_tilde and dropout off.
+
+        theta_tilde is a fixed target, f(x; theta_tilde) as in the paper: dropout noise in it would only
+        add variance to D_Breg, and a dropout-free forward is cheaper (about a third on CPU). The
+        model's train/eval mode is restored afterwards.
+        """
+        was_training = model.training
+        model.eval()
+        try:
+            return torch.func.functional_call(model, {**self.params, **dict(model.named_buffers())}, args, kwargs)
+        finally:
+            model.train(was_training)
 
     @torch.no_grad()
     def update(self, model: nn.Module) -> None:

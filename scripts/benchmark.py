@@ -162,8 +162,15 @@ def multitask_step_fn(model, optimizer, regularizer, batch, device, task="quora"
     return step
 
 
+def _memory_status(field: str) -> int:
+    """A /proc/self/status figure in bytes (VmRSS: resident now, VmHWM: peak resident)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
 def _peak_memory_worker(args, device, smart, queue):
-    import resource
     if device.type == "cpu":
         # Random weights of the same shape: loading a checkpoint would set a higher-water mark than a step.
         args = argparse.Namespace(**{**vars(args), "config": "random:" + args.config})
@@ -174,14 +181,13 @@ def _peak_memory_worker(args, device, smart, queue):
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
     else:
-        base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        Path("/proc/self/clear_refs").write_text("5")  # resets the peak (VmHWM) to the current size
+        base = _memory_status("VmRSS")
     step = multitask_step_fn(model, optimizer, regularizer, batch, device)
     for _ in range(2):
         step()
-    if device.type == "cuda":
-        queue.put(torch.cuda.max_memory_allocated() - base)
-    else:
-        queue.put(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base)
+    peak = torch.cuda.max_memory_allocated() if device.type == "cuda" else _memory_status("VmHWM")
+    queue.put(peak - base)
 
 
 def peak_step_memory(args, device, smart: bool) -> int:

@@ -412,14 +412,16 @@ def test_teacher_holds_parameter_copies_not_the_module():
 
 
 def test_teacher_matches_the_model_until_the_model_moves():
-    model = make_model()  # in train mode: dropout must draw the same masks for both
+    model = make_model()
     batch = make_batch("similarity")
     teacher = BregmanTeacher(model, 0.99)
-    torch.manual_seed(5)
-    live = model("similarity", batch)
-    torch.manual_seed(5)
     remembered = teacher(model, "similarity", batch)
+    assert model.training, "the teacher restores the model's train mode"
+    model.eval()
+    live = model("similarity", batch)
+    model.train()
     assert torch.equal(live, remembered) and not remembered.requires_grad
+    assert torch.equal(teacher(model, "similarity", batch), remembered), "no dropout noise in the target"
 
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
     task_loss("similarity", live, batch["labels"]).backward()
