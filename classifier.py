@@ -37,7 +37,7 @@ from tqdm import tqdm
 from base_bert import BertConfig, CheckpointError
 from bert import BertModel
 from datasets import (DataError, SentenceExample, load_sentence_examples, make_dataloader, standard_paths,
-                      subsample)
+                      show_data_warnings_on_one_line, subsample)
 from evaluation import sst_metrics, summarize_line, write_predictions
 from multitask_classifier import atomic_save, read_checkpoint, seed_everything
 from optimizer import AdamW
@@ -278,6 +278,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    show_data_warnings_on_one_line()
     try:
         run(args)
     except (DataError, CheckpointError) as err:

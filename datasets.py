@@ -64,6 +64,17 @@ class DataWarning(UserWarning):
     """Rows were dropped while loading; the message gives the count, the file and the lines."""
 
 
+def show_data_warnings_on_one_line() -> None:
+    """For the command lines: a DataWarning prints as 'warning: <message>', without source lines."""
+    default = warnings.formatwarning
+
+    def format_warning(message, category, *args, **kwargs):
+        if issubclass(category, DataWarning):
+            return f"warning: {message}\n"
+        return default(message, category, *args, **kwargs)
+    warnings.formatwarning = format_warning
+
+
 @dataclass(frozen=True)
 class SentenceExample:
     id: str

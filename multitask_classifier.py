@@ -34,7 +34,8 @@ from tqdm import tqdm
 
 from base_bert import BertConfig, CheckpointError
 from bert import BertModel
-from datasets import DataError, PairExample, load_pair_examples, load_sentence_examples, make_dataloader, subsample
+from datasets import (DataError, load_pair_examples, load_sentence_examples, make_dataloader,
+                      show_data_warnings_on_one_line, subsample)
 from evaluation import (DEFAULT_OUTPUTS, forgetting_table_markdown, overall_score, paraphrase_metrics,
                         plot_error_analysis, plot_forgetting_matrix, plot_training_curves, sst_metrics,
                         sts_metrics, summarize_line, write_predictions)
@@ -910,6 +911,7 @@ def run(args) -> Trainer:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    show_data_warnings_on_one_line()
     try:
         run(args)
     except (DataError, CheckpointError, UsageError) as err:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer

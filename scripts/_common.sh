@@ -11,3 +11,10 @@ GPU_FLAGS=(--use_gpu --pretrained bert-base-uncased --option finetune --data_dir
 # CPU (2 cores): the bundled minilm-l6 and fewer cycles.
 CPU_FLAGS=(--pretrained minilm-l6 --option finetune --data_dir "$DATA_DIR" --seed "$SEED"
            --batch_size 32 --lr 5e-5 --hidden_dropout_prob 0.1 --max_length 64 --quiet)
+# The six leaderboard CSVs of run NAME go to runs/NAME/predictions/ (not the shared predictions/).
+prediction_flags() {
+    local dir="runs/$1/predictions"
+    echo --sst_dev_out "$dir/sst-dev-output.csv" --sst_test_out "$dir/sst-test-output.csv" \
+         --para_dev_out "$dir/para-dev-output.csv" --para_test_out "$dir/para-test-output.csv" \
+         --sts_dev_out "$dir/sts-dev-output.csv" --sts_test_out "$dir/sts-test-output.csv"
+}

@@ -74,6 +74,17 @@ def timed_steps(step, steps: int, device) -> list[float]:
     return times
 
 
+def alternate(steps: dict, args, device) -> dict[str, float]:
+    """Median step time of each named step function, the sides alternating round after round."""
+    for step in steps.values():  # warm-up: allocator, kernels, autotuning
+        timed_steps(step, args.warmup, device)
+    samples = {name: [] for name in steps}
+    for _ in range(args.rounds):
+        for name, step in steps.items():
+            samples[name] += timed_steps(step, args.steps, device)
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
 def train_step_fn(model, optimizer, ids, mask, device, hf: bool):
     def step():
         optimizer.zero_grad(set_to_none=True)
@@ -97,13 +108,7 @@ def bench_encoder(args, device) -> dict:
         "minbert": train_step_fn(ours, AdamW(ours.parameters(), lr=1e-5), ids, mask, device, hf=False),
         "transformers": train_step_fn(reference, AdamW(reference.parameters(), lr=1e-5), ids, mask, device, hf=True),
     }
-    for step in steps.values():  # warm-up: allocator, kernels, autotuning
-        timed_steps(step, args.warmup, device)
-    samples = {name: [] for name in steps}
-    for _ in range(args.rounds):
-        for name, step in steps.items():
-            samples[name] += timed_steps(step, args.steps, device)
-    medians = {name: statistics.median(values) for name, values in samples.items()}
+    medians = alternate(steps, args, device)
     return {
         "benchmark": "encoder train step (forward, backward, AdamW)",
         "median_step_s": medians,
@@ -209,13 +214,7 @@ def bench_smart(args, device) -> dict:
     for name, smart in (("plain", False), ("smart", True)):
         model, optimizer, regularizer, batch = multitask_setup(args, device, smart)
         steps[name] = multitask_step_fn(model, optimizer, regularizer, batch, device)
-    for step in steps.values():
-        timed_steps(step, args.warmup, device)
-    samples = {name: [] for name in steps}
-    for _ in range(args.rounds):
-        for name, step in steps.items():
-            samples[name] += timed_steps(step, args.steps, device)
-    medians = {name: statistics.median(values) for name, values in samples.items()}
+    medians = alternate(steps, args, device)
     memory = {name: peak_step_memory(args, device, name == "smart") for name in ("plain", "smart")}
     return {
         "benchmark": "QQP SBERT train step with and without SMART",

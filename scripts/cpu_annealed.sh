@@ -4,4 +4,4 @@
 set -euo pipefail
 source "$(dirname "$0")/_common.sh"
 cd "$ROOT"
-python multitask_classifier.py "${CPU_FLAGS[@]}" --schedule annealed --epochs 3 --output_dir runs/cpu_annealed "$@"
+python multitask_classifier.py "${CPU_FLAGS[@]}" --schedule annealed --epochs 3 --output_dir runs/cpu_annealed $(prediction_flags cpu_annealed) "$@"

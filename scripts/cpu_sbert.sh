@@ -4,4 +4,4 @@
 set -euo pipefail
 source "$(dirname "$0")/_common.sh"
 cd "$ROOT"
-python multitask_classifier.py "${CPU_FLAGS[@]}" --cycles 3 --output_dir runs/cpu_sbert "$@"
+python multitask_classifier.py "${CPU_FLAGS[@]}" --cycles 3 --output_dir runs/cpu_sbert $(prediction_flags cpu_sbert) "$@"

@@ -4,4 +4,4 @@
 set -euo pipefail
 source "$(dirname "$0")/_common.sh"
 cd "$ROOT"
-python multitask_classifier.py "${CPU_FLAGS[@]}" "${SMART_FLAGS[@]}" --cycles 3 --output_dir runs/cpu_ss "$@"
+python multitask_classifier.py "${CPU_FLAGS[@]}" "${SMART_FLAGS[@]}" --cycles 3 --output_dir runs/cpu_ss $(prediction_flags cpu_ss) "$@"

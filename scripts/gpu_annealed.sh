@@ -4,4 +4,4 @@
 set -euo pipefail
 source "$(dirname "$0")/_common.sh"
 cd "$ROOT"
-python multitask_classifier.py "${GPU_FLAGS[@]}" --schedule annealed --epochs 5 --output_dir runs/gpu_annealed "$@"
+python multitask_classifier.py "${GPU_FLAGS[@]}" --schedule annealed --epochs 5 --output_dir runs/gpu_annealed $(prediction_flags gpu_annealed) "$@"

@@ -4,4 +4,4 @@
 set -euo pipefail
 source "$(dirname "$0")/_common.sh"
 cd "$ROOT"
-python multitask_classifier.py "${GPU_FLAGS[@]}" --output_dir runs/gpu_sbert "$@"
+python multitask_classifier.py "${GPU_FLAGS[@]}" --output_dir runs/gpu_sbert $(prediction_flags gpu_sbert) "$@"

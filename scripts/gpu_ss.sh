@@ -4,4 +4,4 @@
 set -euo pipefail
 source "$(dirname "$0")/_common.sh"
 cd "$ROOT"
-python multitask_classifier.py "${GPU_FLAGS[@]}" "${SMART_FLAGS[@]}" --output_dir runs/gpu_ss "$@"
+python multitask_classifier.py "${GPU_FLAGS[@]}" "${SMART_FLAGS[@]}" --output_dir runs/gpu_ss $(prediction_flags gpu_ss) "$@"

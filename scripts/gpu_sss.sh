@@ -4,4 +4,4 @@
 set -euo pipefail
 source "$(dirname "$0")/_common.sh"
 cd "$ROOT"
-python multitask_classifier.py "${GPU_FLAGS[@]}" "${SMART_FLAGS[@]}" --simcse_data ${NLI_FILES:?set NLI_FILES to NLI files} --simcse_epochs 3 --output_dir runs/gpu_sss "$@"
+python multitask_classifier.py "${GPU_FLAGS[@]}" "${SMART_FLAGS[@]}" --simcse_data ${NLI_FILES:?set NLI_FILES to NLI files} --simcse_epochs 3 --output_dir runs/gpu_sss $(prediction_flags gpu_sss) "$@"
