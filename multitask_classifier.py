@@ -514,7 +514,7 @@ class Trainer:
         return float(np.mean(losses))
 
     # -- evaluation -------------------------------------------------------------------------------
-    @torch.no_grad()
+    @torch.inference_mode()
     def predict(self, task: str, examples) -> tuple[list[str], np.ndarray]:
         self.model.eval()
         loader = make_dataloader(examples, self.tokenizer, self.args.eval_batch_size, shuffle=False,
@@ -727,25 +727,27 @@ def load_multitask_model(prefix: str | Path, device: torch.device | str = "cpu")
 # Command line
 
 
-def write_leaderboard_files(trainer: Trainer, args) -> None:
+def write_leaderboard_files(trainer: Trainer, args, dev_predictions: dict) -> None:
+    """The six CSVs: dev from the predictions already scored, test predicted now."""
     for split in ("dev", "test"):
         for task in TASKS:
-            examples = getattr(trainer.data[task], split)
-            ids, predicted = trainer.predict(task, examples)
+            if split == "dev":
+                ids, predicted, _ = dev_predictions[task]
+            else:
+                ids, predicted = trainer.predict(task, trainer.data[task].test)
             path = getattr(args, OUT_FLAGS[(task, split)])
             write_predictions(path, ids, predicted.tolist(), task)
             print(f"wrote {path} ({len(ids)} rows)")
 
 
-def write_reports(trainer: Trainer) -> None:
+def write_reports(trainer: Trainer, dev_predictions: dict) -> None:
     history = [r for r in trainer.history if "overall" in r]
     out = trainer.output_dir
     (out / "history.json").write_text(json.dumps(trainer.history, indent=1), encoding="utf-8")
     (out / "forgetting.md").write_text(forgetting_table_markdown(history), encoding="utf-8")
     plot_forgetting_matrix(history, out / "forgetting_matrix.png")
     plot_training_curves(history, out / "training_curves.png")
-    _, predictions = trainer.evaluate("dev")
-    plot_error_analysis(*predictions["sst"][1:], *predictions["quora"][1:], *predictions["sts"][1:], out)
+    plot_error_analysis(*dev_predictions["sst"][1:], *dev_predictions["quora"][1:], *dev_predictions["sts"][1:], out)
     print(forgetting_table_markdown(history))
 
 
@@ -904,8 +906,10 @@ def run(args) -> Trainer:
         return trainer
     best = load_multitask_model(Path(args.output_dir) / "best", device)
     trainer.model = best
-    write_leaderboard_files(trainer, args)
-    write_reports(trainer)
+    best_metrics, dev_predictions = trainer.evaluate("dev")
+    print("best model on dev: " + summarize_line(best_metrics))
+    write_leaderboard_files(trainer, args, dev_predictions)
+    write_reports(trainer, dev_predictions)
     return trainer
 
 
