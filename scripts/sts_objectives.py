@@ -1,0 +1,64 @@
+"""Which STS training target? One STS epoch from the same pretrained weights per objective, scored on dev.
+
+    python scripts/sts_objectives.py --data_dir ../shared/data/protocol [--pretrained minilm-l6]
+
+cosine:  MSE(cos(u, v), label / 5)            (sentence-transformers' CosineSimilarityLoss)
+shifted: MSE(cos(u, v), (label - 2.5) / 2.5)  (the handout's 2.5 cos + 2.5 against the 0-5 label)
+cosent:  CoSENT ranking loss on cos(u, v)
+Prints one JSON line per objective with dev Pearson before and after the epoch.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import multitask_classifier as mc  # noqa: E402
+from bert import BertModel  # noqa: E402
+from datasets import load_pair_examples  # noqa: E402
+from evaluation import sts_metrics  # noqa: E402
+from tokenizer import BertTokenizer  # noqa: E402
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data_dir", required=True)
+    parser.add_argument("--pretrained", default="minilm-l6")
+    parser.add_argument("--objectives", default="cosine,shifted,cosent")
+    parser.add_argument("--lr", type=float, default=5e-5)
+    parser.add_argument("--batch_size", type=int, default=32)
+    parser.add_argument("--seed", type=int, default=11711)
+    options = parser.parse_args(argv)
+    data_dir = Path(options.data_dir)
+    train = load_pair_examples(data_dir / mc.COURSE_FILES[("sts", "train")], "sts", "train")
+    dev = load_pair_examples(data_dir / mc.COURSE_FILES[("sts", "dev")], "sts", "dev")
+    gold = np.array([e.label for e in dev])
+    tokenizer = BertTokenizer.from_pretrained(options.pretrained)
+    for objective in options.objectives.split(","):
+        args = mc.parse_args(["--pretrained", options.pretrained, "--option", "finetune", "--quiet",
+                              "--lr", str(options.lr), "--batch_size", str(options.batch_size),
+                              "--hidden_dropout_prob", "0.1", "--max_length", "64", "--seed", str(options.seed),
+                              "--similarity_objective", objective, "--output_dir", "runs/sts_objectives"])
+        mc.seed_everything(options.seed)
+        bert = BertModel.from_pretrained(options.pretrained, hidden_dropout_prob=args.hidden_dropout_prob)
+        model = mc.MultitaskBERT(bert, args.pooling, args.hidden_dropout_prob, similarity_objective=objective)
+        data = {"sts": mc.TaskData(train, dev, [])}
+        trainer = mc.Trainer(args, model, tokenizer, data, [], mc.torch.device("cpu"))
+        before = sts_metrics(trainer.predict("sts", dev)[1], gold)["pearson"]
+        start = time.time()
+        trainer.run_stage(0, mc.Stage("task", "sts"))
+        after = sts_metrics(trainer.predict("sts", dev)[1], gold)["pearson"]
+        print(json.dumps({"objective": objective, "pretrained": options.pretrained, "dev_pearson_before": before,
+                          "dev_pearson_after_1_epoch": after, "train_seconds": time.time() - start,
+                          "lr": options.lr, "batch_size": options.batch_size, "seed": options.seed}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
