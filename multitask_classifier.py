@@ -699,8 +699,11 @@ def read_checkpoint(prefix: Path) -> tuple[dict, dict]:
 
 
 # Flags that may differ between a stopped run and its --resume: none of them changes the result.
+# --cycles may change too (to shorten or extend a sequential run) as long as the stages already done
+# are the new schedule's first stages: stage i's data order depends on i alone, so the result equals an
+# uninterrupted run with the new value.
 RESUME_FREE_FLAGS = {"resume", "stop_after_stages", "quiet", "num_workers", "eval_batch_size", "use_gpu", "demo",
-                     *OUT_FLAGS.values()}
+                     "cycles", *OUT_FLAGS.values()}
 
 
 def check_resume_flags(saved: dict, current: dict) -> None:
@@ -896,6 +899,10 @@ def run(args) -> Trainer:
     last = Path(args.output_dir) / "last"
     if args.resume:
         trainer.load_training_state(last)
+        done = [record["stage"] for record in trainer.history if record["index"] > 0]
+        if done != [stage.label for stage in stages[:len(done)]]:
+            raise CheckpointError(f"cannot resume: the stages already done ({', '.join(done)}) do not begin "
+                                  "this run's schedule")
         print(f"resuming after stage {trainer.next_stage} of {len(stages)}")
     elif (Path(args.output_dir) / "metrics.jsonl").exists():
         print(f"note: starting a fresh run in {args.output_dir}; its previous metrics.jsonl is replaced "

@@ -106,6 +106,7 @@ class Exploit:
         return (exec, ("import pathlib; pathlib.Path('PWNED').write_text('x')",))
 
 
+@pytest.mark.filterwarnings("ignore:Detected pickle protocol")
 def test_bin_checkpoint_never_executes_pickled_code(checkpoint, monkeypatch):
     directory, _ = checkpoint
     (directory / "model.safetensors").unlink()

@@ -513,3 +513,17 @@ def test_round_robin_with_pcgrad_runs_end_to_end(tiny_checkpoint, tmp_path):
     assert mc.main(run_flags(tiny_checkpoint, tmp_path, "--schedule", "round_robin", "--pcgrad", "--epochs", "1")) == 0
     history = json.loads((tmp_path / "run" / "history.json").read_text())
     assert [h["stage"] for h in history] == ["pretrained", "multitask-1"]
+
+
+def test_resume_with_fewer_cycles_equals_the_shorter_run(tiny_checkpoint, tmp_path):
+    short, cut = tmp_path / "short", tmp_path / "cut"
+    assert mc.main(run_flags(tiny_checkpoint, short, "--cycles", "1")) == 0
+    assert mc.main(run_flags(tiny_checkpoint, cut, "--cycles", "2", "--stop_after_stages", "2")) == 0
+    assert mc.main(run_flags(tiny_checkpoint, cut, "--cycles", "1", "--resume")) == 0
+    assert read_csv_outputs(short) == read_csv_outputs(cut)
+
+
+def test_resume_refuses_a_schedule_that_does_not_extend_the_stages_done(tiny_checkpoint, tmp_path, capsys):
+    assert mc.main(run_flags(tiny_checkpoint, tmp_path, "--cycles", "2", "--stop_after_stages", "3")) == 0
+    assert mc.main(run_flags(tiny_checkpoint, tmp_path, "--cycles", "0", "--resume")) == 2
+    assert "do not begin this run's schedule" in capsys.readouterr().err
