@@ -18,3 +18,14 @@ prediction_flags() {
          --para_dev_out "$dir/para-dev-output.csv" --para_test_out "$dir/para-test-output.csv" \
          --sts_dev_out "$dir/sts-dev-output.csv" --sts_test_out "$dir/sts-test-output.csv"
 }
+# Per-task baselines: each task fine-tuned alone into its own model (QQP 1 epoch, STS 3, SST 3).
+# Usage: single_task_runs PREFIX FLAGS...   (writes runs/PREFIX_single_{qqp,sts,sst}/)
+single_task_runs() {
+    local prefix=$1 stages name
+    shift
+    for stages in 'qqp' 'sts*3' 'sst*3'; do
+        name="${prefix}_single_${stages%%\**}"
+        python multitask_classifier.py "$@" --first_stages "$stages" --cycles 0 --output_dir "runs/$name" \
+            $(prediction_flags "$name")
+    done
+}

@@ -4,7 +4,4 @@
 set -euo pipefail
 source "$(dirname "$0")/_common.sh"
 cd "$ROOT"
-for stages in 'qqp' 'sts*3' 'sst*3'; do
-    python multitask_classifier.py "${CPU_FLAGS[@]}" --first_stages "$stages" --cycles 0 \
-        --output_dir "runs/cpu_single_${stages%%\**}" $(prediction_flags "cpu_single_${stages%%\**}") "$@"
-done
+single_task_runs cpu "${CPU_FLAGS[@]}" "$@"
