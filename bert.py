@@ -98,7 +98,7 @@ class BertLayer(nn.Module):
         return norm(residual + self.dropout(sublayer_output))
 
     def feed_forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.ffn_out(F.gelu(self.ffn_in(hidden)))  # (B, T, H)
+        return self.ffn_out(F.gelu(self.ffn_in(hidden)))  # (N, H)
 
     def forward(self, tokens: torch.Tensor, key_mask: torch.Tensor, layout: "TokenLayout") -> torch.Tensor:
         tokens = self.add_norm(tokens, self.attention(tokens, key_mask, layout), self.attention_norm)

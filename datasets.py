@@ -113,12 +113,16 @@ def load_pair_examples(path: str | Path, task: str, split: str) -> list[PairExam
             for example_id, (sentence1, sentence2), label in _load_rows(path, task, split)]
 
 
-def load_split(data_dir: str | Path, task: str, split: str) -> list[SentenceExample] | list[PairExample]:
-    """Load the course file for (task, split) from data_dir."""
-    path = standard_paths(data_dir)[(task, split)]
+def load_examples(path: str | Path, task: str, split: str) -> list[SentenceExample] | list[PairExample]:
+    """Read a course file of any task: sentences for sst / cfimdb, pairs for quora / sts."""
     if task in SENTENCE_TASKS:
         return load_sentence_examples(path, task, split)
     return load_pair_examples(path, task, split)
+
+
+def load_split(data_dir: str | Path, task: str, split: str) -> list[SentenceExample] | list[PairExample]:
+    """Load the course file for (task, split) from data_dir."""
+    return load_examples(standard_paths(data_dir)[(task, split)], task, split)
 
 
 def _load_rows(path: str | Path, task: str, split: str) -> list[tuple[str, tuple[str, ...], float | None]]:

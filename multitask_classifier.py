@@ -28,14 +28,14 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from safetensors import safe_open
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import nn
 from tqdm import tqdm
 
 from base_bert import BertConfig, CheckpointError
 from bert import BertModel
-from datasets import (DataError, load_pair_examples, load_sentence_examples, make_dataloader,
-                      show_data_warnings_on_one_line, subsample)
+from datasets import (DataError, load_examples, make_dataloader, show_data_warnings_on_one_line, standard_paths,
+                      subsample)
 from evaluation import (DEFAULT_OUTPUTS, forgetting_table_markdown, overall_score, paraphrase_metrics,
                         plot_error_analysis, plot_forgetting_matrix, plot_training_curves, sst_metrics,
                         sts_metrics, summarize_line, write_predictions)
@@ -49,13 +49,6 @@ TASKS = ("sst", "quora", "sts")
 TASK_ALIASES = {"sst": "sst", "qqp": "quora", "quora": "quora", "para": "quora", "sts": "sts"}
 DIVERGENCES = {"sst": "categorical", "quora": "bernoulli", "sts": "squared"}
 N_SENTIMENT_CLASSES = 5
-COURSE_FILES = {  # the course's default paths, relative to --data_dir
-    ("sst", "train"): "ids-sst-train.csv", ("sst", "dev"): "ids-sst-dev.csv",
-    ("sst", "test"): "ids-sst-test-student.csv",
-    ("quora", "train"): "quora-train.csv", ("quora", "dev"): "quora-dev.csv",
-    ("quora", "test"): "quora-test-student.csv",
-    ("sts", "train"): "sts-train.csv", ("sts", "dev"): "sts-dev.csv", ("sts", "test"): "sts-test-student.csv",
-}
 FILE_FLAGS = {("sst", s): f"sst_{s}" for s in ("train", "dev", "test")}
 FILE_FLAGS.update({("quora", s): f"para_{s}" for s in ("train", "dev", "test")})
 FILE_FLAGS.update({("sts", s): f"sts_{s}" for s in ("train", "dev", "test")})
@@ -224,19 +217,19 @@ class TaskData:
 
 def data_path(args, task: str, split: str) -> Path:
     explicit = getattr(args, FILE_FLAGS[(task, split)])
-    return Path(explicit) if explicit else Path(args.data_dir) / COURSE_FILES[(task, split)]
+    return Path(explicit) if explicit else standard_paths(args.data_dir)[(task, split)]
 
 
 def load_task_data(args, train_tasks: set[str]) -> dict[str, TaskData]:
     """Every file the run needs, validated before any model is loaded."""
     data = {}
     for task in TASKS:
-        load = load_sentence_examples if task == "sst" else load_pair_examples
         train = None
         if task in train_tasks:
-            train = subsample(load(data_path(args, task, "train"), task, "train"), args.max_train_examples, args.seed)
-        data[task] = TaskData(train, load(data_path(args, task, "dev"), task, "dev"),
-                              load(data_path(args, task, "test"), task, "test"))
+            train = subsample(load_examples(data_path(args, task, "train"), task, "train"),
+                              args.max_train_examples, args.seed)
+        data[task] = TaskData(train, load_examples(data_path(args, task, "dev"), task, "dev"),
+                              load_examples(data_path(args, task, "test"), task, "test"))
     return data
 
 
@@ -395,9 +388,7 @@ class Trainer:
             if any(configs[t].bregman_weight > 0 for t in self.smart_tasks):
                 self.teacher = BregmanTeacher(model, args.smart_momentum)
             for task in self.smart_tasks:
-                regularizer = SmartRegularizer(model, configs[task])
-                regularizer.teacher = self.teacher if configs[task].bregman_weight > 0 else None
-                self.regularizers[task] = regularizer
+                self.regularizers[task] = SmartRegularizer(model, configs[task], self.teacher)
         self.history: list[dict] = []
         self.best_score = -math.inf
         self.next_stage = 0
@@ -687,9 +678,10 @@ def read_checkpoint(prefix: Path) -> tuple[dict, dict]:
     if not weights.is_file() or not info.is_file():
         raise CheckpointError(f"{prefix}: checkpoint needs both {weights.name} and {info.name}")
     try:
-        with safe_open(str(weights), "pt") as handle:
+        with safe_open(str(weights), "pt") as handle:  # one read: the save id and the tensors
             weights_id = (handle.metadata() or {}).get("checkpoint_id")
-        tensors, metadata = load_file(str(weights)), json.loads(info.read_text(encoding="utf-8"))
+            tensors = {key: handle.get_tensor(key) for key in handle.keys()}
+        metadata = json.loads(info.read_text(encoding="utf-8"))
     except Exception as err:
         raise CheckpointError(f"{prefix}: cannot read checkpoint ({type(err).__name__}: {err})") from None
     if weights_id != metadata.get("checkpoint_id"):
@@ -759,7 +751,7 @@ def build_parser() -> argparse.ArgumentParser:
     course = parser.add_argument_group("course options (defaults unchanged)")
     for (task, split), flag in FILE_FLAGS.items():
         course.add_argument(f"--{flag}", default=None,
-                            help=f"default: DATA_DIR/{COURSE_FILES[(task, split)]}")
+                            help=f"default: DATA_DIR/{standard_paths('')[(task, split)].name}")
     for key, flag in OUT_FLAGS.items():
         course.add_argument(f"--{flag}", default=DEFAULT_OUTPUTS[key])
     course.add_argument("--seed", type=int, default=11711)

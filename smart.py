@@ -284,10 +284,16 @@ class BregmanTeacher:
 class SmartRegularizer:
     """lambda_s * R_s + mu * D_Breg for one model, plus the teacher bookkeeping between steps."""
 
-    def __init__(self, model: nn.Module, config: SmartConfig):
+    def __init__(self, model: nn.Module, config: SmartConfig, teacher: BregmanTeacher | None = None):
+        """`teacher`: a BregmanTeacher shared with other regularizers of the same model (one parameter
+        copy for all tasks); without one, a teacher is built here. Unused when bregman_weight is 0."""
         self.model = model
         self.config = config
-        self.teacher = BregmanTeacher(model, config.teacher_momentum) if config.bregman_weight > 0 else None
+        if config.bregman_weight == 0:
+            teacher = None
+        elif teacher is None:
+            teacher = BregmanTeacher(model, config.teacher_momentum)
+        self.teacher = teacher
         self.skipped_steps = 0
 
     def penalty(

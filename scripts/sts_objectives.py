@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import multitask_classifier as mc  # noqa: E402
 from bert import BertModel  # noqa: E402
-from datasets import load_pair_examples  # noqa: E402
+from datasets import load_split  # noqa: E402
 from evaluation import sts_metrics  # noqa: E402
 from tokenizer import BertTokenizer  # noqa: E402
 
@@ -36,8 +36,8 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=11711)
     options = parser.parse_args(argv)
     data_dir = Path(options.data_dir)
-    train = load_pair_examples(data_dir / mc.COURSE_FILES[("sts", "train")], "sts", "train")
-    dev = load_pair_examples(data_dir / mc.COURSE_FILES[("sts", "dev")], "sts", "dev")
+    train = load_split(data_dir, "sts", "train")
+    dev = load_split(data_dir, "sts", "dev")
     gold = np.array([e.label for e in dev])
     tokenizer = BertTokenizer.from_pretrained(options.pretrained)
     for objective in options.objectives.split(","):

@@ -4,6 +4,7 @@ import json
 import pytest
 
 import multitask_classifier as mc
+from datasets import standard_paths
 from evaluation import check_predictions_file
 
 pytestmark = pytest.mark.slow
@@ -21,8 +22,9 @@ def head_of(source, target, rows):
 @pytest.fixture(scope="module")
 def real_subset(protocol_dir, tmp_path_factory):
     folder = tmp_path_factory.mktemp("protocol_subset")
-    for (task, split), name in mc.COURSE_FILES.items():
-        head_of(protocol_dir / name, folder / name, ROWS[split])
+    for (task, split), path in standard_paths(folder).items():
+        if task in mc.TASKS:
+            head_of(protocol_dir / path.name, path, ROWS[split])
     return folder
 
 

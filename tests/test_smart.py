@@ -537,3 +537,12 @@ def test_zero_weights_skip_the_work_they_switch_off():
     model_calls.clear()
     no_teacher.penalty(counting_forward, embeddings, outputs, "categorical")
     assert no_teacher.teacher is None and model_calls == [] and len(perturbed_calls) == 3
+
+
+def test_regularizers_of_one_model_can_share_one_teacher():
+    model = make_model()
+    shared = BregmanTeacher(model, 0.99)
+    first = SmartRegularizer(model, SmartConfig(), shared)
+    second = SmartRegularizer(model, SmartConfig(adv_weight=5.0), shared)
+    assert first.teacher is shared and second.teacher is shared
+    assert SmartRegularizer(model, SmartConfig(bregman_weight=0.0), shared).teacher is None
