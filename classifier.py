@@ -25,7 +25,6 @@ import argparse
 import sys
 import time
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -36,10 +35,10 @@ from tqdm import tqdm
 
 from base_bert import BertConfig, CheckpointError
 from bert import BertModel
-from datasets import (DataError, SentenceExample, load_sentence_examples, make_dataloader, standard_paths,
-                      show_data_warnings_on_one_line, subsample)
+from datasets import (DataError, SentenceExample, in_file_order, load_sentence_examples, make_dataloader,
+                      show_data_warnings_on_one_line, standard_paths, subsample)
 from evaluation import sst_metrics, summarize_line, write_predictions
-from multitask_classifier import atomic_save, read_checkpoint, seed_everything
+from multitask_classifier import TaskData, atomic_save, read_checkpoint, seed_everything
 from optimizer import AdamW
 from tokenizer import BertTokenizer
 
@@ -105,24 +104,17 @@ def load_classifier(prefix: str | Path, device: torch.device | str = "cpu") -> B
 # Data
 
 
-@dataclass
-class SentimentData:
-    train: list[SentenceExample]
-    dev: list[SentenceExample]
-    test: list[SentenceExample]
-
-
 def data_path(args, task: str, split: str) -> Path:
     explicit = getattr(args, f"{task}_{split}")
     return Path(explicit) if explicit else standard_paths(args.data_dir)[(task, split)]
 
 
-def load_data(args) -> dict[str, SentimentData]:
+def load_data(args) -> dict[str, TaskData]:
     """Every file of both datasets, validated before any model is loaded."""
     data = {}
     for task in TASKS:
         train = load_sentence_examples(data_path(args, task, "train"), task, "train")
-        data[task] = SentimentData(subsample(train, args.max_train_examples, args.seed),
+        data[task] = TaskData(subsample(train, args.max_train_examples, args.seed),
                                    load_sentence_examples(data_path(args, task, "dev"), task, "dev"),
                                    load_sentence_examples(data_path(args, task, "test"), task, "test"))
     return data
@@ -159,13 +151,12 @@ def predict(model: nn.Module, examples: list[SentenceExample], tokenizer: BertTo
     """Predicted class per example, returned with the ids in the examples' order."""
     model.eval()
     loader = make_dataloader(examples, tokenizer, batch_size, shuffle=False, max_length=max_length)
-    by_id = {}
+    ids, classes = [], []
     for batch in tqdm(loader, desc="predict", leave=False, disable=quiet):
         logits = model(batch["input_ids"].to(device), batch["attention_mask"].to(device))  # (B, C)
-        by_id.update(zip(batch["ids"], logits.argmax(dim=-1).cpu().tolist()))
-    # The loader visits examples longest first; give the predictions back in file order.
-    ids = [e.id for e in examples]
-    return ids, np.array([by_id[i] for i in ids])
+        ids += batch["ids"]
+        classes += logits.argmax(dim=-1).cpu().tolist()
+    return in_file_order(examples, ids, classes)
 
 
 def dev_accuracy(model, examples, tokenizer, device, args) -> float:
@@ -173,7 +164,7 @@ def dev_accuracy(model, examples, tokenizer, device, args) -> float:
     return sst_metrics(predicted, [e.label for e in examples])["acc"]
 
 
-def train_task(task: str, data: SentimentData, tokenizer: BertTokenizer, device: torch.device, args) -> dict:
+def train_task(task: str, data: TaskData, tokenizer: BertTokenizer, device: torch.device, args) -> dict:
     """Train one dataset from a fresh pretrained BERT, keep the best dev epoch, write its predictions."""
     seed_everything(args.seed)  # each dataset's run is reproducible on its own, whatever ran before it
     bert = BertModel.from_pretrained(args.pretrained)

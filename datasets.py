@@ -370,6 +370,14 @@ def make_dataloader(examples: Sequence[SentenceExample] | Sequence[PairExample],
     return DataLoader(examples, batch_sampler=sampler, collate_fn=collate, num_workers=num_workers)
 
 
+def in_file_order(examples: Sequence, batch_ids: Sequence[str], values) -> tuple[list[str], np.ndarray]:
+    """Per-example values gathered batch by batch (eval batches are length-sorted) back in the examples'
+    order: (ids, values)."""
+    by_id = dict(zip(batch_ids, values))
+    ids = [e.id for e in examples]
+    return ids, np.array([by_id[i] for i in ids])
+
+
 def subsample(examples: Sequence, n: int | None, seed: int) -> list:
     """A deterministic random subset of n examples in their original order (all of them if n is None or too large)."""
     if n is None or n >= len(examples):

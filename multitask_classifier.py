@@ -34,7 +34,7 @@ from tqdm import tqdm
 
 from base_bert import BertConfig, CheckpointError
 from bert import BertModel
-from datasets import (DataError, load_examples, make_dataloader, show_data_warnings_on_one_line, standard_paths,
+from datasets import (DataError, in_file_order, load_examples, make_dataloader, show_data_warnings_on_one_line, standard_paths,
                       subsample)
 from evaluation import (DEFAULT_OUTPUTS, forgetting_table_markdown, overall_score, paraphrase_metrics,
                         plot_error_analysis, plot_forgetting_matrix, plot_training_curves, sst_metrics,
@@ -523,10 +523,7 @@ class Trainer:
             else:
                 predictions.append(self.model.similarity_score(outputs).float().cpu().numpy())
             ids += batch["ids"]
-        # Batches are length-sorted for speed; give predictions back in the file's order.
-        by_id = dict(zip(ids, np.concatenate(predictions)))
-        ordered_ids = [e.id for e in examples]
-        return ordered_ids, np.array([by_id[i] for i in ordered_ids])
+        return in_file_order(examples, ids, np.concatenate(predictions))
 
     def evaluate(self, split: str = "dev", limit: int | None = None) -> tuple[dict, dict]:
         metrics, predictions = {}, {}
