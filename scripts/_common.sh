@@ -2,7 +2,7 @@
 # DATA_DIR: a folder with the course's file names (scripts/download_data.py fills data/).
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 DATA_DIR="${DATA_DIR:-$ROOT/data}"
-SEED="${SEED:-11711}"
+SEED="${SEED:-11711}"  # SEED and RUN_NAME (the folder under runs/) may be set in the environment
 # The thesis' SMART weights: lambda_s = 5 for the pair tasks, 10 for SST; mu = 1.
 SMART_FLAGS=(--smart --smart_adv_weight 5 --smart_bregman_weight 1 --smart_override sst:adv_weight=10)
 # GPU (Colab L4 or better): bert-base-uncased, bf16 autocast, the thesis' schedule.

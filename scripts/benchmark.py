@@ -5,7 +5,7 @@
     python scripts/benchmark.py pipeline   # tokens/s of the full training pipeline (tokenize, collate, step)
     python scripts/benchmark.py all
 
-Defaults: minilm-l6, batch 32 x 64 tokens, 2 CPU threads; `--device cuda` adds bf16 autocast, and
+Defaults: minilm-l6, batch 32 x 64 tokens, 2 CPU threads; `--device cuda` adds bf16 autocast (`--bf16` on CPU), and
 `--config bert-base-random` uses a randomly initialised bert-base-sized model (no download needed).
 The two sides of a comparison alternate, round after round, so drift in machine load hits both.
 """
@@ -17,7 +17,6 @@ import platform
 import statistics
 import sys
 import time
-from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -27,16 +26,13 @@ sys.path.insert(0, str(ROOT))
 
 from base_bert import BertConfig, resolve_pretrained  # noqa: E402
 from bert import BertModel  # noqa: E402
+from multitask_classifier import bf16_autocast  # noqa: E402
 from optimizer import AdamW  # noqa: E402
 
 
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize()
-
-
-def autocast(device: torch.device):
-    return torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
 
 
 def make_batch(batch_size: int, seq_len: int, vocab_size: int, device: torch.device, seed: int = 0):
@@ -85,10 +81,10 @@ def alternate(steps: dict, args, device) -> dict[str, float]:
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
-def train_step_fn(model, optimizer, ids, mask, device, hf: bool):
+def train_step_fn(model, optimizer, ids, mask, device, bf16: bool | None, hf: bool):
     def step():
         optimizer.zero_grad(set_to_none=True)
-        with autocast(device):
+        with bf16_autocast(device, bf16):
             if hf:
                 out = model(input_ids=ids, attention_mask=mask)
                 hidden, pooled = out.last_hidden_state, out.pooler_output
@@ -105,8 +101,8 @@ def bench_encoder(args, device) -> dict:
     ours, reference = build_encoders(args, device)
     ids, mask = make_batch(args.batch_size, args.seq_len, ours.config.vocab_size, device)
     steps = {
-        "minbert": train_step_fn(ours, AdamW(ours.parameters(), lr=1e-5), ids, mask, device, hf=False),
-        "transformers": train_step_fn(reference, AdamW(reference.parameters(), lr=1e-5), ids, mask, device, hf=True),
+        "minbert": train_step_fn(ours, AdamW(ours.parameters(), lr=1e-5), ids, mask, device, args.bf16, hf=False),
+        "transformers": train_step_fn(reference, AdamW(reference.parameters(), lr=1e-5), ids, mask, device, args.bf16, hf=True),
     }
     medians = alternate(steps, args, device)
     return {
@@ -122,7 +118,7 @@ def describe(args, device) -> dict:
             "python": platform.python_version(), "machine": platform.machine()}
     if device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name()
-        info["autocast"] = "bf16"
+    info["autocast"] = "bf16" if (device.type == "cuda" if args.bf16 is None else args.bf16) else "off"
     return info
 
 
@@ -152,7 +148,7 @@ def multitask_step_fn(model, optimizer, regularizer, batch, device, task="quora"
 
     def step():
         optimizer.zero_grad(set_to_none=True)
-        with autocast(device):
+        with bf16_autocast(device, args.bf16):
             embeddings = model.embed(task, batch)
             outputs = model.outputs_from_embeddings(task, embeddings, batch)
             loss = task_loss(model, task, outputs, (batch["labels"] > 2.5).float() if task == "quora"
@@ -248,7 +244,7 @@ def bench_pipeline(args, device) -> dict:
             batches += 1
         batch = {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
         optimizer.zero_grad(set_to_none=True)
-        with autocast(device):
+        with bf16_autocast(device, args.bf16):
             loss = task_loss(model, "sst", model("sst", batch), batch["labels"])
         loss.backward()
         optimizer.step()
@@ -269,6 +265,8 @@ def main(argv=None) -> int:
     parser.add_argument("--config", default="minilm-l6", help="minilm-l6, a checkpoint, or bert-base-random")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None,
+                        help="bf16 autocast (default: on for CUDA, off for CPU)")
     parser.add_argument("--batch_size", type=int, default=32)
     parser.add_argument("--seq_len", type=int, default=64)
     parser.add_argument("--warmup", type=int, default=2)

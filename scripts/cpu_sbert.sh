@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # CPU protocol, SBERT only: minilm-l6, QQP -> [STS, SST, QQP 3%] x 3
-# Extra flags are passed on (e.g. --max_train_examples 2000, --cycles 1). Output: runs/cpu_sbert/
+# Extra flags are passed on (e.g. --max_train_examples 2000, --cycles 1). Output: runs/cpu_sbert/ (runs/$RUN_NAME/ if set)
 set -euo pipefail
 source "$(dirname "$0")/_common.sh"
 cd "$ROOT"
-python multitask_classifier.py "${CPU_FLAGS[@]}" --cycles 3 --output_dir runs/cpu_sbert $(prediction_flags cpu_sbert) "$@"
+NAME=${RUN_NAME:-cpu_sbert}
+python multitask_classifier.py "${CPU_FLAGS[@]}" --cycles 3 --output_dir "runs/$NAME" $(prediction_flags "$NAME") "$@"

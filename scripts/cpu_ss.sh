@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # CPU protocol, SMART-SBERT (SS): minilm-l6, QQP -> [STS, SST, QQP 3%] x 3
-# Extra flags are passed on (e.g. --max_train_examples 2000, --cycles 1). Output: runs/cpu_ss/
+# Extra flags are passed on (e.g. --max_train_examples 2000, --cycles 1). Output: runs/cpu_ss/ (runs/$RUN_NAME/ if set)
 set -euo pipefail
 source "$(dirname "$0")/_common.sh"
 cd "$ROOT"
-python multitask_classifier.py "${CPU_FLAGS[@]}" "${SMART_FLAGS[@]}" --cycles 3 --output_dir runs/cpu_ss $(prediction_flags cpu_ss) "$@"
+NAME=${RUN_NAME:-cpu_ss}
+python multitask_classifier.py "${CPU_FLAGS[@]}" "${SMART_FLAGS[@]}" --cycles 3 --output_dir "runs/$NAME" $(prediction_flags "$NAME") "$@"

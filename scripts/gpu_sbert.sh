@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # SBERT only, sequential QQP -> [STS, SST, QQP 3%] x 10 (thesis table 4.11)
-# Extra flags are passed on (e.g. --max_train_examples 2000, --cycles 1). Output: runs/gpu_sbert/
+# Extra flags are passed on (e.g. --max_train_examples 2000, --cycles 1). Output: runs/gpu_sbert/ (runs/$RUN_NAME/ if set)
 set -euo pipefail
 source "$(dirname "$0")/_common.sh"
 cd "$ROOT"
-python multitask_classifier.py "${GPU_FLAGS[@]}" --output_dir runs/gpu_sbert $(prediction_flags gpu_sbert) "$@"
+NAME=${RUN_NAME:-gpu_sbert}
+python multitask_classifier.py "${GPU_FLAGS[@]}" --output_dir "runs/$NAME" $(prediction_flags "$NAME") "$@"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # SMART-SBERT + SimCSE (SSS): supervised SimCSE on NLI, then the SS schedule (thesis table 4.13). NLI_FILES: NLI paths
-# Extra flags are passed on (e.g. --max_train_examples 2000, --cycles 1). Output: runs/gpu_sss/
+# Extra flags are passed on (e.g. --max_train_examples 2000, --cycles 1). Output: runs/gpu_sss/ (runs/$RUN_NAME/ if set)
 set -euo pipefail
 source "$(dirname "$0")/_common.sh"
 cd "$ROOT"
-python multitask_classifier.py "${GPU_FLAGS[@]}" "${SMART_FLAGS[@]}" --simcse_data ${NLI_FILES:?set NLI_FILES to NLI files} --simcse_epochs 3 --output_dir runs/gpu_sss $(prediction_flags gpu_sss) "$@"
+NAME=${RUN_NAME:-gpu_sss}
+python multitask_classifier.py "${GPU_FLAGS[@]}" "${SMART_FLAGS[@]}" --simcse_data ${NLI_FILES:?set NLI_FILES to NLI files} --simcse_epochs 3 --output_dir "runs/$NAME" $(prediction_flags "$NAME") "$@"
