@@ -1,0 +1,38 @@
+"""scripts/summarize_runs.py: the rows RESULTS.md quotes, on hand-made run folders."""
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+spec = importlib.util.spec_from_file_location("summarize_runs", Path(__file__).parents[1] / "scripts" / "summarize_runs.py")
+summarize_runs = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(summarize_runs)
+
+
+def record(index, stage, overall, sst, seconds):
+    return {"index": index, "stage": stage, "seconds": seconds, "sst_acc": sst, "sst_f1_weighted": sst - 0.05,
+            "para_acc": 0.8, "para_f1": 0.75, "sts_pearson": 0.85, "overall": overall}
+
+
+def make_run(folder: Path, best_sst: float) -> Path:
+    history = [record(0, "pretrained", 0.5, 0.2, 999.0), record(1, "qqp", 0.7, best_sst, 60.0),
+               record(2, "sst", 0.6, 0.3, 120.0)]
+    folder.mkdir()
+    (folder / "history.json").write_text(json.dumps(history))
+    (folder / "best.json").write_text(json.dumps({"metrics": history[1]}))
+    return folder
+
+
+def test_rows_and_mean_with_sample_std(tmp_path, capsys):
+    runs = [make_run(tmp_path / "s1", 0.40), make_run(tmp_path / "s2", 0.50)]
+    assert summarize_runs.main([str(r) for r in runs]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    # The pretrained row's seconds are evaluation, not training: 60 s + 120 s = 3.0 min.
+    assert lines[2] == "| s1 | 0.400 | 0.350 | 0.800 | 0.750 | 0.850 | 0.700 | stage 2 (qqp) | 0.600 | 3.0 |"
+    assert lines[4].startswith("| mean ± std (2 runs) | 0.450 ± 0.071 | 0.400 ± 0.071 | 0.800 ± 0.000 |")
+
+
+def test_unfinished_run_is_a_one_line_error(tmp_path):
+    with pytest.raises(SystemExit, match="empty: not a finished run"):
+        summarize_runs.main([str(tmp_path / "empty")])
