@@ -1,6 +1,7 @@
 """Speed and memory benchmarks; every figure is a ratio or a number measured in this one run.
 
     python scripts/benchmark.py encoder    # minBERT vs transformers.BertModel train step (same weights, batch)
+    python scripts/benchmark.py precision  # minBERT train step: float32 vs bf16 autocast (--bf16 is ignored)
     python scripts/benchmark.py smart      # SMART step vs plain step, and peak memory with and without SMART
     python scripts/benchmark.py pipeline   # tokens/s of the full training pipeline (tokenize, collate, step)
     python scripts/benchmark.py all
@@ -109,6 +110,21 @@ def bench_encoder(args, device) -> dict:
         "benchmark": "encoder train step (forward, backward, AdamW)",
         "median_step_s": medians,
         "speedup_minbert_vs_transformers": medians["transformers"] / medians["minbert"],
+    }
+
+
+def bench_precision(args, device) -> dict:
+    """minBERT train step in float32 against the same step under bf16 autocast (same weights, batch)."""
+    ours, _ = build_encoders(args, device)
+    ids, mask = make_batch(args.batch_size, args.seq_len, ours.config.vocab_size, device)
+    optimizer = AdamW(ours.parameters(), lr=1e-5)
+    steps = {"float32": train_step_fn(ours, optimizer, ids, mask, device, False, hf=False),
+             "bf16_autocast": train_step_fn(ours, optimizer, ids, mask, device, True, hf=False)}
+    medians = alternate(steps, args, device)
+    return {
+        "benchmark": "minBERT train step, float32 vs bf16 autocast",
+        "median_step_s": medians,
+        "speedup_bf16_vs_float32": medians["float32"] / medians["bf16_autocast"],
     }
 
 
@@ -256,7 +272,8 @@ def bench_pipeline(args, device) -> dict:
             "seconds": seconds, "tokens_per_second": tokens / seconds}
 
 
-BENCHMARKS = {"encoder": bench_encoder, "smart": bench_smart, "pipeline": bench_pipeline}
+BENCHMARKS = {"encoder": bench_encoder, "precision": bench_precision, "smart": bench_smart,
+              "pipeline": bench_pipeline}
 
 
 def main(argv=None) -> int:
