@@ -159,12 +159,12 @@ def multitask_setup(args, device, smart: bool):
     return model, optimizer, regularizer, batch
 
 
-def multitask_step_fn(model, optimizer, regularizer, batch, device, task="quora"):
+def multitask_step_fn(model, optimizer, regularizer, batch, device, bf16: bool | None, task="quora"):
     from multitask_classifier import DIVERGENCES, task_loss
 
     def step():
         optimizer.zero_grad(set_to_none=True)
-        with bf16_autocast(device, args.bf16):
+        with bf16_autocast(device, bf16):
             embeddings = model.embed(task, batch)
             outputs = model.outputs_from_embeddings(task, embeddings, batch)
             loss = task_loss(model, task, outputs, (batch["labels"] > 2.5).float() if task == "quora"
@@ -193,14 +193,14 @@ def _peak_memory_worker(args, device, smart, queue):
         args = argparse.Namespace(**{**vars(args), "config": "random:" + args.config})
     model, optimizer, regularizer, batch = multitask_setup(args, device, smart)
     small = {k: v[:1, :8] if v.dim() == 2 else v[:1] for k, v in batch.items()}
-    multitask_step_fn(model, optimizer, regularizer, small, device)()  # optimizer state now exists
+    multitask_step_fn(model, optimizer, regularizer, small, device, args.bf16)()  # optimizer state now exists
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
     else:
         Path("/proc/self/clear_refs").write_text("5")  # resets the peak (VmHWM) to the current size
         base = _memory_status("VmRSS")
-    step = multitask_step_fn(model, optimizer, regularizer, batch, device)
+    step = multitask_step_fn(model, optimizer, regularizer, batch, device, args.bf16)
     for _ in range(2):
         step()
     peak = torch.cuda.max_memory_allocated() if device.type == "cuda" else _memory_status("VmHWM")
@@ -225,7 +225,7 @@ def bench_smart(args, device) -> dict:
     steps = {}
     for name, smart in (("plain", False), ("smart", True)):
         model, optimizer, regularizer, batch = multitask_setup(args, device, smart)
-        steps[name] = multitask_step_fn(model, optimizer, regularizer, batch, device)
+        steps[name] = multitask_step_fn(model, optimizer, regularizer, batch, device, args.bf16)
     medians = alternate(steps, args, device)
     memory = {name: peak_step_memory(args, device, name == "smart") for name in ("plain", "smart")}
     return {
