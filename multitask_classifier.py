@@ -34,8 +34,8 @@ from tqdm import tqdm
 
 from base_bert import BertConfig, CheckpointError
 from bert import BertModel
-from datasets import (DataError, in_file_order, load_examples, make_dataloader, show_data_warnings_on_one_line, standard_paths,
-                      subsample)
+from datasets import (DataError, in_file_order, load_examples, make_dataloader, show_data_warnings_on_one_line,
+                      standard_paths, subsample)
 from evaluation import (DEFAULT_OUTPUTS, forgetting_table_markdown, overall_score, paraphrase_metrics,
                         plot_error_analysis, plot_forgetting_matrix, plot_training_curves, sst_metrics,
                         sts_metrics, summarize_line, write_predictions)
@@ -366,11 +366,15 @@ def regularized_tasks(args) -> set[str]:
     return {TASK_ALIASES[t] for t in names}
 
 
+def bf16_enabled(device: torch.device, bf16: bool | None) -> bool:
+    """--bf16 / --no-bf16; None (the default) means on for CUDA, off for CPU, because CPUs without native
+    bf16 instructions emulate it slowly."""
+    return device.type == "cuda" if bf16 is None else bf16
+
+
 def bf16_autocast(device: torch.device, bf16: bool | None):
-    """The autocast context for --bf16 / --no-bf16; None (the default) means on for CUDA, off for CPU,
-    because CPUs without native bf16 instructions emulate it slowly."""
-    enabled = device.type == "cuda" if bf16 is None else bf16
-    return torch.autocast(device.type, dtype=torch.bfloat16) if enabled else nullcontext()
+    """The autocast context that --bf16 / --no-bf16 (see bf16_enabled) asks for on this device."""
+    return torch.autocast(device.type, dtype=torch.bfloat16) if bf16_enabled(device, bf16) else nullcontext()
 
 
 def to_device(batch: dict, device: torch.device) -> dict:
@@ -795,8 +799,8 @@ def build_parser() -> argparse.ArgumentParser:
     optim.add_argument("--grad_accumulation_steps", type=int, default=1)
     optim.add_argument("--max_grad_norm", type=float, default=0.0, help="clip gradients (0: off)")
     optim.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None,
-                       help="bf16 autocast (default: on for CUDA, off for CPU; --bf16 on a CPU with native "
-                            "bf16, e.g. AVX512-BF16 or AMX, trains about 1.7x faster)")
+                       help="bf16 autocast (default: on for CUDA, off for CPU; on a CPU with native bf16, "
+                            "e.g. AVX512-BF16 or AMX, --bf16 measured 1.2-1.6x faster, see BENCHMARKS.md)")
 
     schedule = parser.add_argument_group("schedule")
     schedule.add_argument("--schedule", choices=("sequential", "annealed", "round_robin"), default="sequential")

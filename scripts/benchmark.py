@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 from base_bert import BertConfig, resolve_pretrained  # noqa: E402
 from bert import BertModel  # noqa: E402
-from multitask_classifier import bf16_autocast  # noqa: E402
+from multitask_classifier import bf16_autocast, bf16_enabled  # noqa: E402
 from optimizer import AdamW  # noqa: E402
 
 
@@ -134,7 +134,7 @@ def describe(args, device) -> dict:
             "python": platform.python_version(), "machine": platform.machine()}
     if device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name()
-    info["autocast"] = "bf16" if (device.type == "cuda" if args.bf16 is None else args.bf16) else "off"
+    info["autocast"] = "bf16" if bf16_enabled(device, args.bf16) else "off"
     return info
 
 
