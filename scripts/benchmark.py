@@ -45,6 +45,17 @@ def make_batch(batch_size: int, seq_len: int, vocab_size: int, device: torch.dev
     return (ids * mask).to(device), mask.to(device)
 
 
+def build_minbert(args) -> BertModel:
+    """minBERT alone for --config: random bert-base, random weights in a checkpoint's shape ("random:NAME",
+    for the memory probe), or pretrained."""
+    torch.manual_seed(0)
+    if args.config == "bert-base-random":
+        return BertModel(BertConfig())
+    if args.config.startswith("random:"):
+        return BertModel(BertConfig.from_json_file(resolve_pretrained(args.config[7:]) / "config.json"))
+    return BertModel.from_pretrained(args.config)
+
+
 def build_encoders(args, device):
     """minBERT and transformers.BertModel holding identical weights."""
     from transformers import BertConfig as HFConfig, BertModel as HFBertModel
@@ -103,7 +114,8 @@ def bench_encoder(args, device) -> dict:
     ids, mask = make_batch(args.batch_size, args.seq_len, ours.config.vocab_size, device)
     steps = {
         "minbert": train_step_fn(ours, AdamW(ours.parameters(), lr=1e-5), ids, mask, device, args.bf16, hf=False),
-        "transformers": train_step_fn(reference, AdamW(reference.parameters(), lr=1e-5), ids, mask, device, args.bf16, hf=True),
+        "transformers": train_step_fn(reference, AdamW(reference.parameters(), lr=1e-5), ids, mask, device, args.bf16,
+                                      hf=True),
     }
     medians = alternate(steps, args, device)
     return {
@@ -115,7 +127,7 @@ def bench_encoder(args, device) -> dict:
 
 def bench_precision(args, device) -> dict:
     """minBERT train step in float32 against the same step under bf16 autocast (same weights, batch)."""
-    ours, _ = build_encoders(args, device)
+    ours = build_minbert(args).to(device).train()
     ids, mask = make_batch(args.batch_size, args.seq_len, ours.config.vocab_size, device)
     optimizer = AdamW(ours.parameters(), lr=1e-5)
     steps = {"float32": train_step_fn(ours, optimizer, ids, mask, device, False, hf=False),
@@ -142,13 +154,7 @@ def multitask_setup(args, device, smart: bool):
     """A MultitaskBERT with its optimizer and (optionally) SMART on one fixed STS-like pair batch."""
     from multitask_classifier import MultitaskBERT
     from smart import SmartConfig, SmartRegularizer
-    torch.manual_seed(0)
-    if args.config == "bert-base-random":
-        bert = BertModel(BertConfig())
-    elif args.config.startswith("random:"):
-        bert = BertModel(BertConfig.from_json_file(resolve_pretrained(args.config[7:]) / "config.json"))
-    else:
-        bert = BertModel.from_pretrained(args.config)
+    bert = build_minbert(args)
     model = MultitaskBERT(bert).to(device).train()
     optimizer = AdamW(model.parameters(), lr=1e-5)
     regularizer = SmartRegularizer(model, SmartConfig()) if smart else None
