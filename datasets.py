@@ -38,14 +38,10 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Sampler
 
-SENTENCE_TASKS = ("sst", "cfimdb")
-PAIR_TASKS = ("quora", "sts")
-SPLITS = ("train", "dev", "test")
-LABEL_COLUMNS = {"sst": "sentiment", "cfimdb": "sentiment", "quora": "is_duplicate", "sts": "similarity"}
-TEXT_COLUMNS = {"sst": ("sentence",), "cfimdb": ("sentence",),
-                "quora": ("sentence1", "sentence2"), "sts": ("sentence1", "sentence2")}
-_FILE_PREFIXES = {"sst": "ids-sst", "cfimdb": "ids-cfimdb", "quora": "quora", "sts": "sts"}
-_FILE_SPLITS = {"train": "train", "dev": "dev", "test": "test-student"}
+from tasks import SPLITS, TASKS, course_file_name
+
+SENTENCE_TASKS = tuple(name for name, task in TASKS.items() if not task.is_pair)  # sst, cfimdb
+PAIR_TASKS = tuple(name for name, task in TASKS.items() if task.is_pair)  # qqp, sts
 _WORD_OR_PUNCTUATION = re.compile(r"\w+|[^\w\s]")
 
 
@@ -91,10 +87,9 @@ class PairExample:
 
 
 def standard_paths(data_dir: str | Path) -> dict[tuple[str, str], Path]:
-    """(task, split) -> the course's file name inside data_dir, e.g. ("sst", "test") -> ids-sst-test-student.csv."""
+    """(task, split) -> the course's file name inside data_dir, e.g. ("qqp", "test") -> quora-test-student.csv."""
     data_dir = Path(data_dir)
-    return {(task, split): data_dir / f"{_FILE_PREFIXES[task]}-{_FILE_SPLITS[split]}.csv"
-            for task in SENTENCE_TASKS + PAIR_TASKS for split in SPLITS}
+    return {(task, split): data_dir / course_file_name(task, split) for task in TASKS for split in SPLITS}
 
 
 def load_sentence_examples(path: str | Path, task: str, split: str) -> list[SentenceExample]:
@@ -106,7 +101,7 @@ def load_sentence_examples(path: str | Path, task: str, split: str) -> list[Sent
 
 
 def load_pair_examples(path: str | Path, task: str, split: str) -> list[PairExample]:
-    """Read a Quora or STS file; labels are floats (Quora 0.0/1.0, STS 0-5), None for split="test"."""
+    """Read a QQP (quora-*.csv) or STS file; labels are floats (QQP 0.0/1.0, STS 0-5), None for split="test"."""
     if task not in PAIR_TASKS:
         raise ValueError(f"task must be one of {PAIR_TASKS}, got {task!r}")
     return [PairExample(example_id, sentence1, sentence2, label)
@@ -114,7 +109,7 @@ def load_pair_examples(path: str | Path, task: str, split: str) -> list[PairExam
 
 
 def load_examples(path: str | Path, task: str, split: str) -> list[SentenceExample] | list[PairExample]:
-    """Read a course file of any task: sentences for sst / cfimdb, pairs for quora / sts."""
+    """Read a course file of any task: sentences for sst / cfimdb, pairs for qqp / sts."""
     if task in SENTENCE_TASKS:
         return load_sentence_examples(path, task, split)
     return load_pair_examples(path, task, split)
@@ -125,12 +120,34 @@ def load_split(data_dir: str | Path, task: str, split: str) -> list[SentenceExam
     return load_examples(standard_paths(data_dir)[(task, split)], task, split)
 
 
+@dataclass
+class TaskData:
+    """One task's examples: train (None when the run does not train the task), dev and test."""
+    train: list | None
+    dev: list
+    test: list
+
+
+def load_task_data(paths: dict[tuple[str, str], Path], tasks: Sequence[str], train_tasks: set[str],
+                   max_train_examples: int | None = None, seed: int = 0) -> dict[str, TaskData]:
+    """Every file the run needs, validated before any model is loaded: dev and test of each task in
+    `tasks`, train of those in `train_tasks` (subsampled to max_train_examples with `seed`)."""
+    data = {}
+    for task in tasks:
+        train = None
+        if task in train_tasks:
+            train = subsample(load_examples(paths[(task, "train")], task, "train"), max_train_examples, seed)
+        data[task] = TaskData(train, load_examples(paths[(task, "dev")], task, "dev"),
+                              load_examples(paths[(task, "test")], task, "test"))
+    return data
+
+
 def _load_rows(path: str | Path, task: str, split: str) -> list[tuple[str, tuple[str, ...], float | None]]:
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     labelled = split != "test"
-    label_column = LABEL_COLUMNS[task]
-    text_columns = TEXT_COLUMNS[task]
+    label_column = TASKS[task].label_column
+    text_columns = TASKS[task].text_columns
     required = ("id",) + text_columns + ((label_column,) if labelled else ())
     header, rows = _read_table(path, required)
     column = {name: i for i, name in enumerate(header)}  # a repeated name keeps its last position, as in DictReader
@@ -217,7 +234,7 @@ def _parse_label(task: str, text: str, path: str | Path, line: int) -> float:
         raise DataError(path, f"label {text!r} is not a number", line) from None
     if task == "sst":
         valid, expected = value in (0, 1, 2, 3, 4), "an integer 0-4"
-    elif task in ("cfimdb", "quora"):
+    elif task in ("cfimdb", "qqp"):
         valid, expected = value in (0, 1), "0 or 1"
     else:
         valid, expected = 0.0 <= value <= 5.0, "a number in [0, 5]"  # NaN fails both comparisons

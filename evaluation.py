@@ -10,6 +10,7 @@ functions only, so importing this module stays cheap for training and tests.
 """
 
 import csv
+import json
 import math
 import os
 import re
@@ -21,26 +22,15 @@ from pathlib import Path
 
 import numpy as np
 
-LEADERBOARD_COLUMNS = {
-    "sst": "Predicted_Sentiment",
-    "quora": "Predicted_Is_Paraphrase",
-    "sts": "Predicted_Similarity",
-}
+from tasks import MULTITASK, TASKS, default_output
 
-# The multitask CLI defaults; keys use the same task names as LEADERBOARD_COLUMNS.
-DEFAULT_OUTPUTS = {
-    ("sst", "dev"): "predictions/sst-dev-output.csv",
-    ("sst", "test"): "predictions/sst-test-output.csv",
-    ("quora", "dev"): "predictions/para-dev-output.csv",
-    ("quora", "test"): "predictions/para-test-output.csv",
-    ("sts", "dev"): "predictions/sts-dev-output.csv",
-    ("sts", "test"): "predictions/sts-test-output.csv",
-}
+LEADERBOARD_COLUMNS = {name: task.leaderboard_column for name, task in TASKS.items() if name in MULTITASK}
+DEFAULT_OUTPUTS = {(task, split): default_output(task, split) for task in MULTITASK for split in ("dev", "test")}
 
 # (history key, human label) for the columns of forgetting tables and plots.
 HISTORY_METRICS = (
     ("sst_acc", "SST acc"),
-    ("para_acc", "QQP acc"),
+    ("qqp_acc", "QQP acc"),
     ("sts_pearson", "STS r"),
     ("overall", "overall"),
 )
@@ -113,6 +103,20 @@ def sts_metrics(predictions, labels) -> dict[str, float]:
     return {"pearson": float(np.corrcoef(pred, gold)[0, 1])}
 
 
+def task_metrics(task: str, predictions, labels) -> dict[str, float]:
+    """The history's metric keys for one task: sst_acc, sst_f1_macro, sst_f1_weighted; qqp_acc, qqp_f1;
+    sts_pearson."""
+    if task == "sst":
+        m = sst_metrics(predictions, labels)
+        return {"sst_acc": m["acc"], "sst_f1_macro": m["f1_macro"], "sst_f1_weighted": m["f1_weighted"]}
+    if task == "qqp":
+        m = paraphrase_metrics(predictions, labels)
+        return {"qqp_acc": m["acc"], "qqp_f1": m["f1"]}
+    if task == "sts":
+        return {"sts_pearson": sts_metrics(predictions, labels)["pearson"]}
+    raise ValueError(f"unknown task {task!r}")
+
+
 def overall_score(sst_acc: float, paraphrase_acc: float, sts_pearson: float) -> float:
     return ((sts_pearson + 1) / 2 + sst_acc + paraphrase_acc) / 3
 
@@ -146,7 +150,7 @@ def _format_prediction(value, task: str) -> str:
         return f"{number:.6g}"
     if not number.is_integer():
         raise ValueError(f"{task} prediction {value!r} is not an integer class")
-    if task == "quora" and number not in (0.0, 1.0):
+    if task == "qqp" and number not in (0.0, 1.0):
         raise ValueError(f"paraphrase prediction {value!r} is not 0 or 1")
     return str(int(number))
 
@@ -192,7 +196,7 @@ def _parse_value(text: str, task: str) -> int | float:
         if not math.isfinite(number):
             raise ValueError
         return number
-    if not number.is_integer() or (task == "quora" and number not in (0.0, 1.0)):
+    if not number.is_integer() or (task == "qqp" and number not in (0.0, 1.0)):
         raise ValueError
     return int(number)
 
@@ -269,12 +273,12 @@ def _history_matrix(history: Sequence[Mapping]) -> tuple[list[str], np.ndarray]:
     labels, rows = [], []
     for index, entry in enumerate(history, start=1):
         stage = entry.get("stage", f"stage {index}")
-        for key in ("sst_acc", "para_acc", "sts_pearson"):
+        for key in ("sst_acc", "qqp_acc", "sts_pearson"):
             if key not in entry:
                 raise ValueError(f"history entry {index} ({stage}) lacks {key!r}")
-        overall = entry.get("overall", overall_score(entry["sst_acc"], entry["para_acc"], entry["sts_pearson"]))
+        overall = entry.get("overall", overall_score(entry["sst_acc"], entry["qqp_acc"], entry["sts_pearson"]))
         labels.append(f"{index}. {stage}")
-        rows.append([entry["sst_acc"], entry["para_acc"], entry["sts_pearson"], overall])
+        rows.append([entry["sst_acc"], entry["qqp_acc"], entry["sts_pearson"], overall])
     return labels, np.array(rows, dtype=float)
 
 
@@ -332,7 +336,7 @@ def plot_forgetting_matrix(history: Sequence[Mapping], path: str | os.PathLike) 
 
 def plot_training_curves(history: Sequence[Mapping], path: str | os.PathLike) -> Path:
     """One panel per task: dev metric over history entries, plus train metric when logged
-    (keys 'train_sst_acc', 'train_para_acc', 'train_sts_pearson')."""
+    (keys 'train_sst_acc', 'train_qqp_acc', 'train_sts_pearson')."""
     plt = _pyplot()
     labels, matrix = _history_matrix(history)
     tasks = HISTORY_METRICS[:3]
@@ -353,7 +357,7 @@ def plot_training_curves(history: Sequence[Mapping], path: str | os.PathLike) ->
 def plot_error_analysis(
     sst_pred, sst_gold, para_pred, para_gold, sts_pred, sts_gold, out_dir: str | os.PathLike
 ) -> list[Path]:
-    """Write sst_error_histogram.png, quora_confusion_matrix.png and sts_scatter.png."""
+    """Write sst_error_histogram.png, qqp_confusion_matrix.png and sts_scatter.png."""
     plt = _pyplot()
     out_dir = Path(out_dir)
     sst_p, sst_g = _paired_arrays(sst_pred, sst_gold)
@@ -383,7 +387,7 @@ def plot_error_analysis(
     ax.set_xlabel("predicted")
     ax.set_ylabel("gold")
     ax.set_title(f"QQP (acc {para['acc']:.3f}, F1 {para['f1']:.3f})")
-    paths.append(_save(fig, out_dir / "quora_confusion_matrix.png"))
+    paths.append(_save(fig, out_dir / "qqp_confusion_matrix.png"))
 
     fig, ax = plt.subplots(figsize=(5, 5))
     ax.scatter(sts_g, sts_p, s=6, alpha=0.4)
@@ -392,3 +396,18 @@ def plot_error_analysis(
     ax.set_title(f"STS (Pearson r = {sts_metrics(sts_p, sts_g)['pearson']:.3f})")
     paths.append(_save(fig, out_dir / "sts_scatter.png"))
     return paths
+
+
+def write_run_reports(history: Sequence[Mapping], dev_predictions: Mapping, out_dir: str | os.PathLike) -> str:
+    """history.json, forgetting.md, the forgetting matrix, training curves and error-analysis plots of a
+    run in out_dir; dev_predictions maps each task to (ids, predictions, gold). Returns the forgetting table."""
+    out_dir = Path(out_dir)
+    evaluated = [record for record in history if "overall" in record]
+    table = forgetting_table_markdown(evaluated)
+    (out_dir / "history.json").write_text(json.dumps(list(history), indent=1), encoding="utf-8")
+    (out_dir / "forgetting.md").write_text(table, encoding="utf-8")
+    plot_forgetting_matrix(evaluated, out_dir / "forgetting_matrix.png")
+    plot_training_curves(evaluated, out_dir / "training_curves.png")
+    plot_error_analysis(*dev_predictions["sst"][1:], *dev_predictions["qqp"][1:], *dev_predictions["sts"][1:],
+                        out_dir)
+    return table

@@ -100,6 +100,17 @@ class AdamW(torch.optim.Optimizer):
             torch._foreach_add_(params, params, alpha=-lr * group["weight_decay"])
 
 
+def weight_decay_groups(named_parameters, weight_decay: float) -> list[dict]:
+    """BERT's convention: decay every weight matrix and embedding, never a bias or a LayerNorm weight
+    (the 1-dimensional parameters). Frozen parameters are left out."""
+    decay, no_decay = [], []
+    for _, parameter in named_parameters:
+        if parameter.requires_grad:
+            (decay if parameter.dim() >= 2 else no_decay).append(parameter)
+    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return [group for group in groups if group["params"]]
+
+
 def _check_hyperparameters(lr: float, betas: Sequence[float], eps: float, weight_decay: float) -> None:
     if not lr >= 0.0:
         raise ValueError(f"AdamW: invalid learning rate {lr!r}, must be >= 0")

@@ -11,6 +11,7 @@ premise, its entailment hypotheses with its contradiction hypotheses.
 import csv
 import io
 import json
+import random
 import re
 import warnings
 from collections.abc import Hashable, Iterable, Sequence
@@ -345,3 +346,14 @@ def load_nli_triplets(
         triplets += kept
         counts.append(NLISourceCounts(str(path), len(pairs), skipped, len(kept), dropped))
     return triplets, counts
+
+
+def triplet_batches(triplets: Sequence[NLITriplet], tokenizer, batch_size: int, seed: int, max_length: int):
+    """Batches of (anchor, positive, negative) texts in a seeded random order, each tokenized as one
+    (3B, T) batch: anchors, then positives, then negatives."""
+    order = list(range(len(triplets)))
+    random.Random(seed).shuffle(order)
+    for start in range(0, len(order), batch_size):
+        chosen = [triplets[i] for i in order[start:start + batch_size]]
+        texts = [t.anchor for t in chosen] + [t.positive for t in chosen] + [t.negative for t in chosen]
+        yield tokenizer(texts, padding=True, truncation=True, max_length=max_length, return_tensors="pt")

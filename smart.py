@@ -16,12 +16,16 @@ approximated by projected gradient ascent on the perturbation, started from N(0,
 Usage with a model that splits into `embed(task, batch)` and `outputs_from_embeddings(...)`:
 
     regularizer = SmartRegularizer(model, SmartConfig())
-    embeddings = model.embed(task, batch)                                   # one (B, T, H) per sentence
-    forward_fn = lambda e: model.outputs_from_embeddings(task, e, batch)
+    inputs = model.encoder_inputs(task, batch)
+    embeddings = model.embed(inputs)                                        # one (B, T, H) per sentence
+    forward_fn = lambda e: model.outputs_from_embeddings(task, e, inputs.attention_mask)
     outputs = forward_fn(embeddings)                                        # the one clean forward
     loss = task_loss(outputs) + regularizer.penalty(forward_fn, embeddings, outputs, "categorical",
                                                     teacher_args=(task, batch))
-    loss.backward(); optimizer.step(); regularizer.after_optimizer_step()
+    loss.backward(); optimizer.step(); regularizer.teacher.update(model)
+
+Several regularizers of one model (one per task) share one BregmanTeacher; whoever steps the optimizer
+updates it once per step, with the momentum of `bregman_momentum`.
 """
 
 import math
@@ -104,7 +108,8 @@ class SmartConfig:
     bregman_weight: float = 1.0
     """mu: weight of the Bregman proximal point term D_Breg (0 disables it and the teacher copy)."""
     teacher_momentum: float = 0.99
-    """beta: theta_tilde <- (1 - beta) * theta + beta * theta_tilde; 0 is vanilla BPP (previous iterate)."""
+    """beta of the teacher a regularizer builds for itself (a shared teacher has its own; see
+    bregman_momentum): theta_tilde <- (1 - beta) * theta + beta * theta_tilde; 0 is vanilla BPP."""
     noise_std: float = 1e-5
     """sigma: standard deviation of the random start of the perturbation."""
     epsilon: float = 1e-5
@@ -221,6 +226,14 @@ def adversarial_regularizer(
     return value, False
 
 
+def bregman_momentum(update: int, total_updates: int, fixed: float | None = None) -> float:
+    """beta for optimizer update `update` (0-based) of `total_updates`: `fixed` if given, else the SMART
+    paper's schedule (its appendix, and the thesis' code): 0.99 for the first 10% of updates, 0.999 after."""
+    if fixed is not None:
+        return fixed
+    return 0.99 if update < 0.1 * total_updates else 0.999
+
+
 class BregmanTeacher:
     """theta_tilde, the moving average of the model's parameters that D_Breg anchors to.
 
@@ -322,8 +335,3 @@ class SmartRegularizer:
             teacher_outputs = self.teacher(self.model, *teacher_args, **(teacher_kwargs or {}))
             total = total + self.config.bregman_weight * divergence_fn(clean_outputs, teacher_outputs)
         return total
-
-    def after_optimizer_step(self) -> None:
-        """Move the teacher towards the just-updated weights; call once after each optimizer.step()."""
-        if self.teacher is not None:
-            self.teacher.update(self.model)

@@ -479,7 +479,7 @@ def train(config, optimizer_class, tasks=("sentiment", "paraphrase", "similarity
             loss.backward()
             optimizer.step()
             if regularizer is not None:
-                regularizer.after_optimizer_step()
+                regularizer.teacher.update(model)
     return model, regularizer
 
 

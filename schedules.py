@@ -1,0 +1,115 @@
+"""What is trained when: the stages of a run, the task order inside a multi-task epoch, and the
+learning-rate schedule.
+
+Stage syntax (sequential schedule): a comma-separated list of `task[:fraction][*repeats]`, e.g.
+'qqp,sts*2,qqp:0.03' = one QQP epoch, two STS epochs, one epoch on a random 3% of QQP.
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from tasks import MULTITASK, task_name
+
+SCHEDULES = ("sequential", "annealed", "round_robin")
+LR_SCHEDULES = ("constant", "linear")
+
+
+@dataclass(frozen=True)
+class Stage:
+    kind: str  # "task", "simcse" or "multitask"
+    task: str | None = None
+    fraction: float = 1.0
+    epoch: int = 1  # 1-based epoch within a multi-task schedule (annealing needs it)
+
+    @property
+    def label(self) -> str:
+        if self.kind == "task":
+            return self.task if self.fraction == 1.0 else f"{self.task}@{self.fraction:g}"
+        return self.kind if self.kind == "simcse" else f"multitask-{self.epoch}"
+
+
+def parse_stage_list(text: str) -> list[Stage]:
+    """'qqp,sts*2,qqp:0.03' -> stages; ':f' trains on a fraction f of the task, '*n' repeats it n times."""
+    stages = []
+    for token in filter(None, (t.strip() for t in text.split(","))):
+        stage_text, _, count = token.partition("*")
+        name, _, fraction = (part.strip() for part in stage_text.partition(":"))
+        try:
+            task = task_name(name)
+        except ValueError:
+            raise ValueError(f"unknown stage {name!r} in {text!r}; use sst, sts, qqp "
+                             "(optionally :fraction, *repeats)") from None
+        try:
+            repeat = int(count) if count else 1
+            value = float(fraction) if fraction else 1.0
+        except ValueError:
+            raise ValueError(f"stage {token!r} in {text!r}: write task[:fraction][*repeats], "
+                             "e.g. qqp:0.03 or sts*2") from None
+        if repeat < 1:
+            raise ValueError(f"stage {token!r}: the repeat count must be >= 1")
+        if not 0 < value <= 1:
+            raise ValueError(f"stage {token!r}: the fraction must be in (0, 1]")
+        stages += [Stage("task", task, value)] * repeat
+    return stages
+
+
+def build_schedule(schedule: str, first_stages: str = "", cycle: str = "", cycles: int = 0, epochs: int = 1,
+                   simcse_epochs: int = 0) -> list[Stage]:
+    """SimCSE epochs first, then either first_stages + cycle * cycles (sequential) or `epochs`
+    multi-task epochs (annealed, round_robin)."""
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
+    stages = [Stage("simcse")] * simcse_epochs
+    if schedule == "sequential":
+        stages += parse_stage_list(first_stages) + parse_stage_list(cycle) * cycles
+    else:
+        stages += [Stage("multitask", epoch=e) for e in range(1, epochs + 1)]
+    if not stages:
+        raise ValueError("the schedule is empty: give first stages, a cycle with cycles >= 1, or epochs")
+    return stages
+
+
+def annealed_probabilities(sizes: dict[str, int], epoch: int, epochs: int) -> dict[str, float]:
+    """p_i proportional to N_i^alpha, alpha = 1 - 0.8 (e - 1) / (E - 1): from size-proportional to near-uniform."""
+    alpha = 1.0 if epochs == 1 else 1 - 0.8 * (epoch - 1) / (epochs - 1)
+    weights = {task: n ** alpha for task, n in sizes.items()}
+    total = sum(weights.values())
+    return {task: w / total for task, w in weights.items()}
+
+
+def multitask_order(schedule: str, sizes: dict[str, int], epoch: int, epochs: int, steps: int,
+                    rng: random.Random) -> list[str]:
+    """The task of each of `steps` batches in one multi-task epoch: drawn with annealed probabilities
+    of the train set sizes, or the tasks in turn (round_robin)."""
+    tasks = list(sizes)
+    if schedule == "annealed":
+        probabilities = annealed_probabilities(sizes, epoch, epochs)
+        return rng.choices(tasks, weights=[probabilities[t] for t in tasks], k=steps)
+    if schedule == "round_robin":
+        return [tasks[i % len(tasks)] for i in range(steps)]
+    raise ValueError(f"no multi-task order for schedule {schedule!r}")
+
+
+def train_tasks(stages: list[Stage]) -> set[str]:
+    """The tasks whose train sets a schedule reads."""
+    tasks = {s.task for s in stages if s.kind == "task"}
+    return tasks | set(MULTITASK) if any(s.kind == "multitask" for s in stages) else tasks
+
+
+def learning_rate_factor(update: int, total_updates: int, schedule: str = "constant",
+                         warmup_ratio: float = 0.1) -> float:
+    """Multiplier of the base learning rate at optimizer update `update` (0-based) of `total_updates`.
+
+    constant: 1 throughout (the course's).
+    linear: linear warm-up from 0 over the first warmup_ratio of the updates, then linear decay to 0
+    at the last one (the SMART paper's schedule: 10% warm-up).
+    """
+    if schedule == "constant":
+        return 1.0
+    if schedule != "linear":
+        raise ValueError(f"learning-rate schedule must be one of {LR_SCHEDULES}, got {schedule!r}")
+    warmup = int(warmup_ratio * total_updates)
+    if update < warmup:
+        return (update + 1) / (warmup + 1)
+    return max(0.0, (total_updates - update) / max(1, total_updates - warmup))

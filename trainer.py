@@ -1,0 +1,334 @@
+"""The training loop of MultitaskBERT: stages, optimisation steps with gradient accumulation, SMART,
+PCGrad, evaluation after every stage, logging and the checkpoints --resume continues from.
+
+    trainer = Trainer(args, model, tokenizer, data, triplets, device)   # args: a TrainingArguments
+    trainer.train(stages)                                                # schedules.build_schedule(...)
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import random
+import time
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from base_bert import CheckpointError
+from checkpoint import (atomic_save, check_resume_settings, optimizer_state, read_checkpoint, restore_optimizer,
+                        restore_rng, rng_state)
+from datasets import TaskData, in_file_order, make_dataloader, subsample
+from evaluation import overall_score, summarize_line, task_metrics, write_predictions
+from gradient_surgery import pcgrad_combine
+from multitask_bert import MultitaskBERT, model_metadata, save_multitask_model
+from optimizer import AdamW, weight_decay_groups
+from runtime import bf16_autocast, to_device
+from schedules import Stage, learning_rate_factor, multitask_order
+from simcse import pairwise_contrastive_loss, supervised_simcse_loss, triplet_batches
+from smart import BregmanTeacher, SmartRegularizer, bregman_momentum
+from tasks import MULTITASK
+from training_args import TrainingArguments, regularized_tasks, resume_free_fields, smart_configs
+
+SUMMARY_KEYS = ("index", "stage", "train_loss", "seconds", "sst_acc", "qqp_acc", "sts_pearson", "overall")
+
+
+def compute_task_loss(model: MultitaskBERT, task: str, batch: dict,
+                      regularizer: SmartRegularizer | None = None) -> torch.Tensor:
+    """The task's loss on one batch, plus SMART's penalty when a regularizer is given."""
+    inputs = model.encoder_inputs(task, batch)
+    embeddings = model.embed(inputs)
+
+    def forward_fn(e):
+        return model.outputs_from_embeddings(task, e, inputs.attention_mask)
+    outputs = forward_fn(embeddings)
+    objective = model.objectives[task]
+    loss = objective.loss(outputs, batch["labels"])
+    if regularizer is not None:
+        loss = loss + regularizer.penalty(forward_fn, embeddings, outputs, objective.divergence,
+                                          teacher_args=(task, batch))
+    return loss
+
+
+@torch.inference_mode()
+def predict_examples(model: MultitaskBERT, task: str, examples: list, tokenizer, device: torch.device,
+                     batch_size: int, max_length: int, bf16: bool | None = None,
+                     quiet: bool = True) -> tuple[list[str], np.ndarray]:
+    """The model's prediction for every example (SST class, QQP 0/1, STS 0-5), ids in the examples' order."""
+    model.eval()
+    loader = make_dataloader(examples, tokenizer, batch_size, shuffle=False, max_length=max_length,
+                             cross_encoder=model.reads_pairs_jointly(task))
+    ids, predictions = [], []
+    for batch in tqdm(loader, desc=f"predict {task}", leave=False, disable=quiet):
+        batch = to_device(batch, device)
+        with bf16_autocast(device, bf16):
+            predictions.append(model.predict(task, batch).float().cpu().numpy())
+        ids += batch["ids"]
+    return in_file_order(examples, ids, np.concatenate(predictions))
+
+
+class RestartingLoaders:
+    """Batches from each task's loader; a loader that runs out starts over in a new order, as in
+    round-robin and annealed sampling, where the smaller tasks are seen more than once per epoch."""
+
+    def __init__(self, loaders: dict):
+        self.loaders = loaders
+        self.iterators = {task: iter(loader) for task, loader in loaders.items()}
+        self.restarts = dict.fromkeys(loaders, 0)
+
+    def next(self, task: str) -> dict:
+        try:
+            return next(self.iterators[task])
+        except StopIteration:
+            self.restarts[task] += 1
+            self.loaders[task].batch_sampler.set_epoch(self.restarts[task])
+            self.iterators[task] = iter(self.loaders[task])
+            return next(self.iterators[task])
+
+
+class Trainer:
+    """Runs a schedule of stages; owns the model, optimizer, SMART state and checkpoints."""
+
+    def __init__(self, args: TrainingArguments, model: MultitaskBERT, tokenizer, data: dict[str, TaskData],
+                 triplets: list, device: torch.device):
+        self.args, self.model, self.tokenizer, self.data, self.triplets = args, model, tokenizer, data, triplets
+        self.device = device
+        self.output_dir = Path(args.output_dir)
+        self.optimizer = AdamW(weight_decay_groups(model.named_parameters(), args.weight_decay), lr=args.lr)
+        smart_tasks = regularized_tasks(args)
+        configs = smart_configs(args) if smart_tasks else {}
+        self.teacher = None
+        if any(configs[task].bregman_weight > 0 for task in smart_tasks):
+            self.teacher = BregmanTeacher(model, bregman_momentum(0, 1, args.smart_momentum))
+        self.regularizers = {task: SmartRegularizer(model, configs[task], self.teacher) for task in smart_tasks}
+        self.amp = bf16_autocast(device, args.bf16)
+        self.history: list[dict] = []
+        self.best_score = -math.inf
+        self.next_stage = 0
+        self.updates = 0  # optimizer steps taken; the learning rate and SMART's momentum follow it
+        self.total_updates = 1
+        self.stage_lr = args.lr
+
+    # -- one optimisation step --------------------------------------------------------------------
+    def task_step(self, task: str, batch: dict, group_size: int) -> float:
+        batch = to_device(batch, self.device)
+        with self.amp:
+            loss = compute_task_loss(self.model, task, batch, self.regularizers.get(task))
+        if loss.requires_grad:  # not so for the SBERT cosine with --option pretrain: it has no trainable weight
+            (loss / group_size).backward()
+        return loss.item()
+
+    def simcse_step(self, batch: dict, group_size: int) -> float:
+        batch = to_device(batch, self.device)
+        with self.amp:
+            embeddings = self.model.encode_sentences(batch["input_ids"], batch["attention_mask"])
+            anchor, positive, negative = embeddings.chunk(3)
+            if self.args.simcse_objective == "pairwise":
+                loss = pairwise_contrastive_loss(anchor, positive, negative, self.args.simcse_temperature)
+            else:
+                loss = supervised_simcse_loss(anchor, positive, negative, self.args.simcse_temperature)
+        (loss / group_size).backward()
+        return loss.item()
+
+    def pcgrad_step(self, batches: dict, group_size: int, rng: random.Random) -> float:
+        """One backward per task, then the tasks' gradients combined by PCGrad into .grad."""
+        named = [(name, p) for name, p in self.model.named_parameters() if p.requires_grad]
+        params = [p for _, p in named]
+        accumulated = [p.grad for p in params]
+        task_gradients, losses = [], []
+        for task, batch in batches.items():
+            for p in params:
+                p.grad = None
+            losses.append(self.task_step(task, batch, group_size))
+            task_gradients.append([p.grad if p.grad is not None else torch.zeros_like(p) for p in params])
+        combined = pcgrad_combine(task_gradients, [self.model.is_shared(name) for name, _ in named], rng)
+        for p, previous, gradient in zip(params, accumulated, combined):
+            p.grad = gradient if previous is None else previous + gradient
+        return float(np.mean(losses))
+
+    def optimizer_step(self) -> None:
+        if self.args.max_grad_norm > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.args.max_grad_norm)
+        factor = learning_rate_factor(self.updates, self.total_updates, self.args.lr_schedule, self.args.warmup_ratio)
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.stage_lr * factor
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.teacher is not None:
+            self.teacher.momentum = bregman_momentum(self.updates, self.total_updates, self.args.smart_momentum)
+            self.teacher.update(self.model)
+        self.updates += 1
+
+    def run_steps(self, steps, total: int, description: str) -> float:
+        """Drive (step_fn, batch) pairs with gradient accumulation; returns the mean loss. Each loss is
+        divided by the size of its accumulation group, the last (possibly shorter) one included."""
+        self.model.train()
+        accumulation = self.args.grad_accumulation_steps
+        losses = []
+        bar = tqdm(steps, total=total, desc=description, leave=False, disable=self.args.quiet)
+        for index, (step_fn, batch) in enumerate(bar):
+            group_size = min(accumulation, total - (index - index % accumulation))
+            losses.append(step_fn(batch, group_size))
+            if (index + 1) % accumulation == 0 or index + 1 == total:
+                self.optimizer_step()
+            if (index + 1) % 20 == 0:
+                bar.set_postfix(loss=f"{np.mean(losses[-20:]):.4f}")
+        return float(np.mean(losses)) if losses else float("nan")
+
+    # -- stages -----------------------------------------------------------------------------------
+    def train_loader(self, task: str, examples, seed: int):
+        return make_dataloader(examples, self.tokenizer, self.args.batch_size, shuffle=True, seed=seed,
+                               max_length=self.args.max_length, cross_encoder=self.model.reads_pairs_jointly(task),
+                               num_workers=self.args.num_workers)
+
+    def stage_batches(self, stage: Stage) -> int:
+        """How many batches the stage trains on."""
+        if stage.kind == "task":
+            return math.ceil(self.stage_size(stage) / self.args.batch_size)
+        if stage.kind == "simcse":
+            return math.ceil(len(self.triplets) / self.args.batch_size)
+        total = sum(math.ceil(len(self.data[t].train) / self.args.batch_size) for t in MULTITASK)
+        return math.ceil(total / len(MULTITASK)) if self.args.pcgrad else total
+
+    def stage_size(self, stage: Stage) -> int:
+        return max(1, round(stage.fraction * len(self.data[stage.task].train)))
+
+    def run_stage(self, index: int, stage: Stage) -> float:
+        seed = self.args.seed + 1000 * index  # data order depends on the stage only: resumable
+        self.stage_lr = self.args.simcse_lr if stage.kind == "simcse" else self.args.lr
+        description = f"stage {index + 1} {stage.label}"
+        if stage.kind == "task":
+            examples = subsample(self.data[stage.task].train, self.stage_size(stage), seed)
+            loader = self.train_loader(stage.task, examples, seed)
+            return self.run_steps(((partial(self.task_step, stage.task), b) for b in loader), len(loader), description)
+        if stage.kind == "simcse":
+            batches = triplet_batches(self.triplets, self.tokenizer, self.args.batch_size, seed, self.args.max_length)
+            return self.run_steps(((self.simcse_step, b) for b in batches), self.stage_batches(stage), description)
+        return self.run_multitask_epoch(stage, seed, description)
+
+    def run_multitask_epoch(self, stage: Stage, seed: int, description: str) -> float:
+        loaders = {t: self.train_loader(t, self.data[t].train, seed + i) for i, t in enumerate(MULTITASK)}
+        batches = RestartingLoaders(loaders)
+        rng = random.Random(seed)
+        steps = self.stage_batches(stage)
+        if self.args.pcgrad:  # every step sees one batch of each task
+            step = partial(self.pcgrad_step, rng=rng)
+            pairs = ((step, {t: batches.next(t) for t in MULTITASK}) for _ in range(steps))
+            return self.run_steps(pairs, steps, description + " pcgrad")
+        sizes = {t: len(self.data[t].train) for t in MULTITASK}
+        order = multitask_order(self.args.schedule, sizes, stage.epoch, self.args.epochs, steps, rng)
+        return self.run_steps(((partial(self.task_step, t), batches.next(t)) for t in order), steps, description)
+
+    # -- evaluation -------------------------------------------------------------------------------
+    def predict(self, task: str, examples) -> tuple[list[str], np.ndarray]:
+        return predict_examples(self.model, task, examples, self.tokenizer, self.device, self.args.eval_batch_size,
+                                self.args.max_length, self.args.bf16, self.args.quiet)
+
+    def evaluate(self, split: str = "dev", limit: int | None = None) -> tuple[dict, dict]:
+        """Metrics of every task on a split, and (ids, predictions, gold labels) per task."""
+        metrics, predictions = {}, {}
+        for task, data in self.data.items():
+            examples = getattr(data, split)
+            if examples is None:
+                continue
+            examples = subsample(examples, limit, self.args.seed)
+            ids, predicted = self.predict(task, examples)
+            gold = np.array([e.label for e in examples])
+            predictions[task] = (ids, predicted, gold)
+            metrics.update(task_metrics(task, predicted, gold))
+        if {"sst_acc", "qqp_acc", "sts_pearson"} <= metrics.keys():
+            metrics["overall"] = overall_score(metrics["sst_acc"], metrics["qqp_acc"], metrics["sts_pearson"])
+        return metrics, predictions
+
+    def write_leaderboard_files(self, paths: dict, dev_predictions: dict) -> None:
+        """The six CSVs: dev from the predictions already scored, test predicted now."""
+        for split in ("dev", "test"):
+            for task in MULTITASK:
+                if split == "dev":
+                    ids, predicted, _ = dev_predictions[task]
+                else:
+                    ids, predicted = self.predict(task, self.data[task].test)
+                write_predictions(paths[(task, split)], ids, predicted.tolist(), task)
+                print(f"wrote {paths[(task, split)]} ({len(ids)} rows)")
+
+    # -- the whole run ----------------------------------------------------------------------------
+    def train(self, stages: list[Stage]) -> None:
+        self.total_updates = sum(math.ceil(self.stage_batches(s) / self.args.grad_accumulation_steps) for s in stages)
+        if self.next_stage == 0 and not self.history:
+            start = time.time()
+            dev, _ = self.evaluate("dev")
+            self.log({"stage": "pretrained", "index": 0, "seconds": time.time() - start, **dev})
+        for index in range(self.next_stage, len(stages)):
+            if self.args.stop_after_stages is not None and index >= self.args.stop_after_stages:
+                print(f"stopping after {index} stages (--stop_after_stages); continue with --resume")
+                return
+            start = time.time()
+            train_loss = self.run_stage(index, stages[index])
+            record = {"stage": stages[index].label, "index": index + 1, "train_loss": train_loss,
+                      "seconds": time.time() - start, **self.evaluate("dev")[0]}
+            if self.args.eval_train_examples:
+                train_metrics, _ = self.evaluate("train", self.args.eval_train_examples)
+                record.update({f"train_{k}": v for k, v in train_metrics.items()})
+            self.log(record)
+            if record["overall"] > self.best_score:
+                self.best_score = record["overall"]
+                save_multitask_model(self.model, self.output_dir / "best",
+                                     {"metrics": record, "args": dataclasses.asdict(self.args)})
+            self.next_stage = index + 1
+            self.save_training_state(self.output_dir / "last")
+
+    def log(self, record: dict) -> None:
+        self.history.append(record)
+        print(summarize_line({k: record[k] for k in SUMMARY_KEYS if k in record}))
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.output_dir / "metrics.jsonl", "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(record) + "\n")
+
+    # -- checkpoints ------------------------------------------------------------------------------
+    def save_training_state(self, prefix: Path) -> None:
+        tensors = {f"model.{k}": v.detach().contiguous() for k, v in self.model.state_dict().items()}
+        optimizer_tensors, optimizer_info = optimizer_state(self.optimizer)
+        rng_tensors, rng_info = rng_state()
+        tensors.update(optimizer_tensors)
+        tensors.update(rng_tensors)
+        if self.teacher is not None:
+            tensors.update({f"teacher.{k}": v.contiguous() for k, v in self.teacher.state_dict().items()})
+        atomic_save(prefix, tensors, {
+            **model_metadata(self.model), "args": dataclasses.asdict(self.args), "next_stage": self.next_stage,
+            "history": self.history, "best_score": self.best_score, "updates": self.updates,
+            "optimizer": optimizer_info, "rng": rng_info,
+            "smart_skipped_steps": {t: r.skipped_steps for t, r in self.regularizers.items()}})
+
+    def resume(self, prefix: Path, stages: list[Stage]) -> None:
+        """Continue from a training state: refused when a setting that changes the result differs, or
+        when the stages already done do not begin `stages`."""
+        tensors, metadata = read_checkpoint(prefix)
+        free = resume_free_fields(type(self.args))
+        if self.args.lr_schedule != "constant" or (self.regularizers and self.args.smart_momentum is None):
+            free -= {"cycles"}  # the learning rate or SMART's momentum follow the total number of updates
+        check_resume_settings(metadata["args"], dataclasses.asdict(self.args), free)
+        try:
+            self._restore(tensors, metadata)
+        except (KeyError, ValueError, RuntimeError) as err:
+            raise CheckpointError(f"{prefix}: cannot resume with these flags; the checkpoint was saved by a "
+                                  f"different model, optimizer or SMART setup ({type(err).__name__}: {err})") from None
+        done = [record["stage"] for record in self.history if record["index"] > 0]
+        if done != [stage.label for stage in stages[:len(done)]]:
+            raise CheckpointError(f"cannot resume: the stages already done ({', '.join(done)}) do not begin "
+                                  "this run's schedule")
+
+    def _restore(self, tensors: dict, metadata: dict) -> None:
+        self.model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
+        restore_optimizer(self.optimizer, tensors, metadata["optimizer"])
+        if self.teacher is not None:
+            self.teacher.load_state_dict({k[8:]: v.to(self.device) for k, v in tensors.items()
+                                          if k.startswith("teacher.")})
+        for task, skipped in metadata["smart_skipped_steps"].items():
+            if task in self.regularizers:
+                self.regularizers[task].skipped_steps = skipped
+        restore_rng(tensors, metadata["rng"])
+        self.history, self.best_score = metadata["history"], metadata["best_score"]
+        self.next_stage, self.updates = metadata["next_stage"], metadata["updates"]

@@ -1,0 +1,304 @@
+"""The settings of both command lines, each defined once as a dataclass field.
+
+`--help`, the argparse groups, validation, the resume check (`resume_free` fields may change between a
+stopped run and its --resume) and the `args` saved in checkpoints all read these definitions:
+
+    parser = build_parser(TrainingArguments, description)
+    args = from_namespace(TrainingArguments, parser.parse_args(argv))   # validated in __post_init__
+
+Library code receives the dataclass (or plain values taken from it), never the argparse Namespace.
+The course's per-file flags (--sst_train ... --sts_test_out) are generated from the task table.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from datasets import standard_paths
+from evaluation import DEFAULT_OUTPUTS
+from smart import SmartConfig
+from tasks import MULTITASK, SPLITS, course_file_name, data_flag, output_flag, task_name
+
+COURSE = "course options (defaults unchanged)"
+RUN = "data, model and run"
+HEADS = "model heads"
+OPTIMISATION = "optimisation"
+SCHEDULE = "schedule"
+SMART = "SMART (Jiang et al. 2020); defaults are the paper's"
+SIMCSE = "SimCSE stage (before the tasks)"
+
+
+def flag(default=None, help: str | None = None, group: str = RUN, resume_free: bool = False, **argparse_kwargs):
+    """A dataclass field that is also a command-line flag --NAME (argparse_kwargs: type, choices, action...)."""
+    metadata = {"group": group, "help": help, "resume_free": resume_free, "argparse": argparse_kwargs}
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+def per_file_options(kind: str, tasks: tuple[str, ...], group: str = COURSE, resume_free: bool = False):
+    """A dict field {flag name: path} whose flags are the course's per-file flags of `tasks`:
+    kind "data" -> --sst_train ... (default: DATA_DIR/<course file name>), "predictions" -> --sst_dev_out ..."""
+    metadata = {"group": group, "resume_free": resume_free, "per_file": kind, "tasks": tasks}
+    return field(default_factory=dict, metadata=metadata)
+
+
+def _per_file_flags(kind: str, tasks: tuple[str, ...]) -> dict[str, tuple[str | None, str]]:
+    """{flag: (default, help)} of a per_file_options field."""
+    if kind == "data":
+        return {data_flag(task, split): (None, f"default: DATA_DIR/{course_file_name(task, split)}")
+                for task in tasks for split in SPLITS}
+    return {output_flag(task, split): (DEFAULT_OUTPUTS[(task, split)], None)
+            for task in tasks for split in ("dev", "test")}
+
+
+def _check(condition: bool, message: str) -> None:
+    if not condition:
+        raise ValueError(message)
+
+
+def _finite(value: float) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def _check_common(args) -> None:
+    """Checks shared by both command lines' settings."""
+    for name in ("epochs", "batch_size", "eval_batch_size", "max_length"):
+        _check(getattr(args, name) >= 1, f"--{name} must be >= 1, got {getattr(args, name)}")
+    _check(args.max_train_examples is None or args.max_train_examples >= 1, "--max_train_examples must be >= 1")
+    _check(_finite(args.lr) and args.lr > 0, f"--lr must be a finite number > 0, got {args.lr}")
+    _check(_finite(args.hidden_dropout_prob) and 0 <= args.hidden_dropout_prob < 1,
+           f"--hidden_dropout_prob must be in [0, 1), got {args.hidden_dropout_prob}")
+    _check(0 <= args.seed < 2**32, f"--seed must be in [0, 2**32), got {args.seed}")
+
+
+@dataclass
+class TrainingArguments:
+    """Every setting of multitask_classifier.py."""
+
+    # The course's flags, defaults unchanged.
+    data_files: dict = per_file_options("data", MULTITASK)
+    prediction_files: dict = per_file_options("predictions", MULTITASK, resume_free=True)
+    seed: int = flag(11711, group=COURSE, type=int)
+    epochs: int = flag(10, "epochs of the annealed / round_robin schedules", COURSE, type=int)
+    option: str = flag("pretrain", "pretrain: BERT frozen, heads trained; finetune: everything trained", COURSE,
+                         choices=("pretrain", "finetune"))
+    use_gpu: bool = flag(False, group=COURSE, resume_free=True, action="store_true")
+    batch_size: int = flag(8, group=COURSE, type=int)
+    hidden_dropout_prob: float = flag(0.3, "dropout before the task heads (BERT keeps its own, see "
+                                        "--encoder_dropout), as in the course", COURSE, type=float)
+    lr: float = flag(1e-5, group=COURSE, type=float)
+
+    # Data, model and run.
+    data_dir: str = flag("data", "folder with the course's file names")
+    pretrained: str = flag("bert-base-uncased", "hub id, local directory, or minilm-l6 (bundled, offline)")
+    max_train_examples: int | None = flag(None, "subsample each train set (quick runs)", type=int)
+    max_length: int = flag(128, "tokens per sentence (or per pair)", type=int)
+    output_dir: str = flag("runs/multitask", "checkpoints, metrics.jsonl, plots", resume_free=True)
+    resume: bool = flag(False, "continue from OUTPUT_DIR/last.*", resume_free=True, action="store_true")
+    stop_after_stages: int | None = flag(None, "stop (resumably) after N stages", resume_free=True, type=int)
+    demo: bool = flag(False, "offline demo: data/demo, minilm-l6, a short SMART schedule, all six CSVs",
+                        resume_free=True, action="store_true")
+    eval_batch_size: int = flag(64, resume_free=True, type=int)
+    eval_train_examples: int = flag(0, "also score this many train examples per task after each stage "
+                                      "(train curves)", type=int)
+    num_workers: int = flag(0, resume_free=True, type=int)
+    quiet: bool = flag(False, "no progress bars", resume_free=True, action="store_true")
+
+    # Model heads.
+    pooling: str = flag("mean", group=HEADS, choices=("mean", "cls"))
+    pair_encoder: str = flag("sbert", "sbert: sentences encoded apart; cross: one joint pair encoding "
+                               "(baseline)", HEADS, choices=("sbert", "cross"))
+    similarity_objective: str = flag("cosine", "cosine: MSE(cos, label/5) (measured best); shifted: the "
+                                       "handout's 2.5cos+2.5; cosent (SBERT only)", HEADS,
+                                       choices=("cosine", "shifted", "cosent"))
+    encoder_dropout: float | None = flag(None, "dropout inside BERT (default: the checkpoint's own, 0.1 "
+                                           "for BERT)", HEADS, type=float)
+
+    # Optimisation.
+    weight_decay: float = flag(0.0, "AdamW decoupled decay (not on biases and LayerNorm weights)",
+                                 OPTIMISATION, type=float)
+    grad_accumulation_steps: int = flag(1, group=OPTIMISATION, type=int)
+    max_grad_norm: float = flag(0.0, "clip gradients to this norm (0: off; the SMART paper: 1)",
+                                  OPTIMISATION, type=float)
+    lr_schedule: str = flag("constant", "constant (the course's) or linear: warm-up over --warmup_ratio of the "
+                              "updates, then linear decay to 0 (the SMART paper's)", OPTIMISATION,
+                              choices=("constant", "linear"))
+    warmup_ratio: float = flag(0.1, "share of the updates spent warming up (--lr_schedule linear)",
+                                 OPTIMISATION, type=float)
+    bf16: bool | None = flag(None, "bf16 autocast (default: on for CUDA, off for CPU; on a CPU with native bf16, "
+                               "e.g. AVX512-BF16 or AMX, --bf16 measured 1.2-1.6x faster, see BENCHMARKS.md)",
+                               OPTIMISATION, action=argparse.BooleanOptionalAction)
+
+    # Schedule.
+    schedule: str = flag("sequential", group=SCHEDULE, choices=("sequential", "annealed", "round_robin"))
+    first_stages: str = flag("qqp", "stages before the cycles, e.g. 'qqp' or 'sts*3' "
+                               "(task[:fraction][*repeats])", SCHEDULE)
+    cycle: str = flag("sts,sst,qqp:0.03", "one cycle of stages (rehearsal as :fraction)", SCHEDULE)
+    # --cycles may change on --resume (to shorten or extend a sequential run) as long as the stages
+    # already done begin the new schedule: stage i's data order depends on i alone.
+    cycles: int = flag(10, group=SCHEDULE, resume_free=True, type=int)
+    pcgrad: bool = flag(False, "round_robin only: one batch per task each step, shared-encoder gradients "
+                          "combined by PCGrad", SCHEDULE, action="store_true")
+
+    # SMART.
+    smart: bool = flag(False, "regularise the tasks in --smart_tasks", SMART, action="store_true")
+    smart_tasks: str = flag("sst,qqp,sts", group=SMART)
+    smart_adv_weight: float = flag(1.0, "lambda_s", SMART, type=float)
+    smart_bregman_weight: float = flag(1.0, "mu", SMART, type=float)
+    smart_momentum: float | None = flag(None, "beta of the Bregman teacher (default: the paper's 0.99 for the "
+                                          "first 10%% of updates, then 0.999; a number fixes it; 0: vanilla)",
+                                          SMART, type=float)
+    smart_noise_std: float = flag(1e-5, "sigma", SMART, type=float)
+    smart_epsilon: float = flag(1e-5, "epsilon, radius of the ball", SMART, type=float)
+    smart_step_size: float = flag(1e-3, "eta", SMART, type=float)
+    smart_ascent_steps: int = flag(1, "K", SMART, type=int)
+    smart_norm: str = flag("inf", group=SMART, choices=("inf", "l2"))
+    smart_norm_level: str = flag("token", group=SMART, choices=("token", "sentence"))
+    smart_override: list = flag([], "per-task setting, e.g. sst:adv_weight=10 (repeatable)", SMART,
+                                  action="append", metavar="TASK:key=value,...")
+
+    # SimCSE.
+    simcse_data: list = flag([], "NLI files (.jsonl, SentEval s1.*, SICK.txt, premise,positive,negative .csv)",
+                               SIMCSE, nargs="*")
+    simcse_epochs: int = flag(1, group=SIMCSE, type=int)
+    simcse_objective: str = flag("supervised", group=SIMCSE, choices=("supervised", "pairwise"))
+    simcse_temperature: float = flag(0.05, "tau; logits scale = 1/tau", SIMCSE, type=float)
+    simcse_lr: float = flag(2e-5, group=SIMCSE, type=float)
+    simcse_max_examples: int | None = flag(None, group=SIMCSE, type=int)
+
+    def __post_init__(self):
+        _check_common(self)
+        _check(self.grad_accumulation_steps >= 1, "--grad_accumulation_steps must be >= 1")
+        for name in ("cycles", "simcse_epochs", "eval_train_examples", "num_workers"):
+            _check(getattr(self, name) >= 0, f"--{name} must be >= 0, got {getattr(self, name)}")
+        _check(self.stop_after_stages is None or self.stop_after_stages >= 0, "--stop_after_stages must be >= 0")
+        _check(self.simcse_max_examples is None or self.simcse_max_examples >= 1, "--simcse_max_examples must be >= 1")
+        _check(_finite(self.simcse_lr) and self.simcse_lr > 0, f"--simcse_lr must be > 0, got {self.simcse_lr}")
+        _check(self.encoder_dropout is None or (_finite(self.encoder_dropout) and 0 <= self.encoder_dropout < 1),
+               f"--encoder_dropout must be in [0, 1), got {self.encoder_dropout}")
+        for name in ("weight_decay", "max_grad_norm"):
+            _check(_finite(getattr(self, name)) and getattr(self, name) >= 0, f"--{name} must be finite and >= 0")
+        _check(_finite(self.warmup_ratio) and 0 <= self.warmup_ratio < 1, "--warmup_ratio must be in [0, 1)")
+        _check(self.smart_momentum is None or (_finite(self.smart_momentum) and 0 <= self.smart_momentum < 1),
+               f"--smart_momentum must be in [0, 1), got {self.smart_momentum}")
+        _check(not self.pcgrad or self.schedule == "round_robin",
+               "--pcgrad needs --schedule round_robin (each step takes one batch of every task)")
+        _check(not (self.simcse_data and self.option == "pretrain"),
+               "the SimCSE stage trains the encoder, which --option pretrain freezes; use --option finetune")
+
+
+@dataclass
+class ClassifierArguments:
+    """Every setting of classifier.py (part 1 of the handout: SST and CFIMDB sentiment)."""
+
+    seed: int = flag(11711, group=COURSE, type=int)
+    epochs: int = flag(10, group=COURSE, type=int)
+    option: str = flag("pretrain", "pretrain: BERT frozen, only the linear head trained; finetune: everything "
+                         "trained", COURSE, choices=("pretrain", "finetune"))
+    use_gpu: bool = flag(False, group=COURSE, action="store_true")
+    batch_size: int = flag(8, "sst: 64, cfimdb: 8 can fit a 12GB GPU", COURSE, type=int)
+    hidden_dropout_prob: float = flag(0.3, "dropout before the linear head (BERT keeps its own 0.1, as in the "
+                                        "course)", COURSE, type=float)
+    lr: float = flag(1e-5, "learning rate; the course suggests 1e-3 for pretrain and 1e-5 for finetune",
+                       COURSE, type=float)
+    data_dir: str = flag("data", "folder with the course's file names (ids-sst-*.csv, ...)", "data and outputs")
+    data_files: dict = per_file_options("data", ("sst", "cfimdb"), "data and outputs")
+    predictions_dir: str = flag("predictions", "where the {option}-{dataset}-{dev,test}-out.csv files go",
+                                  "data and outputs")
+    output_dir: str = flag("runs/classifier", "best-dev checkpoints", "data and outputs")
+    pretrained: str = flag("bert-base-uncased", "hub id, local directory, or minilm-l6 (bundled, offline)",
+                             "model and run")
+    max_train_examples: int | None = flag(None, "subsample each train set", "model and run", type=int)
+    max_length: int = flag(512, "tokens per text; 512 keeps CFIMDB reviews whole, as the course does",
+                             "model and run", type=int)
+    eval_batch_size: int = flag(64, group="model and run", type=int)
+    quiet: bool = flag(False, "no progress bars", "model and run", action="store_true")
+
+    def __post_init__(self):
+        _check_common(self)
+
+
+def build_parser(cls, description: str | None = None) -> argparse.ArgumentParser:
+    """An argparse parser with one flag per field of `cls`, grouped as the fields' metadata says."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    groups: dict[str, argparse._ArgumentGroup] = {}
+    for f in dataclasses.fields(cls):
+        meta = f.metadata
+        group = groups.get(meta["group"]) or groups.setdefault(meta["group"], parser.add_argument_group(meta["group"]))
+        if "per_file" in meta:
+            for flag, (default, help_text) in _per_file_flags(meta["per_file"], meta["tasks"]).items():
+                group.add_argument(f"--{flag}", default=default, help=help_text)
+            continue
+        group.add_argument(f"--{f.name}", default=f.default if f.default is not dataclasses.MISSING else [],
+                           help=meta["help"], **meta["argparse"])
+    return parser
+
+
+def from_namespace(cls, namespace: argparse.Namespace):
+    """The dataclass from parsed flags; the per-file flags are gathered into their dict fields."""
+    values = {}
+    for f in dataclasses.fields(cls):
+        if "per_file" in f.metadata:
+            flags = _per_file_flags(f.metadata["per_file"], f.metadata["tasks"])
+            values[f.name] = {flag: getattr(namespace, flag) for flag in flags}
+        else:
+            values[f.name] = getattr(namespace, f.name)
+    return cls(**values)
+
+
+def resume_free_fields(cls) -> set[str]:
+    return {f.name for f in dataclasses.fields(cls) if f.metadata.get("resume_free")}
+
+
+def data_paths(data_dir: str, data_files: dict, tasks: tuple[str, ...]) -> dict[tuple[str, str], Path]:
+    """(task, split) -> the file to read: its per-file flag if given, else the course's name in data_dir."""
+    standard = standard_paths(data_dir)
+    return {(task, split): Path(data_files.get(data_flag(task, split)) or standard[(task, split)])
+            for task in tasks for split in SPLITS}
+
+
+def prediction_paths(prediction_files: dict) -> dict[tuple[str, str], Path]:
+    """(task, split) -> where its leaderboard CSV goes."""
+    return {(task, split): Path(prediction_files.get(output_flag(task, split)) or DEFAULT_OUTPUTS[(task, split)])
+            for task in MULTITASK for split in ("dev", "test")}
+
+
+def regularized_tasks(args: TrainingArguments) -> set[str]:
+    """The tasks --smart regularises (none without --smart)."""
+    if not args.smart:
+        return set()
+    try:
+        return {task_name(t) for t in args.smart_tasks.split(",") if t.strip()}
+    except ValueError as err:
+        raise ValueError(f"--smart_tasks: {err}") from None
+
+
+def smart_configs(args: TrainingArguments) -> dict[str, SmartConfig]:
+    """SMART settings per task: the global flags, then any --smart_override TASK:key=value,...
+    The teacher's momentum is shared by all tasks, so it is not among them."""
+    base = dict(adv_weight=args.smart_adv_weight, bregman_weight=args.smart_bregman_weight,
+                noise_std=args.smart_noise_std, epsilon=args.smart_epsilon, step_size=args.smart_step_size,
+                ascent_steps=args.smart_ascent_steps, norm=args.smart_norm, norm_level=args.smart_norm_level)
+    per_task = {task: dict(base) for task in MULTITASK}
+    for override in args.smart_override:
+        name, _, settings = override.partition(":")
+        try:
+            task = task_name(name)
+        except ValueError:
+            task = None
+        if task is None or not settings:
+            raise ValueError(f"--smart_override {override!r}: expected TASK:key=value[,key=value]")
+        for setting in settings.split(","):
+            key, _, value = setting.partition("=")
+            if key not in base:
+                raise ValueError(f"--smart_override {override!r}: unknown or shared setting {key!r}")
+            try:
+                per_task[task][key] = type(base[key])(value)
+            except ValueError:
+                raise ValueError(f"--smart_override {override!r}: {key} must be a "
+                                 f"{type(base[key]).__name__}, got {value!r}") from None
+    return {task: SmartConfig(**values) for task, values in per_task.items()}
