@@ -21,10 +21,8 @@ ends the run with one line `error: ...` and exit code 2.
 """
 from __future__ import annotations
 
-import argparse
 import sys
 import time
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -33,14 +31,16 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm import tqdm
 
-from base_bert import BertConfig, CheckpointError
+from base_bert import BertConfig, CheckpointError, resolve_pretrained
 from bert import BertModel
-from datasets import (DataError, SentenceExample, in_file_order, load_sentence_examples, make_dataloader,
-                      show_data_warnings_on_one_line, standard_paths, subsample)
+from checkpoint import atomic_save, read_checkpoint
+from datasets import (DataError, SentenceExample, TaskData, in_file_order, load_task_data, make_dataloader,
+                      show_data_warnings_on_one_line)
 from evaluation import sst_metrics, summarize_line, write_predictions
-from multitask_classifier import TaskData, atomic_save, read_checkpoint, seed_everything
 from optimizer import AdamW
+from runtime import resolve_device, seed_everything
 from tokenizer import BertTokenizer
+from training_args import ClassifierArguments, UsageError, build_parser, check_max_length, data_paths, from_namespace
 
 TASKS = ("sst", "cfimdb")  # trained in this order, as in the course
 NUM_LABELS = {"sst": 5, "cfimdb": 2}
@@ -104,23 +104,13 @@ def load_classifier(prefix: str | Path, device: torch.device | str = "cpu") -> B
 # Data
 
 
-def data_path(args, task: str, split: str) -> Path:
-    explicit = getattr(args, f"{task}_{split}")
-    return Path(explicit) if explicit else standard_paths(args.data_dir)[(task, split)]
-
-
-def load_data(args) -> dict[str, TaskData]:
+def load_data(args: ClassifierArguments) -> dict[str, TaskData]:
     """Every file of both datasets, validated before any model is loaded."""
-    data = {}
-    for task in TASKS:
-        train = load_sentence_examples(data_path(args, task, "train"), task, "train")
-        data[task] = TaskData(subsample(train, args.max_train_examples, args.seed),
-                                   load_sentence_examples(data_path(args, task, "dev"), task, "dev"),
-                                   load_sentence_examples(data_path(args, task, "test"), task, "test"))
-    return data
+    return load_task_data(data_paths(args.data_dir, args.data_files, TASKS), TASKS, set(TASKS),
+                          args.max_train_examples, args.seed)
 
 
-def prediction_path(args, task: str, split: str) -> Path:
+def prediction_path(args: ClassifierArguments, task: str, split: str) -> Path:
     return Path(args.predictions_dir) / f"{args.option}-{task}-{split}-out.csv"
 
 
@@ -159,12 +149,13 @@ def predict(model: nn.Module, examples: list[SentenceExample], tokenizer: BertTo
     return in_file_order(examples, ids, classes)
 
 
-def dev_accuracy(model, examples, tokenizer, device, args) -> float:
+def dev_accuracy(model, examples, tokenizer, device, args: ClassifierArguments) -> float:
     _, predicted = predict(model, examples, tokenizer, device, args.eval_batch_size, args.max_length, args.quiet)
     return sst_metrics(predicted, [e.label for e in examples])["acc"]
 
 
-def train_task(task: str, data: TaskData, tokenizer: BertTokenizer, device: torch.device, args) -> dict:
+def train_task(task: str, data: TaskData, tokenizer: BertTokenizer, device: torch.device,
+               args: ClassifierArguments) -> dict:
     """Train one dataset from a fresh pretrained BERT, keep the best dev epoch, write its predictions."""
     seed_everything(args.seed)  # each dataset's run is reproducible on its own, whatever ran before it
     bert = BertModel.from_pretrained(args.pretrained)
@@ -197,12 +188,12 @@ def train_task(task: str, data: TaskData, tokenizer: BertTokenizer, device: torc
     return best
 
 
-def run(args) -> dict[str, dict]:
+def run(args: ClassifierArguments) -> dict[str, dict]:
     """Both datasets in turn; returns each one's best epoch record."""
-    device = torch.device("cuda" if args.use_gpu and torch.cuda.is_available() else "cpu")
-    if args.use_gpu and device.type == "cpu":
-        warnings.warn("--use_gpu given but CUDA is not available; training on the CPU")
+    device = resolve_device(args.use_gpu)
     data = load_data(args)  # every data file validated before the model loads
+    config = BertConfig.from_json_file(resolve_pretrained(args.pretrained) / "config.json")
+    check_max_length(args.max_length, config.max_position_embeddings, args.pretrained)
     tokenizer = BertTokenizer.from_pretrained(args.pretrained)
     results = {}
     for task in TASKS:
@@ -217,54 +208,12 @@ def run(args) -> dict[str, dict]:
 # Command line
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    course = parser.add_argument_group("course options (defaults unchanged)")
-    course.add_argument("--seed", type=int, default=11711)
-    course.add_argument("--epochs", type=int, default=10)
-    course.add_argument("--option", choices=OPTIONS, default="pretrain",
-                        help="pretrain: BERT frozen, only the linear head trained; finetune: everything trained")
-    course.add_argument("--use_gpu", action="store_true")
-    course.add_argument("--batch_size", type=int, default=8, help="sst: 64, cfimdb: 8 can fit a 12GB GPU")
-    course.add_argument("--hidden_dropout_prob", type=float, default=0.3,
-                        help="dropout before the linear head (BERT keeps its own 0.1, as in the course)")
-    course.add_argument("--lr", type=float, default=1e-5,
-                        help="learning rate; the course suggests 1e-3 for pretrain and 1e-5 for finetune")
-
-    files = parser.add_argument_group("data and outputs")
-    files.add_argument("--data_dir", default="data", help="folder with the course's file names (ids-sst-*.csv, ...)")
-    for task in TASKS:
-        for split in ("train", "dev", "test"):
-            files.add_argument(f"--{task}_{split}", default=None,
-                               help=f"default: DATA_DIR/{standard_paths('')[(task, split)].name}")
-    files.add_argument("--predictions_dir", default="predictions",
-                       help="where the {option}-{dataset}-{dev,test}-out.csv files go")
-    files.add_argument("--output_dir", default="runs/classifier", help="best-dev checkpoints")
-
-    run_group = parser.add_argument_group("model and run")
-    run_group.add_argument("--pretrained", default="bert-base-uncased",
-                           help="hub id, local directory, or minilm-l6 (bundled, offline)")
-    run_group.add_argument("--max_train_examples", type=int, default=None, help="subsample each train set")
-    run_group.add_argument("--max_length", type=int, default=512,
-                           help="tokens per text; 512 keeps CFIMDB reviews whole, as the course does")
-    run_group.add_argument("--eval_batch_size", type=int, default=64)
-    run_group.add_argument("--quiet", action="store_true", help="no progress bars")
-    return parser
-
-
-def parse_args(argv=None) -> argparse.Namespace:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    for flag in ("epochs", "batch_size", "eval_batch_size", "max_length"):
-        if getattr(args, flag) < 1:
-            parser.error(f"--{flag} must be >= 1")
-    if args.max_train_examples is not None and args.max_train_examples < 1:
-        parser.error("--max_train_examples must be >= 1")
-    if not args.lr > 0:
-        parser.error("--lr must be > 0")
-    if not 0 <= args.hidden_dropout_prob < 1:
-        parser.error("--hidden_dropout_prob must be in [0, 1)")
-    return args
+def parse_args(argv=None) -> ClassifierArguments:
+    parser = build_parser(ClassifierArguments, __doc__)
+    try:
+        return from_namespace(ClassifierArguments, parser.parse_args(argv))
+    except ValueError as err:
+        parser.error(str(err))
 
 
 def main(argv=None) -> int:
@@ -272,7 +221,7 @@ def main(argv=None) -> int:
     show_data_warnings_on_one_line()
     try:
         run(args)
-    except (DataError, CheckpointError) as err:
+    except (DataError, CheckpointError, UsageError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     return 0

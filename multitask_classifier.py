@@ -25,17 +25,13 @@ from simcse import load_nli_triplets
 from tasks import MULTITASK
 from tokenizer import BertTokenizer
 from trainer import Trainer
-from training_args import (TrainingArguments, build_parser, data_paths, from_namespace, prediction_paths,
-                           regularized_tasks, smart_configs)
+from training_args import (TrainingArguments, UsageError, build_parser, check_max_length, data_paths, from_namespace,
+                           prediction_paths, regularized_tasks, smart_configs)
 
 ROOT = Path(__file__).resolve().parent
 DEMO_SETTINGS = dict(data_dir=str(ROOT / "data" / "demo"), pretrained="minilm-l6", option="finetune",
                      batch_size=16, lr=5e-5, hidden_dropout_prob=0.1, first_stages="qqp", cycle="sts,sst,qqp:0.25",
                      cycles=2, smart=True, max_length=64, output_dir="runs/demo")
-
-
-class UsageError(ValueError):
-    """Flags or inputs that cannot work; printed as one line, exit code 2."""
 
 
 def parse_args(argv=None) -> TrainingArguments:
@@ -77,9 +73,7 @@ def build_model(args: TrainingArguments, trains_sts: bool) -> MultitaskBERT:
     """The pretrained encoder (its own dropout unless --encoder_dropout) with fresh task heads."""
     overrides = {} if args.encoder_dropout is None else {"hidden_dropout_prob": args.encoder_dropout}
     bert = BertModel.from_pretrained(args.pretrained, **overrides)
-    if args.max_length > bert.config.max_position_embeddings:
-        raise UsageError(f"--max_length {args.max_length} is longer than the {bert.config.max_position_embeddings} "
-                         f"positions of {args.pretrained}")
+    check_max_length(args.max_length, bert.config.max_position_embeddings, args.pretrained)
     model = MultitaskBERT(bert, args.pooling, args.hidden_dropout_prob, args.pair_encoder, args.similarity_objective)
     if args.option == "pretrain":
         for parameter in model.bert.parameters():

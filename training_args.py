@@ -31,6 +31,16 @@ SMART = "SMART (Jiang et al. 2020); defaults are the paper's"
 SIMCSE = "SimCSE stage (before the tasks)"
 
 
+class UsageError(ValueError):
+    """Settings or inputs that cannot work; the command lines print it as one line and exit with code 2."""
+
+
+def check_max_length(max_length: int, max_positions: int, pretrained: str) -> None:
+    """A text longer than the model's position table would crash mid-run: refuse it before training."""
+    if max_length > max_positions:
+        raise UsageError(f"--max_length {max_length} is longer than the {max_positions} positions of {pretrained}")
+
+
 def flag(default=None, help: str | None = None, group: str = RUN, resume_free: bool = False, **argparse_kwargs):
     """A dataclass field that is also a command-line flag --NAME (argparse_kwargs: type, choices, action...)."""
     metadata = {"group": group, "help": help, "resume_free": resume_free, "argparse": argparse_kwargs}
@@ -222,9 +232,16 @@ class ClassifierArguments:
         _check_common(self)
 
 
+class OneLineErrorParser(argparse.ArgumentParser):
+    """Reports a bad flag as one line 'PROG: error: ... (see --help)' and exit code 2, without the usage block."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
 def build_parser(cls, description: str | None = None) -> argparse.ArgumentParser:
     """An argparse parser with one flag per field of `cls`, grouped as the fields' metadata says."""
-    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineErrorParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     groups: dict[str, argparse._ArgumentGroup] = {}
     for f in dataclasses.fields(cls):
         meta = f.metadata

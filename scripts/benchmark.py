@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 from base_bert import BertConfig, resolve_pretrained  # noqa: E402
 from bert import BertModel  # noqa: E402
-from multitask_classifier import bf16_autocast, bf16_enabled  # noqa: E402
+from runtime import bf16_autocast, bf16_enabled  # noqa: E402
 from optimizer import AdamW  # noqa: E402
 
 
@@ -152,7 +152,7 @@ def describe(args, device) -> dict:
 
 def multitask_setup(args, device, smart: bool):
     """A MultitaskBERT with its optimizer and (optionally) SMART on one fixed STS-like pair batch."""
-    from multitask_classifier import MultitaskBERT
+    from multitask_bert import MultitaskBERT
     from smart import SmartConfig, SmartRegularizer
     bert = build_minbert(args)
     model = MultitaskBERT(bert).to(device).train()
@@ -165,23 +165,19 @@ def multitask_setup(args, device, smart: bool):
     return model, optimizer, regularizer, batch
 
 
-def multitask_step_fn(model, optimizer, regularizer, batch, device, bf16: bool | None, task="quora"):
-    from multitask_classifier import DIVERGENCES, task_loss
+def multitask_step_fn(model, optimizer, regularizer, batch, device, bf16: bool | None, task="qqp"):
+    from trainer import compute_task_loss
+    if task == "qqp":
+        batch = {**batch, "labels": (batch["labels"] > 2.5).float()}
 
     def step():
         optimizer.zero_grad(set_to_none=True)
         with bf16_autocast(device, bf16):
-            embeddings = model.embed(task, batch)
-            outputs = model.outputs_from_embeddings(task, embeddings, batch)
-            loss = task_loss(model, task, outputs, (batch["labels"] > 2.5).float() if task == "quora"
-                             else batch["labels"])
-            if regularizer is not None:
-                loss = loss + regularizer.penalty(lambda e: model.outputs_from_embeddings(task, e, batch),
-                                                  embeddings, outputs, DIVERGENCES[task], teacher_args=(task, batch))
+            loss = compute_task_loss(model, task, batch, regularizer)
         loss.backward()
         optimizer.step()
         if regularizer is not None:
-            regularizer.after_optimizer_step()
+            regularizer.teacher.update(model)
     return step
 
 
@@ -247,8 +243,9 @@ def bench_smart(args, device) -> dict:
 def bench_pipeline(args, device) -> dict:
     """Real-text training throughput: loading, tokenizing, collating, forward, backward, AdamW."""
     from datasets import load_sentence_examples, make_dataloader
-    from multitask_classifier import MultitaskBERT, task_loss
+    from multitask_bert import MultitaskBERT
     from tokenizer import BertTokenizer
+    from trainer import compute_task_loss
     data = Path(args.data_dir) / "ids-sst-train.csv"
     examples = load_sentence_examples(data, "sst", "train")
     tokenizer = BertTokenizer.from_pretrained(args.config)
@@ -267,7 +264,7 @@ def bench_pipeline(args, device) -> dict:
         batch = {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
         optimizer.zero_grad(set_to_none=True)
         with bf16_autocast(device, args.bf16):
-            loss = task_loss(model, "sst", model("sst", batch), batch["labels"])
+            loss = compute_task_loss(model, "sst", batch)
         loss.backward()
         optimizer.step()
         if batches == args.steps * args.rounds:

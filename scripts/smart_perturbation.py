@@ -22,11 +22,12 @@ sys.path.insert(0, str(ROOT))
 
 from bert import BertModel  # noqa: E402
 from datasets import collate_pairs, collate_sentences, load_split  # noqa: E402
-from multitask_classifier import MultitaskBERT, bf16_autocast, load_multitask_model  # noqa: E402
+from multitask_bert import MultitaskBERT, load_multitask_model  # noqa: E402
+from runtime import bf16_autocast  # noqa: E402
 from smart import DIVERGENCES, SmartConfig, find_perturbation  # noqa: E402
 from tokenizer import BertTokenizer  # noqa: E402
 
-DIVERGENCE_OF_TASK = {"sst": "categorical", "sts": "squared"}
+MEASURED_TASKS = ("sst", "sts")
 
 
 def batches(data_dir: str, task: str, tokenizer, count: int, size: int, max_length: int) -> list[dict]:
@@ -37,17 +38,19 @@ def batches(data_dir: str, task: str, tokenizer, count: int, size: int, max_leng
 
 def divergences(model: MultitaskBERT, task: str, batch: dict, epsilon: float, bf16: bool) -> tuple[float, float]:
     """(adversarial divergence with dropout off, divergence between two dropout masks)."""
-    divergence = DIVERGENCES[DIVERGENCE_OF_TASK[task]]
+    name = model.objectives[task].divergence
+    divergence = DIVERGENCES[name]
     config = SmartConfig(epsilon=epsilon, noise_std=epsilon)
     with bf16_autocast(torch.device("cpu"), bf16):
         model.eval()
-        embeddings = model.embed(task, batch)
+        inputs = model.encoder_inputs(task, batch)
+        embeddings = model.embed(inputs)
 
         def forward(e):
-            return model.outputs_from_embeddings(task, e, batch)
+            return model.outputs_from_embeddings(task, e, inputs.attention_mask)
 
         clean = forward(embeddings)
-        deltas = find_perturbation(forward, embeddings, clean, DIVERGENCE_OF_TASK[task], config)
+        deltas = find_perturbation(forward, embeddings, clean, name, config)
         with torch.no_grad():
             adversarial = divergence(forward(tuple(e + d for e, d in zip(embeddings, deltas))), clean).item()
             model.train()
@@ -73,14 +76,14 @@ def main(argv=None) -> int:
           f"{args.batch_size} per task; means over batches\n")
     print("| task (divergence) | eps | autocast | adversarial, dropout off | two dropout masks | ratio |")
     print("|---|---|---|---|---|---|")
-    for task in DIVERGENCE_OF_TASK:
+    for task in MEASURED_TASKS:
         task_batches = batches(args.data_dir, task, tokenizer, args.batches, args.batch_size, args.max_length)
         for epsilon in args.epsilons:
             for bf16 in (False, True):
                 pairs = [divergences(model, task, batch, epsilon, bf16) for batch in task_batches]
                 adversarial = sum(p[0] for p in pairs) / len(pairs)
                 dropout = sum(p[1] for p in pairs) / len(pairs)
-                print(f"| {task} ({DIVERGENCE_OF_TASK[task]}) | {epsilon:g} | {'bf16' if bf16 else 'fp32'} | "
+                print(f"| {task} ({model.objectives[task].divergence}) | {epsilon:g} | {'bf16' if bf16 else 'fp32'} | "
                       f"{adversarial:.2e} | {dropout:.2e} | {adversarial / dropout:.1e} |")
     return 0
 

@@ -16,14 +16,19 @@ import time
 from pathlib import Path
 
 import numpy as np
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import multitask_classifier as mc  # noqa: E402
 from bert import BertModel  # noqa: E402
-from datasets import load_split  # noqa: E402
+from datasets import TaskData, load_split  # noqa: E402
 from evaluation import sts_metrics  # noqa: E402
+from multitask_bert import MultitaskBERT  # noqa: E402
+from runtime import seed_everything  # noqa: E402
+from schedules import Stage  # noqa: E402
 from tokenizer import BertTokenizer  # noqa: E402
+from trainer import Trainer  # noqa: E402
+from training_args import TrainingArguments  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -41,18 +46,18 @@ def main(argv=None) -> int:
     gold = np.array([e.label for e in dev])
     tokenizer = BertTokenizer.from_pretrained(options.pretrained)
     for objective in options.objectives.split(","):
-        args = mc.parse_args(["--pretrained", options.pretrained, "--option", "finetune", "--quiet",
-                              "--lr", str(options.lr), "--batch_size", str(options.batch_size),
-                              "--hidden_dropout_prob", "0.1", "--max_length", "64", "--seed", str(options.seed),
-                              "--similarity_objective", objective, "--output_dir", "runs/sts_objectives"])
-        mc.seed_everything(options.seed)
-        bert = BertModel.from_pretrained(options.pretrained, hidden_dropout_prob=args.hidden_dropout_prob)
-        model = mc.MultitaskBERT(bert, args.pooling, args.hidden_dropout_prob, similarity_objective=objective)
-        data = {"sts": mc.TaskData(train, dev, [])}
-        trainer = mc.Trainer(args, model, tokenizer, data, [], mc.torch.device("cpu"))
+        args = TrainingArguments(pretrained=options.pretrained, option="finetune", quiet=True, lr=options.lr,
+                                 batch_size=options.batch_size, hidden_dropout_prob=0.1, max_length=64,
+                                 seed=options.seed, similarity_objective=objective,
+                                 output_dir="runs/sts_objectives")
+        seed_everything(options.seed)
+        bert = BertModel.from_pretrained(options.pretrained)
+        model = MultitaskBERT(bert, args.pooling, args.hidden_dropout_prob, similarity_objective=objective)
+        data = {"sts": TaskData(train, dev, [])}
+        trainer = Trainer(args, model, tokenizer, data, [], torch.device("cpu"))
         before = sts_metrics(trainer.predict("sts", dev)[1], gold)["pearson"]
         start = time.time()
-        trainer.run_stage(0, mc.Stage("task", "sts"))
+        trainer.run_stage(0, Stage("task", "sts"))
         after = sts_metrics(trainer.predict("sts", dev)[1], gold)["pearson"]
         print(json.dumps({"objective": objective, "pretrained": options.pretrained, "dev_pearson_before": before,
                           "dev_pearson_after_1_epoch": after, "train_seconds": time.time() - start,

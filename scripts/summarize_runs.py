@@ -11,8 +11,8 @@ import statistics
 import sys
 from pathlib import Path
 
-COLUMNS = [("SST acc", "sst_acc"), ("SST F1 (w)", "sst_f1_weighted"), ("QQP acc", "para_acc"),
-           ("QQP F1", "para_f1"), ("STS r", "sts_pearson"), ("overall", "overall")]
+COLUMNS = [("SST acc", "sst_acc"), ("SST F1 (w)", "sst_f1_weighted"), ("QQP acc", "qqp_acc"),
+           ("QQP F1", "qqp_f1"), ("STS r", "sts_pearson"), ("overall", "overall")]
 
 
 def read_run(run: Path) -> dict:

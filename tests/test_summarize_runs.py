@@ -12,7 +12,7 @@ spec.loader.exec_module(summarize_runs)
 
 def record(index, stage, overall, sst, seconds):
     return {"index": index, "stage": stage, "seconds": seconds, "sst_acc": sst, "sst_f1_weighted": sst - 0.05,
-            "para_acc": 0.8, "para_f1": 0.75, "sts_pearson": 0.85, "overall": overall}
+            "qqp_acc": 0.8, "qqp_f1": 0.75, "sts_pearson": 0.85, "overall": overall}
 
 
 def make_run(folder: Path, best_sst: float) -> Path:
