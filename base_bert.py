@@ -242,8 +242,6 @@ def check_state_dict(expected: dict[str, torch.Tensor], provided: dict[str, torc
 
 
 class BertPreTrainedModel(nn.Module):
-    config_class = BertConfig
-
     def __init__(self, config: BertConfig):
         super().__init__()
         self.config = config
