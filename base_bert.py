@@ -56,6 +56,17 @@ class BertConfig:
     attn_implementation: str = "sdpa"
 
     def __post_init__(self):
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.type == "int" and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+                raise ValueError(f"{f.name} must be a whole number >= 0, got {value!r}")
+            if f.type == "float" and (isinstance(value, bool) or not isinstance(value, (int, float))):
+                raise ValueError(f"{f.name} must be a number, got {value!r}")
+        if self.num_attention_heads < 1:
+            raise ValueError(f"num_attention_heads must be >= 1, got {self.num_attention_heads}")
+        for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
+            if not 0 <= getattr(self, name) < 1:
+                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)!r}")
         if self.hidden_size % self.num_attention_heads:
             raise ValueError(f"hidden_size {self.hidden_size} is not a multiple of "
                              f"num_attention_heads {self.num_attention_heads}")
@@ -78,9 +89,11 @@ class BertConfig:
     def from_json_file(cls, path: str | os.PathLike, **overrides) -> "BertConfig":
         try:
             values = json.loads(Path(path).read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-            raise CheckpointError(f"{path}: cannot read the model config ({err})") from None
-        return cls.from_dict(values, **overrides)
+            if not isinstance(values, dict):
+                raise ValueError(f"expected a JSON object, found a {type(values).__name__}")
+            return cls.from_dict(values, **overrides)
+        except (OSError, UnicodeDecodeError, ValueError, TypeError) as err:
+            raise CheckpointError(f"{path}: cannot use the model config ({err})") from None
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -6,10 +6,10 @@ into tensors and JSON here; the trainer decides what goes in a checkpoint.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
-import uuid
 from pathlib import Path
 
 import numpy as np
@@ -20,37 +20,85 @@ from safetensors.torch import save_file
 from base_bert import CheckpointError
 
 
-def atomic_save(prefix: Path, tensors: dict[str, torch.Tensor], metadata: dict) -> None:
-    """Write PREFIX.safetensors then PREFIX.json, each via a temporary file and os.replace.
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
-    Both carry the same random checkpoint id, so a crash between the two replaces is detected on
-    reading instead of pairing new weights with old metadata.
+
+def atomic_save(prefix: Path, tensors: dict[str, torch.Tensor], metadata: dict) -> None:
+    """Write PREFIX.safetensors + PREFIX.json so that a kill at any moment leaves a complete checkpoint.
+
+    Both files are first written in full under .tmp names; the JSON (which records the weights' SHA-256)
+    is then moved into place, and the weights last. A kill between the two moves leaves the new JSON beside
+    the old weights and the new weights under .tmp: read_checkpoint finishes that save. A kill before the
+    first move leaves the previous checkpoint untouched.
     """
     prefix.parent.mkdir(parents=True, exist_ok=True)
     weights, info = prefix.with_suffix(".safetensors"), prefix.with_suffix(".json")
-    checkpoint_id = uuid.uuid4().hex
-    save_file({k: v.cpu() for k, v in tensors.items()}, str(weights) + ".tmp", metadata={"checkpoint_id": checkpoint_id})
-    os.replace(str(weights) + ".tmp", weights)
-    info.with_suffix(".json.tmp").write_text(json.dumps({**metadata, "checkpoint_id": checkpoint_id}, indent=1,
-                                                        default=str), encoding="utf-8")
-    os.replace(info.with_suffix(".json.tmp"), info)
+    pending_weights, pending_info = _pending(weights), _pending(info)
+    save_file({k: v.cpu() for k, v in tensors.items()}, str(pending_weights))
+    pending_info.write_text(json.dumps({**metadata, "sha256": _sha256(pending_weights)}, indent=1, default=str),
+                            encoding="utf-8")
+    os.replace(pending_info, info)
+    os.replace(pending_weights, weights)
+
+
+def _pending(path: Path) -> Path:
+    return path.with_name(path.name + ".tmp")
 
 
 def read_checkpoint(prefix: Path) -> tuple[dict[str, torch.Tensor], dict]:
+    """The tensors and the JSON metadata of a checkpoint, checked to belong together, with finite weights."""
     weights, info = prefix.with_suffix(".safetensors"), prefix.with_suffix(".json")
-    if not weights.is_file() or not info.is_file():
+    if not info.is_file() and not weights.is_file():
+        raise CheckpointError(f"{prefix}: no checkpoint here ({weights.name}, {info.name})")
+    if not weights.is_file() and not _pending(weights).is_file():
         raise CheckpointError(f"{prefix}: checkpoint needs both {weights.name} and {info.name}")
+    metadata = _read_json(info)
+    if "sha256" not in metadata or not isinstance(metadata["sha256"], str):
+        raise CheckpointError(f"{info}: no 'sha256' of the weights; not a checkpoint of this project")
+    if not weights.is_file() or _sha256(weights) != metadata["sha256"]:
+        if _pending(weights).is_file() and _sha256(_pending(weights)) == metadata["sha256"]:
+            os.replace(_pending(weights), weights)  # finish the save that a kill interrupted
+        else:
+            raise CheckpointError(f"{prefix}: {weights.name} and {info.name} come from different saves or the "
+                                  "weights were altered (SHA-256 differs); use another checkpoint or start again")
     try:
-        with safe_open(str(weights), "pt") as handle:  # one read: the save id and the tensors
-            weights_id = (handle.metadata() or {}).get("checkpoint_id")
+        with safe_open(str(weights), "pt") as handle:
             tensors = {key: handle.get_tensor(key) for key in handle.keys()}
-        metadata = json.loads(info.read_text(encoding="utf-8"))
     except Exception as err:
-        raise CheckpointError(f"{prefix}: cannot read checkpoint ({type(err).__name__}: {err})") from None
-    if weights_id != metadata.get("checkpoint_id"):
-        raise CheckpointError(f"{prefix}: {weights.name} and {info.name} come from different saves "
-                              "(a write was interrupted); use the other checkpoint or start again")
+        raise CheckpointError(f"{weights}: cannot read the weights ({type(err).__name__}: {err})") from None
+    for key, tensor in tensors.items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise CheckpointError(f"{weights}: tensor {key!r} holds NaN or infinite values")
     return tensors, metadata
+
+
+def _read_json(info: Path) -> dict:
+    if not info.is_file():
+        raise CheckpointError(f"{info}: missing; a checkpoint needs it beside its weights")
+    try:
+        metadata = json.loads(info.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise CheckpointError(f"{info}: not valid JSON ({err})") from None
+    if not isinstance(metadata, dict):
+        raise CheckpointError(f"{info}: expected a JSON object, found a {type(metadata).__name__}")
+    return metadata
+
+
+def check_fields(info: Path, metadata: dict, expected: dict[str, type | tuple[type, ...]]) -> None:
+    """One clear line when a (hand-edited) checkpoint JSON lacks a field or holds the wrong kind of value."""
+    for name, kind in expected.items():
+        if name not in metadata:
+            raise CheckpointError(f"{info}: field {name!r} is missing")
+        value = metadata[name]
+        if not isinstance(value, kind) or (isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple)
+                                                                                      else (kind,))):
+            names = "/".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
+            raise CheckpointError(f"{info}: field {name!r} must be {names}, found {type(value).__name__}")
 
 
 def optimizer_state(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict]:

@@ -40,13 +40,12 @@ from evaluation import sst_metrics, summarize_line, write_predictions
 from optimizer import AdamW
 from runtime import resolve_device, seed_everything
 from tokenizer import BertTokenizer
-from training_args import ClassifierArguments, UsageError, build_parser, check_max_length, data_paths, from_namespace
+from training_args import (ClassifierArguments, UsageError, build_parser, check_max_length, check_writable, data_paths,
+                           from_namespace)
 
 TASKS = ("sst", "cfimdb")  # trained in this order, as in the course
 NUM_LABELS = {"sst": 5, "cfimdb": 2}
 OPTIONS = ("pretrain", "finetune")
-# Both datasets are sentiment labels, so both use the SST leaderboard column, Predicted_Sentiment.
-PREDICTION_FORMAT = "sst"
 
 
 class BertSentimentClassifier(nn.Module):
@@ -183,7 +182,7 @@ def train_task(task: str, data: TaskData, tokenizer: BertTokenizer, device: torc
         ids, predicted = predict(model, examples, tokenizer, device, args.eval_batch_size, args.max_length,
                                  args.quiet)
         path = prediction_path(args, task, split)
-        write_predictions(path, ids, predicted.tolist(), PREDICTION_FORMAT)
+        write_predictions(path, ids, predicted.tolist(), task)  # both: Predicted_Sentiment
         print(f"wrote {path} ({len(ids)} rows)")
     return best
 
@@ -191,6 +190,7 @@ def train_task(task: str, data: TaskData, tokenizer: BertTokenizer, device: torc
 def run(args: ClassifierArguments) -> dict[str, dict]:
     """Both datasets in turn; returns each one's best epoch record."""
     device = resolve_device(args.use_gpu)
+    check_writable([args.output_dir, args.predictions_dir])
     data = load_data(args)  # every data file validated before the model loads
     config = BertConfig.from_json_file(resolve_pretrained(args.pretrained) / "config.json")
     check_max_length(args.max_length, config.max_position_embeddings, args.pretrained)
@@ -224,6 +224,10 @@ def main(argv=None) -> int:
     except (DataError, CheckpointError, UsageError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("\ninterrupted: the best epoch so far of the dataset in training is saved in "
+              f"{args.output_dir}; rerun the command to train again", file=sys.stderr)
+        return 130
     return 0
 
 

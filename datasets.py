@@ -1,7 +1,8 @@
 """Load, validate and batch the course's tab-separated task files (SST, CFIMDB, Quora, STS).
 
 File format, as the course ships it (read here with the csv module, delimiter tab, standard
-double-quote quoting, exactly as the course's csv.DictReader reads them):
+double-quote quoting, as the course's csv.DictReader reads them, with one record per line: a stray
+quote that would make the csv module swallow the following rows is an error naming its line):
 
     train/dev:      <index>  id  sentence  sentiment                (ids-sst-*, ids-cfimdb-*)
                     <index>  id  sentence1  sentence2  is_duplicate  (quora-*) or ... similarity (sts-*)
@@ -214,6 +215,12 @@ def _read_table(path: str | Path, required_columns: Sequence[str]) -> tuple[list
             if len(fields) != len(header):
                 raise DataError(path, f"expected {len(header)} tab-separated fields as in the header, found "
                                       f"{len(fields)} (a stray tab or an unbalanced quote?)", first_line)
+            if last_line_read > first_line:
+                # The course's files hold one record per line; a record over several lines is a double
+                # quote opening a field that the csv module then runs on to the next quote, rows and all.
+                raise DataError(path, f"a double quote opens a field that runs on to line {last_line_read}; the "
+                                      "course's files hold one record per line (a stray quote? double it as \"\" "
+                                      "inside a quoted field)", first_line)
             rows.append((first_line, fields))
     except csv.Error as err:
         raise DataError(path, f"malformed CSV ({err})", last_line_read + 1) from None

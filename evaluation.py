@@ -24,7 +24,9 @@ import numpy as np
 
 from tasks import MULTITASK, TASKS, default_output
 
-LEADERBOARD_COLUMNS = {name: task.leaderboard_column for name, task in TASKS.items() if name in MULTITASK}
+LEADERBOARD_COLUMNS = {name: task.leaderboard_column for name, task in TASKS.items()}
+# The classes a prediction may name, per classification task (STS predictions are any finite number).
+CLASSES = {"sst": range(5), "qqp": range(2), "cfimdb": range(2)}
 DEFAULT_OUTPUTS = {(task, split): default_output(task, split) for task in MULTITASK for split in ("dev", "test")}
 
 # (history key, human label) for the columns of forgetting tables and plots.
@@ -150,8 +152,9 @@ def _format_prediction(value, task: str) -> str:
         return f"{number:.6g}"
     if not number.is_integer():
         raise ValueError(f"{task} prediction {value!r} is not an integer class")
-    if task == "qqp" and number not in (0.0, 1.0):
-        raise ValueError(f"paraphrase prediction {value!r} is not 0 or 1")
+    if int(number) not in CLASSES[task]:
+        classes = "0 or 1" if len(CLASSES[task]) == 2 else f"a class 0-{len(CLASSES[task]) - 1}"
+        raise ValueError(f"{task} prediction {value!r} is not {classes}")
     return str(int(number))
 
 
@@ -180,6 +183,7 @@ def write_predictions(path: str | os.PathLike, ids: Sequence, predictions: Seque
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp's 0600 would hide the file from other users
         with os.fdopen(fd, "w", newline="") as handle:
             writer = csv.writer(handle, lineterminator="\n")
             writer.writerow(["id", column])
@@ -190,13 +194,19 @@ def write_predictions(path: str | os.PathLike, ids: Sequence, predictions: Seque
         raise
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def _parse_value(text: str, task: str) -> int | float:
     number = float(text)  # ValueError on junk, handled by the caller
     if task == "sts":
         if not math.isfinite(number):
             raise ValueError
         return number
-    if not number.is_integer() or (task == "qqp" and number not in (0.0, 1.0)):
+    if not number.is_integer() or int(number) not in CLASSES[task]:
         raise ValueError
     return int(number)
 
@@ -230,6 +240,8 @@ def read_predictions(path: str | os.PathLike, task: str) -> dict[str, int | floa
                 predictions[row_id] = _parse_value(text, task)
             except ValueError:
                 raise PredictionsFileError(f"{path}:{line_number}: invalid {column} value {text!r}") from None
+    if not predictions:
+        raise PredictionsFileError(f"{path}: a header but no predictions")
     return predictions
 
 

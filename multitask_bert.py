@@ -23,7 +23,7 @@ from torch import nn
 
 from base_bert import BertConfig, CheckpointError
 from bert import BertModel
-from checkpoint import atomic_save, read_checkpoint
+from checkpoint import atomic_save, check_fields, read_checkpoint
 from losses import SIMILARITY_OBJECTIVES, task_objectives
 
 POOLINGS = ("mean", "cls")
@@ -155,6 +155,7 @@ def save_multitask_model(model: MultitaskBERT, prefix: Path, metadata: dict) -> 
 def load_multitask_model(prefix: str | Path, device: torch.device | str = "cpu") -> MultitaskBERT:
     """Rebuild a MultitaskBERT from PREFIX.safetensors + PREFIX.json (no pretrained download needed)."""
     tensors, metadata = read_checkpoint(Path(prefix))
+    check_fields(Path(prefix).with_suffix(".json"), metadata, {"bert_config": dict, "heads": dict})
     try:
         model = MultitaskBERT(BertModel(BertConfig.from_dict(metadata["bert_config"])), **metadata["heads"])
         model.load_state_dict(tensors)

@@ -25,8 +25,8 @@ from simcse import load_nli_triplets
 from tasks import MULTITASK
 from tokenizer import BertTokenizer
 from trainer import Trainer
-from training_args import (TrainingArguments, UsageError, build_parser, check_max_length, data_paths, from_namespace,
-                           prediction_paths, regularized_tasks, smart_configs)
+from training_args import (TrainingArguments, UsageError, build_parser, check_max_length, check_writable, data_paths,
+                           from_namespace, prediction_paths, regularized_tasks, smart_configs)
 
 ROOT = Path(__file__).resolve().parent
 DEMO_SETTINGS = dict(data_dir=str(ROOT / "data" / "demo"), pretrained="minilm-l6", option="finetune",
@@ -49,6 +49,7 @@ def parse_args(argv=None) -> TrainingArguments:
 
 def load_inputs(args: TrainingArguments) -> tuple[list[Stage], dict, list]:
     """The schedule, every data file and the NLI triplets, all validated before any model is loaded."""
+    check_writable([args.output_dir, *(path.parent for path in prediction_paths(args.prediction_files).values())])
     try:
         stages = build_schedule(args.schedule, args.first_stages, args.cycle, args.cycles, args.epochs,
                                 args.simcse_epochs if args.simcse_data else 0)
@@ -87,10 +88,13 @@ def build_model(args: TrainingArguments, trains_sts: bool) -> MultitaskBERT:
 def run(args: TrainingArguments) -> Trainer:
     device = resolve_device(args.use_gpu)
     stages, data, triplets = load_inputs(args)
+    output_dir = Path(args.output_dir)
+    if args.resume and not any((output_dir / name).exists() for name in ("last.json", "last.safetensors")):
+        raise UsageError(f"{output_dir}: nothing to resume yet (no checkpoint from a finished stage); "
+                         "start without --resume")
     seed_everything(args.seed)
     model = build_model(args, "sts" in train_tasks(stages)).to(device)
     trainer = Trainer(args, model, BertTokenizer.from_pretrained(args.pretrained), data, triplets, device)
-    output_dir = Path(args.output_dir)
     if args.resume:
         trainer.resume(output_dir / "last", stages)
         print(f"resuming after stage {trainer.next_stage} of {len(stages)}")
@@ -116,6 +120,10 @@ def main(argv=None) -> int:
     except (DataError, CheckpointError, UsageError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"\ninterrupted: every finished stage is saved in {Path(args.output_dir) / 'last'}.*; "
+              "rerun the same command with --resume to continue", file=sys.stderr)
+        return 130
     return 0
 
 

@@ -7,8 +7,11 @@ multitask: the six leaderboard CSVs (sst/para/sts × dev/test).
 minbert:   the handout part 1 files, {pretrain,finetune}-{sst,cfimdb}-{dev,test}-out.csv, plus
            bert.py, classifier.py and optimizer.py from the current directory.
 
-Every CSV is checked (exists, right header, no duplicate ids) before the zip is written, and
-the zip is written to a temporary file first, so a failed run never leaves a partial archive.
+Every CSV is checked before the zip is written: it exists, has the right header, at least one row,
+no duplicate ids, values in range (SST 0-4, QQP and CFIMDB 0/1, STS finite) and, when the split's data
+file is in --data_dir, exactly the ids of that file (rows the loaders drop, e.g. dev rows without a
+label, are not expected). The zip is written to a temporary file first, so a failed run never
+leaves a partial archive; a problem is one line naming the file, exit code 2.
 CSVs are stored as predictions/<name> whatever --predictions_dir is, the layout the graders expect.
 """
 
@@ -19,6 +22,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+from datasets import DataError, load_examples, show_data_warnings_on_one_line, standard_paths
 from evaluation import DEFAULT_OUTPUTS, PredictionsFileError, check_predictions_file
 
 MINBERT_CODE_FILES = ("bert.py", "classifier.py", "optimizer.py")
@@ -28,25 +32,41 @@ class SubmissionError(Exception):
     """A file needed for the submission is missing; the message names it."""
 
 
-def submission_predictions(part: str) -> list[tuple[str, str]]:
-    """(CSV file name, evaluation task) pairs required for the given project part."""
+def submission_predictions(part: str) -> list[tuple[str, str, str]]:
+    """(CSV file name, task, split) of every file the given project part requires."""
     if part == "multitask":
-        return [(Path(path).name, task) for (task, _split), path in DEFAULT_OUTPUTS.items()]
+        return [(Path(path).name, task, split) for (task, split), path in DEFAULT_OUTPUTS.items()]
     return [
-        (f"{mode}-{dataset}-{split}-out.csv", "sst")
+        (f"{mode}-{dataset}-{split}-out.csv", dataset, split)
         for mode in ("pretrain", "finetune")
         for dataset in ("sst", "cfimdb")
         for split in ("dev", "test")
     ]
 
 
-def build_submission(predictions_dir: Path, out: Path, part: str) -> list[str]:
-    """Validate every required file, then write the zip; returns the archive member names."""
+def expected_ids(data_dir: Path | None, task: str, split: str) -> list[str] | None:
+    """The ids a predictions file must answer, from the split's data file; None when it is not at hand."""
+    if data_dir is None:
+        return None
+    path = standard_paths(data_dir)[(task, split)]
+    return [example.id for example in load_examples(path, task, split)] if path.is_file() else None
+
+
+def build_submission(predictions_dir: Path, out: Path, part: str, data_dir: Path | None = None) -> list[str]:
+    """Validate every required file (against data_dir's splits where present), then write the zip;
+    returns the archive member names."""
     members: list[tuple[Path, str]] = []
-    for name, task in submission_predictions(part):
+    unchecked = []
+    for name, task, split in submission_predictions(part):
         csv_path = predictions_dir / name
-        check_predictions_file(csv_path, None, task)
+        ids = expected_ids(data_dir, task, split)
+        if ids is None:
+            unchecked.append(name)
+        check_predictions_file(csv_path, ids, task)
         members.append((csv_path, f"predictions/{name}"))
+    if unchecked:
+        print(f"note: ids not checked for {', '.join(unchecked)} (their data files are not in --data_dir "
+              f"{data_dir})", file=sys.stderr)
     if part == "minbert":
         for name in MINBERT_CODE_FILES:
             if not Path(name).is_file():
@@ -72,16 +92,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--predictions_dir", type=Path, default=Path("predictions"))
     parser.add_argument("--out", type=Path, default=Path("cs224n_default_final_project_submission.zip"))
     parser.add_argument("--part", choices=("multitask", "minbert"), default="multitask")
+    parser.add_argument("--data_dir", type=Path, default=Path("data"),
+                        help="the course's data files, to check that every id is answered once")
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    show_data_warnings_on_one_line()
     try:
-        members = build_submission(args.predictions_dir, args.out, args.part)
-    except (PredictionsFileError, SubmissionError) as error:
+        members = build_submission(args.predictions_dir, args.out, args.part, args.data_dir)
+    except (PredictionsFileError, SubmissionError, DataError) as error:
         print(f"error: {error}", file=sys.stderr)
-        return 1
+        return 2
     print(f"wrote {args.out} with {len(members)} files: {', '.join(members)}")
     return 0
 

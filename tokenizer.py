@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer
@@ -39,6 +40,15 @@ class BertTokenizer:
     def from_pretrained(cls, name_or_path: str | os.PathLike = "bert-base-uncased") -> "BertTokenizer":
         """Load from tokenizer.json when present, else build BERT's WordPiece pipeline from vocab.txt."""
         directory = resolve_pretrained(name_or_path)
+        try:
+            return cls._from_directory(directory)
+        except CheckpointError:
+            raise
+        except Exception as err:  # json and the Rust tokenizers library raise their own kinds
+            raise CheckpointError(f"{directory}: cannot read the tokenizer ({type(err).__name__}: {err})") from None
+
+    @classmethod
+    def _from_directory(cls, directory: Path) -> "BertTokenizer":
         settings = {}
         config_file = directory / "tokenizer_config.json"
         if config_file.is_file():

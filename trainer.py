@@ -19,8 +19,8 @@ import torch
 from tqdm import tqdm
 
 from base_bert import CheckpointError
-from checkpoint import (atomic_save, check_resume_settings, optimizer_state, read_checkpoint, restore_optimizer,
-                        restore_rng, rng_state)
+from checkpoint import (atomic_save, check_fields, check_resume_settings, optimizer_state, read_checkpoint,
+                        restore_optimizer, restore_rng, rng_state)
 from datasets import TaskData, in_file_order, make_dataloader, subsample
 from evaluation import overall_score, summarize_line, task_metrics, write_predictions
 from gradient_surgery import pcgrad_combine
@@ -33,6 +33,8 @@ from smart import BregmanTeacher, SmartRegularizer, bregman_momentum
 from tasks import MULTITASK
 from training_args import TrainingArguments, regularized_tasks, resume_free_fields, smart_configs
 
+TRAINING_STATE_FIELDS = {"args": dict, "next_stage": int, "history": list, "best_score": (int, float),
+                         "updates": int, "optimizer": dict, "rng": dict, "smart_skipped_steps": dict}
 SUMMARY_KEYS = ("index", "stage", "train_loss", "seconds", "sst_acc", "qqp_acc", "sts_pearson", "overall")
 
 
@@ -306,19 +308,24 @@ class Trainer:
         """Continue from a training state: refused when a setting that changes the result differs, or
         when the stages already done do not begin `stages`."""
         tensors, metadata = read_checkpoint(prefix)
+        check_fields(prefix.with_suffix(".json"), metadata, TRAINING_STATE_FIELDS)
         free = resume_free_fields(type(self.args))
         if self.args.lr_schedule != "constant" or (self.regularizers and self.args.smart_momentum is None):
             free -= {"cycles"}  # the learning rate or SMART's momentum follow the total number of updates
         check_resume_settings(metadata["args"], dataclasses.asdict(self.args), free)
         try:
             self._restore(tensors, metadata)
-        except (KeyError, ValueError, RuntimeError) as err:
+        except (KeyError, IndexError, TypeError, ValueError, RuntimeError) as err:
             raise CheckpointError(f"{prefix}: cannot resume with these flags; the checkpoint was saved by a "
                                   f"different model, optimizer or SMART setup ({type(err).__name__}: {err})") from None
         done = [record["stage"] for record in self.history if record["index"] > 0]
         if done != [stage.label for stage in stages[:len(done)]]:
             raise CheckpointError(f"cannot resume: the stages already done ({', '.join(done)}) do not begin "
                                   "this run's schedule")
+        # A kill between a stage's log line and its checkpoint leaves a record the checkpoint does not
+        # have: the checkpoint's history is the truth.
+        (self.output_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in self.history),
+                                                        encoding="utf-8")
 
     def _restore(self, tensors: dict, metadata: dict) -> None:
         self.model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")})

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,6 +40,19 @@ def check_max_length(max_length: int, max_positions: int, pretrained: str) -> No
     """A text longer than the model's position table would crash mid-run: refuse it before training."""
     if max_length > max_positions:
         raise UsageError(f"--max_length {max_length} is longer than the {max_positions} positions of {pretrained}")
+
+
+def check_writable(directories) -> None:
+    """Output folders must be creatable and writable before any work: a file in the way or a read-only
+    parent would otherwise surface only after training."""
+    for directory in map(Path, directories):
+        existing = directory
+        while not existing.exists() and existing != existing.parent:
+            existing = existing.parent
+        if not existing.is_dir():
+            raise UsageError(f"{directory}: cannot write there, {existing} is a file, not a folder")
+        if not os.access(existing, os.W_OK | os.X_OK):
+            raise UsageError(f"{directory}: cannot write there, {existing} is not writable")
 
 
 def flag(default=None, help: str | None = None, group: str = RUN, resume_free: bool = False, **argparse_kwargs):
