@@ -12,11 +12,12 @@ the six leaderboard CSVs.
 from __future__ import annotations
 
 import sys
+import warnings
 from pathlib import Path
 
 from base_bert import CheckpointError
 from bert import BertModel
-from datasets import DataError, load_task_data, show_data_warnings_on_one_line, subsample
+from datasets import DataError, DataWarning, load_task_data, show_data_warnings_on_one_line, subsample
 from evaluation import summarize_line, write_run_reports
 from multitask_bert import MultitaskBERT, load_multitask_model
 from runtime import resolve_device, seed_everything
@@ -47,16 +48,21 @@ def parse_args(argv=None) -> TrainingArguments:
         parser.error(str(err))
 
 
-def load_inputs(args: TrainingArguments) -> tuple[list[Stage], dict, list]:
-    """The schedule, every data file and the NLI triplets, all validated before any model is loaded."""
+def load_inputs(args: TrainingArguments) -> tuple[list[Stage], dict, list[str], list]:
+    """The schedule, every data file (and what was dropped from them) and the NLI triplets, all validated
+    before any model is loaded."""
     check_writable([args.output_dir, *(path.parent for path in prediction_paths(args.prediction_files).values())])
     try:
         stages = build_schedule(args.schedule, args.first_stages, args.cycle, args.cycles, args.epochs,
                                 args.simcse_epochs if args.simcse_data else 0)
         if regularized_tasks(args):
             smart_configs(args)  # bad SMART settings fail here
-        data = load_task_data(data_paths(args.data_dir, args.data_files, MULTITASK), MULTITASK,
-                              train_tasks(stages), args.max_train_examples, args.seed)
+        with warnings.catch_warnings(record=True) as dropped:
+            warnings.simplefilter("always", DataWarning)
+            data = load_task_data(data_paths(args.data_dir, args.data_files, MULTITASK), MULTITASK,
+                                  train_tasks(stages), args.max_train_examples, args.seed)
+        for warning in dropped:  # shown now, and again beside the CSVs they are missing from
+            warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
         triplets = []
         if args.simcse_data:
             triplets, _ = load_nli_triplets(args.simcse_data)
@@ -67,7 +73,7 @@ def load_inputs(args: TrainingArguments) -> tuple[list[Stage], dict, list]:
             print(f"SimCSE: {len(triplets)} NLI triplets")
     except ValueError as err:  # DataError too: its message names the file and line
         raise UsageError(str(err)) from None
-    return stages, data, triplets
+    return stages, data, [str(w.message) for w in dropped], triplets
 
 
 def build_model(args: TrainingArguments, trains_sts: bool) -> MultitaskBERT:
@@ -87,7 +93,7 @@ def build_model(args: TrainingArguments, trains_sts: bool) -> MultitaskBERT:
 
 def run(args: TrainingArguments) -> Trainer:
     device = resolve_device(args.use_gpu)
-    stages, data, triplets = load_inputs(args)
+    stages, data, dropped_rows, triplets = load_inputs(args)
     output_dir = Path(args.output_dir)
     if args.resume and not any((output_dir / name).exists() for name in ("last.json", "last.safetensors")):
         raise UsageError(f"{output_dir}: nothing to resume yet (no checkpoint from a finished stage); "
@@ -109,6 +115,8 @@ def run(args: TrainingArguments) -> Trainer:
         print("best model on dev: " + summarize_line(best_metrics))
         trainer.write_leaderboard_files(prediction_paths(args.prediction_files), dev_predictions)
         print(write_run_reports(trainer.history, dev_predictions, output_dir))
+        for message in dropped_rows:
+            print(f"note: not in the predictions: {message}")
     return trainer
 
 

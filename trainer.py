@@ -7,6 +7,7 @@ PCGrad, evaluation after every stage, logging and the checkpoints --resume conti
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 import random
@@ -33,7 +34,7 @@ from smart import BregmanTeacher, SmartRegularizer, bregman_momentum
 from tasks import MULTITASK
 from training_args import TrainingArguments, regularized_tasks, resume_free_fields, smart_configs
 
-TRAINING_STATE_FIELDS = {"args": dict, "next_stage": int, "history": list, "best_score": (int, float),
+TRAINING_STATE_FIELDS = {"args": dict, "data_sha256": str, "next_stage": int, "history": list, "best_score": (int, float),
                          "updates": int, "optimizer": dict, "rng": dict, "smart_skipped_steps": dict}
 SUMMARY_KEYS = ("index", "stage", "train_loss", "seconds", "sst_acc", "qqp_acc", "sts_pearson", "overall")
 
@@ -70,6 +71,20 @@ def predict_examples(model: MultitaskBERT, task: str, examples: list, tokenizer,
             predictions.append(model.predict(task, batch).float().cpu().numpy())
         ids += batch["ids"]
     return in_file_order(examples, ids, np.concatenate(predictions))
+
+
+def data_fingerprint(data: dict[str, TaskData], triplets: list) -> str:
+    """SHA-256 of every example a run reads (ids, texts, labels): --resume compares the data itself, so a
+    moved or renamed data folder resumes and a changed file does not."""
+    digest = hashlib.sha256()
+    for task, task_data in data.items():
+        for split in ("train", "dev", "test"):
+            digest.update(f"{task}/{split}\n".encode())
+            for example in getattr(task_data, split) or []:
+                digest.update(repr(example).encode())
+    for triplet in triplets:
+        digest.update(repr(triplet).encode())
+    return digest.hexdigest()
 
 
 class RestartingLoaders:
@@ -301,6 +316,7 @@ class Trainer:
         atomic_save(prefix, tensors, {
             **model_metadata(self.model), "args": dataclasses.asdict(self.args), "next_stage": self.next_stage,
             "history": self.history, "best_score": self.best_score, "updates": self.updates,
+            "data_sha256": data_fingerprint(self.data, self.triplets),
             "optimizer": optimizer_info, "rng": rng_info,
             "smart_skipped_steps": {t: r.skipped_steps for t, r in self.regularizers.items()}})
 
@@ -313,6 +329,8 @@ class Trainer:
         if self.args.lr_schedule != "constant" or (self.regularizers and self.args.smart_momentum is None):
             free -= {"cycles"}  # the learning rate or SMART's momentum follow the total number of updates
         check_resume_settings(metadata["args"], dataclasses.asdict(self.args), free)
+        if metadata["data_sha256"] != data_fingerprint(self.data, self.triplets):
+            raise CheckpointError("cannot resume: the data files' content differs from the stopped run's")
         try:
             self._restore(tensors, metadata)
         except (KeyError, IndexError, TypeError, ValueError, RuntimeError) as err:

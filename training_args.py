@@ -104,7 +104,8 @@ class TrainingArguments:
     """Every setting of multitask_classifier.py."""
 
     # The course's flags, defaults unchanged.
-    data_files: dict = per_file_options("data", MULTITASK)
+    # Data paths may be spelled differently or moved on --resume: the trainer compares the data's content.
+    data_files: dict = per_file_options("data", MULTITASK, resume_free=True)
     prediction_files: dict = per_file_options("predictions", MULTITASK, resume_free=True)
     seed: int = flag(11711, group=COURSE, type=int)
     epochs: int = flag(10, "epochs of the annealed / round_robin schedules", COURSE, type=int)
@@ -117,7 +118,7 @@ class TrainingArguments:
     lr: float = flag(1e-5, group=COURSE, type=float)
 
     # Data, model and run.
-    data_dir: str = flag("data", "folder with the course's file names")
+    data_dir: str = flag("data", "folder with the course's file names", resume_free=True)
     pretrained: str = flag("bert-base-uncased", "hub id, local directory, or minilm-l6 (bundled, offline)")
     max_train_examples: int | None = flag(None, "subsample each train set (quick runs)", type=int)
     max_length: int = flag(128, "tokens per sentence (or per pair)", type=int)
@@ -187,7 +188,7 @@ class TrainingArguments:
 
     # SimCSE.
     simcse_data: list = flag([], "NLI files (.jsonl, SentEval s1.*, SICK.txt, premise,positive,negative .csv)",
-                               SIMCSE, nargs="*")
+                             SIMCSE, resume_free=True, nargs="*")
     simcse_epochs: int = flag(1, group=SIMCSE, type=int)
     simcse_objective: str = flag("supervised", group=SIMCSE, choices=("supervised", "pairwise"))
     simcse_temperature: float = flag(0.05, "tau; logits scale = 1/tau", SIMCSE, type=float)
