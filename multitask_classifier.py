@@ -18,7 +18,7 @@ from pathlib import Path
 from base_bert import CheckpointError
 from bert import BertModel
 from datasets import DataError, DataWarning, load_task_data, show_data_warnings_on_one_line, subsample
-from evaluation import summarize_line, write_run_reports
+from evaluation import summarize_line, write_predictions, write_run_reports
 from multitask_bert import MultitaskBERT, load_multitask_model
 from runtime import resolve_device, seed_everything
 from schedules import Stage, build_schedule, train_tasks
@@ -91,6 +91,18 @@ def build_model(args: TrainingArguments, trains_sts: bool) -> MultitaskBERT:
     return model
 
 
+def write_leaderboard_files(trainer: Trainer, paths: dict, dev_predictions: dict) -> None:
+    """The six CSVs: dev from the predictions already scored, test predicted now."""
+    for split in ("dev", "test"):
+        for task in MULTITASK:
+            if split == "dev":
+                ids, predicted, _ = dev_predictions[task]
+            else:
+                ids, predicted = trainer.predict(task, trainer.data[task].test)
+            write_predictions(paths[(task, split)], ids, predicted.tolist(), task)
+            print(f"wrote {paths[(task, split)]} ({len(ids)} rows)")
+
+
 def run(args: TrainingArguments) -> Trainer:
     device = resolve_device(args.use_gpu)
     stages, data, dropped_rows, triplets = load_inputs(args)
@@ -113,7 +125,7 @@ def run(args: TrainingArguments) -> Trainer:
         trainer.model = load_multitask_model(output_dir / "best", device)
         best_metrics, dev_predictions = trainer.evaluate("dev")
         print("best model on dev: " + summarize_line(best_metrics))
-        trainer.write_leaderboard_files(prediction_paths(args.prediction_files), dev_predictions)
+        write_leaderboard_files(trainer, prediction_paths(args.prediction_files), dev_predictions)
         print(write_run_reports(trainer.history, dev_predictions, output_dir))
         for message in dropped_rows:
             print(f"note: not in the predictions: {message}")

@@ -102,8 +102,8 @@ def learning_rate_factor(update: int, total_updates: int, schedule: str = "const
     """Multiplier of the base learning rate at optimizer update `update` (0-based) of `total_updates`.
 
     constant: 1 throughout (the course's).
-    linear: linear warm-up from 0 over the first warmup_ratio of the updates, then linear decay to 0
-    at the last one (the SMART paper's schedule: 10% warm-up).
+    linear: linear warm-up over the first warmup_ratio of the updates, then linear decay towards 0
+    (the last update gets 1 / (total - warm-up); the SMART paper's schedule: 10% warm-up).
     """
     if schedule == "constant":
         return 1.0

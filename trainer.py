@@ -23,7 +23,7 @@ from base_bert import CheckpointError
 from checkpoint import (atomic_save, check_fields, check_resume_settings, optimizer_state, read_checkpoint,
                         restore_optimizer, restore_rng, rng_state)
 from datasets import TaskData, in_file_order, make_dataloader, subsample
-from evaluation import overall_score, summarize_line, task_metrics, write_predictions
+from evaluation import overall_score, summarize_line, task_metrics
 from gradient_surgery import pcgrad_combine
 from multitask_bert import MultitaskBERT, model_metadata, save_multitask_model
 from optimizer import AdamW, weight_decay_groups
@@ -34,7 +34,7 @@ from smart import BregmanTeacher, SmartRegularizer, bregman_momentum
 from tasks import MULTITASK
 from training_args import TrainingArguments, regularized_tasks, resume_free_fields, smart_configs
 
-TRAINING_STATE_FIELDS = {"args": dict, "data_sha256": str, "next_stage": int, "history": list, "best_score": (int, float),
+TRAINING_STATE_FIELDS = {"args": dict, "data_sha256": dict, "next_stage": int, "history": list, "best_score": (int, float),
                          "updates": int, "optimizer": dict, "rng": dict, "smart_skipped_steps": dict}
 SUMMARY_KEYS = ("index", "stage", "train_loss", "seconds", "sst_acc", "qqp_acc", "sts_pearson", "overall")
 
@@ -73,18 +73,15 @@ def predict_examples(model: MultitaskBERT, task: str, examples: list, tokenizer,
     return in_file_order(examples, ids, np.concatenate(predictions))
 
 
-def data_fingerprint(data: dict[str, TaskData], triplets: list) -> str:
-    """SHA-256 of every example a run reads (ids, texts, labels): --resume compares the data itself, so a
-    moved or renamed data folder resumes and a changed file does not."""
-    digest = hashlib.sha256()
-    for task, task_data in data.items():
-        for split in ("train", "dev", "test"):
-            digest.update(f"{task}/{split}\n".encode())
-            for example in getattr(task_data, split) or []:
-                digest.update(repr(example).encode())
-    for triplet in triplets:
-        digest.update(repr(triplet).encode())
-    return digest.hexdigest()
+def data_fingerprints(data: dict[str, TaskData], triplets: list) -> dict[str, str]:
+    """SHA-256 of the examples (ids, texts, labels) of every split a run reads, by 'task/split': --resume
+    compares the data itself, so a moved or renamed data folder resumes and a changed file does not."""
+    parts = {f"{task}/{split}": getattr(task_data, split) for task, task_data in data.items()
+             for split in ("train", "dev", "test") if getattr(task_data, split) is not None}
+    if triplets:
+        parts["simcse/train"] = triplets
+    return {name: hashlib.sha256("".join(map(repr, examples)).encode()).hexdigest()
+            for name, examples in parts.items()}
 
 
 class RestartingLoaders:
@@ -260,17 +257,6 @@ class Trainer:
             metrics["overall"] = overall_score(metrics["sst_acc"], metrics["qqp_acc"], metrics["sts_pearson"])
         return metrics, predictions
 
-    def write_leaderboard_files(self, paths: dict, dev_predictions: dict) -> None:
-        """The six CSVs: dev from the predictions already scored, test predicted now."""
-        for split in ("dev", "test"):
-            for task in MULTITASK:
-                if split == "dev":
-                    ids, predicted, _ = dev_predictions[task]
-                else:
-                    ids, predicted = self.predict(task, self.data[task].test)
-                write_predictions(paths[(task, split)], ids, predicted.tolist(), task)
-                print(f"wrote {paths[(task, split)]} ({len(ids)} rows)")
-
     # -- the whole run ----------------------------------------------------------------------------
     def train(self, stages: list[Stage]) -> None:
         self.total_updates = sum(math.ceil(self.stage_batches(s) / self.args.grad_accumulation_steps) for s in stages)
@@ -316,7 +302,7 @@ class Trainer:
         atomic_save(prefix, tensors, {
             **model_metadata(self.model), "args": dataclasses.asdict(self.args), "next_stage": self.next_stage,
             "history": self.history, "best_score": self.best_score, "updates": self.updates,
-            "data_sha256": data_fingerprint(self.data, self.triplets),
+            "data_sha256": data_fingerprints(self.data, self.triplets),
             "optimizer": optimizer_info, "rng": rng_info,
             "smart_skipped_steps": {t: r.skipped_steps for t, r in self.regularizers.items()}})
 
@@ -327,10 +313,12 @@ class Trainer:
         check_fields(prefix.with_suffix(".json"), metadata, TRAINING_STATE_FIELDS)
         free = resume_free_fields(type(self.args))
         if self.args.lr_schedule != "constant" or (self.regularizers and self.args.smart_momentum is None):
-            free -= {"cycles"}  # the learning rate or SMART's momentum follow the total number of updates
+            saved = metadata["args"].get("cycles")
+            if saved != self.args.cycles:
+                raise CheckpointError(f"cannot resume: --cycles {saved!r} -> {self.args.cycles!r} changes the total "
+                                      "number of updates, which the learning rate or SMART's momentum follows; "
+                                      f"resume with --cycles {saved}")
         check_resume_settings(metadata["args"], dataclasses.asdict(self.args), free)
-        if metadata["data_sha256"] != data_fingerprint(self.data, self.triplets):
-            raise CheckpointError("cannot resume: the data files' content differs from the stopped run's")
         try:
             self._restore(tensors, metadata)
         except (KeyError, IndexError, TypeError, ValueError, RuntimeError) as err:
@@ -340,6 +328,12 @@ class Trainer:
         if done != [stage.label for stage in stages[:len(done)]]:
             raise CheckpointError(f"cannot resume: the stages already done ({', '.join(done)}) do not begin "
                                   "this run's schedule")
+        current = data_fingerprints(self.data, self.triplets)
+        changed = sorted(name for name in current.keys() & metadata["data_sha256"].keys()
+                         if current[name] != metadata["data_sha256"][name])
+        if changed:  # a split only one of the two runs reads cannot have changed what was trained
+            raise CheckpointError(f"cannot resume: the data files' content differs from the stopped run's "
+                                  f"({', '.join(changed)})")
         # A kill between a stage's log line and its checkpoint leaves a record the checkpoint does not
         # have: the checkpoint's history is the truth.
         (self.output_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in self.history),

@@ -72,7 +72,7 @@ def quick_runs(tmp_path_factory):
 
 def test_prediction_files_answer_every_id_once_and_prepare_submit_accepts_them(quick_runs, tmp_path, monkeypatch):
     predictions_dir, _ = quick_runs
-    for name, column_task in submission_predictions("minbert"):
+    for name, column_task, _ in submission_predictions("minbert"):
         _, dataset, split, _ = name.split("-")
         path = predictions_dir / name
         assert path.read_text().splitlines()[0] == "id,Predicted_Sentiment"

@@ -76,7 +76,7 @@ def hex_id(i: int) -> str:
 
 REAL_COUNTS = [("sst", "train", 8544), ("sst", "dev", 1101), ("sst", "test", 2210),
                ("cfimdb", "train", 1707), ("cfimdb", "dev", 245), ("cfimdb", "test", 488),
-               ("quora", "train", 31008), ("quora", "dev", 20212), ("quora", "test", 4000),
+               ("qqp", "train", 31008), ("qqp", "dev", 20212), ("qqp", "test", 4000),
                ("sts", "train", 6040), ("sts", "dev", 863), ("sts", "test", 1725)]
 
 
@@ -89,7 +89,7 @@ def test_real_files_load_every_row_as_the_course_dictreader_reads_it(task, split
         course_rows = list(csv.DictReader(handle, delimiter="\t"))
     assert len(course_rows) == sum(1 for _ in open(path, encoding="utf-8")) - 1  # one physical line per row
 
-    if (task, split) == ("quora", "dev"):
+    if (task, split) == ("qqp", "dev"):
         # The file has two rows whose is_duplicate cell is empty; the course's loader skipped them too.
         with pytest.warns(DataWarning, match=r"quora-dev\.csv: dropped 2 row\(s\).*lines 2577, 14222"):
             examples = load_split(PROTOCOL, task, split)
@@ -98,7 +98,7 @@ def test_real_files_load_every_row_as_the_course_dictreader_reads_it(task, split
     assert len(examples) == expected
 
     columns = ("sentence",) if task in ("sst", "cfimdb") else ("sentence1", "sentence2")
-    label_column = {"sst": "sentiment", "cfimdb": "sentiment", "quora": "is_duplicate", "sts": "similarity"}[task]
+    label_column = {"sst": "sentiment", "cfimdb": "sentiment", "qqp": "is_duplicate", "sts": "similarity"}[task]
     by_id = {row["id"]: row for row in course_rows}
     for example in examples:
         row = by_id[example.id]
@@ -157,14 +157,14 @@ def test_missing_text_column_is_named(tmp_path):
 
 
 @pytest.mark.parametrize("task,label", [("sst", "5"), ("sst", "-1"), ("sst", "2.5"), ("cfimdb", "2"),
-                                        ("cfimdb", "0.5"), ("quora", "0.5"), ("quora", "2.0"),
+                                        ("cfimdb", "0.5"), ("qqp", "0.5"), ("qqp", "2.0"),
                                         ("sts", "5.1"), ("sts", "-0.2"), ("sts", "nan")])
 def test_label_out_of_range(tmp_path, task, label):
     if task in ("sst", "cfimdb"):
         path = sst_file(tmp_path, f"0\t{hex_id(1)}\tgood\t1", f"1\t{hex_id(2)}\tbad\t{label}")
         loader = load_sentence_examples
     else:
-        column = "is_duplicate" if task == "quora" else "similarity"
+        column = "is_duplicate" if task == "qqp" else "similarity"
         path = write(tmp_path, PAIR_HEADER.format(label=column)
                      + f"0\t{hex_id(1)}\ta\tb\t1.0\n1\t{hex_id(2)}\tc\td\t{label}\n")
         loader = load_pair_examples
@@ -182,7 +182,7 @@ def test_label_spellings_of_the_course_files(tmp_path):
     path = sst_file(tmp_path, f"0\t{hex_id(1)}\ta\t3", f"1\t{hex_id(2)}\tb\t3.0", f"2\t{hex_id(3)}\tc\t 0 ")
     assert [e.label for e in load_sentence_examples(path, "sst", "train")] == [3, 3, 0]
     path = write(tmp_path, PAIR_HEADER.format(label="is_duplicate") + f"0\t{hex_id(1)}\ta\tb\t1\n", "q.csv")
-    assert load_pair_examples(path, "quora", "train")[0].label == 1.0
+    assert load_pair_examples(path, "qqp", "train")[0].label == 1.0
 
 
 def test_text_that_is_not_utf8_names_the_line(tmp_path):
@@ -243,7 +243,7 @@ def test_rows_with_an_empty_label_are_dropped_with_a_warning(tmp_path):
     path = write(tmp_path, PAIR_HEADER.format(label="is_duplicate")
                  + f"0\t{hex_id(1)}\ta\tb\t1.0\n1\t{hex_id(2)}\tc\td\t\n")
     with pytest.warns(DataWarning, match=re.escape("dropped 1 row(s) with an empty 'is_duplicate' label (lines 3)")):
-        assert [e.id for e in load_pair_examples(path, "quora", "dev")] == [hex_id(1)]
+        assert [e.id for e in load_pair_examples(path, "qqp", "dev")] == [hex_id(1)]
 
 
 def test_a_file_with_no_usable_rows_is_an_error(tmp_path):
@@ -255,7 +255,7 @@ def test_a_file_with_no_usable_rows_is_an_error(tmp_path):
 def test_unknown_task_or_split(tmp_path):
     path = sst_file(tmp_path, f"0\t{hex_id(1)}\tgood\t3")
     with pytest.raises(ValueError, match="task"):
-        load_sentence_examples(path, "quora", "train")
+        load_sentence_examples(path, "qqp", "train")
     with pytest.raises(ValueError, match="split"):
         load_sentence_examples(path, "sst", "validation")
 
@@ -265,7 +265,7 @@ def test_standard_paths_are_the_course_file_names(tmp_path):
     assert len(paths) == 12
     assert paths[("sst", "test")] == tmp_path / "ids-sst-test-student.csv"
     assert paths[("cfimdb", "train")] == tmp_path / "ids-cfimdb-train.csv"
-    assert paths[("quora", "dev")] == tmp_path / "quora-dev.csv"
+    assert paths[("qqp", "dev")] == tmp_path / "quora-dev.csv"
     assert paths[("sts", "test")] == tmp_path / "sts-test-student.csv"
 
 
@@ -404,7 +404,7 @@ def test_the_real_tokenizer_fits_the_collate_functions():
 
 # ---- demo data ---------------------------------------------------------------------------------------
 
-DEMO_SIZES = {"sst": (160, 40, 40), "cfimdb": (60, 20, 20), "quora": (160, 40, 40), "sts": (160, 40, 40)}
+DEMO_SIZES = {"sst": (160, 40, 40), "cfimdb": (60, 20, 20), "qqp": (160, 40, 40), "sts": (160, 40, 40)}
 
 
 @pytest.mark.parametrize("task", sorted(DEMO_SIZES))
@@ -419,7 +419,7 @@ def test_demo_data_loads_with_sensible_labels(task):
         assert sorted(set(labels)) == [0, 1, 2, 3, 4]
     elif task == "cfimdb":
         assert labels.count(1) == labels.count(0)
-    elif task == "quora":
+    elif task == "qqp":
         assert set(labels) == {0.0, 1.0} and 0.35 <= sum(labels) / len(labels) <= 0.45
     else:
         assert min(labels) <= 0.4 and max(labels) >= 4.8 and all(0 <= x <= 5 for x in labels)

@@ -27,9 +27,9 @@ from evaluation import (
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 HISTORY = [
-    {"stage": "qqp", "sst_acc": 0.20, "para_acc": 0.80, "sts_pearson": 0.70, "train_para_acc": 0.85},
-    {"stage": "sts", "sst_acc": 0.50, "para_acc": 0.75, "sts_pearson": 0.80, "train_sts_pearson": 0.9},
-    {"stage": "sst", "sst_acc": 0.45, "para_acc": 0.70, "sts_pearson": 0.85, "train_sst_acc": 0.6},
+    {"stage": "qqp", "sst_acc": 0.20, "qqp_acc": 0.80, "sts_pearson": 0.70, "train_qqp_acc": 0.85},
+    {"stage": "sts", "sst_acc": 0.50, "qqp_acc": 0.75, "sts_pearson": 0.80, "train_sts_pearson": 0.9},
+    {"stage": "sst", "sst_acc": 0.45, "qqp_acc": 0.70, "sts_pearson": 0.85, "train_sst_acc": 0.6},
 ]
 
 
@@ -99,7 +99,8 @@ def test_default_outputs_are_the_course_cli_paths():
     assert set(DEFAULT_OUTPUTS.values()) == {
         f"predictions/{task}-{split}-output.csv" for task in ("sst", "para", "sts") for split in ("dev", "test")
     }
-    assert {task for task, _ in DEFAULT_OUTPUTS} == set(evaluation.LEADERBOARD_COLUMNS)
+    assert {task for task, _ in DEFAULT_OUTPUTS} == {"sst", "qqp", "sts"}
+    assert set(evaluation.LEADERBOARD_COLUMNS) == {"sst", "qqp", "sts", "cfimdb"}
 
 
 def test_write_predictions_round_trip_keeps_order_and_values(tmp_path):
@@ -120,7 +121,7 @@ def test_similarity_round_trip_precision(tmp_path):
 
 def test_paraphrase_written_as_integers(tmp_path):
     path = tmp_path / "para.csv"
-    write_predictions(path, ["p", "q"], [1.0, 0.0], "quora")
+    write_predictions(path, ["p", "q"], [1.0, 0.0], "qqp")
     assert path.read_text().splitlines() == ["id,Predicted_Is_Paraphrase", "p,1", "q,0"]
 
 
@@ -130,7 +131,7 @@ def test_paraphrase_written_as_integers(tmp_path):
         (["a", "b", "a"], [1, 2, 3], "sst", "repeated ids: a"),
         (["a", "b"], [1], "sst", "2 ids but 1 predictions"),
         (["a"], [2.5], "sst", "not an integer"),
-        (["a"], [2], "quora", "not 0 or 1"),
+        (["a"], [2], "qqp", "not 0 or 1"),
         (["a"], [float("nan")], "sts", "not finite"),
         (["a"], [1], "mnli", "unknown task"),
     ],
@@ -178,10 +179,10 @@ def test_check_rejects_duplicate_ids_in_file(tmp_path):
 
 def test_check_reports_missing_and_extra_ids(tmp_path):
     path = tmp_path / "para.csv"
-    write_predictions(path, ["a", "b", "zz"], [1, 0, 1], "quora")
+    write_predictions(path, ["a", "b", "zz"], [1, 0, 1], "qqp")
     with pytest.raises(PredictionsFileError, match=r"para.csv: 1 missing ids \(c\); 1 unexpected ids \(zz\)"):
-        check_predictions_file(path, ["a", "b", "c"], "quora")
-    assert check_predictions_file(path, ["zz", "b", "a"], "quora") == {"a": 1, "b": 0, "zz": 1}
+        check_predictions_file(path, ["a", "b", "c"], "qqp")
+    assert check_predictions_file(path, ["zz", "b", "a"], "qqp") == {"a": 1, "b": 0, "zz": 1}
 
 
 @pytest.mark.parametrize(
@@ -215,13 +216,13 @@ def test_forgetting_table_best_minus_final():
     assert len(lines) == 2 + len(HISTORY) + 1
     assert lines[2].startswith("| 1. qqp | 0.2000 | 0.8000 | 0.7000 |")
     forgetting = [float(cell) for cell in lines[-1].strip("|").split("|")[1:]]
-    overall = [overall_score(h["sst_acc"], h["para_acc"], h["sts_pearson"]) for h in HISTORY]
+    overall = [overall_score(h["sst_acc"], h["qqp_acc"], h["sts_pearson"]) for h in HISTORY]
     assert forgetting == pytest.approx([0.50 - 0.45, 0.80 - 0.70, 0.0, max(overall) - overall[-1]], abs=1e-4)
 
 
 def test_forgetting_table_rejects_incomplete_history():
     with pytest.raises(ValueError, match="history entry 1 \\(qqp\\) lacks 'sts_pearson'"):
-        forgetting_table_markdown([{"stage": "qqp", "sst_acc": 0.2, "para_acc": 0.8}])
+        forgetting_table_markdown([{"stage": "qqp", "sst_acc": 0.2, "qqp_acc": 0.8}])
     with pytest.raises(ValueError, match="empty"):
         forgetting_table_markdown([])
 
@@ -247,7 +248,7 @@ def test_plot_error_analysis_writes_three_pngs(tmp_path):
         sts_gold + rng.normal(0, 0.5, 50), sts_gold,
         tmp_path,
     )
-    assert sorted(p.name for p in paths) == ["quora_confusion_matrix.png", "sst_error_histogram.png", "sts_scatter.png"]
+    assert sorted(p.name for p in paths) == ["qqp_confusion_matrix.png", "sst_error_histogram.png", "sts_scatter.png"]
     for path in paths:
         _assert_png(path)
 
@@ -277,7 +278,7 @@ def test_prepare_submit_missing_file_is_one_line_error(tmp_path, capsys):
     _write_multitask_predictions(predictions_dir)
     (predictions_dir / "sts-test-output.csv").unlink()
     out = tmp_path / "submission.zip"
-    assert prepare_submit.main(["--predictions_dir", str(predictions_dir), "--out", str(out)]) == 1
+    assert prepare_submit.main(["--predictions_dir", str(predictions_dir), "--out", str(out)]) == 2
     error = capsys.readouterr().err
     assert error.count("\n") == 1 and "sts-test-output.csv: file not found" in error
     assert os.listdir(tmp_path) == ["preds"]
@@ -288,7 +289,7 @@ def test_prepare_submit_rejects_wrong_header(tmp_path, capsys):
     _write_multitask_predictions(predictions_dir)
     (predictions_dir / "para-dev-output.csv").write_text("id,Predicted_Sentiment\na,1\n")
     args = ["--predictions_dir", str(predictions_dir), "--out", str(tmp_path / "s.zip")]
-    assert prepare_submit.main(args) == 1
+    assert prepare_submit.main(args) == 2
     assert "para-dev-output.csv: header" in capsys.readouterr().err
 
 
@@ -296,7 +297,7 @@ def test_prepare_submit_minbert_part(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     for name in prepare_submit.MINBERT_CODE_FILES:
         (tmp_path / name).write_text("# code\n")
-    csv_names = [name for name, _ in prepare_submit.submission_predictions("minbert")]
+    csv_names = [name for name, *_ in prepare_submit.submission_predictions("minbert")]
     for name in csv_names:
         write_predictions(tmp_path / "predictions" / name, ["a", "b"], [1, 0], "sst")
     assert len(csv_names) == 8 and "finetune-cfimdb-test-out.csv" in csv_names
@@ -308,6 +309,6 @@ def test_prepare_submit_minbert_part(tmp_path, monkeypatch, capsys):
         )
 
     (tmp_path / "classifier.py").unlink()
-    assert prepare_submit.main(["--part", "minbert", "--out", "second.zip"]) == 1
+    assert prepare_submit.main(["--part", "minbert", "--out", "second.zip"]) == 2
     assert "classifier.py: file not found" in capsys.readouterr().err
     assert not (tmp_path / "second.zip").exists()

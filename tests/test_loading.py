@@ -9,28 +9,9 @@ from safetensors.torch import save_file
 import base_bert
 from base_bert import BertConfig, CheckpointError, convert_hf_state_dict
 from bert import BertModel
+from conftest import hf_state_dict
 
 SIZES = dict(vocab_size=50, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32)
-
-
-def hf_state_dict(model: BertModel) -> dict:
-    """Write minBERT's weights under Hugging Face names (the inverse of convert_hf_state_dict)."""
-    state = {}
-    for key, value in model.state_dict().items():
-        if ".attention.qkv." in key:
-            layer, kind = key.split(".")[2], key.split(".")[-1]
-            for name, part in zip(("query", "key", "value"), value.chunk(3)):
-                state[f"encoder.layer.{layer}.attention.self.{name}.{kind}"] = part.clone()
-            continue
-        hf = (key.replace("encoder.layers.", "encoder.layer.")
-              .replace("embeddings.layer_norm", "embeddings.LayerNorm")
-              .replace("attention.out_proj", "attention.output.dense")
-              .replace("attention_norm", "attention.output.LayerNorm")
-              .replace("ffn_in", "intermediate.dense")
-              .replace("ffn_out", "output.dense")
-              .replace("output_norm", "output.LayerNorm"))
-        state[hf] = value.clone()
-    return state
 
 
 @pytest.fixture

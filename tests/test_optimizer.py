@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from optimizer import AdamW
+from optimizer import AdamW, weight_decay_groups
 from optimizer_test import (
     COURSE_ATOL,
     COURSE_HYPERPARAMETERS,
@@ -236,3 +236,50 @@ def test_invalid_param_group_override_raises_and_is_not_added():
 def test_optimizer_test_script_passes(capsys):
     assert run_optimizer_test_script() == 0
     assert "Optimizer test passed!" in capsys.readouterr().out
+
+
+# --- weight_decay_groups: BERT's convention -------------------------------------------------------
+
+
+class LayerNormModel(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embedding = torch.nn.Embedding(10, 4)
+        self.linear = torch.nn.Linear(4, 4)
+        self.norm = torch.nn.LayerNorm(4)
+        self.head = torch.nn.Linear(4, 2)
+        self.frozen = torch.nn.Linear(4, 4)
+        for parameter in self.frozen.parameters():
+            parameter.requires_grad = False
+
+
+def test_weight_decay_groups_decay_matrices_and_embeddings_but_not_biases_or_layernorm():
+    model = LayerNormModel()
+    groups = weight_decay_groups(model.named_parameters(), 0.01)
+    names = {id(p): n for n, p in model.named_parameters()}
+    assert [(g["weight_decay"], sorted(names[id(p)] for p in g["params"])) for g in groups] == [
+        (0.01, ["embedding.weight", "head.weight", "linear.weight"]),
+        (0.0, ["head.bias", "linear.bias", "norm.bias", "norm.weight"]),
+    ]  # the frozen layer is in neither
+
+
+def test_weight_decay_groups_drop_an_empty_group():
+    model = torch.nn.LayerNorm(3)
+    assert [g["weight_decay"] for g in weight_decay_groups(model.named_parameters(), 0.1)] == [0.0]
+    model.weight.requires_grad = model.bias.requires_grad = False
+    assert weight_decay_groups(model.named_parameters(), 0.1) == []
+
+
+def test_adamw_on_the_groups_leaves_1d_parameters_undecayed():
+    model = LayerNormModel()
+    optimizer = AdamW(weight_decay_groups(model.named_parameters(), 0.5), lr=0.1)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    for parameter in model.parameters():
+        if parameter.requires_grad:
+            parameter.grad = torch.zeros_like(parameter)  # only the decay can move a parameter
+    optimizer.step()
+    for name, parameter in model.named_parameters():
+        if parameter.requires_grad and parameter.dim() >= 2:
+            torch.testing.assert_close(parameter, before[name] * (1 - 0.1 * 0.5))
+        else:
+            assert torch.equal(parameter, before[name]), name

@@ -4,8 +4,11 @@ import json
 import pytest
 
 import multitask_classifier as mc
-from datasets import standard_paths
+from conftest import output_flags
+from datasets import load_task_data, standard_paths
 from evaluation import check_predictions_file
+from tasks import MULTITASK
+from training_args import data_paths
 
 pytestmark = pytest.mark.slow
 
@@ -23,13 +26,13 @@ def head_of(source, target, rows):
 def real_subset(protocol_dir, tmp_path_factory):
     folder = tmp_path_factory.mktemp("protocol_subset")
     for (task, split), path in standard_paths(folder).items():
-        if task in mc.TASKS:
+        if task in MULTITASK:
             head_of(protocol_dir / path.name, path, ROWS[split])
     return folder
 
 
 def test_short_real_run_answers_every_id_and_learns(real_subset, tmp_path):
-    outputs = {flag: tmp_path / f"{flag}.csv" for flag in mc.OUT_FLAGS.values()}
+    outputs = {flag: tmp_path / f"{flag}.csv" for flag in output_flags().values()}
     argv = ["--data_dir", str(real_subset), "--pretrained", "minilm-l6", "--option", "finetune", "--quiet",
             "--batch_size", "16", "--lr", "5e-5", "--hidden_dropout_prob", "0.1", "--max_length", "48",
             "--first_stages", "sst,sts", "--cycles", "0", "--smart", "--output_dir", str(tmp_path / "run")]
@@ -37,9 +40,10 @@ def test_short_real_run_answers_every_id_and_learns(real_subset, tmp_path):
         argv += [f"--{flag}", str(path)]
     assert mc.main(argv) == 0
 
-    for (task, split), flag in mc.OUT_FLAGS.items():
-        examples = mc.load_task_data(mc.parse_args(argv), set())[task]
-        expected = [e.id for e in getattr(examples, split)]
+    args = mc.parse_args(argv)
+    data = load_task_data(data_paths(args.data_dir, args.data_files, MULTITASK), MULTITASK, set())
+    for (task, split), flag in output_flags().items():
+        expected = [e.id for e in getattr(data[task], split)]
         check_predictions_file(outputs[flag], expected, task)
 
     history = json.loads((tmp_path / "run" / "history.json").read_text())

@@ -13,6 +13,7 @@ from smart import (
     SmartConfig,
     SmartRegularizer,
     adversarial_regularizer,
+    bregman_momentum,
     find_perturbation,
     squared_error,
     symmetric_kl_bernoulli,
@@ -478,7 +479,7 @@ def train(config, optimizer_class, tasks=("sentiment", "paraphrase", "similarity
                 )
             loss.backward()
             optimizer.step()
-            if regularizer is not None:
+            if regularizer is not None and regularizer.teacher is not None:
                 regularizer.teacher.update(model)
     return model, regularizer
 
@@ -546,3 +547,10 @@ def test_regularizers_of_one_model_can_share_one_teacher():
     second = SmartRegularizer(model, SmartConfig(adv_weight=5.0), shared)
     assert first.teacher is shared and second.teacher is shared
     assert SmartRegularizer(model, SmartConfig(bregman_weight=0.0), shared).teacher is None
+
+
+def test_bregman_momentum_schedule():
+    assert [bregman_momentum(u, 50) for u in (0, 4, 5, 49)] == [0.99, 0.99, 0.999, 0.999]
+    assert [bregman_momentum(u, 7) for u in range(3)] == [0.99, 0.999, 0.999]  # 0.1 * 7 = 0.7: update 0 only
+    assert bregman_momentum(0, 100, 0.9) == bregman_momentum(99, 100, 0.9) == 0.9
+    assert bregman_momentum(3, 10, 0.0) == 0.0  # vanilla BPP stays fixed too

@@ -1,0 +1,88 @@
+"""checkpoint.py: atomic safetensors + JSON pairs, optimizer and RNG state round trips, the resume check."""
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from base_bert import CheckpointError
+from checkpoint import (atomic_save, check_resume_settings, optimizer_state, read_checkpoint, restore_optimizer,
+                        restore_rng, rng_state)
+from optimizer import AdamW
+
+
+def test_checkpoint_halves_from_different_saves_are_detected(tmp_path):
+    atomic_save(tmp_path / "a", {"w": torch.zeros(2)}, {"n": 1})
+    atomic_save(tmp_path / "b", {"w": torch.ones(2)}, {"n": 2})
+    assert read_checkpoint(tmp_path / "a")[1]["n"] == 1
+    (tmp_path / "b.json").replace(tmp_path / "a.json")  # as if the JSON write of a later save finished alone
+    with pytest.raises(CheckpointError, match="come from different saves"):
+        read_checkpoint(tmp_path / "a")
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_round_trip_and_missing_half(tmp_path):
+    tensors = {"w": torch.arange(6.0).reshape(2, 3), "b": torch.tensor([1, 2], dtype=torch.int64)}
+    atomic_save(tmp_path / "sub" / "ckpt", tensors, {"path": tmp_path, "x": [1, 2]})  # non-JSON values as str
+    read, metadata = read_checkpoint(tmp_path / "sub" / "ckpt")
+    assert read.keys() == tensors.keys() and all(torch.equal(read[k], tensors[k]) for k in tensors)
+    assert metadata["path"] == str(tmp_path) and metadata["x"] == [1, 2]
+    (tmp_path / "sub" / "ckpt.json").unlink()
+    with pytest.raises(CheckpointError, match="ckpt.json"):
+        read_checkpoint(tmp_path / "sub" / "ckpt")
+
+
+def test_optimizer_state_round_trips_and_continues_identically(tmp_path):
+    def make():
+        torch.manual_seed(0)
+        model = torch.nn.Linear(3, 2)
+        return model, AdamW([{"params": [model.weight], "weight_decay": 0.1},
+                             {"params": [model.bias], "weight_decay": 0.0}], lr=1e-2)
+
+    def step(model, optimizer, seed):
+        torch.manual_seed(seed)
+        model(torch.randn(4, 3)).square().sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+    model, optimizer = make()
+    for seed in range(3):
+        step(model, optimizer, seed)
+    tensors, info = optimizer_state(optimizer)
+    atomic_save(tmp_path / "opt", {**tensors, **{f"model.{k}": v for k, v in model.state_dict().items()}}, info)
+    step(model, optimizer, 3)
+
+    tensors, info = read_checkpoint(tmp_path / "opt")
+    restored_model, restored = make()
+    restored_model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
+    restore_optimizer(restored, tensors, info)
+    assert [g["weight_decay"] for g in restored.param_groups] == [0.1, 0.0]
+    step(restored_model, restored, 3)
+    assert torch.equal(restored_model.weight, model.weight) and torch.equal(restored_model.bias, model.bias)
+
+
+def test_rng_state_round_trips_every_generator(tmp_path):
+    random.seed(1), np.random.seed(2), torch.manual_seed(3)
+    tensors, info = rng_state()
+    atomic_save(tmp_path / "rng", tensors, info)
+    expected = (random.random(), np.random.rand(), torch.rand(1).item())
+    random.seed(9), np.random.seed(9), torch.manual_seed(9)
+    tensors, info = read_checkpoint(tmp_path / "rng")
+    restore_rng(tensors, info)
+    assert (random.random(), np.random.rand(), torch.rand(1).item()) == expected
+
+
+def test_resume_check_names_the_changed_settings_and_ignores_free_ones():
+    saved = {"lr": 1e-3, "cycles": 2, "quiet": False, "output_dir": "runs/a"}
+    check_resume_settings(saved, {**saved, "quiet": True, "output_dir": "runs/b/"}, free={"quiet", "output_dir"})
+    with pytest.raises(CheckpointError, match=r"cannot resume: 2 flag\(s\) differ .*--cycles 2 -> 3, --lr 0.001 -> 0.01"):
+        check_resume_settings(saved, {**saved, "lr": 1e-2, "cycles": 3}, free={"quiet"})
+    with pytest.raises(CheckpointError, match="--pooling None -> 'mean'"):  # a setting the stopped run did not have
+        check_resume_settings(saved, {**saved, "pooling": "mean"}, free=set())
+
+
+def test_resume_check_compares_values_as_they_read_back_from_json():
+    from pathlib import Path
+    saved = {"data_files": {"sst_train": None}, "simcse_data": ["a.csv"], "output_dir": "x"}
+    check_resume_settings(saved, {"data_files": {"sst_train": None}, "simcse_data": ["a.csv"],
+                                  "output_dir": Path("x")}, free=set())

@@ -1,0 +1,270 @@
+"""Bad input, kills and corrupted files: one clear line and exit code 2, never a traceback or a lost row."""
+import json
+import os
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import checkpoint
+import multitask_classifier as mc
+import prepare_submit
+from base_bert import CheckpointError
+from checkpoint import atomic_save, read_checkpoint
+from conftest import DEMO
+from datasets import DataError, load_examples, standard_paths
+from evaluation import write_predictions
+from tokenizer import BertTokenizer
+
+
+def quick_flags(checkpoint_dir, out, *extra) -> list[str]:
+    flags = ["--data_dir", str(DEMO), "--pretrained", str(checkpoint_dir), "--option", "finetune", "--quiet",
+             "--max_train_examples", "16", "--max_length", "32", "--batch_size", "8", "--first_stages", "sst",
+             "--cycle", "sts", "--cycles", "1", "--output_dir", str(out / "run")]
+    for task in ("sst", "para", "sts"):
+        for split in ("dev", "test"):
+            flags += [f"--{task}_{split}_out", str(out / f"{task}-{split}.csv")]
+    return flags + list(extra)
+
+
+def one_error_line(capsys) -> str:
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+# -- data files --------------------------------------------------------------------------------------
+
+
+def test_a_stray_quote_that_would_swallow_rows_is_an_error_at_its_line(tmp_path):
+    lines = (DEMO / "ids-sst-dev.csv").read_text().splitlines(keepends=True)
+    fields = lines[3].split("\t")
+    fields[2] = '"' + fields[2]  # the next quote is rows later: the csv module would merge those rows
+    lines[3] = "\t".join(fields)
+    (tmp_path / "ids-sst-dev.csv").write_text("".join(lines))
+    with pytest.raises(DataError, match=r"ids-sst-dev.csv:4: a double quote opens a field that runs on"):
+        load_examples(tmp_path / "ids-sst-dev.csv", "sst", "dev")
+
+
+def test_quoted_fields_of_the_course_format_still_read_as_one_row_each(tmp_path):
+    path = tmp_path / "sts-dev.csv"
+    path.write_text('\tid\tsentence1\tsentence2\tsimilarity\n'
+                    '0\ta1\t"He said ""hi"" twice."\tHello.\t3.0\n1\ta2\tPlain.\t"Quoted, fine"\t1.0\n')
+    examples = load_examples(path, "sts", "dev")
+    assert [e.sentence1 for e in examples] == ['He said "hi" twice.', "Plain."]
+
+
+# -- checkpoints -------------------------------------------------------------------------------------
+
+
+def test_a_kill_between_the_two_moves_leaves_the_new_checkpoint_readable(tmp_path, monkeypatch):
+    atomic_save(tmp_path / "last", {"w": torch.zeros(2)}, {"n": 1})
+    real_replace, calls = os.replace, []
+
+    def killed_at_the_second_move(source, target):
+        calls.append(target)
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # the process dies here
+        real_replace(source, target)
+    monkeypatch.setattr(checkpoint.os, "replace", killed_at_the_second_move)
+    with pytest.raises(KeyboardInterrupt):
+        atomic_save(tmp_path / "last", {"w": torch.ones(2)}, {"n": 2})
+    monkeypatch.setattr(checkpoint.os, "replace", real_replace)
+    tensors, metadata = read_checkpoint(tmp_path / "last")  # finishes the interrupted save
+    assert metadata["n"] == 2 and torch.equal(tensors["w"], torch.ones(2))
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_a_kill_before_the_first_move_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
+    atomic_save(tmp_path / "last", {"w": torch.zeros(2)}, {"n": 1})
+
+    def killed(source, target):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(checkpoint.os, "replace", killed)
+    with pytest.raises(KeyboardInterrupt):
+        atomic_save(tmp_path / "last", {"w": torch.ones(2)}, {"n": 2})
+    monkeypatch.undo()
+    tensors, metadata = read_checkpoint(tmp_path / "last")
+    assert metadata["n"] == 1 and torch.equal(tensors["w"], torch.zeros(2))
+
+
+def test_flipped_bytes_in_the_weights_are_refused(tmp_path):
+    atomic_save(tmp_path / "best", {"w": torch.arange(64, dtype=torch.float32)}, {})
+    weights = tmp_path / "best.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-5] ^= 0x01
+    weights.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="SHA-256 differs"):
+        read_checkpoint(tmp_path / "best")
+
+
+def test_non_finite_weights_are_refused_naming_the_tensor(tmp_path):
+    atomic_save(tmp_path / "best", {"encoder.w": torch.tensor([1.0, float("nan")]), "b": torch.ones(1)}, {})
+    with pytest.raises(CheckpointError, match="tensor 'encoder.w' holds NaN"):
+        read_checkpoint(tmp_path / "best")
+
+
+@pytest.mark.parametrize("edit, problem", [
+    (lambda m: [m], "expected a JSON object, found a list"),
+    (lambda m: {k: v for k, v in m.items() if k != "args"}, "field 'args' is missing"),
+    (lambda m: {**m, "next_stage": "two"}, "field 'next_stage' must be int, found str"),
+    (lambda m: {**m, "history": {}}, "field 'history' must be list"),
+])
+def test_a_hand_edited_last_json_is_one_clear_line(tiny_checkpoint, tmp_path, capsys, edit, problem):
+    assert mc.main(quick_flags(tiny_checkpoint, tmp_path, "--stop_after_stages", "1")) == 0
+    info = tmp_path / "run" / "last.json"
+    info.write_text(json.dumps(edit(json.loads(info.read_text()))))
+    capsys.readouterr()
+    assert mc.main(quick_flags(tiny_checkpoint, tmp_path, "--resume")) == 2
+    assert problem in one_error_line(capsys)
+
+
+def test_a_removed_tensor_is_named(tiny_checkpoint, tmp_path, capsys):
+    assert mc.main(quick_flags(tiny_checkpoint, tmp_path, "--stop_after_stages", "1")) == 0
+    prefix = tmp_path / "run" / "best"
+    tensors = load_file(prefix.with_suffix(".safetensors"))
+    metadata = json.loads(prefix.with_suffix(".json").read_text())
+    del tensors["sentiment_head.bias"]
+    atomic_save(prefix, tensors, {k: v for k, v in metadata.items() if k != "sha256"})
+    with pytest.raises(CheckpointError, match="sentiment_head.bias"):
+        mc.load_multitask_model(prefix)
+
+
+# -- the command lines ---------------------------------------------------------------------------------
+
+
+def test_resume_before_any_checkpoint_says_to_start_without_it(tmp_path, capsys, model_must_not_load):
+    assert mc.main(["--data_dir", str(DEMO), "--output_dir", str(tmp_path / "run"), "--resume"]) == 2
+    assert "nothing to resume yet" in one_error_line(capsys)
+
+
+def test_ctrl_c_says_how_to_continue(tiny_checkpoint, tmp_path, capsys, monkeypatch):
+    def interrupted(self, stages):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(mc.Trainer, "train", interrupted)
+    assert mc.main(quick_flags(tiny_checkpoint, tmp_path)) == 130
+    err = capsys.readouterr().err
+    assert "interrupted" in err and "--resume" in err and "Traceback" not in err
+
+
+def test_a_duplicate_stage_record_from_a_kill_is_dropped_on_resume(tiny_checkpoint, tmp_path):
+    assert mc.main(quick_flags(tiny_checkpoint, tmp_path, "--stop_after_stages", "1")) == 0
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    lines = metrics.read_text().splitlines()
+    # A kill after stage 2's log line and before its checkpoint: the record is in metrics.jsonl only.
+    metrics.write_text("\n".join(lines + [json.dumps({"stage": "sts", "index": 2, "overall": 0.5})]) + "\n")
+    assert mc.main(quick_flags(tiny_checkpoint, tmp_path, "--resume")) == 0
+    stages = [json.loads(line)["stage"] for line in metrics.read_text().splitlines()]
+    assert stages == ["pretrained", "sst", "sts"]
+
+
+@pytest.mark.parametrize("where", ["output_dir", "prediction"])
+def test_an_output_path_under_a_file_fails_before_the_model_loads(tmp_path, capsys, model_must_not_load, where):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("x")
+    flags = ["--data_dir", str(DEMO), "--output_dir", str(tmp_path / "run")]
+    flags += ["--output_dir", str(blocker / "run")] if where == "output_dir" else ["--sst_dev_out", str(blocker / "x.csv")]
+    assert mc.main(flags) == 2
+    assert "is a file, not a folder" in one_error_line(capsys)
+
+
+@pytest.mark.parametrize("change, problem", [
+    ({"num_attention_heads": 5}, "not a multiple of num_attention_heads 5"),
+    ({"hidden_act": "relu"}, "hidden_act 'relu' is not supported"),
+    ({"hidden_size": "32"}, "hidden_size must be a whole number"),
+])
+def test_a_bad_pretrained_config_is_one_line(tiny_checkpoint, tmp_path, capsys, change, problem):
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_checkpoint, broken)
+    config = json.loads((broken / "config.json").read_text())
+    (broken / "config.json").write_text(json.dumps({**config, **change}))
+    assert mc.main(quick_flags(broken, tmp_path)) == 2
+    line = one_error_line(capsys)
+    assert "config.json: cannot use the model config" in line and problem in line
+
+
+def test_a_bad_tokenizer_json_is_one_line(tiny_checkpoint, tmp_path):
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_checkpoint, broken)
+    (broken / "tokenizer.json").write_text("{not json")
+    with pytest.raises(CheckpointError, match="cannot read the tokenizer"):
+        BertTokenizer.from_pretrained(broken)
+
+
+def test_max_length_beyond_the_positions_fails_in_the_classifier_too(tmp_path, capsys):
+    import classifier
+    flags = ["--pretrained", "minilm-l6", "--data_dir", str(DEMO), "--max_length", "600",
+             "--output_dir", str(tmp_path / "run"), "--predictions_dir", str(tmp_path / "p")]
+    assert classifier.main(flags) == 2
+    assert "--max_length 600 is longer than the 512 positions" in one_error_line(capsys)
+
+
+def test_prediction_csvs_are_readable_by_other_users(tmp_path):
+    previous = os.umask(0o022)
+    try:
+        write_predictions(tmp_path / "sst-dev-output.csv", ["a"], [1], "sst")
+    finally:
+        os.umask(previous)
+    assert (tmp_path / "sst-dev-output.csv").stat().st_mode & 0o777 == 0o644
+
+
+# -- prepare_submit ------------------------------------------------------------------------------------
+
+
+def complete_predictions(directory):
+    for (task, split), path in prepare_submit.DEFAULT_OUTPUTS.items():
+        ids = [e.id for e in load_examples(standard_paths(DEMO)[(task, split)], task, split)]
+        write_predictions(directory / os.path.basename(path), ids, [2.5 if task == "sts" else 0] * len(ids), task)
+
+
+@pytest.mark.parametrize("damage, problem", [
+    (lambda p: p.write_text("id,Predicted_Sentiment\n"), "a header but no predictions"),
+    (lambda p: p.write_text("\n".join(p.read_text().splitlines()[:3]) + "\n"), "missing ids"),
+    (lambda p: p.write_text(p.read_text().replace(",0\n", ",7\n", 1)), "invalid Predicted_Sentiment value '7'"),
+])
+def test_prepare_submit_refuses_incomplete_or_invalid_files(tmp_path, capsys, damage, problem):
+    predictions = tmp_path / "predictions"
+    predictions.mkdir()
+    complete_predictions(predictions)
+    args = ["--predictions_dir", str(predictions), "--data_dir", str(DEMO), "--out", str(tmp_path / "s.zip")]
+    assert prepare_submit.main(args) == 0
+    damage(predictions / "sst-dev-output.csv")
+    capsys.readouterr()
+    assert prepare_submit.main(args[:-1] + [str(tmp_path / "t.zip")]) == 2
+    line = one_error_line(capsys)
+    assert "sst-dev-output.csv" in line and problem in line
+    assert not (tmp_path / "t.zip").exists()
+
+
+def test_resume_reads_the_data_by_content_not_by_path(tiny_checkpoint, tmp_path, capsys):
+    data = tmp_path / "data"
+    shutil.copytree(DEMO, data)
+    flags = quick_flags(tiny_checkpoint, tmp_path)
+    flags[flags.index("--data_dir") + 1] = str(data)
+    assert mc.main(flags + ["--stop_after_stages", "1"]) == 0
+    moved = tmp_path / "moved" / "data"
+    shutil.move(data, moved)
+    flags[flags.index("--data_dir") + 1] = str(moved) + "/"
+    assert mc.main(flags + ["--stop_after_stages", "2", "--resume"]) == 0
+    sts_dev = moved / "sts-dev.csv"
+    lines = sts_dev.read_text().splitlines(keepends=True)
+    lines[1] = lines[1].replace("\t", "\tchanged ", 2).replace("\tchanged ", "\t", 1)  # one sentence edited
+    sts_dev.write_text("".join(lines))
+    capsys.readouterr()
+    assert mc.main(flags + ["--resume"]) == 2
+    assert "data files' content differs" in one_error_line(capsys)
+
+
+def test_dev_rows_without_a_label_are_named_in_the_end_of_run_summary(tiny_checkpoint, tmp_path, capsys):
+    data = tmp_path / "data"
+    shutil.copytree(DEMO, data)
+    lines = (data / "quora-dev.csv").read_text().splitlines(keepends=True)
+    lines[2] = "\t".join(lines[2].rstrip("\n").split("\t")[:-1] + [""]) + "\n"  # the label cell emptied
+    (data / "quora-dev.csv").write_text("".join(lines))
+    flags = quick_flags(tiny_checkpoint, tmp_path)
+    flags[flags.index("--data_dir") + 1] = str(data)
+    assert mc.main(flags) == 0
+    out = capsys.readouterr().out
+    assert "note: not in the predictions: " in out and "quora-dev.csv: dropped 1 row(s)" in out
+    assert len((tmp_path / "para-dev.csv").read_text().splitlines()) == 1 + 39

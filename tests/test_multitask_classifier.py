@@ -1,0 +1,333 @@
+"""multitask_classifier.py: whole command-line runs through main() on data/demo with a tiny random BERT."""
+import json
+import math
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import multitask_classifier as mc
+from bert import BertModel
+from conftest import DEMO, MAX_LENGTH, demo_examples, output_flags
+from datasets import collate_pairs, collate_sentences
+from evaluation import check_predictions_file
+from multitask_bert import load_multitask_model
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def run_flags(checkpoint, out, *extra) -> list[str]:
+    flags = ["--data_dir", str(DEMO), "--pretrained", str(checkpoint), "--option", "finetune", "--quiet",
+             "--max_train_examples", "24", "--max_length", str(MAX_LENGTH), "--batch_size", "8", "--lr", "1e-3",
+             "--smart", "--first_stages", "qqp", "--cycle", "sts,sst:0.5", "--cycles", "1",
+             "--output_dir", str(out / "run")]
+    for flag in output_flags().values():
+        flags += [f"--{flag}", str(out / f"{flag}.csv")]
+    return flags + list(extra)
+
+
+def read_csv_outputs(out) -> dict[str, str]:
+    return {flag: (out / f"{flag}.csv").read_text() for flag in output_flags().values()}
+
+
+def read_records(run) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def metrics_without_times(run) -> list[dict]:
+    return [{k: v for k, v in record.items() if k != "seconds"} for record in read_records(run)]
+
+
+def exit_code(argv) -> int:
+    """main's exit code, whether it returns it or argparse exits with it (flags are checked while parsing)."""
+    try:
+        return mc.main(argv)
+    except SystemExit as exit:
+        return exit.code
+
+
+def assert_same_training_state(expected_run, got_run):
+    expected = load_file(expected_run / "last.safetensors")
+    got = load_file(got_run / "last.safetensors")
+    assert expected.keys() == got.keys()
+    assert any(k.startswith("teacher.") for k in expected) and any(k.startswith("optimizer.") for k in expected)
+    for key in expected:
+        if not key.startswith("rng."):  # the generators are compared by what they draw next, below
+            assert torch.equal(expected[key], got[key]), key
+    assert torch.equal(expected["rng.torch"], got["rng.torch"])
+
+
+@pytest.fixture(scope="module")
+def straight(tiny_checkpoint, tmp_path_factory):
+    """One uninterrupted default run (read-only for the tests that compare with it)."""
+    out = tmp_path_factory.mktemp("straight")
+    assert mc.main(run_flags(tiny_checkpoint, out)) == 0
+    return out
+
+
+def test_end_to_end_with_smart(straight, tokenizer):
+    run = straight / "run"
+    written = {}
+    for (task, split), flag in output_flags().items():
+        ids = [e.id for e in demo_examples(task, split)]
+        written[(task, split)] = check_predictions_file(straight / f"{flag}.csv", ids, task)
+    records = read_records(run)
+    assert [r["stage"] for r in records] == ["pretrained", "qqp", "sts", "sst@0.5"]
+    assert all(math.isfinite(r["train_loss"]) for r in records[1:])
+    assert all({"qqp_acc", "qqp_f1"} <= r.keys() and "para_acc" not in r for r in records)
+    assert len(json.loads((run / "history.json").read_text())) == 4
+    assert (run / "forgetting_matrix.png").stat().st_size > 0
+    assert (run / "qqp_confusion_matrix.png").stat().st_size > 0
+
+    best = json.loads((run / "best.json").read_text())
+    assert best["metrics"]["overall"] == max(r["overall"] for r in records[1:])
+    model = load_multitask_model(run / "best").eval()
+    sst, para, sts = (demo_examples(task, "dev") for task in ("sst", "qqp", "sts"))
+    with torch.no_grad():
+        sentiment = model("sst", collate_sentences(sst, tokenizer, MAX_LENGTH)).argmax(-1)
+        duplicate = model("qqp", collate_pairs(para, tokenizer, MAX_LENGTH)) > 0
+        similarity = model.objectives["sts"].decode(model("sts", collate_pairs(sts, tokenizer, MAX_LENGTH)))
+    assert [written[("sst", "dev")][e.id] for e in sst] == sentiment.tolist()
+    assert [written[("qqp", "dev")][e.id] for e in para] == duplicate.long().tolist()
+    np.testing.assert_allclose([written[("sts", "dev")][e.id] for e in sts], similarity.numpy(), atol=1e-4)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Resuming
+
+
+def test_resume_ends_bitwise_equal_to_an_uninterrupted_run(tiny_checkpoint, straight, tmp_path):
+    interrupted = tmp_path / "interrupted"
+    assert mc.main(run_flags(tiny_checkpoint, interrupted, "--stop_after_stages", "2")) == 0
+    assert json.loads((interrupted / "run" / "last.json").read_text())["next_stage"] == 2
+    assert not (interrupted / "sst_dev_out.csv").exists()
+    assert mc.main(run_flags(tiny_checkpoint, interrupted, "--resume")) == 0
+
+    expected = load_file(straight / "run" / "last.safetensors")
+    got = load_file(interrupted / "run" / "last.safetensors")
+    assert expected.keys() == got.keys()
+    assert any(k.startswith("teacher.") for k in expected) and any(k.startswith("optimizer.") for k in expected)
+    for key in expected:
+        assert torch.equal(expected[key], got[key]), key
+    assert metrics_without_times(straight / "run") == metrics_without_times(interrupted / "run")
+    assert read_csv_outputs(straight) == read_csv_outputs(interrupted)
+
+
+@pytest.mark.parametrize("spelling", ["moved, trailing slash", "relative with ./"])
+def test_resume_from_a_moved_or_respelled_run_folder(tiny_checkpoint, straight, tmp_path, monkeypatch, spelling):
+    out = tmp_path / "interrupted"
+    assert mc.main(run_flags(tiny_checkpoint, out, "--stop_after_stages", "2")) == 0
+    if spelling.startswith("moved"):
+        shutil.move(out / "run", out / "moved")
+        run, output_dir = out / "moved", str(out / "moved") + "/"
+    else:
+        monkeypatch.chdir(tmp_path)
+        run, output_dir = out / "run", "./interrupted/run"
+    assert mc.main(run_flags(tiny_checkpoint, out, "--resume", "--output_dir", output_dir)) == 0
+    assert_same_training_state(straight / "run", run)
+    assert metrics_without_times(straight / "run") == metrics_without_times(run)
+    assert read_csv_outputs(straight) == read_csv_outputs(out)
+
+
+def test_resume_with_a_different_setup_is_a_clear_error(tiny_checkpoint, tmp_path, capsys):
+    assert mc.main(run_flags(tiny_checkpoint, tmp_path, "--stop_after_stages", "1")) == 0
+    flags = [f for f in run_flags(tiny_checkpoint, tmp_path, "--resume") if f != "--smart"]
+    assert mc.main(flags + ["--pair_encoder", "cross"]) == 2
+    assert "cannot resume: 2 flag(s) differ" in capsys.readouterr().err
+
+
+def test_resume_accepts_flags_that_do_not_change_the_result(tiny_checkpoint, tmp_path):
+    assert mc.main(run_flags(tiny_checkpoint, tmp_path, "--stop_after_stages", "1")) == 0
+    assert mc.main(run_flags(tiny_checkpoint, tmp_path, "--resume", "--eval_batch_size", "7")) == 0
+
+
+def test_resume_with_fewer_cycles_equals_the_shorter_run(tiny_checkpoint, tmp_path):
+    # A fixed SMART momentum: nothing in the run then depends on the total number of updates.
+    short, cut = tmp_path / "short", tmp_path / "cut"
+    assert mc.main(run_flags(tiny_checkpoint, short, "--cycles", "1", "--smart_momentum", "0.99")) == 0
+    assert mc.main(run_flags(tiny_checkpoint, cut, "--cycles", "2", "--stop_after_stages", "2",
+                             "--smart_momentum", "0.99")) == 0
+    assert mc.main(run_flags(tiny_checkpoint, cut, "--cycles", "1", "--resume", "--smart_momentum", "0.99")) == 0
+    assert read_csv_outputs(short) == read_csv_outputs(cut)
+
+
+def test_resume_with_fewer_cycles_that_read_fewer_train_sets(tiny_checkpoint, tmp_path):
+    # Stopped after the QQP stage of a run whose cycles would also train STS and SST; resumed with no cycles,
+    # it has nothing left to train (the STS and SST train files are then not even read) and must end as a
+    # run with no cycles does.
+    flags = ["--smart_momentum", "0.99"]
+    short, cut = tmp_path / "short", tmp_path / "cut"
+    assert mc.main(run_flags(tiny_checkpoint, short, "--cycles", "0", *flags)) == 0
+    assert mc.main(run_flags(tiny_checkpoint, cut, "--cycles", "1", "--stop_after_stages", "1", *flags)) == 0
+    assert mc.main(run_flags(tiny_checkpoint, cut, "--cycles", "0", "--resume", *flags)) == 0
+    assert read_csv_outputs(short) == read_csv_outputs(cut)
+
+
+@pytest.mark.parametrize("schedule", [[], ["--smart_momentum", "0.99", "--lr_schedule", "linear"]],
+                         ids=["scheduled SMART momentum", "linear learning rate"])
+def test_changing_cycles_on_resume_is_refused_when_the_run_follows_its_total_updates(tiny_checkpoint, tmp_path,
+                                                                                       capsys, schedule):
+    assert mc.main(run_flags(tiny_checkpoint, tmp_path, "--cycles", "2", "--stop_after_stages", "2", *schedule)) == 0
+    capsys.readouterr()
+    assert mc.main(run_flags(tiny_checkpoint, tmp_path, "--cycles", "1", "--resume", *schedule)) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "cannot resume" in lines[0] and "--cycles 2 -> 1" in lines[0]
+    assert json.loads((tmp_path / "run" / "last.json").read_text())["next_stage"] == 2  # untouched
+
+
+def test_resume_refuses_a_schedule_that_does_not_extend_the_stages_done(tiny_checkpoint, tmp_path, capsys):
+    flags = ["--smart_momentum", "0.99"]  # so that --cycles may change at all
+    assert mc.main(run_flags(tiny_checkpoint, tmp_path, "--cycles", "2", "--stop_after_stages", "3", *flags)) == 0
+    assert mc.main(run_flags(tiny_checkpoint, tmp_path, "--cycles", "0", "--resume", *flags)) == 2
+    assert "do not begin this run's schedule" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------------
+# Other schedules and options
+
+
+def test_annealed_schedule_end_to_end(tiny_checkpoint, tmp_path):
+    assert mc.main(run_flags(tiny_checkpoint, tmp_path, "--schedule", "annealed", "--epochs", "2",
+                             "--max_train_examples", "16")) == 0
+    records = read_records(tmp_path / "run")
+    assert [r["stage"] for r in records] == ["pretrained", "multitask-1", "multitask-2"]
+    for (task, split), flag in output_flags().items():
+        check_predictions_file(tmp_path / f"{flag}.csv", [e.id for e in demo_examples(task, split)], task)
+
+
+def test_round_robin_with_pcgrad_runs_end_to_end(tiny_checkpoint, tmp_path):
+    assert mc.main(run_flags(tiny_checkpoint, tmp_path, "--schedule", "round_robin", "--pcgrad", "--epochs", "1")) == 0
+    history = json.loads((tmp_path / "run" / "history.json").read_text())
+    assert [h["stage"] for h in history] == ["pretrained", "multitask-1"]
+
+
+def test_pcgrad_needs_round_robin(tiny_checkpoint, tmp_path, capsys):
+    assert exit_code(run_flags(tiny_checkpoint, tmp_path, "--schedule", "annealed", "--pcgrad")) == 2
+    assert "--pcgrad needs --schedule round_robin" in capsys.readouterr().err
+
+
+def test_pretrain_option_freezes_bert_and_trains_the_heads(tiny_checkpoint, tmp_path):
+    # The default schedule's STS stage has no trainable weight here (the SBERT cosine); it must not crash.
+    assert mc.main(run_flags(tiny_checkpoint, tmp_path, "--option", "pretrain")) == 0
+    state = load_file(tmp_path / "run" / "last.safetensors")
+    for key, value in BertModel.from_pretrained(tiny_checkpoint).state_dict().items():
+        assert torch.equal(state[f"model.bert.{key}"], value), key
+    trained_steps = json.loads((tmp_path / "run" / "last.json").read_text())["optimizer"]["steps"]
+    assert len(trained_steps) == 4  # weight and bias of the sentiment and paraphrase heads
+
+
+def test_simcse_stage_trains_the_encoder(tiny_checkpoint, tmp_path):
+    triplets = tmp_path / "triplets.csv"
+    triplets.write_text("premise,positive,negative\n"
+                        "A man is playing a guitar.,A person plays music.,Nobody is playing anything.\n"
+                        "Two kids run on the beach.,Children are outside.,The kids are asleep indoors.\n"
+                        "A woman is cooking pasta.,Someone is making food.,A woman is swimming.\n"
+                        "A dog catches a ball.,An animal is playing.,The dog is sleeping.\n")
+    flags = run_flags(tiny_checkpoint, tmp_path, "--simcse_data", str(triplets), "--first_stages", "",
+                      "--cycles", "0", "--simcse_lr", "1e-3", "--batch_size", "2")
+    assert mc.main(flags) == 0
+    records = read_records(tmp_path / "run")
+    assert [r["stage"] for r in records] == ["pretrained", "simcse"] and math.isfinite(records[1]["train_loss"])
+    trained = load_multitask_model(tmp_path / "run" / "best").bert.state_dict()
+    initial = BertModel.from_pretrained(tiny_checkpoint).state_dict()
+    assert not torch.equal(trained["encoder.layers.0.attention.qkv.weight"],
+                           initial["encoder.layers.0.attention.qkv.weight"])
+    assert torch.equal(trained["pooler.dense.weight"], initial["pooler.dense.weight"])  # unused: no gradient
+
+
+def test_bf16_flag_trains_in_bf16_on_cpu(tiny_checkpoint, tmp_path):
+    losses = {}
+    for precision in ("--no-bf16", "--bf16"):
+        out = tmp_path / precision.strip("-")
+        out.mkdir()
+        assert mc.main(run_flags(tiny_checkpoint, out, precision)) == 0
+        losses[precision] = [r["train_loss"] for r in read_records(out / "run")[1:]]
+    assert all(math.isfinite(loss) for loss in losses["--bf16"])
+    # The same seed and data: only the autocast differs, so equal losses would mean the flag was ignored.
+    assert losses["--bf16"] != losses["--no-bf16"]
+    np.testing.assert_allclose(losses["--bf16"], losses["--no-bf16"], rtol=0.1)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The model the command line builds
+
+
+def build_flags(checkpoint, *extra) -> list[str]:
+    return ["--pretrained", str(checkpoint), "--max_length", str(MAX_LENGTH), *extra]
+
+
+def encoder_dropouts(model) -> set[float]:
+    return {module.p for module in model.bert.modules() if isinstance(module, torch.nn.Dropout)}
+
+
+def test_hidden_dropout_prob_is_the_head_dropout_only(tiny_checkpoint):
+    model = mc.build_model(mc.parse_args(build_flags(tiny_checkpoint, "--hidden_dropout_prob", "0.3")),
+                           trains_sts=True)
+    assert model.dropout.p == 0.3
+    assert model.bert.config.hidden_dropout_prob == 0.1  # the checkpoint's own (BertConfig's default)
+    assert model.bert.embeddings.dropout.p == 0.1 and encoder_dropouts(model) == {0.1}
+
+
+def test_encoder_dropout_sets_berts_dropout(tiny_checkpoint):
+    args = mc.parse_args(build_flags(tiny_checkpoint, "--encoder_dropout", "0.2"))
+    model = mc.build_model(args, trains_sts=True)
+    assert model.dropout.p == 0.3  # the course's default head dropout
+    assert model.bert.config.hidden_dropout_prob == 0.2
+    assert model.bert.embeddings.dropout.p == 0.2 and encoder_dropouts(model) == {0.2}
+    assert model.bert.config.attention_probs_dropout_prob == 0.1
+
+
+def test_pretrain_option_freezes_the_encoder_in_build_model(tiny_checkpoint, capsys):
+    model = mc.build_model(mc.parse_args(build_flags(tiny_checkpoint)), trains_sts=True)
+    assert not any(p.requires_grad for p in model.bert.parameters())
+    assert all(p.requires_grad for n, p in model.named_parameters() if not n.startswith("bert."))
+    assert "no trainable weights" in capsys.readouterr().out
+
+
+def test_max_length_beyond_the_model_positions_exits_2_before_training(tiny_checkpoint, tmp_path, capsys):
+    assert mc.main(run_flags(tiny_checkpoint, tmp_path, "--max_length", "100")) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "--max_length 100 is longer than the 64 positions" in lines[0]
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+# ---------------------------------------------------------------------------------------------------
+# Bad input: one line, exit code 2, before the model loads
+
+
+def test_demo_settings_are_defaults_that_explicit_flags_override():
+    args = mc.parse_args(["--demo", "--cycles", "1", "--output", "elsewhere"])  # an abbreviated flag wins too
+    assert (args.cycles, args.output_dir, args.smart, args.pretrained) == (1, "elsewhere", True, "minilm-l6")
+
+
+def test_malformed_data_file_exits_2_naming_it_before_loading_the_model(tmp_path, capsys, model_must_not_load):
+    data = tmp_path / "data"
+    shutil.copytree(DEMO, data)
+    broken = data / "sts-dev.csv"
+    broken.write_text(broken.read_text() + "40\tabc\tone sentence\ta stray\tfield\t3.0\n")
+    assert mc.main(["--data_dir", str(data), "--output_dir", str(tmp_path / "run"), "--quiet"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and str(broken) in lines[0] and "tab-separated fields" in lines[0]
+
+
+@pytest.mark.parametrize("flags, problem", [
+    (["--first_stages", "qqp,mnli"], "unknown stage 'mnli'"),
+    (["--smart", "--smart_override", "sst:ascent_steps=two"], "ascent_steps"),
+    (["--smart", "--smart_tasks", "sst,nli"], "unknown task 'nli'"),
+    (["--simcse_data", "nli.csv", "--option", "pretrain"], "use --option finetune"),
+])
+def test_bad_flags_exit_2_before_loading_the_model(tmp_path, capsys, model_must_not_load, flags, problem):
+    assert exit_code(["--data_dir", str(DEMO), "--output_dir", str(tmp_path / "run"), *flags]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and problem in lines[0]
+
+
+def test_simcse_without_triplets_exits_2(tmp_path, capsys, model_must_not_load):
+    empty = tmp_path / "nli.csv"
+    empty.write_text("premise,positive,negative\n")
+    flags = ["--data_dir", str(DEMO), "--simcse_data", str(empty), "--option", "finetune",
+             "--output_dir", str(tmp_path / "run")]
+    assert mc.main(flags) == 2
+    assert "no (premise, entailed, contradicted) triplets" in capsys.readouterr().err

@@ -1,0 +1,79 @@
+"""tasks.py: one internal name per task, the course's names (quora files, para flags) mapped in one table."""
+import pytest
+
+from conftest import DEMO
+from tasks import (MULTITASK, SPLITS, TASKS, course_file_name, data_flag, default_output, output_flag, task_name)
+
+COURSE_DATA_FLAGS = {"sst_train", "sst_dev", "sst_test", "para_train", "para_dev", "para_test",
+                     "sts_train", "sts_dev", "sts_test"}
+COURSE_OUTPUT_FLAGS = {"sst_dev_out", "sst_test_out", "para_dev_out", "para_test_out", "sts_dev_out", "sts_test_out"}
+
+
+@pytest.mark.parametrize("name, internal", [("qqp", "qqp"), ("quora", "qqp"), ("para", "qqp"), (" QQP ", "qqp"),
+                                            ("Quora", "qqp"), ("sst", "sst"), ("sts", "sts")])
+def test_course_names_are_aliases_of_the_internal_one(name, internal):
+    assert task_name(name) == internal
+
+
+@pytest.mark.parametrize("name", ["mnli", "", "paraphrase", "sst5"])
+def test_unknown_task_names_the_allowed_ones(name):
+    with pytest.raises(ValueError, match=f"unknown task {name!r}; use one of sst, qqp, sts"):
+        task_name(name)
+
+
+def test_cfimdb_is_a_task_only_where_allowed():
+    with pytest.raises(ValueError, match="unknown task 'cfimdb'"):
+        task_name("cfimdb")
+    assert task_name("cfimdb", allowed=("sst", "cfimdb")) == "cfimdb"
+    with pytest.raises(ValueError, match="use one of sst, cfimdb"):
+        task_name("qqp", allowed=("sst", "cfimdb"))
+
+
+def test_the_table():
+    assert MULTITASK == ("sst", "qqp", "sts") and set(TASKS) == {"sst", "qqp", "sts", "cfimdb"}
+    assert [TASKS[t].is_pair for t in ("sst", "qqp", "sts", "cfimdb")] == [False, True, True, False]
+    assert {t: TASKS[t].label_column for t in TASKS} == {"sst": "sentiment", "qqp": "is_duplicate",
+                                                         "sts": "similarity", "cfimdb": "sentiment"}
+    assert {t: TASKS[t].leaderboard_column for t in MULTITASK} == {
+        "sst": "Predicted_Sentiment", "qqp": "Predicted_Is_Paraphrase", "sts": "Predicted_Similarity"}
+
+
+def test_course_file_names():
+    assert course_file_name("qqp", "test") == "quora-test-student.csv"
+    assert course_file_name("qqp", "train") == "quora-train.csv"
+    assert course_file_name("sst", "dev") == "ids-sst-dev.csv"
+    assert course_file_name("cfimdb", "test") == "ids-cfimdb-test-student.csv"
+    assert course_file_name("sts", "train") == "sts-train.csv"
+    for task in MULTITASK:
+        for split in SPLITS:
+            assert (DEMO / course_file_name(task, split)).is_file()
+
+
+def test_course_flag_and_output_names():
+    assert {data_flag(t, s) for t in MULTITASK for s in SPLITS} == COURSE_DATA_FLAGS
+    assert {output_flag(t, s) for t in MULTITASK for s in ("dev", "test")} == COURSE_OUTPUT_FLAGS
+    assert data_flag("qqp", "train") == "para_train" and output_flag("qqp", "dev") == "para_dev_out"
+    assert default_output("qqp", "dev") == "predictions/para-dev-output.csv"
+    assert default_output("sst", "test") == "predictions/sst-test-output.csv"
+    assert data_flag("cfimdb", "dev") == "cfimdb_dev"
+
+
+def test_training_arguments_per_file_flags_are_those_of_the_table():
+    from training_args import TrainingArguments, build_parser
+    parser = build_parser(TrainingArguments)
+    flags = {option[2:] for action in parser._actions for option in action.option_strings}
+    per_file = {f for f in flags if f.endswith(("_train", "_dev", "_test", "_out"))}
+    assert per_file == COURSE_DATA_FLAGS | COURSE_OUTPUT_FLAGS
+    defaults = parser.parse_args([])
+    assert {flag: getattr(defaults, flag) for flag in COURSE_OUTPUT_FLAGS} == {
+        output_flag(t, s): default_output(t, s) for t in MULTITASK for s in ("dev", "test")}
+    assert all(getattr(defaults, flag) is None for flag in COURSE_DATA_FLAGS)  # DATA_DIR/<course name>
+
+
+def test_other_modules_read_the_table():
+    from datasets import standard_paths
+    from evaluation import DEFAULT_OUTPUTS, LEADERBOARD_COLUMNS
+    assert {key: path.name for key, path in standard_paths("d").items()} == {
+        (t, s): course_file_name(t, s) for t in TASKS for s in SPLITS}
+    assert DEFAULT_OUTPUTS == {(t, s): default_output(t, s) for t in MULTITASK for s in ("dev", "test")}
+    assert {t: LEADERBOARD_COLUMNS[t] for t in MULTITASK} == {t: TASKS[t].leaderboard_column for t in MULTITASK}

@@ -1,0 +1,289 @@
+"""trainer.py on a tiny random model: losses, PCGrad steps, gradient accumulation, the learning-rate and SMART
+momentum schedules across a run, restarting loaders, weight-decay groups and evaluation."""
+import math
+import random
+from functools import partial
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import MAX_LENGTH, deterministic_tiny_model, demo_examples, pair_batch, sentence_batch, tiny_model
+from datasets import TaskData, collate_sentences, make_dataloader
+from gradient_surgery import pcgrad_combine
+from schedules import Stage, learning_rate_factor
+from trainer import RestartingLoaders, Trainer, compute_task_loss, predict_examples
+from training_args import TrainingArguments
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def demo_data(train: int = 16, dev: int = 8, test: int = 4) -> dict[str, TaskData]:
+    return {task: TaskData(demo_examples(task, "train", train), demo_examples(task, "dev", dev),
+                           demo_examples(task, "test", test)) for task in ("sst", "qqp", "sts")}
+
+
+def make_trainer(tmp_path, tokenizer, model=None, data=None, **settings) -> Trainer:
+    settings = {"option": "finetune", "batch_size": 4, "lr": 1e-3, "max_length": MAX_LENGTH, "quiet": True,
+                "output_dir": str(tmp_path / "run"), **settings}
+    return Trainer(TrainingArguments(**settings), model or deterministic_tiny_model(), tokenizer,
+                   data or demo_data(), [], torch.device("cpu"))
+
+
+def gradients(model) -> dict[str, torch.Tensor]:
+    return {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+
+def loss_gradient(model, task, batch, scale: float = 1.0) -> dict[str, torch.Tensor]:
+    """The gradient of scale * (the task's loss on this batch alone)."""
+    model.zero_grad(set_to_none=True)
+    (scale * compute_task_loss(model, task, batch)).backward()
+    grads = gradients(model)
+    model.zero_grad(set_to_none=True)
+    return grads
+
+
+# ---------------------------------------------------------------------------------------------------
+# Losses and predictions
+
+
+@pytest.mark.parametrize("pair_encoder", ["sbert", "cross"])
+def test_compute_task_loss_is_the_objective_of_the_forward(tokenizer, pair_encoder):
+    model = tiny_model(pair_encoder=pair_encoder).eval()
+    cross = pair_encoder == "cross"
+    batches = {"sst": sentence_batch(tokenizer, 4), "qqp": pair_batch(tokenizer, "qqp", 4, cross),
+               "sts": pair_batch(tokenizer, "sts", 4, cross)}
+    with torch.no_grad():
+        for task, batch in batches.items():
+            expected = model.objectives[task].loss(model(task, batch), batch["labels"])
+            assert compute_task_loss(model, task, batch).item() == pytest.approx(expected.item(), rel=1e-6), task
+
+
+def test_predict_examples_answers_in_the_examples_order(tokenizer):
+    model = tiny_model()
+    examples = demo_examples("sst", "dev", 9)
+    ids, predictions = predict_examples(model, "sst", examples, tokenizer, torch.device("cpu"), 4, MAX_LENGTH)
+    assert ids == [e.id for e in examples] and predictions.shape == (9,)
+    with torch.no_grad():
+        expected = model("sst", collate_sentences(examples, tokenizer, MAX_LENGTH)).argmax(-1)
+    assert predictions.tolist() == expected.tolist()
+
+
+def test_evaluate_reports_every_metric_under_the_internal_names(tmp_path, tokenizer):
+    trainer = make_trainer(tmp_path, tokenizer)
+    metrics, predictions = trainer.evaluate("dev")
+    assert set(metrics) == {"sst_acc", "sst_f1_macro", "sst_f1_weighted", "qqp_acc", "qqp_f1", "sts_pearson",
+                            "overall"}
+    assert set(predictions) == {"sst", "qqp", "sts"}
+    ids, predicted, gold = predictions["qqp"]
+    assert ids == [e.id for e in demo_examples("qqp", "dev", 8)] and set(predicted) <= {0.0, 1.0}
+    assert metrics["qqp_acc"] == pytest.approx(float(np.mean(predicted == gold)))
+
+
+# ---------------------------------------------------------------------------------------------------
+# PCGrad inside the trainer
+
+
+def test_pcgrad_step_leaves_each_head_exactly_its_own_task_gradient(tmp_path, tokenizer):
+    trainer = make_trainer(tmp_path, tokenizer, schedule="round_robin", pcgrad=True)
+    model = trainer.model
+    batches = {"sst": sentence_batch(tokenizer, 6), "qqp": pair_batch(tokenizer, "qqp", 6),
+               "sts": pair_batch(tokenizer, "sts", 6)}
+    own = {task: loss_gradient(model, task, batch) for task, batch in batches.items()}  # each task alone
+
+    trainer.pcgrad_step(batches, 1, random.Random(0))
+    combined = gradients(model)
+    for name in ("sentiment_head.weight", "sentiment_head.bias"):
+        assert torch.equal(combined[name], own["sst"][name]), name
+    for name in ("paraphrase_head.weight", "paraphrase_head.bias"):
+        assert torch.equal(combined[name], own["qqp"][name]), name
+
+    # The shared encoder gets PCGrad's combination, which here really projects: two tasks conflict on it.
+    names = [name for name, _ in model.named_parameters()]
+    task_gradients = [[own[t].get(n, torch.zeros_like(p)) for n, p in model.named_parameters()] for t in batches]
+    shared = [model.is_shared(n) for n in names]
+    dots = [sum((task_gradients[i][k] * task_gradients[j][k]).sum() for k in range(len(names)) if shared[k])
+            for i, j in ((0, 1), (0, 2), (1, 2))]
+    assert min(dots) < 0
+    expected = pcgrad_combine(task_gradients, shared, random.Random(0))
+    for name, gradient in zip(names, expected):
+        if model.is_shared(name):
+            torch.testing.assert_close(combined[name], gradient, rtol=1e-5, atol=1e-8)
+    # Projecting the heads too (PCGrad on every parameter) would have changed the SST head's gradient.
+    everything = pcgrad_combine(task_gradients, [True] * len(names), random.Random(0))
+    assert not torch.equal(everything[names.index("sentiment_head.weight")], own["sst"]["sentiment_head.weight"])
+
+
+def test_pcgrad_step_adds_to_gradients_accumulated_before(tmp_path, tokenizer):
+    trainer = make_trainer(tmp_path, tokenizer, schedule="round_robin", pcgrad=True)
+    batches = {"sst": sentence_batch(tokenizer, 4), "qqp": pair_batch(tokenizer, "qqp", 4),
+               "sts": pair_batch(tokenizer, "sts", 4)}
+    trainer.pcgrad_step(batches, 2, random.Random(0))
+    once = gradients(trainer.model)
+    trainer.pcgrad_step(batches, 2, random.Random(0))
+    twice = gradients(trainer.model)
+    for name in once:
+        torch.testing.assert_close(twice[name], 2 * once[name])
+
+
+# ---------------------------------------------------------------------------------------------------
+# Gradient accumulation
+
+
+def test_the_last_short_accumulation_group_is_divided_by_its_own_size(tmp_path, tokenizer, monkeypatch):
+    trainer = make_trainer(tmp_path, tokenizer, grad_accumulation_steps=2)
+    model = trainer.model
+    batches = [collate_sentences(demo_examples("sst", "train", 12)[i:i + 4], tokenizer, MAX_LENGTH)
+               for i in (0, 4, 8)]
+    captured = []
+
+    def capture_instead_of_stepping():  # the weights stay put, so every gradient below is at the same point
+        captured.append(gradients(model))
+        trainer.optimizer.zero_grad(set_to_none=True)
+    monkeypatch.setattr(trainer, "optimizer_step", capture_instead_of_stepping)
+    trainer.run_steps(((partial(trainer.task_step, "sst"), b) for b in batches), 3, "test")
+
+    assert len(captured) == 2  # groups [1, 2] and [3]
+    g1, g2, g3 = (loss_gradient(model, "sst", b) for b in batches)
+    for name in g3:
+        torch.testing.assert_close(captured[0][name], (g1[name] + g2[name]) / 2, rtol=1e-5, atol=1e-7)
+        assert torch.equal(captured[1][name], g3[name]), name  # divided by 1, not by 2
+
+
+def test_accumulation_takes_one_update_per_group(tmp_path, tokenizer):
+    trainer = make_trainer(tmp_path, tokenizer, grad_accumulation_steps=3)
+    batches = [sentence_batch(tokenizer, 2) for _ in range(7)]
+    trainer.run_steps(((partial(trainer.task_step, "sst"), b) for b in batches), 7, "test")
+    assert trainer.updates == 3  # 3 + 3 + 1
+
+
+# ---------------------------------------------------------------------------------------------------
+# The learning rate and SMART's momentum across a run
+
+
+def record_learning_rates(trainer, monkeypatch) -> list[list[float]]:
+    rates = []
+    step = trainer.optimizer.step
+
+    def recording_step(*args, **kwargs):
+        rates.append([group["lr"] for group in trainer.optimizer.param_groups])
+        return step(*args, **kwargs)
+    monkeypatch.setattr(trainer.optimizer, "step", recording_step)
+    return rates
+
+
+@pytest.mark.parametrize("accumulation, updates", [(1, 8), (3, 4)])
+def test_linear_schedule_sets_each_update_learning_rate(tmp_path, tokenizer, monkeypatch, accumulation, updates):
+    # Two stages of 16 SST examples in batches of 4: 4 batches each; with accumulation 3, 2 updates each.
+    trainer = make_trainer(tmp_path, tokenizer, lr_schedule="linear", warmup_ratio=0.25,
+                           grad_accumulation_steps=accumulation)
+    rates = record_learning_rates(trainer, monkeypatch)
+    trainer.train([Stage("task", "sst"), Stage("task", "sst")])
+    total = 2 * math.ceil(4 / accumulation)
+    assert trainer.total_updates == total and trainer.updates == total
+    expected = [1e-3 * learning_rate_factor(u, total, "linear", 0.25) for u in range(total)]
+    assert [r[0] for r in rates] == pytest.approx(expected, rel=1e-12)
+    assert all(len(set(r)) == 1 for r in rates)  # every parameter group
+    assert len(set(expected)) > 1 and updates == total
+
+
+def test_constant_schedule_keeps_the_stage_learning_rate(tmp_path, tokenizer, monkeypatch):
+    trainer = make_trainer(tmp_path, tokenizer)
+    rates = record_learning_rates(trainer, monkeypatch)
+    trainer.total_updates = 5
+    for _ in range(3):
+        trainer.task_step("sst", sentence_batch(tokenizer, 2), 1)
+        trainer.optimizer_step()
+    assert rates == [[1e-3] * len(trainer.optimizer.param_groups)] * 3
+    assert all(group["lr"] == 1e-3 for group in trainer.optimizer.param_groups)
+
+
+def record_teacher_momentum(trainer, monkeypatch) -> list[float]:
+    momenta = []
+    update = trainer.teacher.update
+
+    def recording_update(model):
+        momenta.append(trainer.teacher.momentum)
+        return update(model)
+    monkeypatch.setattr(trainer.teacher, "update", recording_update)
+    return momenta
+
+
+def test_smart_teacher_momentum_is_099_for_the_first_tenth_of_the_run_then_0999(tmp_path, tokenizer, monkeypatch):
+    # Two stages of 40 SST examples in batches of 4: 20 updates, the first 2 (10%) at 0.99.
+    trainer = make_trainer(tmp_path, tokenizer, data=demo_data(train=40, dev=4, test=2), smart=True,
+                           smart_tasks="sst")
+    momenta = record_teacher_momentum(trainer, monkeypatch)
+    trainer.train([Stage("task", "sst"), Stage("task", "sst")])
+    assert trainer.total_updates == 20
+    assert momenta == [0.99] * 2 + [0.999] * 18
+
+
+def test_a_fixed_smart_momentum_holds_for_the_whole_run(tmp_path, tokenizer, monkeypatch):
+    trainer = make_trainer(tmp_path, tokenizer, data=demo_data(train=12, dev=4, test=2), smart=True,
+                           smart_tasks="sst", smart_momentum=0.5)
+    assert trainer.teacher.momentum == 0.5
+    momenta = record_teacher_momentum(trainer, monkeypatch)
+    trainer.train([Stage("task", "sst")])
+    assert momenta == [0.5] * 3
+
+
+# ---------------------------------------------------------------------------------------------------
+# Loaders that run out
+
+
+def ids_of(batches) -> list[list[str]]:
+    return [batch["ids"] for batch in batches]
+
+
+def test_restarting_loaders_start_over_in_a_new_order(tokenizer):
+    examples = demo_examples("sst", "train", 24)
+
+    def loader():
+        return make_dataloader(examples, tokenizer, 4, shuffle=True, seed=5, max_length=MAX_LENGTH)
+    first_order = ids_of(loader())
+    batches = RestartingLoaders({"sst": loader()})
+    first = ids_of(batches.next("sst") for _ in range(6))
+    second = ids_of(batches.next("sst") for _ in range(6))
+    third = ids_of(batches.next("sst") for _ in range(6))
+    assert first == first_order  # the first pass is the loader's own order
+    assert second != first and third not in (first, second)
+    for order in (second, third):  # every later pass is a whole epoch again
+        assert sorted(i for batch in order for i in batch) == sorted(e.id for e in examples)
+    assert batches.restarts == {"sst": 2}
+    again = loader()
+    again.batch_sampler.set_epoch(1)
+    assert second == ids_of(again)  # a restart is the next epoch of the same seeded sampler: reproducible
+
+
+def test_restarting_loaders_count_restarts_per_task(tokenizer):
+    loaders = {"sst": make_dataloader(demo_examples("sst", "train", 8), tokenizer, 4, shuffle=True),
+               "sts": make_dataloader(demo_examples("sts", "train", 12), tokenizer, 4, shuffle=True)}
+    batches = RestartingLoaders(loaders)
+    for _ in range(5):
+        batches.next("sst")
+        batches.next("sts")
+    assert batches.restarts == {"sst": 2, "sts": 1}
+
+
+# ---------------------------------------------------------------------------------------------------
+# The optimizer's parameter groups
+
+
+@pytest.mark.parametrize("option", ["finetune", "pretrain"])
+def test_trainer_decays_matrices_only_and_skips_frozen_parameters(tmp_path, tokenizer, option):
+    model = tiny_model()
+    if option == "pretrain":
+        for parameter in model.bert.parameters():
+            parameter.requires_grad = False
+    trainer = make_trainer(tmp_path, tokenizer, model=model, option=option, weight_decay=0.01)
+    by_decay = {group["weight_decay"]: {id(p) for p in group["params"]} for group in trainer.optimizer.param_groups}
+    trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    assert by_decay == {0.01: {id(p) for _, p in trainable if p.dim() >= 2},
+                        0.0: {id(p) for _, p in trainable if p.dim() == 1}}
+    names = {id(p): n for n, p in model.named_parameters()}
+    no_decay = {names[i] for i in by_decay[0.0]}
+    assert "sentiment_head.bias" in no_decay and "sentiment_head.weight" not in no_decay
+    if option == "finetune":
+        assert "bert.embeddings.layer_norm.weight" in no_decay
+        assert names[id(model.bert.embeddings.word_embeddings.weight)] not in no_decay

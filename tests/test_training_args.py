@@ -1,0 +1,167 @@
+"""training_args.py: the settings dataclasses, their validation, the parser built from them, SMART settings."""
+import math
+import re
+
+import pytest
+
+import multitask_classifier as mc
+from smart import SmartConfig
+from training_args import (ClassifierArguments, TrainingArguments, build_parser, data_paths, from_namespace,
+                           prediction_paths, regularized_tasks, resume_free_fields, smart_configs)
+from conftest import DEMO
+
+
+def exit_code(argv) -> int:
+    """multitask_classifier.main's exit code, whether it returns it or argparse exits with it."""
+    try:
+        return mc.main(argv)
+    except SystemExit as exit:
+        return exit.code
+
+
+# ---------------------------------------------------------------------------------------------------
+# Validation
+
+
+INVALID = [
+    (dict(lr=0.0), ["--lr", "0"], "--lr must be a finite number > 0"),
+    (dict(lr=-1e-5), ["--lr=-1e-5"], "--lr must be a finite number > 0"),
+    (dict(lr=math.nan), ["--lr", "nan"], "--lr must be a finite number > 0"),
+    (dict(lr=math.inf), ["--lr", "inf"], "--lr must be a finite number > 0"),
+    (dict(hidden_dropout_prob=1.5), ["--hidden_dropout_prob", "1.5"], "--hidden_dropout_prob must be in [0, 1)"),
+    (dict(hidden_dropout_prob=-0.1), ["--hidden_dropout_prob", "-0.1"], "--hidden_dropout_prob must be in [0, 1)"),
+    (dict(seed=-1), ["--seed", "-1"], "--seed must be in [0, 2**32)"),
+    (dict(seed=2**40), ["--seed", str(2**40)], "--seed must be in [0, 2**32)"),
+    (dict(num_workers=-1), ["--num_workers", "-1"], "--num_workers must be >= 0"),
+    (dict(cycles=-1), ["--cycles", "-1"], "--cycles must be >= 0"),
+    (dict(batch_size=0), ["--batch_size", "0"], "--batch_size must be >= 1"),
+    (dict(grad_accumulation_steps=0), ["--grad_accumulation_steps", "0"], "--grad_accumulation_steps must be >= 1"),
+    (dict(encoder_dropout=1.0), ["--encoder_dropout", "1"], "--encoder_dropout must be in [0, 1)"),
+    (dict(warmup_ratio=1.0), ["--warmup_ratio", "1"], "--warmup_ratio must be in [0, 1)"),
+    (dict(smart_momentum=1.0), ["--smart_momentum", "1"], "--smart_momentum must be in [0, 1)"),
+    (dict(weight_decay=math.nan), ["--weight_decay", "nan"], "--weight_decay must be finite and >= 0"),
+    (dict(pcgrad=True), ["--pcgrad"], "--pcgrad needs --schedule round_robin"),
+    (dict(simcse_data=["nli.csv"]), ["--simcse_data", "nli.csv"], "use --option finetune"),
+]
+
+
+@pytest.mark.parametrize("settings, flags, problem", INVALID, ids=[" ".join(f) for _, f, _ in INVALID])
+def test_invalid_settings_are_value_errors(settings, flags, problem):
+    with pytest.raises(ValueError, match=re.escape(problem)):
+        TrainingArguments(**settings)
+
+
+@pytest.mark.parametrize("settings, flags, problem", INVALID, ids=[" ".join(f) for _, f, _ in INVALID])
+def test_invalid_flags_exit_2_with_one_line_before_loading_the_model(tmp_path, capsys, model_must_not_load,
+                                                                     settings, flags, problem):
+    assert exit_code(["--data_dir", str(DEMO), "--output_dir", str(tmp_path / "run"), *flags]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and problem in lines[0]
+    assert not (tmp_path / "run").exists()
+
+
+def test_classifier_arguments_share_the_common_checks():
+    with pytest.raises(ValueError, match="--lr must be a finite number > 0"):
+        ClassifierArguments(lr=math.nan)
+    with pytest.raises(ValueError, match="--seed must be in"):
+        ClassifierArguments(seed=2**32)
+    ClassifierArguments(seed=2**32 - 1)
+
+
+def test_valid_edge_values_are_accepted():
+    TrainingArguments(seed=0, hidden_dropout_prob=0.0, cycles=0, num_workers=0, smart_momentum=0.0, warmup_ratio=0.0)
+    TrainingArguments(seed=2**32 - 1, pcgrad=True, schedule="round_robin")
+    TrainingArguments(simcse_data=["nli.csv"], option="finetune")
+
+
+# ---------------------------------------------------------------------------------------------------
+# The parser
+
+
+def test_help_lists_every_group_and_exits_0(capsys):
+    with pytest.raises(SystemExit) as exit:
+        mc.main(["--help"])
+    assert exit.value.code == 0
+    text = capsys.readouterr().out
+    for expected in ("course options", "model heads", "optimisation", "schedule", "SMART", "SimCSE",
+                     "--encoder_dropout", "--lr_schedule", "--warmup_ratio", "--para_train", "--sts_test_out"):
+        assert expected in text
+
+
+def test_parsed_defaults_are_the_dataclass_defaults():
+    parsed = from_namespace(TrainingArguments, build_parser(TrainingArguments).parse_args([]))
+    default = TrainingArguments()
+    for name, value in vars(default).items():
+        if name not in ("data_files", "prediction_files"):
+            assert getattr(parsed, name) == value, name
+    assert parsed.prediction_files == {"sst_dev_out": "predictions/sst-dev-output.csv",
+                                       "sst_test_out": "predictions/sst-test-output.csv",
+                                       "para_dev_out": "predictions/para-dev-output.csv",
+                                       "para_test_out": "predictions/para-test-output.csv",
+                                       "sts_dev_out": "predictions/sts-dev-output.csv",
+                                       "sts_test_out": "predictions/sts-test-output.csv"}
+    assert (parsed.hidden_dropout_prob, parsed.encoder_dropout, parsed.smart_momentum) == (0.3, None, None)
+    assert (parsed.lr_schedule, parsed.warmup_ratio, parsed.weight_decay) == ("constant", 0.1, 0.0)
+
+
+def test_flags_reach_their_fields():
+    args = mc.parse_args(["--para_train", "q.csv", "--sts_dev_out", "out/sts.csv", "--lr", "2e-5", "--bf16",
+                          "--smart_override", "sst:adv_weight=2", "--smart_override", "qqp:norm=l2",
+                          "--simcse_data", "a.csv", "b.csv", "--option", "finetune", "--encoder_dropout", "0.2"])
+    assert args.data_files["para_train"] == "q.csv" and args.prediction_files["sts_dev_out"] == "out/sts.csv"
+    assert (args.lr, args.bf16, args.encoder_dropout) == (2e-5, True, 0.2)
+    assert args.smart_override == ["sst:adv_weight=2", "qqp:norm=l2"] and args.simcse_data == ["a.csv", "b.csv"]
+
+
+def test_data_and_prediction_paths(tmp_path):
+    args = mc.parse_args(["--data_dir", str(tmp_path), "--para_train", "elsewhere/q.csv",
+                          "--sst_test_out", "out/sst.csv"])
+    paths = data_paths(args.data_dir, args.data_files, ("sst", "qqp", "sts"))
+    assert len(paths) == 9
+    assert paths[("qqp", "train")].as_posix() == "elsewhere/q.csv"
+    assert paths[("qqp", "dev")] == tmp_path / "quora-dev.csv"
+    assert paths[("sst", "test")] == tmp_path / "ids-sst-test-student.csv"
+    outputs = prediction_paths(args.prediction_files)
+    assert outputs[("sst", "test")].as_posix() == "out/sst.csv"
+    assert outputs[("qqp", "dev")].as_posix() == "predictions/para-dev-output.csv"
+
+
+def test_resume_free_fields_are_those_that_cannot_change_the_result():
+    free = resume_free_fields(TrainingArguments)
+    assert {"output_dir", "prediction_files", "resume", "stop_after_stages", "quiet", "num_workers",
+            "eval_batch_size", "use_gpu", "demo", "cycles"} <= free
+    assert not free & {"lr", "seed", "smart", "smart_momentum", "lr_schedule", "warmup_ratio", "hidden_dropout_prob",
+                       "encoder_dropout", "weight_decay", "grad_accumulation_steps", "first_stages", "cycle",
+                       "batch_size", "max_length", "pretrained", "schedule", "pcgrad", "option"}
+
+
+# ---------------------------------------------------------------------------------------------------
+# SMART settings
+
+
+def test_smart_configs_apply_flags_then_per_task_overrides():
+    args = TrainingArguments(smart=True, smart_epsilon=1e-4,
+                             smart_override=["sst:adv_weight=10,ascent_steps=2", "quora:norm=l2"])
+    configs = smart_configs(args)
+    assert configs["sts"] == SmartConfig(epsilon=1e-4)
+    assert configs["sst"] == SmartConfig(epsilon=1e-4, adv_weight=10.0, ascent_steps=2)
+    assert configs["qqp"] == SmartConfig(epsilon=1e-4, norm="l2")
+    assert set(configs) == {"sst", "qqp", "sts"}
+
+
+@pytest.mark.parametrize("override, problem", [
+    ("sst", "expected TASK:key=value"), ("mnli:adv_weight=1", "expected TASK:key=value"),
+    ("sst:teacher_momentum=0.5", "shared setting 'teacher_momentum'"), ("sst:alpha=1", "unknown or shared"),
+    ("sst:ascent_steps=two", "ascent_steps must be a int"), ("sts:epsilon=-1", "epsilon must be finite and > 0"),
+])
+def test_smart_override_errors(override, problem):
+    with pytest.raises(ValueError, match=problem):
+        smart_configs(TrainingArguments(smart=True, smart_override=[override]))
+
+
+def test_regularized_tasks():
+    assert regularized_tasks(TrainingArguments(smart_tasks="sst")) == set()
+    assert regularized_tasks(TrainingArguments(smart=True, smart_tasks="qqp, sts")) == {"qqp", "sts"}
+    assert regularized_tasks(TrainingArguments(smart=True, smart_tasks="para,sst")) == {"qqp", "sst"}
+    with pytest.raises(ValueError, match="unknown task 'nli'"):
+        regularized_tasks(TrainingArguments(smart=True, smart_tasks="sst,nli"))
