@@ -94,10 +94,10 @@ def check_fields(info: Path, metadata: dict, expected: dict[str, type | tuple[ty
     for name, kind in expected.items():
         if name not in metadata:
             raise CheckpointError(f"{info}: field {name!r} is missing")
+        kinds = kind if isinstance(kind, tuple) else (kind,)
         value = metadata[name]
-        if not isinstance(value, kind) or (isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple)
-                                                                                      else (kind,))):
-            names = "/".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
+        if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):  # JSON true is no int
+            names = "/".join(k.__name__ for k in kinds)
             raise CheckpointError(f"{info}: field {name!r} must be {names}, found {type(value).__name__}")
 
 

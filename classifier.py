@@ -39,12 +39,13 @@ from datasets import (DataError, SentenceExample, TaskData, in_file_order, load_
 from evaluation import sst_metrics, summarize_line, write_predictions
 from optimizer import AdamW
 from runtime import resolve_device, seed_everything
+from tasks import TASKS as TASK_TABLE
 from tokenizer import BertTokenizer
 from training_args import (ClassifierArguments, UsageError, build_parser, check_max_length, check_writable, data_paths,
                            from_namespace)
 
 TASKS = ("sst", "cfimdb")  # trained in this order, as in the course
-NUM_LABELS = {"sst": 5, "cfimdb": 2}
+NUM_LABELS = {task: TASK_TABLE[task].num_classes for task in TASKS}
 OPTIONS = ("pretrain", "finetune")
 
 

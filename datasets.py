@@ -39,7 +39,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Sampler
 
-from tasks import SPLITS, TASKS, course_file_name
+from tasks import SPLITS, TASKS, class_range, course_file_name
 
 SENTENCE_TASKS = tuple(name for name, task in TASKS.items() if not task.is_pair)  # sst, cfimdb
 PAIR_TASKS = tuple(name for name, task in TASKS.items() if task.is_pair)  # qqp, sts
@@ -239,10 +239,9 @@ def _parse_label(task: str, text: str, path: str | Path, line: int) -> float:
         value = float(text)
     except ValueError:
         raise DataError(path, f"label {text!r} is not a number", line) from None
-    if task == "sst":
-        valid, expected = value in (0, 1, 2, 3, 4), "an integer 0-4"
-    elif task in ("cfimdb", "qqp"):
-        valid, expected = value in (0, 1), "0 or 1"
+    classes = TASKS[task].num_classes
+    if classes is not None:
+        valid, expected = value in range(classes), class_range(task)
     else:
         valid, expected = 0.0 <= value <= 5.0, "a number in [0, 5]"  # NaN fails both comparisons
     if not valid:

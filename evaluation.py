@@ -22,11 +22,9 @@ from pathlib import Path
 
 import numpy as np
 
-from tasks import MULTITASK, TASKS, default_output
+from tasks import MULTITASK, TASKS, class_range, default_output
 
 LEADERBOARD_COLUMNS = {name: task.leaderboard_column for name, task in TASKS.items()}
-# The classes a prediction may name, per classification task (STS predictions are any finite number).
-CLASSES = {"sst": range(5), "qqp": range(2), "cfimdb": range(2)}
 DEFAULT_OUTPUTS = {(task, split): default_output(task, split) for task in MULTITASK for split in ("dev", "test")}
 
 # (history key, human label) for the columns of forgetting tables and plots.
@@ -152,10 +150,14 @@ def _format_prediction(value, task: str) -> str:
         return f"{number:.6g}"
     if not number.is_integer():
         raise ValueError(f"{task} prediction {value!r} is not an integer class")
-    if int(number) not in CLASSES[task]:
-        classes = "0 or 1" if len(CLASSES[task]) == 2 else f"a class 0-{len(CLASSES[task]) - 1}"
-        raise ValueError(f"{task} prediction {value!r} is not {classes}")
+    if not _is_class(number, task):
+        raise ValueError(f"{task} prediction {value!r} is not {class_range(task)}")
     return str(int(number))
+
+
+def _is_class(number: float, task: str) -> bool:
+    """Whether a classification prediction names one of the task's classes (STS predictions are scores)."""
+    return number.is_integer() and int(number) in range(TASKS[task].num_classes)
 
 
 def _first_few(items: Iterable[str], limit: int = 3) -> str:
@@ -206,7 +208,7 @@ def _parse_value(text: str, task: str) -> int | float:
         if not math.isfinite(number):
             raise ValueError
         return number
-    if not number.is_integer() or int(number) not in CLASSES[task]:
+    if not _is_class(number, task):
         raise ValueError
     return int(number)
 

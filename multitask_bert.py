@@ -25,10 +25,11 @@ from base_bert import BertConfig, CheckpointError
 from bert import BertModel
 from checkpoint import atomic_save, check_fields, read_checkpoint
 from losses import SIMILARITY_OBJECTIVES, task_objectives
+from tasks import TASKS
 
 POOLINGS = ("mean", "cls")
 PAIR_ENCODERS = ("sbert", "cross")
-N_SENTIMENT_CLASSES = 5
+N_SENTIMENT_CLASSES = TASKS["sst"].num_classes
 
 
 def mean_pool(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:

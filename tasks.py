@@ -24,6 +24,7 @@ class Task:
     label_column: str
     text_columns: tuple[str, ...]
     leaderboard_column: str  # the predictions CSV's second column
+    num_classes: int | None  # labels and predictions are 0 .. num_classes - 1; None: a 0-5 similarity score
     aliases: tuple[str, ...] = ()
 
     @property
@@ -32,16 +33,22 @@ class Task:
 
 
 TASKS: dict[str, Task] = {task.name: task for task in (
-    Task("sst", "ids-sst", "sst", "sentiment", ("sentence",), "Predicted_Sentiment"),
-    Task("qqp", "quora", "para", "is_duplicate", ("sentence1", "sentence2"), "Predicted_Is_Paraphrase",
+    Task("sst", "ids-sst", "sst", "sentiment", ("sentence",), "Predicted_Sentiment", 5),
+    Task("qqp", "quora", "para", "is_duplicate", ("sentence1", "sentence2"), "Predicted_Is_Paraphrase", 2,
          aliases=("quora", "para")),
-    Task("sts", "sts", "sts", "similarity", ("sentence1", "sentence2"), "Predicted_Similarity"),
-    Task("cfimdb", "ids-cfimdb", "cfimdb", "sentiment", ("sentence",), "Predicted_Sentiment"),
+    Task("sts", "sts", "sts", "similarity", ("sentence1", "sentence2"), "Predicted_Similarity", None),
+    Task("cfimdb", "ids-cfimdb", "cfimdb", "sentiment", ("sentence",), "Predicted_Sentiment", 2),
 )}
 MULTITASK = ("sst", "qqp", "sts")  # the three tasks of the multitask model, in the course's order
 SPLITS = ("train", "dev", "test")
 _FILE_SPLITS = {"train": "train", "dev": "dev", "test": "test-student"}
 _BY_ANY_NAME = {alias: task.name for task in TASKS.values() for alias in (task.name, *task.aliases)}
+
+
+def class_range(task: str) -> str:
+    """The classes of a classification task in words: '0 or 1', 'an integer 0-4'."""
+    n = TASKS[task].num_classes
+    return "0 or 1" if n == 2 else f"an integer 0-{n - 1}"
 
 
 def task_name(name: str, allowed: tuple[str, ...] = MULTITASK) -> str:

@@ -109,6 +109,7 @@ class Trainer:
     def __init__(self, args: TrainingArguments, model: MultitaskBERT, tokenizer, data: dict[str, TaskData],
                  triplets: list, device: torch.device):
         self.args, self.model, self.tokenizer, self.data, self.triplets = args, model, tokenizer, data, triplets
+        self.data_sha256 = data_fingerprints(data, triplets)  # the data never changes during a run
         self.device = device
         self.output_dir = Path(args.output_dir)
         self.optimizer = AdamW(weight_decay_groups(model.named_parameters(), args.weight_decay), lr=args.lr)
@@ -302,7 +303,7 @@ class Trainer:
         atomic_save(prefix, tensors, {
             **model_metadata(self.model), "args": dataclasses.asdict(self.args), "next_stage": self.next_stage,
             "history": self.history, "best_score": self.best_score, "updates": self.updates,
-            "data_sha256": data_fingerprints(self.data, self.triplets),
+            "data_sha256": self.data_sha256,
             "optimizer": optimizer_info, "rng": rng_info,
             "smart_skipped_steps": {t: r.skipped_steps for t, r in self.regularizers.items()}})
 
@@ -328,9 +329,8 @@ class Trainer:
         if done != [stage.label for stage in stages[:len(done)]]:
             raise CheckpointError(f"cannot resume: the stages already done ({', '.join(done)}) do not begin "
                                   "this run's schedule")
-        current = data_fingerprints(self.data, self.triplets)
-        changed = sorted(name for name in current.keys() & metadata["data_sha256"].keys()
-                         if current[name] != metadata["data_sha256"][name])
+        changed = sorted(name for name in self.data_sha256.keys() & metadata["data_sha256"].keys()
+                         if self.data_sha256[name] != metadata["data_sha256"][name])
         if changed:  # a split only one of the two runs reads cannot have changed what was trained
             raise CheckpointError(f"cannot resume: the data files' content differs from the stopped run's "
                                   f"({', '.join(changed)})")

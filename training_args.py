@@ -260,7 +260,9 @@ def build_parser(cls, description: str | None = None) -> argparse.ArgumentParser
     groups: dict[str, argparse._ArgumentGroup] = {}
     for f in dataclasses.fields(cls):
         meta = f.metadata
-        group = groups.get(meta["group"]) or groups.setdefault(meta["group"], parser.add_argument_group(meta["group"]))
+        if meta["group"] not in groups:
+            groups[meta["group"]] = parser.add_argument_group(meta["group"])
+        group = groups[meta["group"]]
         if "per_file" in meta:
             for flag, (default, help_text) in _per_file_flags(meta["per_file"], meta["tasks"]).items():
                 group.add_argument(f"--{flag}", default=default, help=help_text)
