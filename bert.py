@@ -134,12 +134,18 @@ class BertEncoder(nn.Module):
         super().__init__()
         self.layers = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
 
-    def forward(self, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, attention_mask: torch.Tensor, start: int = 0, end: int | None = None,
+                layer_outputs: list | None = None) -> torch.Tensor:
+        """Layers start .. end - 1 (all by default) on `hidden`, the input of layer `start` (the embedding
+        output for 0); returns the last one's output (B, T, H). `layer_outputs`, when given, receives the
+        output (B, T, H) of every layer run (LNSR compares them)."""
         key_mask = attention_mask.bool()[:, None, None, :]  # (B, 1, 1, T): padding keys are never attended
         layout = TokenLayout(attention_mask)
         tokens = layout.pack(hidden)  # (N, H)
-        for layer in self.layers:
+        for layer in self.layers[start:end]:
             tokens = layer(tokens, key_mask, layout)
+            if layer_outputs is not None:
+                layer_outputs.append(layout.unpack(tokens))
         return layout.unpack(tokens)  # (B, T, H)
 
 

@@ -1,9 +1,11 @@
 """One training objective per task: its loss, how raw model outputs decode into a prediction, and the
 divergence SMART compares outputs with. Every function here is pure (tensors in, tensors out).
 
-    sst  5 logits            cross entropy            argmax              symmetric KL (categorical)
+    sst  5 logits            cross entropy (or        argmax              symmetric KL (categorical)
+                             ordinal cross entropy)
     qqp  1 logit             binary cross entropy     logit > 0           symmetric KL (Bernoulli)
-    sts  SBERT: a cosine     `similarity_objective`   a 0-5 score         squared error
+    sts  sbert / hybrid:     `similarity_objective`   a 0-5 score         squared error
+           a cosine
          cross: 1 logit      MSE(sigmoid, label / 5)  5 * sigmoid         squared error
 
 Similarity objectives for the SBERT cosine (measured in README: `cosine` is best on STS-B dev):
@@ -20,6 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 SIMILARITY_OBJECTIVES = ("cosine", "shifted", "cosent")
+SENTIMENT_OBJECTIVES = ("ce", "ordinal")
 
 
 def cosent_loss(cosine: Tensor, labels: Tensor, scale: float = 20.0) -> Tensor:
@@ -30,12 +33,26 @@ def cosent_loss(cosine: Tensor, labels: Tensor, scale: float = 20.0) -> Tensor:
     return torch.logsumexp(torch.cat([differences.new_zeros(1), differences]), dim=0)
 
 
+def ordinal_cross_entropy(logits: Tensor, labels: Tensor, weight: float) -> Tensor:
+    """Cross entropy plus weight * sum_j p_j |y - j|, the probability mass placed j classes away from the
+    label, weighted by that distance (AllBERT's ordinal cross entropy, seed 004 eq. 2); batch mean."""
+    logits = logits.float()
+    classes = torch.arange(logits.shape[-1], device=logits.device)  # (C,)
+    distance = (labels[:, None] - classes[None, :]).abs().float()  # (B, C)
+    expected_distance = (logits.softmax(dim=-1) * distance).sum(dim=-1)  # (B,)
+    return F.cross_entropy(logits, labels) + weight * expected_distance.mean()
+
+
 @dataclass(frozen=True)
 class SentimentObjective:
-    """SST-5: cross entropy on 5 logits (B, 5); predicts the argmax class."""
+    """SST-5 on 5 logits (B, 5): cross entropy, or with ordinal_weight > 0 the ordinal cross entropy that
+    also charges probability put on far-off classes; predicts the argmax class."""
+    ordinal_weight: float = 0.0
     divergence: str = "categorical"
 
     def loss(self, logits: Tensor, labels: Tensor) -> Tensor:
+        if self.ordinal_weight:
+            return ordinal_cross_entropy(logits, labels, self.ordinal_weight)
         return F.cross_entropy(logits.float(), labels)
 
     def decode(self, logits: Tensor) -> Tensor:
@@ -97,13 +114,15 @@ class CrossSimilarityObjective:
 Objective = SentimentObjective | ParaphraseObjective | CosineSimilarityObjective | CrossSimilarityObjective
 
 
-def task_objectives(pair_encoder: str, similarity_objective: str) -> dict[str, Objective]:
-    """The objective of each task for a model with this pair encoder ('sbert' or 'cross')."""
-    if pair_encoder == "cross":
+def task_objectives(pair_encoders: dict[str, str], similarity_objective: str = "cosine",
+                    ordinal_weight: float = 0.0) -> dict[str, Objective]:
+    """The objective of each task; pair_encoders gives 'sbert', 'cross' or 'hybrid' for qqp and sts.
+    STS is a cosine (trained by `similarity_objective`) unless it is cross-encoded into one logit."""
+    if pair_encoders["sts"] == "cross":
         if similarity_objective != "cosine":
-            raise ValueError(f"similarity objective {similarity_objective!r} applies to the SBERT cosine; "
-                             "the cross-encoder is trained as MSE(sigmoid(logit), label / 5)")
+            raise ValueError(f"similarity objective {similarity_objective!r} applies to a cosine (sbert, hybrid); "
+                             "the STS cross-encoder is trained as MSE(sigmoid(logit), label / 5)")
         similarity = CrossSimilarityObjective()
     else:
         similarity = CosineSimilarityObjective(similarity_objective)
-    return {"sst": SentimentObjective(), "qqp": ParaphraseObjective(), "sts": similarity}
+    return {"sst": SentimentObjective(ordinal_weight), "qqp": ParaphraseObjective(), "sts": similarity}

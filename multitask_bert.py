@@ -1,16 +1,19 @@
 """MultitaskBERT: one shared minBERT with Sentence-BERT heads for SST-5, QQP and STS-B.
 
     sst: dropout + linear on the pooled sentence -> 5 logits
-    qqp: u, v pooled separately, dropout + linear on [u, v, |u - v|] -> 1 logit
-    sts: cos(u, v)
-With pair_encoder="cross" the pair tasks read one joint [CLS] s1 [SEP] s2 [SEP] encoding and a linear
-head each instead. Losses and the decoding of outputs into predictions are in losses.py.
+    qqp, sts: each pair task reads its pairs in one of three ways (pair_encoders, per task):
+      sbert   u, v pooled from two separate encodings; qqp: linear on [u, v, |u - v|]; sts: cos(u, v)
+      cross   one joint [CLS] s1 [SEP] s2 [SEP] encoding (segment ids 0 / 1), pooled, linear -> 1 logit
+      hybrid  the joint encoding, each sentence's own tokens mean-pooled into u and v (AllBERT, seed 004
+              eq. 5), then as sbert: qqp linear on [u, v, |u - v|], sts cos(u, v)
+With head_hidden > 0 each task's features first pass a dense layer of its own (linear -> activation ->
+dropout, a per-task copy of BERT's pooler as in AllBERT). Losses and decoding are in losses.py.
 
 SMART perturbs the embedding output, so the forward pass also comes in three parts:
 
     inputs = model.encoder_inputs(task, batch)       # the (B, T) or, for SBERT pairs, (2B, T) encoder batch
     embeddings = model.embed(inputs)                 # a tuple holding one (B, T, H) or (2B, T, H)
-    outputs = model.outputs_from_embeddings(task, embeddings, inputs.attention_mask)
+    outputs = model.outputs_from_embeddings(task, embeddings, inputs)
 """
 from __future__ import annotations
 
@@ -25,11 +28,36 @@ from base_bert import BertConfig, CheckpointError
 from bert import BertModel
 from checkpoint import atomic_save, check_fields, read_checkpoint
 from losses import SIMILARITY_OBJECTIVES, task_objectives
-from tasks import TASKS
+from tasks import TASKS, task_name
 
 POOLINGS = ("mean", "cls")
-PAIR_ENCODERS = ("sbert", "cross")
+PAIR_ENCODERS = ("sbert", "cross", "hybrid")
+PAIR_TASKS = ("qqp", "sts")
+HEAD_ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "gelu": nn.GELU}
 N_SENTIMENT_CLASSES = TASKS["sst"].num_classes
+
+
+def parse_pair_encoders(choice: str | dict) -> dict[str, str]:
+    """'cross' (every pair task) or 'qqp:cross,sts:hybrid' (per task, the others sbert) -> {qqp: .., sts: ..}."""
+    if isinstance(choice, dict):
+        encoders = dict(choice)
+    elif ":" not in choice:
+        encoders = dict.fromkeys(PAIR_TASKS, choice.strip())
+    else:
+        encoders = dict.fromkeys(PAIR_TASKS, "sbert")
+        for item in filter(None, (part.strip() for part in choice.split(","))):
+            name, _, encoder = (part.strip() for part in item.partition(":"))
+            try:
+                task = task_name(name)
+            except ValueError:
+                task = None
+            if task not in PAIR_TASKS:
+                raise ValueError(f"pair encoder {item!r}: write TASK:ENCODER with TASK one of qqp, sts")
+            encoders[task] = encoder
+    if sorted(encoders) != sorted(PAIR_TASKS) or not set(encoders.values()) <= set(PAIR_ENCODERS):
+        raise ValueError(f"pair encoder must be one of {PAIR_ENCODERS}, for all pair tasks or per task "
+                         f"(e.g. qqp:cross,sts:hybrid), got {choice!r}")
+    return encoders
 
 
 def mean_pool(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -42,6 +70,21 @@ def pad_to(ids: torch.Tensor, length: int) -> torch.Tensor:
     return F.pad(ids, (0, length - ids.shape[1]))  # pad id, mask and segment are all 0
 
 
+def join_pairs(batch: dict) -> dict:
+    """The joint [CLS] s1 [SEP] s2 [SEP] batch (segment ids 0 / 1) built from separately tokenised sides
+    (keys *_1 / *_2, each [CLS] s [SEP]): for the course's prediction API on a joint pair encoder."""
+    lengths_1, lengths_2 = batch["attention_mask_1"].sum(1).tolist(), batch["attention_mask_2"].sum(1).tolist()
+    length = max(a + b - 1 for a, b in zip(lengths_1, lengths_2))
+    ids = batch["input_ids_1"].new_zeros(len(lengths_1), length)  # (B, T)
+    segments, mask = torch.zeros_like(ids), torch.zeros_like(ids)
+    for row, (a, b) in enumerate(zip(lengths_1, lengths_2)):
+        ids[row, :a] = batch["input_ids_1"][row, :a]
+        ids[row, a:a + b - 1] = batch["input_ids_2"][row, 1:b]  # the second side's [CLS] dropped
+        segments[row, a:a + b - 1] = 1
+        mask[row, :a + b - 1] = 1
+    return {"input_ids": ids, "attention_mask": mask, "token_type_ids": segments}
+
+
 class EncoderInputs(NamedTuple):
     input_ids: torch.Tensor  # (B, T) or (2B, T)
     attention_mask: torch.Tensor
@@ -52,36 +95,47 @@ class MultitaskBERT(nn.Module):
     """Shared minBERT with Sentence-BERT heads (see the module docstring)."""
 
     def __init__(self, bert: BertModel, pooling: str = "mean", dropout: float = 0.1,
-                 pair_encoder: str = "sbert", similarity_objective: str = "cosine"):
+                 pair_encoder: str | dict = "sbert", similarity_objective: str = "cosine",
+                 sentiment_ordinal_weight: float = 0.0, head_hidden: int = 0, head_activation: str = "tanh"):
         super().__init__()
         if pooling not in POOLINGS:
             raise ValueError(f"pooling must be one of {POOLINGS}, got {pooling!r}")
-        if pair_encoder not in PAIR_ENCODERS:
-            raise ValueError(f"pair_encoder must be one of {PAIR_ENCODERS}, got {pair_encoder!r}")
         if similarity_objective not in SIMILARITY_OBJECTIVES:
             raise ValueError(f"similarity_objective must be one of {SIMILARITY_OBJECTIVES}, "
                              f"got {similarity_objective!r}")
+        if head_activation not in HEAD_ACTIVATIONS or head_hidden < 0:
+            raise ValueError(f"head_hidden must be >= 0 and head_activation one of {tuple(HEAD_ACTIVATIONS)}")
         hidden = bert.config.hidden_size
         self.bert = bert
         self.pooling = pooling
-        self.pair_encoder = pair_encoder
+        self.pair_encoders = parse_pair_encoders(pair_encoder)
         self.similarity_objective = similarity_objective
-        self.objectives = task_objectives(pair_encoder, similarity_objective)
+        self.sentiment_ordinal_weight = sentiment_ordinal_weight
+        self.head_hidden, self.head_activation = head_hidden, head_activation
+        self.objectives = task_objectives(self.pair_encoders, similarity_objective, sentiment_ordinal_weight)
         self.dropout = nn.Dropout(dropout)
-        self.sentiment_head = nn.Linear(hidden, N_SENTIMENT_CLASSES)
-        if pair_encoder == "sbert":
-            self.paraphrase_head = nn.Linear(3 * hidden, 1)
-        else:
-            self.paraphrase_head = nn.Linear(hidden, 1)
-            self.similarity_head = nn.Linear(hidden, 1)
+        reads_two = {task: self.pair_encoders[task] != "cross" for task in PAIR_TASKS}  # features from u and v
+        features = {"sst": hidden, "qqp": 3 * hidden if reads_two["qqp"] else hidden, "sts": hidden}
+        if head_hidden:
+            self.dense_heads = nn.ModuleDict({
+                task: nn.Sequential(nn.Linear(size, head_hidden), HEAD_ACTIVATIONS[head_activation](),
+                                    nn.Dropout(dropout))
+                for task, size in features.items()})
+            features = dict.fromkeys(features, head_hidden) | ({"qqp": 3 * head_hidden} if reads_two["qqp"] else {})
+        self.sentiment_head = nn.Linear(features["sst"], N_SENTIMENT_CLASSES)
+        self.paraphrase_head = nn.Linear(features["qqp"], 1)
+        if not reads_two["sts"]:
+            self.similarity_head = nn.Linear(features["sts"], 1)
 
     def head_options(self) -> dict:
-        return {"pooling": self.pooling, "dropout": self.dropout.p, "pair_encoder": self.pair_encoder,
-                "similarity_objective": self.similarity_objective}
+        return {"pooling": self.pooling, "dropout": self.dropout.p, "pair_encoder": self.pair_encoders,
+                "similarity_objective": self.similarity_objective,
+                "sentiment_ordinal_weight": self.sentiment_ordinal_weight, "head_hidden": self.head_hidden,
+                "head_activation": self.head_activation}
 
     def reads_pairs_jointly(self, task: str) -> bool:
         """Whether this task's batches hold each pair as one sequence (collate with cross_encoder=True)."""
-        return task != "sst" and self.pair_encoder == "cross"
+        return task in PAIR_TASKS and self.pair_encoders[task] != "sbert"
 
     @staticmethod
     def is_shared(parameter_name: str) -> bool:
@@ -98,7 +152,9 @@ class MultitaskBERT(nn.Module):
     def encoder_inputs(self, task: str, batch: dict) -> EncoderInputs:
         """What the encoder reads for this task: SBERT pairs become both sides as one (2B, T) batch,
         one encoder pass instead of two."""
-        if task == "sst" or self.pair_encoder == "cross":
+        if self.reads_pairs_jointly(task) and "input_ids" not in batch:
+            batch = join_pairs(batch)
+        if not (task in PAIR_TASKS and self.pair_encoders[task] == "sbert"):
             return EncoderInputs(batch["input_ids"], batch["attention_mask"], batch.get("token_type_ids"))
         length = max(batch["input_ids_1"].shape[1], batch["input_ids_2"].shape[1])
         ids = torch.cat([pad_to(batch["input_ids_1"], length), pad_to(batch["input_ids_2"], length)])
@@ -109,14 +165,28 @@ class MultitaskBERT(nn.Module):
         return (self.bert.embed(inputs.input_ids, inputs.token_type_ids),)  # (B, T, H) or (2B, T, H)
 
     def outputs_from_embeddings(self, task: str, embeddings: tuple[torch.Tensor, ...],
-                                attention_mask: torch.Tensor) -> torch.Tensor:
-        pooled = self.pool(self.bert.encode(embeddings[0], attention_mask), attention_mask)  # (B, H) or (2B, H)
+                                inputs: EncoderInputs) -> torch.Tensor:
+        return self.outputs_from_hidden(task, self.bert.encode(embeddings[0], inputs.attention_mask), inputs)
+
+    def features(self, task: str, features: torch.Tensor) -> torch.Tensor:
+        """The task's own dense layer (head_hidden > 0), else the features as they are."""
+        return self.dense_heads[task](features) if self.head_hidden else features
+
+    def outputs_from_hidden(self, task: str, hidden: torch.Tensor, inputs: EncoderInputs) -> torch.Tensor:
+        """The task's outputs from the encoder's last hidden states (B, T, H) or (2B, T, H)."""
+        mask = inputs.attention_mask
         if task == "sst":
-            return self.sentiment_head(self.dropout(pooled))  # (B, 5)
-        if self.pair_encoder == "cross":
+            return self.sentiment_head(self.dropout(self.features(task, self.pool(hidden, mask))))  # (B, 5)
+        encoder = self.pair_encoders[task]
+        if encoder == "cross":
             head = self.paraphrase_head if task == "qqp" else self.similarity_head
-            return head(self.dropout(pooled)).squeeze(-1)  # (B,)
-        u, v = pooled.chunk(2)  # (B, H) each
+            return head(self.dropout(self.features(task, self.pool(hidden, mask)))).squeeze(-1)  # (B,)
+        if encoder == "sbert":
+            u, v = self.pool(hidden, mask).chunk(2)  # (B, H) each
+        else:  # hybrid: [CLS] s1 [SEP] is segment 0, s2 [SEP] segment 1
+            second = inputs.token_type_ids.bool() & mask.bool()  # (B, T)
+            u, v = mean_pool(hidden, mask.bool() & ~second), mean_pool(hidden, second)  # (B, H) each
+        u, v = self.features(task, u), self.features(task, v)
         if task == "qqp":
             features = torch.cat([u, v, (u - v).abs()], dim=-1)  # (B, 3H)
             return self.paraphrase_head(self.dropout(features)).squeeze(-1)  # (B,)
@@ -124,7 +194,7 @@ class MultitaskBERT(nn.Module):
 
     def forward(self, task: str, batch: dict) -> torch.Tensor:
         inputs = self.encoder_inputs(task, batch)
-        return self.outputs_from_embeddings(task, self.embed(inputs), inputs.attention_mask)
+        return self.outputs_from_embeddings(task, self.embed(inputs), inputs)
 
     def predict(self, task: str, batch: dict) -> torch.Tensor:
         """The task's prediction: SST class, QQP 0/1, STS score on 0-5."""

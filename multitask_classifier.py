@@ -19,6 +19,7 @@ from base_bert import CheckpointError
 from bert import BertModel
 from datasets import DataError, DataWarning, load_task_data, show_data_warnings_on_one_line, subsample
 from evaluation import summarize_line, write_predictions, write_run_reports
+from mlm import load_mlm_head
 from multitask_bert import MultitaskBERT, load_multitask_model
 from runtime import resolve_device, seed_everything
 from schedules import Stage, build_schedule, train_tasks
@@ -55,6 +56,8 @@ def load_inputs(args: TrainingArguments) -> tuple[list[Stage], dict, list[str], 
     try:
         stages = build_schedule(args.schedule, args.first_stages, args.cycle, args.cycles, args.epochs,
                                 args.simcse_epochs if args.simcse_data else 0)
+        if args.option == "pretrain" and any(stage.kind == "mlm" for stage in stages):
+            raise ValueError("the mlm stage trains the encoder, which --option pretrain freezes; use --option finetune")
         if regularized_tasks(args):
             smart_configs(args)  # bad SMART settings fail here
         with warnings.catch_warnings(record=True) as dropped:
@@ -81,12 +84,16 @@ def build_model(args: TrainingArguments, trains_sts: bool) -> MultitaskBERT:
     overrides = {} if args.encoder_dropout is None else {"hidden_dropout_prob": args.encoder_dropout}
     bert = BertModel.from_pretrained(args.pretrained, **overrides)
     check_max_length(args.max_length, bert.config.max_position_embeddings, args.pretrained)
-    model = MultitaskBERT(bert, args.pooling, args.hidden_dropout_prob, args.pair_encoder, args.similarity_objective)
+    ordinal_weight = args.ordinal_weight if args.sst_objective == "ordinal" else 0.0
+    model = MultitaskBERT(bert, args.pooling, args.hidden_dropout_prob, args.pair_encoder, args.similarity_objective,
+                          ordinal_weight, args.head_hidden, args.head_activation)
     if args.option == "pretrain":
         for parameter in model.bert.parameters():
             parameter.requires_grad = False
-        if args.pair_encoder == "sbert" and trains_sts:
-            print("note: with --option pretrain the SBERT similarity (a cosine) has no trainable weights; "
+        sts_weights = [name for name, p in model.named_parameters()
+                       if p.requires_grad and name.startswith(("similarity_head.", "dense_heads.sts."))]
+        if trains_sts and not sts_weights:
+            print("note: with --option pretrain the STS cosine has no trainable weights; "
                   "STS training steps change nothing")
     return model
 
@@ -112,7 +119,13 @@ def run(args: TrainingArguments) -> Trainer:
                          "start without --resume")
     seed_everything(args.seed)
     model = build_model(args, "sts" in train_tasks(stages)).to(device)
-    trainer = Trainer(args, model, BertTokenizer.from_pretrained(args.pretrained), data, triplets, device)
+    mlm_head = None
+    if any(stage.kind == "mlm" for stage in stages):
+        mlm_head, found = load_mlm_head(args.pretrained, model.bert.config)
+        mlm_head.to(device)
+        print(f"mlm stage: the MLM head of {args.pretrained}" if found else
+              f"mlm stage: {args.pretrained} has no MLM head; starting from a fresh one")
+    trainer = Trainer(args, model, BertTokenizer.from_pretrained(args.pretrained), data, triplets, device, mlm_head)
     if args.resume:
         trainer.resume(output_dir / "last", stages)
         print(f"resuming after stage {trainer.next_stage} of {len(stages)}")

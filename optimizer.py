@@ -100,15 +100,35 @@ class AdamW(torch.optim.Optimizer):
             torch._foreach_add_(params, params, alpha=-lr * group["weight_decay"])
 
 
-def weight_decay_groups(named_parameters, weight_decay: float) -> list[dict]:
-    """BERT's convention: decay every weight matrix and embedding, never a bias or a LayerNorm weight
-    (the 1-dimensional parameters). Frozen parameters are left out."""
-    decay, no_decay = [], []
-    for _, parameter in named_parameters:
+def encoder_depth(parameter_name: str, num_layers: int) -> int:
+    """Where a parameter sits for layer-wise learning-rate decay: 0 for BERT's embeddings, l for its
+    layer l (1..L), L + 1 for everything above the last layer (pooler, task heads)."""
+    parts = parameter_name.split(".")
+    if "embeddings" in parts[:2]:
+        return 0
+    if "layers" in parts and parts.index("layers") + 1 < len(parts) and "encoder" in parts:
+        return int(parts[parts.index("layers") + 1]) + 1
+    return num_layers + 1
+
+
+def weight_decay_groups(named_parameters, weight_decay: float, layerwise_lr_decay: float = 1.0,
+                        num_layers: int = 0) -> list[dict]:
+    """Parameter groups with BERT's weight-decay convention: decay every weight matrix and embedding, never
+    a bias or a LayerNorm weight (the 1-dimensional parameters). Frozen parameters are left out.
+
+    Each group carries an "lr_scale" for layer-wise learning-rate decay (Howard & Ruder 2018; Sun et al.
+    2019): layer l of L trains at decay^(L - l) times the rate, the embeddings at decay^L, the pooler and
+    the heads at the full rate. With decay 1 every scale is 1.
+    """
+    groups: dict[tuple[bool, float], list] = {}
+    for name, parameter in named_parameters:
         if parameter.requires_grad:
-            (decay if parameter.dim() >= 2 else no_decay).append(parameter)
-    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return [group for group in groups if group["params"]]
+            depth = min(encoder_depth(name, num_layers), num_layers)
+            key = (parameter.dim() >= 2, layerwise_lr_decay ** (num_layers - depth))
+            groups.setdefault(key, []).append(parameter)
+    ordered = sorted(groups.items(), key=lambda item: (not item[0][0], -item[0][1]))  # matrices first
+    return [{"params": params, "weight_decay": weight_decay if is_matrix else 0.0, "lr_scale": scale}
+            for (is_matrix, scale), params in ordered]
 
 
 def _check_hyperparameters(lr: float, betas: Sequence[float], eps: float, weight_decay: float) -> None:

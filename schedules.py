@@ -2,7 +2,8 @@
 learning-rate schedule.
 
 Stage syntax (sequential schedule): a comma-separated list of `task[:fraction][*repeats]`, e.g.
-'qqp,sts*2,qqp:0.03' = one QQP epoch, two STS epochs, one epoch on a random 3% of QQP.
+'qqp,sts*2,qqp:0.03' = one QQP epoch, two STS epochs, one epoch on a random 3% of QQP; `mlm` is a
+masked-language-model epoch on the three tasks' training sentences ('mlm:0.5,qqp': half an epoch first).
 """
 from __future__ import annotations
 
@@ -17,15 +18,16 @@ LR_SCHEDULES = ("constant", "linear")
 
 @dataclass(frozen=True)
 class Stage:
-    kind: str  # "task", "simcse" or "multitask"
+    kind: str  # "task", "mlm", "simcse" or "multitask"
     task: str | None = None
     fraction: float = 1.0
     epoch: int = 1  # 1-based epoch within a multi-task schedule (annealing needs it)
 
     @property
     def label(self) -> str:
-        if self.kind == "task":
-            return self.task if self.fraction == 1.0 else f"{self.task}@{self.fraction:g}"
+        if self.kind in ("task", "mlm"):
+            name = self.task if self.kind == "task" else "mlm"
+            return name if self.fraction == 1.0 else f"{name}@{self.fraction:g}"
         return self.kind if self.kind == "simcse" else f"multitask-{self.epoch}"
 
 
@@ -36,9 +38,9 @@ def parse_stage_list(text: str) -> list[Stage]:
         stage_text, _, count = token.partition("*")
         name, _, fraction = (part.strip() for part in stage_text.partition(":"))
         try:
-            task = task_name(name)
+            task = None if name == "mlm" else task_name(name)
         except ValueError:
-            raise ValueError(f"unknown stage {name!r} in {text!r}; use sst, sts, qqp "
+            raise ValueError(f"unknown stage {name!r} in {text!r}; use sst, sts, qqp or mlm "
                              "(optionally :fraction, *repeats)") from None
         try:
             repeat = int(count) if count else 1
@@ -50,7 +52,7 @@ def parse_stage_list(text: str) -> list[Stage]:
             raise ValueError(f"stage {token!r}: the repeat count must be >= 1")
         if not 0 < value <= 1:
             raise ValueError(f"stage {token!r}: the fraction must be in (0, 1]")
-        stages += [Stage("task", task, value)] * repeat
+        stages += [Stage("task", task, value) if task else Stage("mlm", fraction=value)] * repeat
     return stages
 
 
@@ -92,9 +94,9 @@ def multitask_order(schedule: str, sizes: dict[str, int], epoch: int, epochs: in
 
 
 def train_tasks(stages: list[Stage]) -> set[str]:
-    """The tasks whose train sets a schedule reads."""
+    """The tasks whose train sets a schedule reads (an mlm stage reads the sentences of all three)."""
     tasks = {s.task for s in stages if s.kind == "task"}
-    return tasks | set(MULTITASK) if any(s.kind == "multitask" for s in stages) else tasks
+    return tasks | set(MULTITASK) if any(s.kind in ("multitask", "mlm") for s in stages) else tasks
 
 
 def learning_rate_factor(update: int, total_updates: int, schedule: str = "constant",

@@ -18,7 +18,7 @@ Usage with a model that splits into `embed(task, batch)` and `outputs_from_embed
     regularizer = SmartRegularizer(model, SmartConfig())
     inputs = model.encoder_inputs(task, batch)
     embeddings = model.embed(inputs)                                        # one (B, T, H) per sentence
-    forward_fn = lambda e: model.outputs_from_embeddings(task, e, inputs.attention_mask)
+    forward_fn = lambda e: model.outputs_from_embeddings(task, e, inputs)
     outputs = forward_fn(embeddings)                                        # the one clean forward
     loss = task_loss(outputs) + regularizer.penalty(forward_fn, embeddings, outputs, "categorical",
                                                     teacher_args=(task, batch))

@@ -32,6 +32,7 @@ class BertTokenizer:
         self.cls_token_id = self.backend.token_to_id("[CLS]")
         self.sep_token_id = self.backend.token_to_id("[SEP]")
         self.unk_token_id = self.backend.token_to_id("[UNK]")
+        self.mask_token_id = self.backend.token_to_id("[MASK]")  # None is allowed: only the MLM stage needs it
         if None in (self.pad_token_id, self.cls_token_id, self.sep_token_id, self.unk_token_id):
             raise CheckpointError("the vocabulary lacks one of [PAD], [CLS], [SEP], [UNK]")
         self._settings: tuple = (None, None)

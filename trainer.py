@@ -1,5 +1,5 @@
 """The training loop of MultitaskBERT: stages, optimisation steps with gradient accumulation, SMART,
-PCGrad, evaluation after every stage, logging and the checkpoints --resume continues from.
+LNSR, gradient surgery, evaluation after every stage, logging and the checkpoints --resume continues from.
 
     trainer = Trainer(args, model, tokenizer, data, triplets, device)   # args: a TrainingArguments
     trainer.train(stages)                                                # schedules.build_schedule(...)
@@ -12,7 +12,7 @@ import json
 import math
 import random
 import time
-from functools import partial
+from functools import cached_property, partial
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +24,9 @@ from checkpoint import (atomic_save, check_fields, check_resume_settings, optimi
                         restore_optimizer, restore_rng, rng_state)
 from datasets import TaskData, in_file_order, make_dataloader, subsample
 from evaluation import overall_score, summarize_line, task_metrics
-from gradient_surgery import pcgrad_combine
+from gradient_surgery import combine_task_gradients
+from lnsr import LnsrConfig, encode_with_noise_stability
+from mlm import MaskedLanguageModelHead, mlm_batches, mlm_loss, task_sentences
 from multitask_bert import MultitaskBERT, model_metadata, save_multitask_model
 from optimizer import AdamW, weight_decay_groups
 from runtime import bf16_autocast, to_device
@@ -32,24 +34,30 @@ from schedules import Stage, learning_rate_factor, multitask_order
 from simcse import pairwise_contrastive_loss, supervised_simcse_loss, triplet_batches
 from smart import BregmanTeacher, SmartRegularizer, bregman_momentum
 from tasks import MULTITASK
-from training_args import TrainingArguments, regularized_tasks, resume_free_fields, smart_configs
+from training_args import (TrainingArguments, lnsr_config, lnsr_tasks, regularized_tasks, resume_free_fields,
+                           smart_configs)
 
 TRAINING_STATE_FIELDS = {"args": dict, "data_sha256": dict, "next_stage": int, "history": list, "best_score": (int, float),
                          "updates": int, "optimizer": dict, "rng": dict, "smart_skipped_steps": dict}
 SUMMARY_KEYS = ("index", "stage", "train_loss", "seconds", "sst_acc", "qqp_acc", "sts_pearson", "overall")
 
 
-def compute_task_loss(model: MultitaskBERT, task: str, batch: dict,
-                      regularizer: SmartRegularizer | None = None) -> torch.Tensor:
-    """The task's loss on one batch, plus SMART's penalty when a regularizer is given."""
+def compute_task_loss(model: MultitaskBERT, task: str, batch: dict, regularizer: SmartRegularizer | None = None,
+                      lnsr: LnsrConfig | None = None) -> torch.Tensor:
+    """The task's loss on one batch, plus SMART's and LNSR's penalties when they are given."""
     inputs = model.encoder_inputs(task, batch)
     embeddings = model.embed(inputs)
 
     def forward_fn(e):
-        return model.outputs_from_embeddings(task, e, inputs.attention_mask)
-    outputs = forward_fn(embeddings)
+        return model.outputs_from_embeddings(task, e, inputs)
     objective = model.objectives[task]
-    loss = objective.loss(outputs, batch["labels"])
+    if lnsr is None:
+        outputs = forward_fn(embeddings)
+        loss = objective.loss(outputs, batch["labels"])
+    else:  # the clean pass of LNSR is the task's forward
+        hidden, penalty = encode_with_noise_stability(model.bert.encoder, embeddings[0], inputs.attention_mask, lnsr)
+        outputs = model.outputs_from_hidden(task, hidden, inputs)
+        loss = objective.loss(outputs, batch["labels"]) + penalty
     if regularizer is not None:
         loss = loss + regularizer.penalty(forward_fn, embeddings, outputs, objective.divergence,
                                           teacher_args=(task, batch))
@@ -107,12 +115,22 @@ class Trainer:
     """Runs a schedule of stages; owns the model, optimizer, SMART state and checkpoints."""
 
     def __init__(self, args: TrainingArguments, model: MultitaskBERT, tokenizer, data: dict[str, TaskData],
-                 triplets: list, device: torch.device):
+                 triplets: list, device: torch.device, mlm_head: MaskedLanguageModelHead | None = None):
+        """`mlm_head`: given when the schedule has an mlm stage; it trains with the model, and only
+        the training state (for --resume) keeps it."""
         self.args, self.model, self.tokenizer, self.data, self.triplets = args, model, tokenizer, data, triplets
         self.data_sha256 = data_fingerprints(data, triplets)  # the data never changes during a run
         self.device = device
         self.output_dir = Path(args.output_dir)
-        self.optimizer = AdamW(weight_decay_groups(model.named_parameters(), args.weight_decay), lr=args.lr)
+        self.mlm_head = mlm_head
+        named = list(model.named_parameters())
+        if mlm_head is not None:
+            named += [(f"mlm_head.{name}", p) for name, p in mlm_head.named_parameters()]
+        groups = weight_decay_groups(named, args.weight_decay, args.layerwise_lr_decay,
+                                     model.bert.config.num_hidden_layers)
+        self.optimizer = AdamW(groups, lr=args.lr)
+        num_layers = model.bert.config.num_hidden_layers
+        self.lnsr = {task: lnsr_config(args, num_layers) for task in lnsr_tasks(args)}
         smart_tasks = regularized_tasks(args)
         configs = smart_configs(args) if smart_tasks else {}
         self.teacher = None
@@ -131,7 +149,7 @@ class Trainer:
     def task_step(self, task: str, batch: dict, group_size: int) -> float:
         batch = to_device(batch, self.device)
         with self.amp:
-            loss = compute_task_loss(self.model, task, batch, self.regularizers.get(task))
+            loss = compute_task_loss(self.model, task, batch, self.regularizers.get(task), self.lnsr.get(task))
         if loss.requires_grad:  # not so for the SBERT cosine with --option pretrain: it has no trainable weight
             (loss / group_size).backward()
         return loss.item()
@@ -148,28 +166,38 @@ class Trainer:
         (loss / group_size).backward()
         return loss.item()
 
-    def pcgrad_step(self, batches: dict, group_size: int, rng: random.Random) -> float:
-        """One backward per task, then the tasks' gradients combined by PCGrad into .grad."""
+    def mlm_step(self, batch: dict, group_size: int) -> float:
+        batch = to_device(batch, self.device)
+        with self.amp:
+            loss = mlm_loss(self.model.bert, self.mlm_head, batch)
+        (loss / group_size).backward()
+        return loss.item()
+
+    def surgery_step(self, batches: list[tuple[str, dict]], group_size: int, rng: random.Random) -> float:
+        """One backward per task (a task's batches summed), then the tasks' gradients combined by
+        --gradient_surgery into .grad."""
         named = [(name, p) for name, p in self.model.named_parameters() if p.requires_grad]
         params = [p for _, p in named]
         accumulated = [p.grad for p in params]
         task_gradients, losses = [], []
-        for task, batch in batches.items():
+        for task in dict.fromkeys(task for task, _ in batches):
             for p in params:
                 p.grad = None
-            losses.append(self.task_step(task, batch, group_size))
+            losses += [self.task_step(task, batch, group_size) for name, batch in batches if name == task]
             task_gradients.append([p.grad if p.grad is not None else torch.zeros_like(p) for p in params])
-        combined = pcgrad_combine(task_gradients, [self.model.is_shared(name) for name, _ in named], rng)
+        combined = combine_task_gradients(self.args.gradient_surgery, task_gradients,
+                                          [self.model.is_shared(name) for name, _ in named], rng, self.args.cagrad_c)
         for p, previous, gradient in zip(params, accumulated, combined):
             p.grad = gradient if previous is None else previous + gradient
         return float(np.mean(losses))
 
     def optimizer_step(self) -> None:
         if self.args.max_grad_norm > 0:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.args.max_grad_norm)
+            torch.nn.utils.clip_grad_norm_([p for g in self.optimizer.param_groups for p in g["params"]],
+                                           self.args.max_grad_norm)
         factor = learning_rate_factor(self.updates, self.total_updates, self.args.lr_schedule, self.args.warmup_ratio)
         for group in self.optimizer.param_groups:
-            group["lr"] = self.stage_lr * factor
+            group["lr"] = self.stage_lr * factor * group["lr_scale"]
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         if self.teacher is not None:
@@ -205,11 +233,20 @@ class Trainer:
             return math.ceil(self.stage_size(stage) / self.args.batch_size)
         if stage.kind == "simcse":
             return math.ceil(len(self.triplets) / self.args.batch_size)
+        if stage.kind == "mlm":
+            return math.ceil(self.stage_size(stage) / self.args.batch_size)
         total = sum(math.ceil(len(self.data[t].train) / self.args.batch_size) for t in MULTITASK)
-        return math.ceil(total / len(MULTITASK)) if self.args.pcgrad else total
+        return math.ceil(total / len(MULTITASK)) if self.args.gradient_surgery != "none" else total
 
     def stage_size(self, stage: Stage) -> int:
-        return max(1, round(stage.fraction * len(self.data[stage.task].train)))
+        """Examples (sentences for mlm) the stage trains on."""
+        available = len(self.sentences) if stage.kind == "mlm" else len(self.data[stage.task].train)
+        return max(1, round(stage.fraction * available))
+
+    @cached_property
+    def sentences(self) -> list[str]:
+        """The three tasks' distinct training sentences, the mlm stage's text."""
+        return task_sentences(self.data)
 
     def run_stage(self, index: int, stage: Stage) -> float:
         seed = self.args.seed + 1000 * index  # data order depends on the stage only: resumable
@@ -222,6 +259,10 @@ class Trainer:
         if stage.kind == "simcse":
             batches = triplet_batches(self.triplets, self.tokenizer, self.args.batch_size, seed, self.args.max_length)
             return self.run_steps(((self.simcse_step, b) for b in batches), self.stage_batches(stage), description)
+        if stage.kind == "mlm":
+            sentences = subsample(self.sentences, self.stage_size(stage), seed)
+            batches = mlm_batches(sentences, self.tokenizer, self.args.batch_size, seed, self.args.max_length)
+            return self.run_steps(((self.mlm_step, b) for b in batches), self.stage_batches(stage), description)
         return self.run_multitask_epoch(stage, seed, description)
 
     def run_multitask_epoch(self, stage: Stage, seed: int, description: str) -> float:
@@ -229,12 +270,15 @@ class Trainer:
         batches = RestartingLoaders(loaders)
         rng = random.Random(seed)
         steps = self.stage_batches(stage)
-        if self.args.pcgrad:  # every step sees one batch of each task
-            step = partial(self.pcgrad_step, rng=rng)
-            pairs = ((step, {t: batches.next(t) for t in MULTITASK}) for _ in range(steps))
-            return self.run_steps(pairs, steps, description + " pcgrad")
         sizes = {t: len(self.data[t].train) for t in MULTITASK}
-        order = multitask_order(self.args.schedule, sizes, stage.epoch, self.args.epochs, steps, rng)
+        surgery = self.args.gradient_surgery != "none"
+        per_step = len(MULTITASK) if surgery else 1  # surgery: three batches a step (round_robin: one per task)
+        order = multitask_order(self.args.schedule, sizes, stage.epoch, self.args.epochs, steps * per_step, rng)
+        if surgery:
+            step = partial(self.surgery_step, rng=rng)
+            groups = (order[i * per_step:(i + 1) * per_step] for i in range(steps))
+            pairs = ((step, [(t, batches.next(t)) for t in group]) for group in groups)
+            return self.run_steps(pairs, steps, f"{description} {self.args.gradient_surgery}")
         return self.run_steps(((partial(self.task_step, t), batches.next(t)) for t in order), steps, description)
 
     # -- evaluation -------------------------------------------------------------------------------
@@ -300,6 +344,8 @@ class Trainer:
         tensors.update(rng_tensors)
         if self.teacher is not None:
             tensors.update({f"teacher.{k}": v.contiguous() for k, v in self.teacher.state_dict().items()})
+        if self.mlm_head is not None:
+            tensors.update({f"mlm_head.{k}": v.detach().contiguous() for k, v in self.mlm_head.state_dict().items()})
         atomic_save(prefix, tensors, {
             **model_metadata(self.model), "args": dataclasses.asdict(self.args), "next_stage": self.next_stage,
             "history": self.history, "best_score": self.best_score, "updates": self.updates,
@@ -345,6 +391,8 @@ class Trainer:
         if self.teacher is not None:
             self.teacher.load_state_dict({k[8:]: v.to(self.device) for k, v in tensors.items()
                                           if k.startswith("teacher.")})
+        if self.mlm_head is not None:
+            self.mlm_head.load_state_dict({k[9:]: v for k, v in tensors.items() if k.startswith("mlm_head.")})
         for task, skipped in metadata["smart_skipped_steps"].items():
             if task in self.regularizers:
                 self.regularizers[task].skipped_steps = skipped

@@ -20,6 +20,9 @@ from pathlib import Path
 
 from datasets import standard_paths
 from evaluation import DEFAULT_OUTPUTS
+from gradient_surgery import GRADIENT_SURGERIES
+from lnsr import LnsrConfig
+from multitask_bert import HEAD_ACTIVATIONS, parse_pair_encoders
 from smart import SmartConfig
 from tasks import MULTITASK, SPLITS, course_file_name, data_flag, output_flag, task_name
 
@@ -30,6 +33,7 @@ OPTIMISATION = "optimisation"
 SCHEDULE = "schedule"
 SMART = "SMART (Jiang et al. 2020); defaults are the paper's"
 SIMCSE = "SimCSE stage (before the tasks)"
+LNSR = "LNSR, layer-wise noise stability (Hua et al. 2021); defaults are AllBERT's for STS"
 
 
 class UsageError(ValueError):
@@ -135,11 +139,20 @@ class TrainingArguments:
 
     # Model heads.
     pooling: str = flag("mean", group=HEADS, choices=("mean", "cls"))
-    pair_encoder: str = flag("sbert", "sbert: sentences encoded apart; cross: one joint pair encoding "
-                               "(baseline)", HEADS, choices=("sbert", "cross"))
+    pair_encoder: str = flag("sbert", "how qqp and sts read a pair: sbert (sentences encoded apart), cross (one "
+                               "joint encoding, segment ids 0/1, a linear head) or hybrid (the joint encoding, each "
+                               "sentence mean-pooled apart; AllBERT's STS); one for both or per task, e.g. "
+                               "qqp:cross,sts:hybrid", HEADS)
     similarity_objective: str = flag("cosine", "cosine: MSE(cos, label/5) (measured best); shifted: the "
-                                       "handout's 2.5cos+2.5; cosent (SBERT only)", HEADS,
+                                       "handout's 2.5cos+2.5; cosent (sbert and hybrid STS)", HEADS,
                                        choices=("cosine", "shifted", "cosent"))
+    sst_objective: str = flag("ce", "ce: cross entropy; ordinal: plus --ordinal_weight x the expected distance "
+                                "|y - j| of the predicted class (AllBERT)", HEADS, choices=("ce", "ordinal"))
+    ordinal_weight: float = flag(1.0, "lambda of --sst_objective ordinal", HEADS, type=float)
+    head_hidden: int = flag(0, "a dense layer of this width (linear, activation, dropout) in each task's head "
+                              "before its output (0: none)", HEADS, type=int)
+    head_activation: str = flag("tanh", "activation of --head_hidden (tanh: BERT's pooler's)", HEADS,
+                                  choices=tuple(HEAD_ACTIVATIONS))
     encoder_dropout: float | None = flag(None, "dropout inside BERT (default: the checkpoint's own, 0.1 "
                                            "for BERT)", HEADS, type=float)
 
@@ -154,6 +167,9 @@ class TrainingArguments:
                               choices=("constant", "linear"))
     warmup_ratio: float = flag(0.1, "share of the updates spent warming up (--lr_schedule linear)",
                                  OPTIMISATION, type=float)
+    layerwise_lr_decay: float = flag(1.0, "layer l of L trains at lr x decay^(L - l), the embeddings at "
+                                       "lr x decay^L, pooler and heads at lr (1: off; e.g. 0.95)", OPTIMISATION,
+                                       type=float)
     bf16: bool | None = flag(None, "bf16 autocast (default: on for CUDA, off for CPU; on a CPU with native bf16, "
                                "e.g. AVX512-BF16 or AMX, --bf16 measured 1.2-1.6x faster, see BENCHMARKS.md)",
                                OPTIMISATION, action=argparse.BooleanOptionalAction)
@@ -166,8 +182,11 @@ class TrainingArguments:
     # --cycles may change on --resume (to shorten or extend a sequential run) as long as the stages
     # already done begin the new schedule: stage i's data order depends on i alone.
     cycles: int = flag(10, group=SCHEDULE, resume_free=True, type=int)
-    pcgrad: bool = flag(False, "round_robin only: one batch per task each step, shared-encoder gradients "
-                          "combined by PCGrad", SCHEDULE, action="store_true")
+    gradient_surgery: str = flag("none", "annealed / round_robin: each step takes three batches (round_robin: one "
+                                   "per task) and combines the tasks' shared-encoder gradients by pcgrad or cagrad; "
+                                   "heads keep their own", SCHEDULE, choices=GRADIENT_SURGERIES)
+    cagrad_c: float = flag(0.4, "c of CAGrad, the radius around the mean gradient (the authors' default)",
+                             SCHEDULE, type=float)
 
     # SMART.
     smart: bool = flag(False, "regularise the tasks in --smart_tasks", SMART, action="store_true")
@@ -185,6 +204,14 @@ class TrainingArguments:
     smart_norm_level: str = flag("token", group=SMART, choices=("token", "sentence"))
     smart_override: list = flag([], "per-task setting, e.g. sst:adv_weight=10 (repeatable)", SMART,
                                   action="append", metavar="TASK:key=value,...")
+
+    # LNSR.
+    lnsr: bool = flag(False, "regularise the tasks in --lnsr_tasks", LNSR, action="store_true")
+    lnsr_tasks: str = flag("sts", group=LNSR)
+    lnsr_weight: float = flag(0.005, "lambda", LNSR, type=float)
+    lnsr_layer: int | None = flag(None, "b: noise added to this layer's output (0: the embeddings), later layers "
+                                    "measured (default: L - 2, AllBERT's 10 of 12)", LNSR, type=int)
+    lnsr_noise_std: float = flag(LnsrConfig.noise_std, "sigma (AllBERT: sigma^2 = 1e-5)", LNSR, type=float)
 
     # SimCSE.
     simcse_data: list = flag([], "NLI files (.jsonl, SentEval s1.*, SICK.txt, premise,positive,negative .csv)",
@@ -210,8 +237,22 @@ class TrainingArguments:
         _check(_finite(self.warmup_ratio) and 0 <= self.warmup_ratio < 1, "--warmup_ratio must be in [0, 1)")
         _check(self.smart_momentum is None or (_finite(self.smart_momentum) and 0 <= self.smart_momentum < 1),
                f"--smart_momentum must be in [0, 1), got {self.smart_momentum}")
-        _check(not self.pcgrad or self.schedule == "round_robin",
-               "--pcgrad needs --schedule round_robin (each step takes one batch of every task)")
+        _check(self.gradient_surgery == "none" or self.schedule != "sequential",
+               "--gradient_surgery needs --schedule annealed or round_robin (each step trains several tasks)")
+        _check(_finite(self.cagrad_c) and self.cagrad_c >= 0, f"--cagrad_c must be finite and >= 0, got {self.cagrad_c}")
+        _check(_finite(self.layerwise_lr_decay) and 0 < self.layerwise_lr_decay <= 1,
+               f"--layerwise_lr_decay must be in (0, 1], got {self.layerwise_lr_decay}")
+        _check(self.head_hidden >= 0, f"--head_hidden must be >= 0, got {self.head_hidden}")
+        _check(_finite(self.ordinal_weight) and self.ordinal_weight >= 0, "--ordinal_weight must be finite and >= 0")
+        try:
+            encoders = parse_pair_encoders(self.pair_encoder)
+        except ValueError as err:
+            raise ValueError(f"--pair_encoder: {err}") from None
+        _check(encoders["sts"] != "cross" or self.similarity_objective == "cosine",
+               "--similarity_objective applies to a cosine; a cross-encoded STS is trained as MSE(sigmoid, label/5)")
+        if self.lnsr:
+            lnsr_tasks(self)
+            lnsr_config(self, num_layers=None)  # LnsrConfig checks the weight, the noise and the layer
         _check(not (self.simcse_data and self.option == "pretrain"),
                "the SimCSE stage trains the encoder, which --option pretrain freezes; use --option finetune")
 
@@ -336,3 +377,22 @@ def smart_configs(args: TrainingArguments) -> dict[str, SmartConfig]:
                 raise ValueError(f"--smart_override {override!r}: {key} must be a "
                                  f"{type(base[key]).__name__}, got {value!r}") from None
     return {task: SmartConfig(**values) for task, values in per_task.items()}
+
+
+def lnsr_tasks(args: TrainingArguments) -> set[str]:
+    """The tasks --lnsr regularises (none without --lnsr)."""
+    if not args.lnsr:
+        return set()
+    try:
+        return {task_name(t) for t in args.lnsr_tasks.split(",") if t.strip()}
+    except ValueError as err:
+        raise ValueError(f"--lnsr_tasks: {err}") from None
+
+
+def lnsr_config(args: TrainingArguments, num_layers: int | None) -> LnsrConfig:
+    """LNSR's settings; the default layer b is L - 2 of the model's L layers (checked once L is known)."""
+    layer = args.lnsr_layer if args.lnsr_layer is not None else max(0, (num_layers or 2) - 2)
+    if num_layers is not None and layer >= num_layers:
+        raise ValueError(f"--lnsr_layer {layer} leaves no layer to measure in a {num_layers}-layer encoder; "
+                         f"use 0..{num_layers - 1}")
+    return LnsrConfig(args.lnsr_weight, layer, args.lnsr_noise_std)

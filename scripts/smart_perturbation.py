@@ -47,7 +47,7 @@ def divergences(model: MultitaskBERT, task: str, batch: dict, epsilon: float, bf
         embeddings = model.embed(inputs)
 
         def forward(e):
-            return model.outputs_from_embeddings(task, e, inputs.attention_mask)
+            return model.outputs_from_embeddings(task, e, inputs)
 
         clean = forward(embeddings)
         deltas = find_perturbation(forward, embeddings, clean, name, config)

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from losses import (SIMILARITY_OBJECTIVES, CosineSimilarityObjective, CrossSimilarityObjective, ParaphraseObjective,
-                    SentimentObjective, cosent_loss, task_objectives)
+                    SentimentObjective, cosent_loss, ordinal_cross_entropy, task_objectives)
 
 
 def cosent_by_hand(cosine, labels, scale):
@@ -39,8 +39,38 @@ def test_cosent_loss_falls_when_the_ranking_is_right():
     assert cosent_loss(torch.tensor([-0.5, 0.0, 0.5]), labels) < cosent_loss(torch.tensor([0.5, 0.0, -0.5]), labels)
 
 
+ALL_SBERT = {"qqp": "sbert", "sts": "sbert"}
+ALL_CROSS = {"qqp": "cross", "sts": "cross"}
+
+
+def test_ordinal_cross_entropy_on_hand_computed_values():
+    # Logits log(p) give softmax p exactly; label 1: distances (1, 0, 1, 2, 3).
+    p = torch.tensor([[0.1, 0.5, 0.2, 0.1, 0.1]])
+    labels = torch.tensor([1])
+    expected_distance = 0.1 * 1 + 0.5 * 0 + 0.2 * 1 + 0.1 * 2 + 0.1 * 3  # 0.8
+    value = ordinal_cross_entropy(p.log(), labels, weight=0.5)
+    assert value.item() == pytest.approx(-math.log(0.5) + 0.5 * expected_distance, rel=1e-6)
+    # Two rows: the batch mean of each part.
+    q = torch.tensor([[0.7, 0.1, 0.1, 0.05, 0.05]])
+    both = ordinal_cross_entropy(torch.cat([p, q]).log(), torch.tensor([1, 4]), weight=2.0)
+    second = -math.log(0.05) + 2.0 * (0.7 * 4 + 0.1 * 3 + 0.1 * 2 + 0.05 * 1)
+    assert both.item() == pytest.approx((-math.log(0.5) + 2.0 * expected_distance + second) / 2, rel=1e-6)
+
+
+def test_ordinal_objective_charges_far_mistakes_more_and_weight_zero_is_cross_entropy():
+    labels = torch.tensor([0])
+    near = torch.tensor([[0.0, 3.0, 0.0, 0.0, 0.0]])  # mass on class 1, next to the label
+    far = torch.tensor([[0.0, 0.0, 0.0, 0.0, 3.0]])  # the same mass on class 4
+    ordinal = SentimentObjective(ordinal_weight=1.0)
+    assert F.cross_entropy(near, labels) == pytest.approx(F.cross_entropy(far, labels))
+    assert ordinal.loss(near, labels) < ordinal.loss(far, labels)
+    logits, classes = torch.randn(6, 5), torch.randint(5, (6,))
+    assert SentimentObjective(0.0).loss(logits, classes) == F.cross_entropy(logits, classes)
+    assert task_objectives(ALL_SBERT, ordinal_weight=0.3)["sst"] == SentimentObjective(0.3)
+
+
 def test_task_loss_per_task_and_objective():
-    sbert = task_objectives("sbert", "cosine")
+    sbert = task_objectives(ALL_SBERT, "cosine")
     logits, classes = torch.randn(4, 5), torch.tensor([0, 4, 2, 1])
     assert sbert["sst"].loss(logits, classes).item() == pytest.approx(F.cross_entropy(logits, classes).item())
     logit, duplicate = torch.randn(4), torch.tensor([0.0, 1.0, 1.0, 0.0])
@@ -52,28 +82,29 @@ def test_task_loss_per_task_and_objective():
                 "shifted": F.mse_loss(cosine, (similarity - 2.5) / 2.5),
                 "cosent": cosent_loss(cosine, similarity)}
     for objective, value in expected.items():
-        sts = task_objectives("sbert", objective)["sts"]
+        sts = task_objectives(ALL_SBERT, objective)["sts"]
         assert sts.loss(cosine, similarity).item() == pytest.approx(value.item()), objective
-    cross = task_objectives("cross", "cosine")["sts"]
+    cross = task_objectives(ALL_CROSS, "cosine")["sts"]
     expected = F.mse_loss(torch.sigmoid(logit), similarity / 5)
     assert cross.loss(logit, similarity).item() == pytest.approx(expected.item())
 
 
 def test_task_objectives_per_pair_encoder():
-    assert task_objectives("sbert", "cosent") == {"sst": SentimentObjective(), "qqp": ParaphraseObjective(),
+    assert task_objectives(ALL_SBERT, "cosent") == {"sst": SentimentObjective(), "qqp": ParaphraseObjective(),
                                                    "sts": CosineSimilarityObjective("cosent")}
-    assert task_objectives("cross", "cosine")["sts"] == CrossSimilarityObjective()
+    assert task_objectives(ALL_CROSS, "cosine")["sts"] == CrossSimilarityObjective()
+    assert task_objectives({"qqp": "cross", "sts": "hybrid"}, "cosent")["sts"] == CosineSimilarityObjective("cosent")
     with pytest.raises(ValueError, match="cross-encoder"):
-        task_objectives("cross", "shifted")
+        task_objectives(ALL_CROSS, "shifted")
     with pytest.raises(ValueError, match="similarity objective"):
         CosineSimilarityObjective("mse")
 
 
 def test_divergences_smart_compares_outputs_with():
-    objectives = task_objectives("sbert", "cosine")
+    objectives = task_objectives(ALL_SBERT, "cosine")
     assert {task: o.divergence for task, o in objectives.items()} == {"sst": "categorical", "qqp": "bernoulli",
                                                                       "sts": "squared"}
-    assert task_objectives("cross", "cosine")["sts"].divergence == "squared"
+    assert task_objectives(ALL_CROSS, "cosine")["sts"].divergence == "squared"
 
 
 def test_losses_are_computed_in_float32_from_bf16_outputs():
@@ -91,7 +122,7 @@ def test_sentiment_and_paraphrase_decoding():
 
 @pytest.mark.parametrize("objective", SIMILARITY_OBJECTIVES)
 def test_similarity_score_of_cosines_lies_on_0_to_5(objective):
-    decode = task_objectives("sbert", objective)["sts"].decode
+    decode = task_objectives(ALL_SBERT, objective)["sts"].decode
     cosine = torch.linspace(-1, 1, 21)
     score = decode(cosine)
     assert score.min() >= 0 and score.max() <= 5
@@ -103,6 +134,6 @@ def test_similarity_score_of_cosines_lies_on_0_to_5(objective):
 
 
 def test_cross_encoder_similarity_score_is_5_sigmoid():
-    decode = task_objectives("cross", "cosine")["sts"].decode
+    decode = task_objectives(ALL_CROSS, "cosine")["sts"].decode
     logits = torch.tensor([-50.0, -1.0, 0.0, 2.0, 50.0])
     torch.testing.assert_close(decode(logits), 5 * torch.sigmoid(logits))

@@ -104,9 +104,11 @@ def test_cls_pooling_reads_the_first_token():
     torch.testing.assert_close(tiny_model(pooling="cls").pool(hidden, mask), hidden[:, 0])
 
 
-@pytest.mark.parametrize("option", [dict(pooling="max"), dict(pair_encoder="bi"), dict(similarity_objective="mse")])
-def test_unknown_head_options_are_value_errors(option):
-    with pytest.raises(ValueError, match=next(iter(option))):
+@pytest.mark.parametrize("option, problem", [(dict(pooling="max"), "pooling"), (dict(pair_encoder="bi"), "pair encoder"),
+                                             (dict(similarity_objective="mse"), "similarity_objective"),
+                                             (dict(head_activation="swish"), "head_activation")])
+def test_unknown_head_options_are_value_errors(option, problem):
+    with pytest.raises(ValueError, match=problem):
         tiny_model(**option)
 
 

@@ -197,15 +197,17 @@ def test_annealed_schedule_end_to_end(tiny_checkpoint, tmp_path):
         check_predictions_file(tmp_path / f"{flag}.csv", [e.id for e in demo_examples(task, split)], task)
 
 
-def test_round_robin_with_pcgrad_runs_end_to_end(tiny_checkpoint, tmp_path):
-    assert mc.main(run_flags(tiny_checkpoint, tmp_path, "--schedule", "round_robin", "--pcgrad", "--epochs", "1")) == 0
+@pytest.mark.parametrize("schedule, surgery", [("round_robin", "pcgrad"), ("annealed", "cagrad")])
+def test_gradient_surgery_runs_end_to_end(tiny_checkpoint, tmp_path, schedule, surgery):
+    flags = ("--schedule", schedule, "--gradient_surgery", surgery, "--epochs", "1")
+    assert mc.main(run_flags(tiny_checkpoint, tmp_path, *flags)) == 0
     history = json.loads((tmp_path / "run" / "history.json").read_text())
     assert [h["stage"] for h in history] == ["pretrained", "multitask-1"]
 
 
-def test_pcgrad_needs_round_robin(tiny_checkpoint, tmp_path, capsys):
-    assert exit_code(run_flags(tiny_checkpoint, tmp_path, "--schedule", "annealed", "--pcgrad")) == 2
-    assert "--pcgrad needs --schedule round_robin" in capsys.readouterr().err
+def test_gradient_surgery_needs_a_multitask_schedule(tiny_checkpoint, tmp_path, capsys):
+    assert exit_code(run_flags(tiny_checkpoint, tmp_path, "--gradient_surgery", "pcgrad")) == 2
+    assert "--gradient_surgery needs --schedule annealed or round_robin" in capsys.readouterr().err
 
 
 def test_pretrain_option_freezes_bert_and_trains_the_heads(tiny_checkpoint, tmp_path):

@@ -10,7 +10,7 @@ import torch
 
 from conftest import MAX_LENGTH, deterministic_tiny_model, demo_examples, pair_batch, sentence_batch, tiny_model
 from datasets import TaskData, collate_sentences, make_dataloader
-from gradient_surgery import pcgrad_combine
+from gradient_surgery import cagrad_combine, pcgrad_combine
 from schedules import Stage, learning_rate_factor
 from trainer import RestartingLoaders, Trainer, compute_task_loss, predict_examples
 from training_args import TrainingArguments
@@ -81,17 +81,17 @@ def test_evaluate_reports_every_metric_under_the_internal_names(tmp_path, tokeni
 
 
 # ---------------------------------------------------------------------------------------------------
-# PCGrad inside the trainer
+# Gradient surgery inside the trainer
 
 
 def test_pcgrad_step_leaves_each_head_exactly_its_own_task_gradient(tmp_path, tokenizer):
-    trainer = make_trainer(tmp_path, tokenizer, schedule="round_robin", pcgrad=True)
+    trainer = make_trainer(tmp_path, tokenizer, schedule="round_robin", gradient_surgery="pcgrad")
     model = trainer.model
     batches = {"sst": sentence_batch(tokenizer, 6), "qqp": pair_batch(tokenizer, "qqp", 6),
                "sts": pair_batch(tokenizer, "sts", 6)}
     own = {task: loss_gradient(model, task, batch) for task, batch in batches.items()}  # each task alone
 
-    trainer.pcgrad_step(batches, 1, random.Random(0))
+    trainer.surgery_step(list(batches.items()), 1, random.Random(0))
     combined = gradients(model)
     for name in ("sentiment_head.weight", "sentiment_head.bias"):
         assert torch.equal(combined[name], own["sst"][name]), name
@@ -114,13 +114,34 @@ def test_pcgrad_step_leaves_each_head_exactly_its_own_task_gradient(tmp_path, to
     assert not torch.equal(everything[names.index("sentiment_head.weight")], own["sst"]["sentiment_head.weight"])
 
 
-def test_pcgrad_step_adds_to_gradients_accumulated_before(tmp_path, tokenizer):
-    trainer = make_trainer(tmp_path, tokenizer, schedule="round_robin", pcgrad=True)
-    batches = {"sst": sentence_batch(tokenizer, 4), "qqp": pair_batch(tokenizer, "qqp", 4),
-               "sts": pair_batch(tokenizer, "sts", 4)}
-    trainer.pcgrad_step(batches, 2, random.Random(0))
+def test_cagrad_step_leaves_heads_their_own_gradient_and_combines_the_encoder_by_cagrad(tmp_path, tokenizer):
+    trainer = make_trainer(tmp_path, tokenizer, schedule="annealed", gradient_surgery="cagrad", cagrad_c=0.4)
+    model = trainer.model
+    # Annealed groups may repeat a task: its batches add up into that task's one gradient.
+    batches = [("qqp", pair_batch(tokenizer, "qqp", 4)), ("sst", sentence_batch(tokenizer, 4)),
+               ("qqp", pair_batch(tokenizer, "qqp", 6))]
+    own = {"sst": loss_gradient(model, "sst", batches[1][1])}
+    first, second = loss_gradient(model, "qqp", batches[0][1]), loss_gradient(model, "qqp", batches[2][1])
+    own["qqp"] = {name: first[name] + second[name] for name in first}
+    trainer.surgery_step(batches, 1, random.Random(0))
+    combined = gradients(model)
+    torch.testing.assert_close(combined["sentiment_head.weight"], own["sst"]["sentiment_head.weight"])
+    torch.testing.assert_close(combined["paraphrase_head.weight"], own["qqp"]["paraphrase_head.weight"])
+    names = [name for name, _ in model.named_parameters()]
+    task_gradients = [[own[t].get(n, torch.zeros_like(p)) for n, p in model.named_parameters()] for t in ("qqp", "sst")]
+    expected = cagrad_combine(task_gradients, [model.is_shared(n) for n in names], 0.4)
+    for name, gradient in zip(names, expected):
+        if model.is_shared(name):
+            torch.testing.assert_close(combined[name], gradient, rtol=1e-4, atol=1e-7)
+
+
+def test_surgery_step_adds_to_gradients_accumulated_before(tmp_path, tokenizer):
+    trainer = make_trainer(tmp_path, tokenizer, schedule="round_robin", gradient_surgery="pcgrad")
+    batches = [("sst", sentence_batch(tokenizer, 4)), ("qqp", pair_batch(tokenizer, "qqp", 4)),
+               ("sts", pair_batch(tokenizer, "sts", 4))]
+    trainer.surgery_step(batches, 2, random.Random(0))
     once = gradients(trainer.model)
-    trainer.pcgrad_step(batches, 2, random.Random(0))
+    trainer.surgery_step(batches, 2, random.Random(0))
     twice = gradients(trainer.model)
     for name in once:
         torch.testing.assert_close(twice[name], 2 * once[name])

@@ -40,7 +40,18 @@ INVALID = [
     (dict(warmup_ratio=1.0), ["--warmup_ratio", "1"], "--warmup_ratio must be in [0, 1)"),
     (dict(smart_momentum=1.0), ["--smart_momentum", "1"], "--smart_momentum must be in [0, 1)"),
     (dict(weight_decay=math.nan), ["--weight_decay", "nan"], "--weight_decay must be finite and >= 0"),
-    (dict(pcgrad=True), ["--pcgrad"], "--pcgrad needs --schedule round_robin"),
+    (dict(gradient_surgery="pcgrad"), ["--gradient_surgery", "pcgrad"], "--gradient_surgery needs --schedule"),
+    (dict(cagrad_c=-1.0), ["--cagrad_c", "-1"], "--cagrad_c must be finite and >= 0"),
+    (dict(layerwise_lr_decay=0.0), ["--layerwise_lr_decay", "0"], "--layerwise_lr_decay must be in (0, 1]"),
+    (dict(head_hidden=-1), ["--head_hidden", "-1"], "--head_hidden must be >= 0"),
+    (dict(ordinal_weight=-1.0), ["--ordinal_weight", "-1"], "--ordinal_weight must be finite and >= 0"),
+    (dict(pair_encoder="qqp:bi"), ["--pair_encoder", "qqp:bi"], "--pair_encoder: pair encoder must be one of"),
+    (dict(pair_encoder="sst:cross"), ["--pair_encoder", "sst:cross"], "TASK one of qqp, sts"),
+    (dict(pair_encoder="sts:cross", similarity_objective="cosent"),
+     ["--pair_encoder", "sts:cross", "--similarity_objective", "cosent"], "a cross-encoded STS"),
+    (dict(lnsr=True, lnsr_tasks="nli"), ["--lnsr", "--lnsr_tasks", "nli"], "--lnsr_tasks"),
+    (dict(lnsr=True, lnsr_noise_std=0.0), ["--lnsr", "--lnsr_noise_std", "0"], "LNSR noise_std must be"),
+    (dict(lnsr=True, lnsr_layer=-1), ["--lnsr", "--lnsr_layer", "-1"], "LNSR layer must be >= 0"),
     (dict(simcse_data=["nli.csv"]), ["--simcse_data", "nli.csv"], "use --option finetune"),
 ]
 
@@ -70,7 +81,9 @@ def test_classifier_arguments_share_the_common_checks():
 
 def test_valid_edge_values_are_accepted():
     TrainingArguments(seed=0, hidden_dropout_prob=0.0, cycles=0, num_workers=0, smart_momentum=0.0, warmup_ratio=0.0)
-    TrainingArguments(seed=2**32 - 1, pcgrad=True, schedule="round_robin")
+    TrainingArguments(seed=2**32 - 1, gradient_surgery="pcgrad", schedule="round_robin")
+    TrainingArguments(gradient_surgery="cagrad", schedule="annealed", cagrad_c=0.0, layerwise_lr_decay=1.0)
+    TrainingArguments(pair_encoder="quora:cross,sts:hybrid", lnsr=True, lnsr_layer=0, head_hidden=0)
     TrainingArguments(simcse_data=["nli.csv"], option="finetune")
 
 
@@ -132,7 +145,9 @@ def test_resume_free_fields_are_those_that_cannot_change_the_result():
             "eval_batch_size", "use_gpu", "demo", "cycles"} <= free
     assert not free & {"lr", "seed", "smart", "smart_momentum", "lr_schedule", "warmup_ratio", "hidden_dropout_prob",
                        "encoder_dropout", "weight_decay", "grad_accumulation_steps", "first_stages", "cycle",
-                       "batch_size", "max_length", "pretrained", "schedule", "pcgrad", "option"}
+                       "batch_size", "max_length", "pretrained", "schedule", "gradient_surgery", "option",
+                       "pair_encoder", "sst_objective", "ordinal_weight", "head_hidden", "lnsr",
+                       "layerwise_lr_decay", "cagrad_c"}
 
 
 # ---------------------------------------------------------------------------------------------------
