@@ -121,7 +121,7 @@ class MultitaskBERT(nn.Module):
                 task: nn.Sequential(nn.Linear(size, head_hidden), HEAD_ACTIVATIONS[head_activation](),
                                     nn.Dropout(dropout))
                 for task, size in features.items()})
-            features = dict.fromkeys(features, head_hidden) | ({"qqp": 3 * head_hidden} if reads_two["qqp"] else {})
+            features = dict.fromkeys(features, head_hidden)
         self.sentiment_head = nn.Linear(features["sst"], N_SENTIMENT_CLASSES)
         self.paraphrase_head = nn.Linear(features["qqp"], 1)
         if not reads_two["sts"]:
@@ -186,10 +186,10 @@ class MultitaskBERT(nn.Module):
         else:  # hybrid: [CLS] s1 [SEP] is segment 0, s2 [SEP] segment 1
             second = inputs.token_type_ids.bool() & mask.bool()  # (B, T)
             u, v = mean_pool(hidden, mask.bool() & ~second), mean_pool(hidden, second)  # (B, H) each
-        u, v = self.features(task, u), self.features(task, v)
         if task == "qqp":
-            features = torch.cat([u, v, (u - v).abs()], dim=-1)  # (B, 3H)
+            features = self.features(task, torch.cat([u, v, (u - v).abs()], dim=-1))  # (B, 3H) or (B, head_hidden)
             return self.paraphrase_head(self.dropout(features)).squeeze(-1)  # (B,)
+        u, v = self.features(task, u), self.features(task, v)  # a dense layer here is a projection of each side
         return F.cosine_similarity(u.float(), v.float(), dim=-1)  # (B,)
 
     def forward(self, task: str, batch: dict) -> torch.Tensor:

@@ -28,7 +28,7 @@ from tasks import MULTITASK
 from tokenizer import BertTokenizer
 from trainer import Trainer
 from training_args import (TrainingArguments, UsageError, build_parser, check_max_length, check_writable, data_paths,
-                           from_namespace, prediction_paths, regularized_tasks, smart_configs)
+                           from_namespace, lnsr_config, prediction_paths, regularized_tasks, smart_configs)
 
 ROOT = Path(__file__).resolve().parent
 DEMO_SETTINGS = dict(data_dir=str(ROOT / "data" / "demo"), pretrained="minilm-l6", option="finetune",
@@ -84,6 +84,11 @@ def build_model(args: TrainingArguments, trains_sts: bool) -> MultitaskBERT:
     overrides = {} if args.encoder_dropout is None else {"hidden_dropout_prob": args.encoder_dropout}
     bert = BertModel.from_pretrained(args.pretrained, **overrides)
     check_max_length(args.max_length, bert.config.max_position_embeddings, args.pretrained)
+    if args.lnsr:
+        try:
+            lnsr_config(args, bert.config.num_hidden_layers)
+        except ValueError as err:
+            raise UsageError(str(err)) from None
     ordinal_weight = args.ordinal_weight if args.sst_objective == "ordinal" else 0.0
     model = MultitaskBERT(bert, args.pooling, args.hidden_dropout_prob, args.pair_encoder, args.similarity_objective,
                           ordinal_weight, args.head_hidden, args.head_activation)

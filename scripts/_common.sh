@@ -24,11 +24,14 @@ prediction_flags() {
 }
 # Per-task baselines: each task fine-tuned alone into its own model (QQP 1 epoch, STS 3, SST 3).
 # Usage: single_task_runs PREFIX FLAGS...   (writes runs/PREFIX_single_{qqp,sts,sst}/)
+# TASKS (environment) picks some of them, e.g. TASKS="sts sst".
 single_task_runs() {
-    local prefix=$1 stages name
+    local prefix=$1 stages name task
+    declare -A epochs=([qqp]='qqp' [sts]='sts*3' [sst]='sst*3')
     shift
-    for stages in 'qqp' 'sts*3' 'sst*3'; do
-        name="${prefix}_single_${stages%%\**}"
+    for task in ${TASKS:-qqp sts sst}; do
+        stages=${epochs[$task]:?"TASKS: unknown task $task (use qqp, sts, sst)"}
+        name="${prefix}_single_${task}"
         python multitask_classifier.py "$@" --first_stages "$stages" --cycles 0 --output_dir "runs/$name" \
             $(prediction_flags "$name")
     done

@@ -5,16 +5,17 @@ import torch.nn.functional as F
 
 from base_bert import CheckpointError
 from conftest import MAX_LENGTH, TINY, demo_examples, pair_batch, sentence_batch, tiny_model
-from datasets import collate_sentences
-from multitask_bert import load_multitask_model, mean_pool, model_metadata, save_multitask_model
+from datasets import collate_pairs, collate_sentences
+from multitask_bert import (join_pairs, load_multitask_model, mean_pool, model_metadata, parse_pair_encoders,
+                            save_multitask_model)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-@pytest.mark.parametrize("pair_encoder", ["sbert", "cross"])
+@pytest.mark.parametrize("pair_encoder", ["sbert", "cross", "hybrid"])
 def test_output_shapes_per_task(tokenizer, pair_encoder):
     model = tiny_model(pair_encoder=pair_encoder).eval()
-    cross = pair_encoder == "cross"
+    cross = pair_encoder != "sbert"
     sentences = collate_sentences(demo_examples("sst", "dev", 5), tokenizer, MAX_LENGTH)
     assert model("sst", sentences).shape == (5, 5)
     for task in ("qqp", "sts"):
@@ -71,10 +72,10 @@ def test_course_prediction_api(tokenizer, objective):
     assert similarity.shape == (4,) and similarity.min() >= 0 and similarity.max() <= 5
 
 
-@pytest.mark.parametrize("pair_encoder", ["sbert", "cross"])
+@pytest.mark.parametrize("pair_encoder", ["sbert", "cross", "hybrid"])
 def test_predict_decodes_each_task(tokenizer, pair_encoder):
     model = tiny_model(pair_encoder=pair_encoder).eval()
-    cross = pair_encoder == "cross"
+    cross = pair_encoder != "sbert"
     sentences = sentence_batch(tokenizer, 4)
     with torch.no_grad():
         assert torch.equal(model.predict("sst", sentences), model("sst", sentences).argmax(-1))
@@ -97,6 +98,83 @@ def test_cross_encoder_reads_one_joint_encoding_with_segments(tokenizer):
         torch.testing.assert_close(model("qqp", batch), model.paraphrase_head(pooled).squeeze(-1))
         without_segments = model("sts", {**batch, "token_type_ids": torch.zeros_like(batch["token_type_ids"])})
     assert not torch.allclose(without_segments, model("sts", batch))
+
+
+def test_pair_encoders_parse_for_both_tasks_or_per_task():
+    assert parse_pair_encoders("cross") == {"qqp": "cross", "sts": "cross"}
+    assert parse_pair_encoders("quora:cross, sts:hybrid") == {"qqp": "cross", "sts": "hybrid"}
+    assert parse_pair_encoders("sts:hybrid") == {"qqp": "sbert", "sts": "hybrid"}
+    for bad in ("bi", "sst:cross", "qqp:bi", "qqp"):
+        with pytest.raises(ValueError):
+            parse_pair_encoders(bad if bad != "qqp" else "qqp:")
+
+
+def test_per_task_pair_encoders_read_their_own_batches(tokenizer):
+    model = tiny_model(pair_encoder="qqp:cross,sts:sbert").eval()
+    assert model.reads_pairs_jointly("qqp") and not model.reads_pairs_jointly("sts")
+    assert not model.reads_pairs_jointly("sst") and not hasattr(model, "similarity_head")
+    assert model.paraphrase_head.in_features == TINY["hidden_size"]  # cross: one pooled pair
+    with torch.no_grad():
+        assert model("qqp", pair_batch(tokenizer, "qqp", 4, cross=True)).shape == (4,)
+        assert model("sts", pair_batch(tokenizer, "sts", 4)).shape == (4,)
+
+
+def test_hybrid_pools_each_sentence_of_the_joint_encoding_apart(tokenizer):
+    model = tiny_model(pair_encoder="hybrid").eval()
+    batch = pair_batch(tokenizer, "sts", 4, cross=True)
+    with torch.no_grad():
+        joint = model.bert.encode(model.bert.embed(batch["input_ids"], batch["token_type_ids"]),
+                                  batch["attention_mask"])  # (B, T, H)
+        expected_cosine, expected_logit = [], []
+        for row in range(4):
+            real = batch["attention_mask"][row].bool()
+            first = joint[row][real & (batch["token_type_ids"][row] == 0)].mean(0)  # [CLS] s1 [SEP]
+            second = joint[row][real & (batch["token_type_ids"][row] == 1)].mean(0)  # s2 [SEP]
+            expected_cosine.append(F.cosine_similarity(first, second, dim=0))
+            expected_logit.append(model.paraphrase_head(torch.cat([first, second, (first - second).abs()])))
+        torch.testing.assert_close(model("sts", batch), torch.stack(expected_cosine), atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(model("qqp", batch), torch.cat(expected_logit), atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("pair_encoder", ["cross", "hybrid"])
+def test_course_api_joins_separately_tokenised_pairs_for_a_joint_encoder(tokenizer, pair_encoder):
+    model = tiny_model(pair_encoder=pair_encoder).eval()
+    examples = demo_examples("sts", "dev", 5)  # 64 tokens: no pair is truncated, so both ways agree
+    separate, joint = collate_pairs(examples, tokenizer, 64), collate_pairs(examples, tokenizer, 64, cross_encoder=True)
+    built = join_pairs(separate)
+    for key in ("input_ids", "attention_mask", "token_type_ids"):
+        assert torch.equal(built[key], joint[key]), key
+    args = [separate[k] for k in ("input_ids_1", "attention_mask_1", "input_ids_2", "attention_mask_2")]
+    with torch.no_grad():
+        torch.testing.assert_close(model.predict_paraphrase(*args), model("qqp", joint))
+
+
+def test_dense_heads_sit_between_the_features_and_each_output(tokenizer):
+    model = tiny_model(head_hidden=16, head_activation="relu", dropout=0.0).eval()
+    assert set(model.dense_heads) == {"sst", "qqp", "sts"}
+    assert model.sentiment_head.in_features == 16 and model.paraphrase_head.in_features == 16
+    assert model.dense_heads["qqp"][0].in_features == 3 * TINY["hidden_size"]  # [u, v, |u - v|]
+    sentences, pairs = sentence_batch(tokenizer, 3), pair_batch(tokenizer, "sts", 3)
+    with torch.no_grad():
+        pooled = model.encode_sentences(sentences["input_ids"], sentences["attention_mask"])
+        dense = model.dense_heads["sst"]
+        expected = model.sentiment_head(torch.relu(dense[0](pooled)))
+        torch.testing.assert_close(model("sst", sentences), expected)
+        u = model.dense_heads["sts"](model.encode_sentences(pairs["input_ids_1"], pairs["attention_mask_1"]))
+        v = model.dense_heads["sts"](model.encode_sentences(pairs["input_ids_2"], pairs["attention_mask_2"]))
+        torch.testing.assert_close(model("sts", pairs), F.cosine_similarity(u, v, dim=-1), atol=1e-6, rtol=1e-5)
+    assert not model.is_shared("dense_heads.sst.0.weight")
+
+
+def test_head_options_round_trip_through_a_checkpoint(tmp_path, tokenizer):
+    model = tiny_model(pair_encoder="qqp:hybrid,sts:cross", head_hidden=8, sentiment_ordinal_weight=0.5).eval()
+    save_multitask_model(model, tmp_path / "m", {})
+    loaded = load_multitask_model(tmp_path / "m").eval()
+    assert loaded.head_options() == model.head_options()
+    assert loaded.objectives["sst"].ordinal_weight == 0.5
+    batch = pair_batch(tokenizer, "qqp", 3, cross=True)
+    with torch.no_grad():
+        assert torch.equal(loaded("qqp", batch), model("qqp", batch))
 
 
 def test_cls_pooling_reads_the_first_token():

@@ -333,3 +333,37 @@ def test_simcse_without_triplets_exits_2(tmp_path, capsys, model_must_not_load):
              "--output_dir", str(tmp_path / "run")]
     assert mc.main(flags) == 2
     assert "no (premise, entailed, contradicted) triplets" in capsys.readouterr().err
+
+
+# --- the leaderboard methods together ---------------------------------------------------------------
+
+METHODS = ("--first_stages", "mlm:0.5,qqp", "--pair_encoder", "qqp:cross,sts:hybrid", "--sst_objective", "ordinal",
+           "--head_hidden", "16", "--layerwise_lr_decay", "0.8", "--lnsr", "--lnsr_tasks", "sts,sst",
+           "--lnsr_layer", "1", "--lr_schedule", "linear")
+
+
+def test_every_method_at_once_trains_and_resumes_bitwise(tiny_checkpoint, tmp_path, capsys):
+    straight, interrupted = tmp_path / "straight", tmp_path / "interrupted"
+    assert mc.main(run_flags(tiny_checkpoint, straight, *METHODS)) == 0
+    assert "has no MLM head; starting from a fresh one" in capsys.readouterr().out
+    history = json.loads((straight / "run" / "history.json").read_text())
+    assert [h["stage"] for h in history] == ["pretrained", "mlm@0.5", "qqp", "sts", "sst@0.5"]
+    state = load_file(straight / "run" / "last.safetensors")
+    assert any(k.startswith("mlm_head.") for k in state)
+    assert not any(k.startswith("mlm_head.") for k in load_file(straight / "run" / "best.safetensors"))
+
+    assert mc.main(run_flags(tiny_checkpoint, interrupted, *METHODS, "--stop_after_stages", "1")) == 0
+    assert mc.main(run_flags(tiny_checkpoint, interrupted, *METHODS, "--resume")) == 0
+    assert_same_training_state(straight / "run", interrupted / "run")
+    assert read_csv_outputs(straight) == read_csv_outputs(interrupted)
+
+
+def test_an_mlm_stage_needs_the_encoder_to_train(tiny_checkpoint, tmp_path, capsys, model_must_not_load):
+    flags = run_flags(tiny_checkpoint, tmp_path, "--first_stages", "mlm", "--option", "pretrain")  # the last wins
+    assert exit_code(flags) == 2
+    assert "the mlm stage trains the encoder" in capsys.readouterr().err
+
+
+def test_an_lnsr_layer_beyond_the_model_is_one_line(tiny_checkpoint, tmp_path, capsys):
+    assert exit_code(run_flags(tiny_checkpoint, tmp_path, "--lnsr", "--lnsr_layer", "2")) == 2
+    assert "--lnsr_layer 2 leaves no layer to measure in a 2-layer encoder" in capsys.readouterr().err

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from optimizer import AdamW, weight_decay_groups
+from optimizer import AdamW, encoder_depth, weight_decay_groups
 from optimizer_test import (
     COURSE_ATOL,
     COURSE_HYPERPARAMETERS,
@@ -283,3 +283,32 @@ def test_adamw_on_the_groups_leaves_1d_parameters_undecayed():
             torch.testing.assert_close(parameter, before[name] * (1 - 0.1 * 0.5))
         else:
             assert torch.equal(parameter, before[name]), name
+
+
+# --- layer-wise learning-rate decay ----------------------------------------------------------------
+
+def test_encoder_depth_places_embeddings_layers_and_everything_above():
+    assert encoder_depth("bert.embeddings.word_embeddings.weight", 6) == 0
+    assert encoder_depth("bert.encoder.layers.0.qkv.weight", 6) == 1
+    assert encoder_depth("bert.encoder.layers.5.ffn_out.bias", 6) == 6
+    assert encoder_depth("bert.pooler.dense.weight", 6) == 7
+    assert encoder_depth("sentiment_head.weight", 6) == 7
+    assert encoder_depth("dense_heads.sst.0.weight", 6) == 7
+    assert encoder_depth("mlm_head.transform.weight", 6) == 7
+
+
+def test_layerwise_decay_scales_each_layer_and_leaves_heads_the_full_rate():
+    from conftest import tiny_model
+    model = tiny_model()  # 2 layers
+    groups = weight_decay_groups(model.named_parameters(), 0.01, layerwise_lr_decay=0.5, num_layers=2)
+    scale_of = {name: group["lr_scale"] for group in groups for name, p in model.named_parameters()
+                if any(p is q for q in group["params"])}
+    assert scale_of["bert.embeddings.word_embeddings.weight"] == 0.25  # decay^L
+    assert scale_of["bert.encoder.layers.0.attention.qkv.weight"] == 0.5  # layer 1 of 2: decay^(2 - 1)
+    assert scale_of["bert.encoder.layers.1.attention.qkv.weight"] == 1.0  # the top layer
+    assert scale_of["sentiment_head.weight"] == scale_of["bert.pooler.dense.weight"] == 1.0
+    assert {g["weight_decay"] for g in groups if g["params"][0].dim() == 1} == {0.0}
+    assert sum(len(g["params"]) for g in groups) == len(list(model.parameters()))
+    # Without decay the groups are the two of BERT's weight-decay convention, as before.
+    plain = weight_decay_groups(model.named_parameters(), 0.01)
+    assert [(g["weight_decay"], g["lr_scale"]) for g in plain] == [(0.01, 1.0), (0.0, 1.0)]

@@ -8,6 +8,12 @@ from schedules import (Stage, annealed_probabilities, build_schedule, learning_r
                        parse_stage_list, train_tasks)
 
 
+def test_mlm_stages_parse_with_fractions_and_repeats():
+    stages = parse_stage_list("mlm:0.5, mlm*2, qqp")
+    assert stages == [Stage("mlm", fraction=0.5), Stage("mlm"), Stage("mlm"), Stage("task", "qqp")]
+    assert [s.label for s in stages] == ["mlm@0.5", "mlm", "mlm", "qqp"]
+
+
 def test_parse_stage_list_fractions_repeats_and_aliases():
     stages = parse_stage_list("qqp, sts*2 ,quora:0.03,para:0.5*2, sst")
     assert stages == [Stage("task", "qqp"), Stage("task", "sts"), Stage("task", "sts"),
@@ -73,6 +79,7 @@ def test_multitask_order_annealed_draws_with_the_annealed_probabilities():
 
 def test_train_tasks_of_a_schedule():
     assert train_tasks(parse_stage_list("qqp,sts:0.5")) == {"qqp", "sts"}
+    assert train_tasks(parse_stage_list("mlm:0.5,sts")) == {"sst", "qqp", "sts"}  # mlm reads every train set
     assert train_tasks([Stage("simcse")]) == set()
     assert train_tasks([Stage("simcse"), Stage("multitask", epoch=1)]) == {"sst", "qqp", "sts"}
 
