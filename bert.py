@@ -124,8 +124,9 @@ class TokenLayout:
 
     def unpack(self, tokens: torch.Tensor) -> torch.Tensor:
         if self.positions is not None:
+            # In place into fresh zeros: the out-of-place index_copy would first copy the whole grid.
             grid = tokens.new_zeros(self.batch_size * self.seq_len, tokens.shape[-1])
-            tokens = grid.index_copy(0, self.positions, tokens)  # (B*T, D)
+            tokens = grid.index_copy_(0, self.positions, tokens)  # (B*T, D)
         return tokens.view(self.batch_size, self.seq_len, tokens.shape[-1])  # (B, T, D)
 
 
