@@ -92,6 +92,9 @@ class BertLayer(nn.Module):
         self.ffn_out = nn.Linear(config.intermediate_size, config.hidden_size)
         self.output_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        # A callable (tokens, key_mask, layout) -> (N, H) or None run beside the attention (adapters.py's
+        # PALs); not a module, so whoever owns its weights registers them.
+        self.parallel = None
 
     def add_norm(self, residual: torch.Tensor, sublayer_output: torch.Tensor, norm: nn.LayerNorm) -> torch.Tensor:
         """Dropout on the sub-layer output before it is added to its input and normalised."""
@@ -101,7 +104,11 @@ class BertLayer(nn.Module):
         return self.ffn_out(F.gelu(self.ffn_in(hidden)))  # (N, H)
 
     def forward(self, tokens: torch.Tensor, key_mask: torch.Tensor, layout: "TokenLayout") -> torch.Tensor:
-        tokens = self.add_norm(tokens, self.attention(tokens, key_mask, layout), self.attention_norm)
+        attended = self.attention(tokens, key_mask, layout)
+        beside = self.parallel(tokens, key_mask, layout) if self.parallel is not None else None
+        if beside is not None:
+            attended = attended + beside  # LN(h + SA(h) + PAL(h)), Stickland & Murray's eq. 3
+        tokens = self.add_norm(tokens, attended, self.attention_norm)
         return self.add_norm(tokens, self.feed_forward(tokens), self.output_norm)  # (N, H)
 
 
