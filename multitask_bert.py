@@ -24,11 +24,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import dataclasses
+import hashlib
+
+from adapters import SHARED_SET, AdapterConfig, activate, add_adapters
 from base_bert import BertConfig, CheckpointError
 from bert import BertModel
 from checkpoint import atomic_save, check_fields, read_checkpoint
 from losses import SIMILARITY_OBJECTIVES, task_objectives
-from tasks import TASKS, task_name
+from tasks import MULTITASK, TASKS, task_name
 
 POOLINGS = ("mean", "cls")
 PAIR_ENCODERS = ("sbert", "cross", "hybrid")
@@ -96,7 +100,8 @@ class MultitaskBERT(nn.Module):
 
     def __init__(self, bert: BertModel, pooling: str = "mean", dropout: float = 0.1,
                  pair_encoder: str | dict = "sbert", similarity_objective: str = "cosine",
-                 sentiment_ordinal_weight: float = 0.0, head_hidden: int = 0, head_activation: str = "tanh"):
+                 sentiment_ordinal_weight: float = 0.0, head_hidden: int = 0, head_activation: str = "tanh",
+                 adapter: AdapterConfig | dict | None = None):
         super().__init__()
         if pooling not in POOLINGS:
             raise ValueError(f"pooling must be one of {POOLINGS}, got {pooling!r}")
@@ -126,20 +131,30 @@ class MultitaskBERT(nn.Module):
         self.paraphrase_head = nn.Linear(features["qqp"], 1)
         if not reads_two["sts"]:
             self.similarity_head = nn.Linear(features["sts"], 1)
+        self.adapter = AdapterConfig(**adapter) if isinstance(adapter, dict) else adapter
+        if self.adapter is not None:
+            per_task = self.adapter.sharing == "per_task"
+            pals = add_adapters(bert, self.adapter, MULTITASK if per_task else [SHARED_SET])
+            if pals is not None:
+                self.pals = pals
+            activate(self, None if per_task else SHARED_SET)  # per task: chosen by each task's forward
 
     def head_options(self) -> dict:
         return {"pooling": self.pooling, "dropout": self.dropout.p, "pair_encoder": self.pair_encoders,
                 "similarity_objective": self.similarity_objective,
                 "sentiment_ordinal_weight": self.sentiment_ordinal_weight, "head_hidden": self.head_hidden,
-                "head_activation": self.head_activation}
+                "head_activation": self.head_activation,
+                "adapter": None if self.adapter is None else dataclasses.asdict(self.adapter)}
 
     def reads_pairs_jointly(self, task: str) -> bool:
         """Whether this task's batches hold each pair as one sequence (collate with cross_encoder=True)."""
         return task in PAIR_TASKS and self.pair_encoders[task] != "sbert"
 
-    @staticmethod
-    def is_shared(parameter_name: str) -> bool:
-        """Whether a parameter serves every task (the encoder) rather than one task's head."""
+    def is_shared(self, parameter_name: str) -> bool:
+        """Whether a parameter serves every task (the encoder, shared adapters) rather than one task's
+        head or adapters."""
+        if ".adapters." in parameter_name or parameter_name.startswith("pals."):
+            return f".{SHARED_SET}." in parameter_name
         return parameter_name.startswith("bert.")
 
     def pool(self, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -152,6 +167,8 @@ class MultitaskBERT(nn.Module):
     def encoder_inputs(self, task: str, batch: dict) -> EncoderInputs:
         """What the encoder reads for this task: SBERT pairs become both sides as one (2B, T) batch,
         one encoder pass instead of two."""
+        if self.adapter is not None and self.adapter.sharing == "per_task":
+            activate(self, task)  # every pass of this task (SMART's and the teacher's too) starts here
         if self.reads_pairs_jointly(task) and "input_ids" not in batch:
             batch = join_pairs(batch)
         if not (task in PAIR_TASKS and self.pair_encoders[task] == "sbert"):
@@ -214,22 +231,86 @@ class MultitaskBERT(nn.Module):
 
 
 def model_metadata(model: nn.Module) -> dict:
-    """What rebuilds the model without its pretrained source: the BERT config and the head options."""
-    return {"bert_config": model.bert.config.to_dict(), "heads": model.head_options()}
+    """What rebuilds the model: the BERT config and the head options; for adapters over a frozen BERT also
+    the base model's identity and a hash of its weights (the checkpoint then holds only what trained)."""
+    metadata = {"bert_config": model.bert.config.to_dict(), "heads": model.head_options()}
+    if holds_trained_only(model):
+        metadata["base"] = {"pretrained": getattr(model.bert, "name_or_path", None),
+                            "sha256": base_fingerprint(model.bert)}
+    return metadata
+
+
+def holds_trained_only(model: nn.Module) -> bool:
+    """Adapters over a (partly) frozen BERT: checkpoints keep the trainable tensors only."""
+    return getattr(model, "adapter", None) is not None and not all(p.requires_grad for p in model.parameters())
+
+
+def base_fingerprint(bert: BertModel) -> str:
+    """SHA-256 of the base BERT's weights, adapters left out, under a plain BertModel's names."""
+    digest = hashlib.sha256()
+    for key, value in sorted(bert.state_dict().items()):
+        if ".adapters." not in key:
+            digest.update(key.replace(".base_layer.", ".").encode())
+            digest.update(value.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def trained_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The tensors a checkpoint keeps: every one, or only the trainable ones (see holds_trained_only)."""
+    if holds_trained_only(model):
+        return {name: p.detach().contiguous() for name, p in model.named_parameters() if p.requires_grad}
+    return {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+
+
+def load_trained_tensors(model: nn.Module, tensors: dict[str, torch.Tensor]) -> None:
+    """Load what trained_tensors saved: all tensors, or exactly the trainable ones."""
+    if not holds_trained_only(model):
+        model.load_state_dict(tensors)
+        return
+    expected = {name for name, p in model.named_parameters() if p.requires_grad}
+    if set(tensors) != expected:
+        missing, unexpected = sorted(expected - set(tensors)), sorted(set(tensors) - expected)
+        raise KeyError(f"missing {missing[:3]}, unexpected {unexpected[:3]}")
+    model.load_state_dict(tensors, strict=False)
 
 
 def save_multitask_model(model: MultitaskBERT, prefix: Path, metadata: dict) -> None:
-    tensors = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
-    atomic_save(prefix, tensors, {**model_metadata(model), **metadata})
+    atomic_save(prefix, trained_tensors(model), {**model_metadata(model), **metadata})
+
+
+def freeze_encoder(model: MultitaskBERT) -> None:
+    """--option pretrain: BERT's own weights stop training; adapters (inside it or beside it) and heads train."""
+    for name, parameter in model.bert.named_parameters():
+        if ".adapters." not in name:
+            parameter.requires_grad = False
+
+
+def _base_bert(prefix: Path, metadata: dict) -> BertModel:
+    """The base BERT of an adapter checkpoint, rebuilt from its pretrained source and checked by hash."""
+    base = metadata["base"]
+    bert = BertModel(BertConfig.from_dict(metadata["bert_config"]))
+    bert.load_state_dict(BertModel.from_pretrained(base["pretrained"]).state_dict())
+    bert.name_or_path = base["pretrained"]
+    if base_fingerprint(bert) != base["sha256"]:
+        raise CheckpointError(f"{prefix}: its adapters were trained on other base weights than those of "
+                              f"{base['pretrained']} now (SHA-256 differs); load it with that base model")
+    return bert
 
 
 def load_multitask_model(prefix: str | Path, device: torch.device | str = "cpu") -> MultitaskBERT:
-    """Rebuild a MultitaskBERT from PREFIX.safetensors + PREFIX.json (no pretrained download needed)."""
+    """Rebuild a MultitaskBERT from PREFIX.safetensors + PREFIX.json (no pretrained download needed, except
+    for the base model of an adapter-only checkpoint, which is checked against the hash it was trained on)."""
     tensors, metadata = read_checkpoint(Path(prefix))
     check_fields(Path(prefix).with_suffix(".json"), metadata, {"bert_config": dict, "heads": dict})
     try:
-        model = MultitaskBERT(BertModel(BertConfig.from_dict(metadata["bert_config"])), **metadata["heads"])
-        model.load_state_dict(tensors)
+        if "base" in metadata:
+            bert = _base_bert(Path(prefix), metadata)
+        else:
+            bert = BertModel(BertConfig.from_dict(metadata["bert_config"]))
+        model = MultitaskBERT(bert, **metadata["heads"])
+        if "base" in metadata:
+            freeze_encoder(model)
+        load_trained_tensors(model, tensors)
     except (KeyError, TypeError, ValueError, RuntimeError) as err:
         raise CheckpointError(f"{prefix}: checkpoint does not describe a MultitaskBERT "
                               f"({type(err).__name__}: {err})") from None

@@ -20,15 +20,16 @@ from bert import BertModel
 from datasets import DataError, DataWarning, load_task_data, show_data_warnings_on_one_line, subsample
 from evaluation import summarize_line, write_predictions, write_run_reports
 from mlm import load_mlm_head
-from multitask_bert import MultitaskBERT, load_multitask_model
+from multitask_bert import MultitaskBERT, freeze_encoder, load_multitask_model
 from runtime import resolve_device, seed_everything
 from schedules import Stage, build_schedule, train_tasks
 from simcse import load_nli_triplets
 from tasks import MULTITASK
 from tokenizer import BertTokenizer
 from trainer import Trainer
-from training_args import (TrainingArguments, UsageError, build_parser, check_max_length, check_writable, data_paths,
-                           from_namespace, lnsr_config, prediction_paths, regularized_tasks, smart_configs)
+from training_args import (TrainingArguments, UsageError, adapter_config, build_parser, check_max_length,
+                           check_writable, data_paths, from_namespace, lnsr_config, prediction_paths,
+                           regularized_tasks, smart_configs)
 
 ROOT = Path(__file__).resolve().parent
 DEMO_SETTINGS = dict(data_dir=str(ROOT / "data" / "demo"), pretrained="minilm-l6", option="finetune",
@@ -56,8 +57,13 @@ def load_inputs(args: TrainingArguments) -> tuple[list[Stage], dict, list[str], 
     try:
         stages = build_schedule(args.schedule, args.first_stages, args.cycle, args.cycles, args.epochs,
                                 args.simcse_epochs if args.simcse_data else 0)
-        if args.option == "pretrain" and any(stage.kind == "mlm" for stage in stages):
-            raise ValueError("the mlm stage trains the encoder, which --option pretrain freezes; use --option finetune")
+        if any(stage.kind == "mlm" for stage in stages):
+            if args.option == "pretrain" and args.adapter == "none":
+                raise ValueError("the mlm stage trains the encoder, which --option pretrain freezes; "
+                                 "use --option finetune")
+            if args.adapter != "none" and args.adapter_sharing == "per_task":
+                raise ValueError("the mlm stage trains one encoder for every task: with an adapter use "
+                                 "--adapter_sharing shared")
         if regularized_tasks(args):
             smart_configs(args)  # bad SMART settings fail here
         with warnings.catch_warnings(record=True) as dropped:
@@ -91,12 +97,12 @@ def build_model(args: TrainingArguments, trains_sts: bool) -> MultitaskBERT:
             raise UsageError(str(err)) from None
     ordinal_weight = args.ordinal_weight if args.sst_objective == "ordinal" else 0.0
     model = MultitaskBERT(bert, args.pooling, args.hidden_dropout_prob, args.pair_encoder, args.similarity_objective,
-                          ordinal_weight, args.head_hidden, args.head_activation)
+                          ordinal_weight, args.head_hidden, args.head_activation, adapter_config(args))
     if args.option == "pretrain":
-        for parameter in model.bert.parameters():
-            parameter.requires_grad = False
-        sts_weights = [name for name, p in model.named_parameters()
-                       if p.requires_grad and name.startswith(("similarity_head.", "dense_heads.sts."))]
+        freeze_encoder(model)
+        sts_weights = [name for name, p in model.named_parameters() if p.requires_grad and (
+            name.startswith(("similarity_head.", "dense_heads.sts.", "pals.sets.sts.", "pals.sets.shared."))
+            or ".adapters.sts." in name or ".adapters.shared." in name)]
         if trains_sts and not sts_weights:
             print("note: with --option pretrain the STS cosine has no trainable weights; "
                   "STS training steps change nothing")

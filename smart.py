@@ -237,16 +237,18 @@ def bregman_momentum(update: int, total_updates: int, fixed: float | None = None
 class BregmanTeacher:
     """theta_tilde, the moving average of the model's parameters that D_Breg anchors to.
 
-    Holds one detached copy of each parameter (not a copy of the module); buffers are read from the
-    live model at call time. Build it after the model is on its final device and dtype.
+    Holds one detached copy of each trainable parameter (not a copy of the module); frozen parameters and
+    buffers are read from the live model at call time. Build it after the model is on its final device and dtype.
     """
 
     def __init__(self, model: nn.Module, momentum: float):
         if not 0 <= momentum < 1:
             raise ValueError(f"BregmanTeacher: momentum must be in [0, 1), got {momentum!r}")
         self.momentum = momentum
+        # Frozen parameters are the same in theta and theta_tilde: the teacher reads them from the model.
         self.params: dict[str, Tensor] = {
-            name: p.detach().clone(memory_format=torch.contiguous_format) for name, p in model.named_parameters()
+            name: p.detach().clone(memory_format=torch.contiguous_format)
+            for name, p in model.named_parameters() if p.requires_grad
         }
 
     @torch.no_grad()

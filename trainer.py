@@ -27,7 +27,8 @@ from evaluation import overall_score, summarize_line, task_metrics
 from gradient_surgery import combine_task_gradients
 from lnsr import LnsrConfig, encode_with_noise_stability
 from mlm import MaskedLanguageModelHead, mlm_batches, mlm_loss, task_sentences
-from multitask_bert import MultitaskBERT, model_metadata, save_multitask_model
+from multitask_bert import (MultitaskBERT, load_trained_tensors, model_metadata, save_multitask_model,
+                            trained_tensors)
 from optimizer import AdamW, weight_decay_groups
 from runtime import bf16_autocast, to_device
 from schedules import Stage, learning_rate_factor, multitask_order
@@ -337,7 +338,7 @@ class Trainer:
 
     # -- checkpoints ------------------------------------------------------------------------------
     def save_training_state(self, prefix: Path) -> None:
-        tensors = {f"model.{k}": v.detach().contiguous() for k, v in self.model.state_dict().items()}
+        tensors = {f"model.{k}": v for k, v in trained_tensors(self.model).items()}
         optimizer_tensors, optimizer_info = optimizer_state(self.optimizer)
         rng_tensors, rng_info = rng_state()
         tensors.update(optimizer_tensors)
@@ -386,7 +387,7 @@ class Trainer:
                                                         encoding="utf-8")
 
     def _restore(self, tensors: dict, metadata: dict) -> None:
-        self.model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
+        load_trained_tensors(self.model, {k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
         restore_optimizer(self.optimizer, tensors, metadata["optimizer"])
         if self.teacher is not None:
             self.teacher.load_state_dict({k[8:]: v.to(self.device) for k, v in tensors.items()

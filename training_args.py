@@ -20,6 +20,8 @@ from pathlib import Path
 
 from datasets import standard_paths
 from evaluation import DEFAULT_OUTPUTS
+from adapters import ADAPTERS as ADAPTER_KINDS
+from adapters import SHARINGS, TARGETS, AdapterConfig
 from gradient_surgery import GRADIENT_SURGERIES
 from lnsr import LnsrConfig
 from multitask_bert import HEAD_ACTIVATIONS, parse_pair_encoders
@@ -33,6 +35,7 @@ OPTIMISATION = "optimisation"
 SCHEDULE = "schedule"
 SMART = "SMART (Jiang et al. 2020); defaults are the paper's"
 SIMCSE = "SimCSE stage (before the tasks)"
+ADAPTERS = "adapters (parameter-efficient; with --option pretrain only adapters and heads train)"
 LNSR = "LNSR, layer-wise noise stability (Hua et al. 2021); defaults are AllBERT's for STS"
 
 
@@ -156,6 +159,19 @@ class TrainingArguments:
     encoder_dropout: float | None = flag(None, "dropout inside BERT (default: the checkpoint's own, 0.1 "
                                            "for BERT)", HEADS, type=float)
 
+    # Adapters.
+    adapter: str = flag("none", "lora, dora (on --adapter_targets) or pals (beside every layer)", ADAPTERS,
+                          choices=ADAPTER_KINDS)
+    adapter_sharing: str = flag("per_task", "per_task: each task trains and runs its own adapters (training one "
+                                  "task cannot change another's outputs over a frozen BERT); shared: one set",
+                                  ADAPTERS, choices=SHARINGS)
+    adapter_rank: int = flag(8, "r of LoRA / DoRA", ADAPTERS, type=int)
+    adapter_alpha: float = flag(8.0, "alpha of LoRA / DoRA (the update is scaled by alpha / r)", ADAPTERS, type=float)
+    adapter_dropout: float = flag(0.0, "dropout on the LoRA / DoRA input", ADAPTERS, type=float)
+    adapter_targets: str = flag("query,value", f"LoRA / DoRA targets, some of {','.join(TARGETS)}", ADAPTERS)
+    pal_size: int | None = flag(None, "PALs' hidden size (default: 204/768 of BERT's, a multiple of its heads)",
+                                  ADAPTERS, type=int)
+
     # Optimisation.
     weight_decay: float = flag(0.0, "AdamW decoupled decay (not on biases and LayerNorm weights)",
                                  OPTIMISATION, type=float)
@@ -250,6 +266,10 @@ class TrainingArguments:
             raise ValueError(f"--pair_encoder: {err}") from None
         _check(encoders["sts"] != "cross" or self.similarity_objective == "cosine",
                "--similarity_objective applies to a cosine; a cross-encoded STS is trained as MSE(sigmoid, label/5)")
+        if self.adapter != "none":
+            adapter_config(self)
+            _check(not (self.adapter_sharing == "per_task" and self.simcse_data),
+                   "the SimCSE stage trains one encoder for every task: with an adapter use --adapter_sharing shared")
         if self.lnsr:
             lnsr_tasks(self)
             lnsr_config(self, num_layers=None)  # LnsrConfig checks the weight, the noise and the layer
@@ -396,3 +416,15 @@ def lnsr_config(args: TrainingArguments, num_layers: int | None) -> LnsrConfig:
         raise ValueError(f"--lnsr_layer {layer} leaves no layer to measure in a {num_layers}-layer encoder; "
                          f"use 0..{num_layers - 1}")
     return LnsrConfig(args.lnsr_weight, layer, args.lnsr_noise_std)
+
+
+def adapter_config(args: TrainingArguments) -> AdapterConfig | None:
+    """The adapters of --adapter (None for none)."""
+    if args.adapter == "none":
+        return None
+    targets = tuple(t.strip() for t in args.adapter_targets.split(",") if t.strip())
+    try:
+        return AdapterConfig(args.adapter, args.adapter_rank, args.adapter_alpha, args.adapter_dropout, targets,
+                             args.adapter_sharing, args.pal_size)
+    except ValueError as err:
+        raise ValueError(f"--adapter {args.adapter}: {err}") from None

@@ -175,3 +175,90 @@ def test_pal_size_follows_the_model():
 def test_bad_adapter_settings_are_value_errors(settings, problem):
     with pytest.raises(ValueError, match=problem):
         AdapterConfig(**settings)
+
+
+# --- adapters in MultitaskBERT: forgetting, checkpoints, the Bregman teacher ------------------------
+
+def adapted_multitask(kind="lora", sharing="per_task"):
+    from multitask_bert import MultitaskBERT, freeze_encoder
+    model = MultitaskBERT(tiny_bert(), adapter=AdapterConfig(kind, rank=4, sharing=sharing))
+    freeze_encoder(model)
+    return model
+
+
+@pytest.mark.parametrize("kind", ["lora", "dora", "pals"])
+def test_training_one_task_leaves_another_tasks_outputs_bit_identical(kind, tokenizer):
+    from conftest import pair_batch, sentence_batch
+    from optimizer import AdamW
+    from trainer import compute_task_loss
+    model = adapted_multitask(kind)
+    randomise_adapters(model)
+    sentences, pairs = sentence_batch(tokenizer, 4), pair_batch(tokenizer, "sts", 4)
+    model.eval()
+    with torch.no_grad():
+        sst_before, sts_before = model("sst", sentences), model("sts", pairs)
+    optimizer = AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    model.train()
+    compute_task_loss(model, "qqp", pair_batch(tokenizer, "qqp", 4)).backward()
+    optimizer.step()
+    model.eval()
+    with torch.no_grad():
+        assert torch.equal(model("sst", sentences), sst_before)
+        assert torch.equal(model("sts", pairs), sts_before)
+    trained = [n for n, p in model.named_parameters() if p.grad is not None and p.grad.abs().sum() > 0]
+    assert trained and all("qqp" in n or n.startswith("paraphrase_head.") for n in trained)
+
+
+def test_shared_adapters_are_shared_and_per_task_ones_are_not():
+    per_task, shared = adapted_multitask(), adapted_multitask(sharing="shared")
+    name = "bert.encoder.layers.0.attention.qkv.adapters.{}.query.lora_A"
+    assert not per_task.is_shared(name.format("sst")) and shared.is_shared(name.format("shared"))
+    assert per_task.is_shared("bert.encoder.layers.0.attention.qkv.base_layer.weight")
+    assert not adapted_multitask("pals").is_shared("pals.sets.sts.encoder.weight")
+
+
+def test_an_adapter_checkpoint_holds_only_what_trained_and_round_trips(tmp_path, tiny_checkpoint, tokenizer):
+    from bert import BertModel
+    from conftest import pair_batch
+    from multitask_bert import MultitaskBERT, freeze_encoder, load_multitask_model, save_multitask_model
+    model = MultitaskBERT(BertModel.from_pretrained(str(tiny_checkpoint)), adapter=AdapterConfig("dora", rank=2))
+    freeze_encoder(model)
+    randomise_adapters(model)
+    save_multitask_model(model, tmp_path / "adapters", {})
+    full = MultitaskBERT(BertModel.from_pretrained(str(tiny_checkpoint)))
+    save_multitask_model(full, tmp_path / "full", {})
+    small, large = ((tmp_path / f"{n}.safetensors").stat().st_size for n in ("adapters", "full"))
+    assert small < 0.1 * large
+    loaded = load_multitask_model(tmp_path / "adapters").eval()
+    batch = pair_batch(tokenizer, "qqp", 3)
+    with torch.no_grad():
+        assert torch.equal(loaded("qqp", batch), model.eval()("qqp", batch))
+    assert not any(p.requires_grad for n, p in loaded.bert.named_parameters() if ".adapters." not in n)
+
+
+def test_an_adapter_checkpoint_refuses_a_base_with_other_weights(tmp_path, tiny_checkpoint):
+    import json
+    import shutil
+    from safetensors.torch import load_file, save_file
+    from base_bert import CheckpointError
+    from bert import BertModel
+    from multitask_bert import MultitaskBERT, freeze_encoder, load_multitask_model, save_multitask_model
+    base = tmp_path / "base"
+    shutil.copytree(tiny_checkpoint, base)
+    model = MultitaskBERT(BertModel.from_pretrained(str(base)), adapter=AdapterConfig("lora"))
+    freeze_encoder(model)
+    save_multitask_model(model, tmp_path / "adapters", {})
+    assert json.loads((tmp_path / "adapters.json").read_text())["base"]["pretrained"] == str(base)
+    weights = load_file(str(base / "model.safetensors"))
+    weights["embeddings.word_embeddings.weight"][5] += 1.0
+    save_file(weights, str(base / "model.safetensors"))
+    with pytest.raises(CheckpointError, match="other base weights"):
+        load_multitask_model(tmp_path / "adapters")
+
+
+def test_the_bregman_teacher_copies_only_trainable_parameters():
+    from smart import BregmanTeacher
+    model = adapted_multitask()
+    teacher = BregmanTeacher(model, 0.99)
+    assert set(teacher.params) == {n for n, p in model.named_parameters() if p.requires_grad}
+    assert not any(n.startswith("bert.") and ".adapters." not in n for n in teacher.params)

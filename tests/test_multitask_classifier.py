@@ -367,3 +367,21 @@ def test_an_mlm_stage_needs_the_encoder_to_train(tiny_checkpoint, tmp_path, caps
 def test_an_lnsr_layer_beyond_the_model_is_one_line(tiny_checkpoint, tmp_path, capsys):
     assert exit_code(run_flags(tiny_checkpoint, tmp_path, "--lnsr", "--lnsr_layer", "2")) == 2
     assert "--lnsr_layer 2 leaves no layer to measure in a 2-layer encoder" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("adapter", [("--adapter", "dora", "--option", "pretrain"),
+                                     ("--adapter", "pals", "--adapter_sharing", "shared")])
+def test_adapters_train_and_resume_bitwise(tiny_checkpoint, tmp_path, adapter):
+    straight, interrupted = tmp_path / "straight", tmp_path / "interrupted"
+    assert mc.main(run_flags(tiny_checkpoint, straight, *adapter)) == 0
+    assert mc.main(run_flags(tiny_checkpoint, interrupted, *adapter, "--stop_after_stages", "2")) == 0
+    assert mc.main(run_flags(tiny_checkpoint, interrupted, *adapter, "--resume")) == 0
+    assert_same_training_state(straight / "run", interrupted / "run")
+    assert read_csv_outputs(straight) == read_csv_outputs(interrupted)
+    best = json.loads((straight / "run" / "best.json").read_text())
+    assert ("base" in best) == ("pretrain" in adapter)  # a frozen BERT is not saved, only its hash
+
+
+def test_per_task_adapters_refuse_a_stage_that_trains_one_encoder_for_all(tiny_checkpoint, tmp_path, capsys):
+    assert exit_code(run_flags(tiny_checkpoint, tmp_path, "--adapter", "lora", "--first_stages", "mlm")) == 2
+    assert "with an adapter use --adapter_sharing shared" in capsys.readouterr().err

@@ -49,6 +49,9 @@ INVALID = [
     (dict(pair_encoder="sst:cross"), ["--pair_encoder", "sst:cross"], "TASK one of qqp, sts"),
     (dict(pair_encoder="sts:cross", similarity_objective="cosent"),
      ["--pair_encoder", "sts:cross", "--similarity_objective", "cosent"], "a cross-encoded STS"),
+    (dict(adapter="lora", adapter_targets="query,gate"), ["--adapter", "lora", "--adapter_targets", "query,gate"],
+     "--adapter lora: adapter targets must be some of"),
+    (dict(adapter="dora", adapter_rank=0), ["--adapter", "dora", "--adapter_rank", "0"], "rank must be >= 1"),
     (dict(lnsr=True, lnsr_tasks="nli"), ["--lnsr", "--lnsr_tasks", "nli"], "--lnsr_tasks"),
     (dict(lnsr=True, lnsr_noise_std=0.0), ["--lnsr", "--lnsr_noise_std", "0"], "LNSR noise_std must be"),
     (dict(lnsr=True, lnsr_layer=-1), ["--lnsr", "--lnsr_layer", "-1"], "LNSR layer must be >= 0"),
@@ -147,7 +150,7 @@ def test_resume_free_fields_are_those_that_cannot_change_the_result():
                        "encoder_dropout", "weight_decay", "grad_accumulation_steps", "first_stages", "cycle",
                        "batch_size", "max_length", "pretrained", "schedule", "gradient_surgery", "option",
                        "pair_encoder", "sst_objective", "ordinal_weight", "head_hidden", "lnsr",
-                       "layerwise_lr_decay", "cagrad_c"}
+                       "layerwise_lr_decay", "cagrad_c", "adapter", "adapter_rank", "adapter_sharing"}
 
 
 # ---------------------------------------------------------------------------------------------------
