@@ -222,6 +222,40 @@ def peak_step_memory(args, device, smart: bool) -> int:
     return value
 
 
+def smart_phase_fns(model, regularizer, batch, device, bf16: bool | None, task="qqp") -> dict:
+    """The passes of a SMART step, each as a function timed on its own (forwards include the clean one
+    they need): where a SMART step's time goes."""
+    from smart import find_perturbation
+    batch = {**batch, "labels": (batch["labels"] > 2.5).float()}
+    inputs = model.encoder_inputs(task, batch)
+    objective = model.objectives[task]
+
+    def clean():
+        embeddings = model.embed(inputs)
+        return model.outputs_from_embeddings(task, embeddings, inputs), embeddings
+
+    def forward_fn(embeddings):
+        return model.outputs_from_embeddings(task, embeddings, inputs)
+
+    def ascent():
+        outputs, embeddings = clean()
+        find_perturbation(forward_fn, embeddings, outputs, objective.divergence, regularizer.config)
+
+    def with_amp(fn):
+        def run():
+            model.zero_grad(set_to_none=True)
+            with bf16_autocast(device, bf16):
+                fn()
+        return run
+    return {
+        "clean forward": with_amp(clean),
+        "clean forward + backward": with_amp(lambda: objective.loss(clean()[0], batch["labels"]).backward()),
+        "clean forward + ascent step": with_amp(ascent),
+        "clean forward + perturbed forward": with_amp(lambda: forward_fn(clean()[1])),
+        "teacher forward": with_amp(lambda: regularizer.teacher(model, task, batch)),
+    }
+
+
 def bench_smart(args, device) -> dict:
     """SMART step (clean forward, 1 ascent step, perturbed forward, teacher forward) vs a plain step."""
     steps = {}
@@ -229,11 +263,13 @@ def bench_smart(args, device) -> dict:
         model, optimizer, regularizer, batch = multitask_setup(args, device, smart)
         steps[name] = multitask_step_fn(model, optimizer, regularizer, batch, device, args.bf16)
     medians = alternate(steps, args, device)
+    phases = alternate(smart_phase_fns(model, regularizer, batch, device, args.bf16), args, device)
     memory = {name: peak_step_memory(args, device, name == "smart") for name in ("plain", "smart")}
     return {
         "benchmark": "QQP SBERT train step with and without SMART",
         "median_step_s": medians,
         "smart_cost_ratio": medians["smart"] / medians["plain"],
+        "smart_phase_s": {name: round(value, 4) for name, value in phases.items()},
         "peak_step_memory_mib": {k: round(v / 2**20, 1) for k, v in memory.items()},
         "teacher_copy_mib": round(sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20, 1),
         "smart_memory_ratio": memory["smart"] / max(memory["plain"], 1),

@@ -22,3 +22,5 @@ def test_every_benchmark_runs_with_bf16_autocast_on_cpu(tmp_path):
     assert all(r["setup"]["autocast"] == "bf16" for r in results.values())
     pipeline = next(r for r in results.values() if "pipeline" in r["benchmark"])
     assert pipeline["real_tokens"] > 0 and pipeline["tokens_per_second"] > 0
+    smart = next(r for r in results.values() if "SMART" in r["benchmark"])
+    assert len(smart["smart_phase_s"]) == 5 and all(t > 0 for t in smart["smart_phase_s"].values())
