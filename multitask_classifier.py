@@ -27,6 +27,7 @@ from simcse import load_nli_triplets
 from tasks import MULTITASK
 from tokenizer import BertTokenizer
 from trainer import Trainer
+from training_state import resume_training
 from training_args import (TrainingArguments, UsageError, adapter_config, build_parser, check_max_length,
                            check_writable, data_paths, from_namespace, lnsr_config, prediction_paths,
                            regularized_tasks, smart_configs)
@@ -138,7 +139,7 @@ def run(args: TrainingArguments) -> Trainer:
               f"mlm stage: {args.pretrained} has no MLM head; starting from a fresh one")
     trainer = Trainer(args, model, BertTokenizer.from_pretrained(args.pretrained), data, triplets, device, mlm_head)
     if args.resume:
-        trainer.resume(output_dir / "last", stages)
+        resume_training(trainer, output_dir / "last", stages)
         print(f"resuming after stage {trainer.next_stage} of {len(stages)}")
     elif (output_dir / "metrics.jsonl").exists():
         print(f"note: starting a fresh run in {output_dir}; its previous metrics.jsonl is replaced "

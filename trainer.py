@@ -1,8 +1,10 @@
 """The training loop of MultitaskBERT: stages, optimisation steps with gradient accumulation, SMART,
-LNSR, gradient surgery, evaluation after every stage, logging and the checkpoints --resume continues from.
+LNSR, gradient surgery, evaluation after every stage and logging.
 
     trainer = Trainer(args, model, tokenizer, data, triplets, device)   # args: a TrainingArguments
     trainer.train(stages)                                                # schedules.build_schedule(...)
+
+The training state saved after every stage, and --resume, are in training_state.py.
 """
 from __future__ import annotations
 
@@ -19,27 +21,21 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from base_bert import CheckpointError
-from checkpoint import (atomic_save, check_fields, check_resume_settings, optimizer_state, read_checkpoint,
-                        restore_optimizer, restore_rng, rng_state)
 from datasets import TaskData, in_file_order, make_dataloader, subsample
 from evaluation import overall_score, summarize_line, task_metrics
 from gradient_surgery import combine_task_gradients
 from lnsr import LnsrConfig, encode_with_noise_stability
 from mlm import MaskedLanguageModelHead, mlm_batches, mlm_loss, task_sentences
-from multitask_bert import (MultitaskBERT, load_trained_tensors, model_metadata, save_multitask_model,
-                            trained_tensors)
+from multitask_bert import MultitaskBERT, save_multitask_model
 from optimizer import AdamW, weight_decay_groups
 from runtime import bf16_autocast, to_device
 from schedules import Stage, learning_rate_factor, multitask_order
 from simcse import pairwise_contrastive_loss, supervised_simcse_loss, triplet_batches
 from smart import BregmanTeacher, SmartRegularizer, bregman_momentum
 from tasks import MULTITASK
-from training_args import (TrainingArguments, lnsr_config, lnsr_tasks, regularized_tasks, resume_free_fields,
-                           smart_configs)
+from training_args import TrainingArguments, lnsr_config, lnsr_tasks, regularized_tasks, smart_configs
+from training_state import save_training_state
 
-TRAINING_STATE_FIELDS = {"args": dict, "data_sha256": dict, "next_stage": int, "history": list, "best_score": (int, float),
-                         "updates": int, "optimizer": dict, "rng": dict, "smart_skipped_steps": dict}
 SUMMARY_KEYS = ("index", "stage", "train_loss", "seconds", "sst_acc", "qqp_acc", "sts_pearson", "overall")
 
 
@@ -327,7 +323,7 @@ class Trainer:
                 save_multitask_model(self.model, self.output_dir / "best",
                                      {"metrics": record, "args": dataclasses.asdict(self.args)})
             self.next_stage = index + 1
-            self.save_training_state(self.output_dir / "last")
+            save_training_state(self, self.output_dir / "last")
 
     def log(self, record: dict) -> None:
         self.history.append(record)
@@ -335,68 +331,3 @@ class Trainer:
         self.output_dir.mkdir(parents=True, exist_ok=True)
         with open(self.output_dir / "metrics.jsonl", "a", encoding="utf-8") as handle:
             handle.write(json.dumps(record) + "\n")
-
-    # -- checkpoints ------------------------------------------------------------------------------
-    def save_training_state(self, prefix: Path) -> None:
-        tensors = {f"model.{k}": v for k, v in trained_tensors(self.model).items()}
-        optimizer_tensors, optimizer_info = optimizer_state(self.optimizer)
-        rng_tensors, rng_info = rng_state()
-        tensors.update(optimizer_tensors)
-        tensors.update(rng_tensors)
-        if self.teacher is not None:
-            tensors.update({f"teacher.{k}": v.contiguous() for k, v in self.teacher.state_dict().items()})
-        if self.mlm_head is not None:
-            tensors.update({f"mlm_head.{k}": v.detach().contiguous() for k, v in self.mlm_head.state_dict().items()})
-        atomic_save(prefix, tensors, {
-            **model_metadata(self.model), "args": dataclasses.asdict(self.args), "next_stage": self.next_stage,
-            "history": self.history, "best_score": self.best_score, "updates": self.updates,
-            "data_sha256": self.data_sha256,
-            "optimizer": optimizer_info, "rng": rng_info,
-            "smart_skipped_steps": {t: r.skipped_steps for t, r in self.regularizers.items()}})
-
-    def resume(self, prefix: Path, stages: list[Stage]) -> None:
-        """Continue from a training state: refused when a setting that changes the result differs, or
-        when the stages already done do not begin `stages`."""
-        tensors, metadata = read_checkpoint(prefix)
-        check_fields(prefix.with_suffix(".json"), metadata, TRAINING_STATE_FIELDS)
-        free = resume_free_fields(type(self.args))
-        if self.args.lr_schedule != "constant" or (self.regularizers and self.args.smart_momentum is None):
-            saved = metadata["args"].get("cycles")
-            if saved != self.args.cycles:
-                raise CheckpointError(f"cannot resume: --cycles {saved!r} -> {self.args.cycles!r} changes the total "
-                                      "number of updates, which the learning rate or SMART's momentum follows; "
-                                      f"resume with --cycles {saved}")
-        check_resume_settings(metadata["args"], dataclasses.asdict(self.args), free)
-        try:
-            self._restore(tensors, metadata)
-        except (KeyError, IndexError, TypeError, ValueError, RuntimeError) as err:
-            raise CheckpointError(f"{prefix}: cannot resume with these flags; the checkpoint was saved by a "
-                                  f"different model, optimizer or SMART setup ({type(err).__name__}: {err})") from None
-        done = [record["stage"] for record in self.history if record["index"] > 0]
-        if done != [stage.label for stage in stages[:len(done)]]:
-            raise CheckpointError(f"cannot resume: the stages already done ({', '.join(done)}) do not begin "
-                                  "this run's schedule")
-        changed = sorted(name for name in self.data_sha256.keys() & metadata["data_sha256"].keys()
-                         if self.data_sha256[name] != metadata["data_sha256"][name])
-        if changed:  # a split only one of the two runs reads cannot have changed what was trained
-            raise CheckpointError(f"cannot resume: the data files' content differs from the stopped run's "
-                                  f"({', '.join(changed)})")
-        # A kill between a stage's log line and its checkpoint leaves a record the checkpoint does not
-        # have: the checkpoint's history is the truth.
-        (self.output_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in self.history),
-                                                        encoding="utf-8")
-
-    def _restore(self, tensors: dict, metadata: dict) -> None:
-        load_trained_tensors(self.model, {k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
-        restore_optimizer(self.optimizer, tensors, metadata["optimizer"])
-        if self.teacher is not None:
-            self.teacher.load_state_dict({k[8:]: v.to(self.device) for k, v in tensors.items()
-                                          if k.startswith("teacher.")})
-        if self.mlm_head is not None:
-            self.mlm_head.load_state_dict({k[9:]: v for k, v in tensors.items() if k.startswith("mlm_head.")})
-        for task, skipped in metadata["smart_skipped_steps"].items():
-            if task in self.regularizers:
-                self.regularizers[task].skipped_steps = skipped
-        restore_rng(tensors, metadata["rng"])
-        self.history, self.best_score = metadata["history"], metadata["best_score"]
-        self.next_stage, self.updates = metadata["next_stage"], metadata["updates"]
