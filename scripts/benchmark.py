@@ -3,6 +3,7 @@
     python scripts/benchmark.py encoder    # minBERT vs transformers.BertModel train step (same weights, batch)
     python scripts/benchmark.py precision  # minBERT train step: float32 vs bf16 autocast (--bf16 is ignored)
     python scripts/benchmark.py smart      # SMART step vs plain step, and peak memory with and without SMART
+    python scripts/benchmark.py adapters   # full fine-tuning vs LoRA / DoRA / PALs: parameters, size, time, memory
     python scripts/benchmark.py pipeline   # tokens/s of the full training pipeline (tokenize, collate, step)
     python scripts/benchmark.py all
 
@@ -150,13 +151,18 @@ def describe(args, device) -> dict:
     return info
 
 
-def multitask_setup(args, device, smart: bool):
-    """A MultitaskBERT with its optimizer and (optionally) SMART on one fixed STS-like pair batch."""
-    from multitask_bert import MultitaskBERT
+def multitask_setup(args, device, smart: bool, adapter: str | None = None):
+    """A MultitaskBERT with its optimizer and (optionally) SMART on one fixed STS-like pair batch; with an
+    adapter kind, per-task adapters of rank 8 over a frozen encoder."""
+    from adapters import AdapterConfig
+    from multitask_bert import MultitaskBERT, freeze_encoder
     from smart import SmartConfig, SmartRegularizer
     bert = build_minbert(args)
-    model = MultitaskBERT(bert).to(device).train()
-    optimizer = AdamW(model.parameters(), lr=1e-5)
+    model = MultitaskBERT(bert, adapter=AdapterConfig(adapter) if adapter else None)
+    if adapter:
+        freeze_encoder(model)
+    model = model.to(device).train()
+    optimizer = AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5)
     regularizer = SmartRegularizer(model, SmartConfig()) if smart else None
     ids_1, mask_1 = make_batch(args.batch_size, args.seq_len, bert.config.vocab_size, device, seed=1)
     ids_2, mask_2 = make_batch(args.batch_size, args.seq_len, bert.config.vocab_size, device, seed=2)
@@ -189,11 +195,11 @@ def _memory_status(field: str) -> int:
     raise RuntimeError(f"no {field} in /proc/self/status")
 
 
-def _peak_memory_worker(args, device, smart, queue):
+def _peak_memory_worker(args, device, smart, adapter, queue):
     if device.type == "cpu":
         # Random weights of the same shape: loading a checkpoint would set a higher-water mark than a step.
         args = argparse.Namespace(**{**vars(args), "config": "random:" + args.config})
-    model, optimizer, regularizer, batch = multitask_setup(args, device, smart)
+    model, optimizer, regularizer, batch = multitask_setup(args, device, smart, adapter)
     small = {k: v[:1, :8] if v.dim() == 2 else v[:1] for k, v in batch.items()}
     multitask_step_fn(model, optimizer, regularizer, small, device, args.bf16)()  # optimizer state now exists
     if device.type == "cuda":
@@ -209,13 +215,13 @@ def _peak_memory_worker(args, device, smart, queue):
     queue.put(peak - base)
 
 
-def peak_step_memory(args, device, smart: bool) -> int:
+def peak_step_memory(args, device, smart: bool, adapter: str | None = None) -> int:
     """Peak memory a training step adds over the loaded model, measured in a fresh process
     (CPU: peak resident set size; CUDA: peak allocated bytes)."""
     import multiprocessing
     context = multiprocessing.get_context("spawn")
     queue = context.Queue()
-    process = context.Process(target=_peak_memory_worker, args=(args, device, smart, queue))
+    process = context.Process(target=_peak_memory_worker, args=(args, device, smart, adapter, queue))
     process.start()
     value = queue.get()
     process.join()
@@ -271,7 +277,8 @@ def bench_smart(args, device) -> dict:
         "smart_cost_ratio": medians["smart"] / medians["plain"],
         "smart_phase_s": {name: round(value, 4) for name, value in phases.items()},
         "peak_step_memory_mib": {k: round(v / 2**20, 1) for k, v in memory.items()},
-        "teacher_copy_mib": round(sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20, 1),
+        "teacher_copy_mib": round(sum(t.numel() * t.element_size() for t in regularizer.teacher.params.values())
+                                  / 2**20, 1),
         "smart_memory_ratio": memory["smart"] / max(memory["plain"], 1),
     }
 
@@ -311,8 +318,29 @@ def bench_pipeline(args, device) -> dict:
             "seconds": seconds, "tokens_per_second": tokens / seconds}
 
 
+def bench_adapters(args, device) -> dict:
+    """Full fine-tuning against per-task LoRA, DoRA (rank 8 on query and value) and PALs over a frozen
+    encoder: trainable parameters, checkpoint size, train-step time and peak step memory."""
+    import tempfile
+    from multitask_bert import save_multitask_model
+    kinds = {"full fine-tuning": None, "lora": "lora", "dora": "dora", "pals": "pals"}
+    steps, sizes, trainable = {}, {}, {}
+    for name, kind in kinds.items():
+        model, optimizer, _, batch = multitask_setup(args, device, False, kind)
+        steps[name] = multitask_step_fn(model, optimizer, None, batch, device, args.bf16)
+        trainable[name] = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        with tempfile.TemporaryDirectory() as folder:
+            save_multitask_model(model, Path(folder) / "model", {})
+            sizes[name] = (Path(folder) / "model.safetensors").stat().st_size
+    medians = alternate(steps, args, device)
+    memory = {name: peak_step_memory(args, device, False, kind) for name, kind in kinds.items()}
+    return {"benchmark": "QQP SBERT train step: full fine-tuning vs per-task adapters over a frozen encoder",
+            "trainable_parameters": trainable, "checkpoint_mib": {k: round(v / 2**20, 2) for k, v in sizes.items()},
+            "median_step_s": medians, "peak_step_memory_mib": {k: round(v / 2**20, 1) for k, v in memory.items()}}
+
+
 BENCHMARKS = {"encoder": bench_encoder, "precision": bench_precision, "smart": bench_smart,
-              "pipeline": bench_pipeline}
+              "pipeline": bench_pipeline, "adapters": bench_adapters}
 
 
 def main(argv=None) -> int:

@@ -24,3 +24,6 @@ def test_every_benchmark_runs_with_bf16_autocast_on_cpu(tmp_path):
     assert pipeline["real_tokens"] > 0 and pipeline["tokens_per_second"] > 0
     smart = next(r for r in results.values() if "SMART" in r["benchmark"])
     assert len(smart["smart_phase_s"]) == 5 and all(t > 0 for t in smart["smart_phase_s"].values())
+    adapters = next(r for r in results.values() if "adapters" in r["benchmark"])
+    full, lora = adapters["trainable_parameters"]["full fine-tuning"], adapters["trainable_parameters"]["lora"]
+    assert 0 < lora < full and adapters["checkpoint_mib"]["lora"] < adapters["checkpoint_mib"]["full fine-tuning"]
