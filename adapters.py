@@ -46,6 +46,7 @@ class AdapterConfig:
     pal_size: int | None = None  # PALs' hidden size; default: 204 / 768 of BERT's, a multiple of its heads
 
     def __post_init__(self):
+        object.__setattr__(self, "targets", tuple(self.targets))  # a checkpoint's JSON gives a list
         if self.kind not in ADAPTERS[1:]:
             raise ValueError(f"adapter must be one of {ADAPTERS[1:]}, got {self.kind!r}")
         if self.sharing not in SHARINGS:

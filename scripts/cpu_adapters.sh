@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# CPU protocol, parameter-efficient: per-task adapters over a frozen minilm-l6, QQP -> [STS, SST, QQP 3%] x 2
+# ADAPTER=lora|dora|pals (default lora; rank 8, alpha 8 on query and value), lr 1e-3 (AllBERT's for DoRA).
+# Extra flags are passed on (e.g. --option finetune to train BERT too). Output: runs/cpu_$ADAPTER/ (runs/$RUN_NAME/ if set)
+set -euo pipefail
+source "$(dirname "$0")/_common.sh"
+cd "$ROOT"
+ADAPTER=${ADAPTER:-lora}
+NAME=${RUN_NAME:-cpu_$ADAPTER}
+python multitask_classifier.py "${CPU_FLAGS[@]}" --option pretrain --adapter "$ADAPTER" --lr 1e-3 --cycles 2 \
+    --output_dir "runs/$NAME" $(prediction_flags "$NAME") "$@"
