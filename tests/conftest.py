@@ -139,6 +139,16 @@ def output_flags() -> dict[tuple[str, str], str]:
     return {(task, split): output_flag(task, split) for task in MULTITASK for split in ("dev", "test")}
 
 
+def exit_code(argv) -> int:
+    """multitask_classifier.main's exit code, whether it returns it or argparse exits with it (flags are
+    checked while parsing)."""
+    import multitask_classifier
+    try:
+        return multitask_classifier.main(argv)
+    except SystemExit as exit:
+        return exit.code
+
+
 @pytest.fixture
 def model_must_not_load(monkeypatch):
     """Fails the test if any BERT is loaded (input validation must come first)."""

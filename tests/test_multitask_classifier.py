@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 
 import multitask_classifier as mc
 from bert import BertModel
-from conftest import DEMO, MAX_LENGTH, demo_examples, output_flags
+from conftest import DEMO, MAX_LENGTH, demo_examples, exit_code, output_flags
 from datasets import collate_pairs, collate_sentences
 from evaluation import check_predictions_file
 from multitask_bert import load_multitask_model
@@ -38,14 +38,6 @@ def read_records(run) -> list[dict]:
 
 def metrics_without_times(run) -> list[dict]:
     return [{k: v for k, v in record.items() if k != "seconds"} for record in read_records(run)]
-
-
-def exit_code(argv) -> int:
-    """main's exit code, whether it returns it or argparse exits with it (flags are checked while parsing)."""
-    try:
-        return mc.main(argv)
-    except SystemExit as exit:
-        return exit.code
 
 
 def assert_same_training_state(expected_run, got_run):

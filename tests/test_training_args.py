@@ -8,15 +8,7 @@ import multitask_classifier as mc
 from smart import SmartConfig
 from training_args import (ClassifierArguments, TrainingArguments, build_parser, data_paths, from_namespace,
                            prediction_paths, regularized_tasks, resume_free_fields, smart_configs)
-from conftest import DEMO
-
-
-def exit_code(argv) -> int:
-    """multitask_classifier.main's exit code, whether it returns it or argparse exits with it."""
-    try:
-        return mc.main(argv)
-    except SystemExit as exit:
-        return exit.code
+from conftest import DEMO, exit_code
 
 
 # ---------------------------------------------------------------------------------------------------
