@@ -116,14 +116,14 @@ class AdaptedLinear(nn.Module):
             return output
         dropped = self.dropout(x)
         weight, bias = self.base_layer.weight, self.base_layer.bias
-        pieces, start = [], 0
-        for target, rows in sorted(self.slices.items(), key=lambda item: item[1].start):
-            pieces.append(output[..., start:rows.start])
-            pieces.append(self.adapters[self.active][target](
-                x, dropped, output[..., rows], weight[rows], None if bias is None else bias[rows]))
-            start = rows.stop
-        pieces.append(output[..., start:])
-        return torch.cat(pieces, dim=-1)
+        adapted = {target: self.adapters[self.active][target](
+            x, dropped, output[..., rows], weight[rows], None if bias is None else bias[rows])
+            for target, rows in self.slices.items()}
+        # Written into the base output in place: its backward needs only x and W, not the output itself,
+        # and a concatenation would allocate the whole (N, out) block again.
+        for target, rows in self.slices.items():
+            output[..., rows] = adapted[target]
+        return output
 
     def merged(self, name: str) -> nn.Linear:
         """A plain nn.Linear equal to this layer with adapter set `name`."""

@@ -74,11 +74,21 @@ def test_adapters_equal_peft_on_transformers(kind, targets):
     reference = peft_copy(bert, kind, targets)
     ids, mask = random_batch()
     activate(bert, "sst")
-    with torch.no_grad():
-        mine = bert(ids, mask)["last_hidden_state"]
-        theirs = reference(input_ids=ids, attention_mask=mask).last_hidden_state
+    mine = bert(ids, mask)["last_hidden_state"]
+    theirs = reference(input_ids=ids, attention_mask=mask).last_hidden_state
     real = mask.bool()
     assert (mine[real] - theirs[real]).abs().max() < 1e-5
+    # The gradients too (the adapted rows are written into the base output in place).
+    (mine[real] ** 2).sum().backward()
+    (theirs[real] ** 2).sum().backward()
+    target = targets[0]
+    update = bert.encoder.layers[0].get_submodule(MODULES[target][0]).adapters["sst"][target]
+    peft_layer = reference.base_model.model.encoder.layer[0].get_submodule(MODULES[target][1])
+    torch.testing.assert_close(update.lora_A.grad, peft_layer.lora_A["default"].weight.grad, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(update.lora_B.grad, peft_layer.lora_B["default"].weight.grad, atol=1e-5, rtol=1e-4)
+    if kind == "dora":
+        torch.testing.assert_close(update.magnitude.grad, peft_layer.lora_magnitude_vector["default"].weight.grad,
+                                   atol=1e-5, rtol=1e-4)
 
 
 @pytest.mark.parametrize("kind", ["lora", "dora", "pals"])
