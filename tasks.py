@@ -8,7 +8,7 @@ Each task has one internal name, used by the code, the stage syntax, metric keys
     cfimdb  CFIMDB sentiment (0 / 1), part 1 of the handout only
 
 The course names some of them otherwise: its files are quora-*.csv, its flags --para_train and
---para_dev_out, its output files para-*-output.csv. Those names are mapped here and nowhere else;
+--para_dev_out, its submission files para-*-out.csv. Those names are mapped here and nowhere else;
 on the command line the course's names are accepted as aliases of the internal one.
 """
 from __future__ import annotations
@@ -76,5 +76,6 @@ def output_flag(task: str, split: str) -> str:
 
 
 def default_output(task: str, split: str) -> str:
-    """The course starter's predictions path, e.g. ('qqp', 'dev') -> 'predictions/para-dev-output.csv'."""
-    return f"predictions/{TASKS[task].flag_prefix}-{split}-output.csv"
+    """The path the handout's submission instructions require, e.g. ('qqp', 'dev') ->
+    'predictions/para-dev-out.csv' (the starter code's defaults said -output.csv)."""
+    return f"predictions/{TASKS[task].flag_prefix}-{split}-out.csv"

@@ -18,9 +18,9 @@ CPU_NLI_FILES=("$NLI_DIR/generative_nli/snli/dev.jsonl" "$NLI_DIR/snli_senteval/
 # The six leaderboard CSVs of run NAME go to runs/NAME/predictions/ (not the shared predictions/).
 prediction_flags() {
     local dir="runs/$1/predictions"
-    echo --sst_dev_out "$dir/sst-dev-output.csv" --sst_test_out "$dir/sst-test-output.csv" \
-         --para_dev_out "$dir/para-dev-output.csv" --para_test_out "$dir/para-test-output.csv" \
-         --sts_dev_out "$dir/sts-dev-output.csv" --sts_test_out "$dir/sts-test-output.csv"
+    echo --sst_dev_out "$dir/sst-dev-out.csv" --sst_test_out "$dir/sst-test-out.csv" \
+         --para_dev_out "$dir/para-dev-out.csv" --para_test_out "$dir/para-test-out.csv" \
+         --sts_dev_out "$dir/sts-dev-out.csv" --sts_test_out "$dir/sts-test-out.csv"
 }
 # Per-task baselines: each task fine-tuned alone into its own model (QQP 1 epoch, STS 3, SST 3).
 # Usage: single_task_runs PREFIX FLAGS...   (writes runs/PREFIX_single_{qqp,sts,sst}/)

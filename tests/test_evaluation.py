@@ -97,14 +97,14 @@ def test_summarize_line_formats_in_key_order():
 
 def test_default_outputs_are_the_course_cli_paths():
     assert set(DEFAULT_OUTPUTS.values()) == {
-        f"predictions/{task}-{split}-output.csv" for task in ("sst", "para", "sts") for split in ("dev", "test")
+        f"predictions/{task}-{split}-out.csv" for task in ("sst", "para", "sts") for split in ("dev", "test")
     }
     assert {task for task, _ in DEFAULT_OUTPUTS} == {"sst", "qqp", "sts"}
     assert set(evaluation.LEADERBOARD_COLUMNS) == {"sst", "qqp", "sts", "cfimdb"}
 
 
 def test_write_predictions_round_trip_keeps_order_and_values(tmp_path):
-    path = tmp_path / "nested" / "sst-dev-output.csv"
+    path = tmp_path / "nested" / "sst-dev-out.csv"
     write_predictions(path, ["c3", "a1", "b2"], np.array([4, 0, 2]), "sst")
     assert path.read_text() == "id,Predicted_Sentiment\nc3,4\na1,0\nb2,2\n"
     assert list(read_predictions(path, "sst").items()) == [("c3", 4), ("a1", 0), ("b2", 2)]
@@ -269,28 +269,28 @@ def test_prepare_submit_multitask_zip(tmp_path, capsys):
     assert prepare_submit.main(["--predictions_dir", str(predictions_dir), "--out", str(out)]) == 0
     with zipfile.ZipFile(out) as archive:
         assert sorted(archive.namelist()) == sorted(DEFAULT_OUTPUTS.values())
-        assert archive.read("predictions/sst-dev-output.csv") == (predictions_dir / "sst-dev-output.csv").read_bytes()
+        assert archive.read("predictions/sst-dev-out.csv") == (predictions_dir / "sst-dev-out.csv").read_bytes()
     assert "with 6 files" in capsys.readouterr().out
 
 
 def test_prepare_submit_missing_file_is_one_line_error(tmp_path, capsys):
     predictions_dir = tmp_path / "preds"
     _write_multitask_predictions(predictions_dir)
-    (predictions_dir / "sts-test-output.csv").unlink()
+    (predictions_dir / "sts-test-out.csv").unlink()
     out = tmp_path / "submission.zip"
     assert prepare_submit.main(["--predictions_dir", str(predictions_dir), "--out", str(out)]) == 2
     error = capsys.readouterr().err
-    assert error.count("\n") == 1 and "sts-test-output.csv: file not found" in error
+    assert error.count("\n") == 1 and "sts-test-out.csv: file not found" in error
     assert os.listdir(tmp_path) == ["preds"]
 
 
 def test_prepare_submit_rejects_wrong_header(tmp_path, capsys):
     predictions_dir = tmp_path / "preds"
     _write_multitask_predictions(predictions_dir)
-    (predictions_dir / "para-dev-output.csv").write_text("id,Predicted_Sentiment\na,1\n")
+    (predictions_dir / "para-dev-out.csv").write_text("id,Predicted_Sentiment\na,1\n")
     args = ["--predictions_dir", str(predictions_dir), "--out", str(tmp_path / "s.zip")]
     assert prepare_submit.main(args) == 2
-    assert "para-dev-output.csv: header" in capsys.readouterr().err
+    assert "para-dev-out.csv: header" in capsys.readouterr().err
 
 
 def test_prepare_submit_minbert_part(tmp_path, monkeypatch, capsys):

@@ -203,10 +203,10 @@ def test_max_length_beyond_the_positions_fails_in_the_classifier_too(tmp_path, c
 def test_prediction_csvs_are_readable_by_other_users(tmp_path):
     previous = os.umask(0o022)
     try:
-        write_predictions(tmp_path / "sst-dev-output.csv", ["a"], [1], "sst")
+        write_predictions(tmp_path / "sst-dev-out.csv", ["a"], [1], "sst")
     finally:
         os.umask(previous)
-    assert (tmp_path / "sst-dev-output.csv").stat().st_mode & 0o777 == 0o644
+    assert (tmp_path / "sst-dev-out.csv").stat().st_mode & 0o777 == 0o644
 
 
 # -- prepare_submit ------------------------------------------------------------------------------------
@@ -229,11 +229,11 @@ def test_prepare_submit_refuses_incomplete_or_invalid_files(tmp_path, capsys, da
     complete_predictions(predictions)
     args = ["--predictions_dir", str(predictions), "--data_dir", str(DEMO), "--out", str(tmp_path / "s.zip")]
     assert prepare_submit.main(args) == 0
-    damage(predictions / "sst-dev-output.csv")
+    damage(predictions / "sst-dev-out.csv")
     capsys.readouterr()
     assert prepare_submit.main(args[:-1] + [str(tmp_path / "t.zip")]) == 2
     line = one_error_line(capsys)
-    assert "sst-dev-output.csv" in line and problem in line
+    assert "sst-dev-out.csv" in line and problem in line
     assert not (tmp_path / "t.zip").exists()
 
 

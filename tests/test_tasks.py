@@ -53,8 +53,8 @@ def test_course_flag_and_output_names():
     assert {data_flag(t, s) for t in MULTITASK for s in SPLITS} == COURSE_DATA_FLAGS
     assert {output_flag(t, s) for t in MULTITASK for s in ("dev", "test")} == COURSE_OUTPUT_FLAGS
     assert data_flag("qqp", "train") == "para_train" and output_flag("qqp", "dev") == "para_dev_out"
-    assert default_output("qqp", "dev") == "predictions/para-dev-output.csv"
-    assert default_output("sst", "test") == "predictions/sst-test-output.csv"
+    assert default_output("qqp", "dev") == "predictions/para-dev-out.csv"
+    assert default_output("sst", "test") == "predictions/sst-test-out.csv"
     assert data_flag("cfimdb", "dev") == "cfimdb_dev"
 
 

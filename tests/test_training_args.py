@@ -102,12 +102,12 @@ def test_parsed_defaults_are_the_dataclass_defaults():
     for name, value in vars(default).items():
         if name not in ("data_files", "prediction_files"):
             assert getattr(parsed, name) == value, name
-    assert parsed.prediction_files == {"sst_dev_out": "predictions/sst-dev-output.csv",
-                                       "sst_test_out": "predictions/sst-test-output.csv",
-                                       "para_dev_out": "predictions/para-dev-output.csv",
-                                       "para_test_out": "predictions/para-test-output.csv",
-                                       "sts_dev_out": "predictions/sts-dev-output.csv",
-                                       "sts_test_out": "predictions/sts-test-output.csv"}
+    assert parsed.prediction_files == {"sst_dev_out": "predictions/sst-dev-out.csv",
+                                       "sst_test_out": "predictions/sst-test-out.csv",
+                                       "para_dev_out": "predictions/para-dev-out.csv",
+                                       "para_test_out": "predictions/para-test-out.csv",
+                                       "sts_dev_out": "predictions/sts-dev-out.csv",
+                                       "sts_test_out": "predictions/sts-test-out.csv"}
     assert (parsed.hidden_dropout_prob, parsed.encoder_dropout, parsed.smart_momentum) == (0.3, None, None)
     assert (parsed.lr_schedule, parsed.warmup_ratio, parsed.weight_decay) == ("constant", 0.1, 0.0)
 
@@ -131,7 +131,7 @@ def test_data_and_prediction_paths(tmp_path):
     assert paths[("sst", "test")] == tmp_path / "ids-sst-test-student.csv"
     outputs = prediction_paths(args.prediction_files)
     assert outputs[("sst", "test")].as_posix() == "out/sst.csv"
-    assert outputs[("qqp", "dev")].as_posix() == "predictions/para-dev-output.csv"
+    assert outputs[("qqp", "dev")].as_posix() == "predictions/para-dev-out.csv"
 
 
 def test_resume_free_fields_are_those_that_cannot_change_the_result():
