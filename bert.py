@@ -16,6 +16,7 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from base_bert import BertConfig, BertPreTrainedModel
 
@@ -141,6 +142,10 @@ class BertEncoder(nn.Module):
     def __init__(self, config: BertConfig):
         super().__init__()
         self.layers = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
+        # Recompute each layer in the backward pass instead of keeping its activations (training only): less
+        # memory for bert-large or long sequences, about one more forward of time. The dropout masks are
+        # replayed, so outputs and gradients are unchanged.
+        self.gradient_checkpointing = False
 
     def forward(self, hidden: torch.Tensor, attention_mask: torch.Tensor, start: int = 0, end: int | None = None,
                 layer_outputs: list | None = None) -> torch.Tensor:
@@ -151,7 +156,10 @@ class BertEncoder(nn.Module):
         layout = TokenLayout(attention_mask)
         tokens = layout.pack(hidden)  # (N, H)
         for layer in self.layers[start:end]:
-            tokens = layer(tokens, key_mask, layout)
+            if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
+                tokens = checkpoint(layer, tokens, key_mask, layout, use_reentrant=False)
+            else:
+                tokens = layer(tokens, key_mask, layout)
             if layer_outputs is not None:
                 layer_outputs.append(layout.unpack(tokens))
         return layout.unpack(tokens)  # (B, T, H)

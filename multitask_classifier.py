@@ -91,6 +91,7 @@ def build_model(args: TrainingArguments, trains_sts: bool) -> MultitaskBERT:
     overrides = {} if args.encoder_dropout is None else {"hidden_dropout_prob": args.encoder_dropout}
     bert = BertModel.from_pretrained(args.pretrained, **overrides)
     check_max_length(args.max_length, bert.config.max_position_embeddings, args.pretrained)
+    bert.encoder.gradient_checkpointing = args.gradient_checkpointing
     if args.lnsr:
         try:
             lnsr_config(args, bert.config.num_hidden_layers)

@@ -186,6 +186,9 @@ class TrainingArguments:
     layerwise_lr_decay: float = flag(1.0, "layer l of L trains at lr x decay^(L - l), the embeddings at "
                                        "lr x decay^L, pooler and heads at lr (1: off; e.g. 0.95)", OPTIMISATION,
                                        type=float)
+    gradient_checkpointing: bool = flag(False, "recompute each BERT layer in the backward pass: less memory "
+                                          "(bert-large, long sequences), about one more forward of time",
+                                          OPTIMISATION, resume_free=True, action="store_true")
     bf16: bool | None = flag(None, "bf16 autocast (default: on for CUDA, off for CPU; on a CPU with native bf16, "
                                "e.g. AVX512-BF16 or AMX, --bf16 measured 1.2-1.6x faster, see BENCHMARKS.md)",
                                OPTIMISATION, action=argparse.BooleanOptionalAction)

@@ -165,3 +165,24 @@ def test_too_long_input_is_a_clear_error():
     model = tiny_model(max_position_embeddings=8)
     with pytest.raises(ValueError, match="longer than the model's 8 positions"):
         model(torch.ones(1, 9, dtype=torch.long), torch.ones(1, 9, dtype=torch.long))
+
+
+def test_gradient_checkpointing_gives_the_same_outputs_and_gradients():
+    from conftest import tiny_bert
+    ids, mask, types = random_batch(30522)
+    results = []
+    for checkpointed in (False, True):
+        bert = tiny_bert(hidden_dropout_prob=0.2, attention_probs_dropout_prob=0.2).train()  # dropout on
+        bert.encoder.gradient_checkpointing = checkpointed
+        calls, first = [], bert.encoder.layers[0]
+        first.forward = lambda *inputs, run=first.forward: calls.append(1) or run(*inputs)
+        torch.manual_seed(3)
+        hidden = bert(ids, mask, types)["last_hidden_state"]
+        hidden.pow(2).sum().backward()
+        assert len(calls) == (2 if checkpointed else 1)  # recomputed in the backward pass
+        results.append((hidden.detach(), {n: p.grad for n, p in bert.named_parameters() if p.grad is not None}))
+    (plain, plain_grads), (recomputed, recomputed_grads) = results
+    assert torch.equal(plain, recomputed)
+    assert plain_grads.keys() == recomputed_grads.keys()
+    for name in plain_grads:
+        torch.testing.assert_close(recomputed_grads[name], plain_grads[name], rtol=1e-5, atol=1e-7)
