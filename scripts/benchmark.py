@@ -4,6 +4,7 @@
     python scripts/benchmark.py precision  # minBERT train step: float32 vs bf16 autocast (--bf16 is ignored)
     python scripts/benchmark.py smart      # SMART step vs plain step, and peak memory with and without SMART
     python scripts/benchmark.py adapters   # full fine-tuning vs LoRA / DoRA / PALs: parameters, size, time, memory
+    python scripts/benchmark.py checkpointing  # train step with and without gradient checkpointing
     python scripts/benchmark.py pipeline   # tokens/s of the full training pipeline (tokenize, collate, step)
     python scripts/benchmark.py all
 
@@ -151,7 +152,7 @@ def describe(args, device) -> dict:
     return info
 
 
-def multitask_setup(args, device, smart: bool, adapter: str | None = None):
+def multitask_setup(args, device, smart: bool, adapter: str | None = None, checkpointing: bool = False):
     """A MultitaskBERT with its optimizer and (optionally) SMART on one fixed STS-like pair batch; with an
     adapter kind, per-task adapters of rank 8 over a frozen encoder."""
     from adapters import AdapterConfig
@@ -161,6 +162,7 @@ def multitask_setup(args, device, smart: bool, adapter: str | None = None):
     model = MultitaskBERT(bert, adapter=AdapterConfig(adapter) if adapter else None)
     if adapter:
         freeze_encoder(model)
+    model.bert.encoder.gradient_checkpointing = checkpointing
     model = model.to(device).train()
     optimizer = AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5)
     regularizer = SmartRegularizer(model, SmartConfig()) if smart else None
@@ -195,11 +197,11 @@ def _memory_status(field: str) -> int:
     raise RuntimeError(f"no {field} in /proc/self/status")
 
 
-def _peak_memory_worker(args, device, smart, adapter, queue):
+def _peak_memory_worker(args, device, smart, adapter, checkpointing, queue):
     if device.type == "cpu":
         # Random weights of the same shape: loading a checkpoint would set a higher-water mark than a step.
         args = argparse.Namespace(**{**vars(args), "config": "random:" + args.config})
-    model, optimizer, regularizer, batch = multitask_setup(args, device, smart, adapter)
+    model, optimizer, regularizer, batch = multitask_setup(args, device, smart, adapter, checkpointing)
     small = {k: v[:1, :8] if v.dim() == 2 else v[:1] for k, v in batch.items()}
     multitask_step_fn(model, optimizer, regularizer, small, device, args.bf16)()  # optimizer state now exists
     # Without the gradients of that step: every step frees them first (set_to_none) and makes them anew, so
@@ -218,13 +220,13 @@ def _peak_memory_worker(args, device, smart, adapter, queue):
     queue.put(peak - base)
 
 
-def peak_step_memory(args, device, smart: bool, adapter: str | None = None) -> int:
+def peak_step_memory(args, device, smart: bool, adapter: str | None = None, checkpointing: bool = False) -> int:
     """Peak memory a training step adds over the loaded model, measured in a fresh process
     (CPU: peak resident set size; CUDA: peak allocated bytes)."""
     import multiprocessing
     context = multiprocessing.get_context("spawn")
     queue = context.Queue()
-    process = context.Process(target=_peak_memory_worker, args=(args, device, smart, adapter, queue))
+    process = context.Process(target=_peak_memory_worker, args=(args, device, smart, adapter, checkpointing, queue))
     process.start()
     value = queue.get()
     process.join()
@@ -342,8 +344,22 @@ def bench_adapters(args, device) -> dict:
             "median_step_s": medians, "peak_step_memory_mib": {k: round(v / 2**20, 1) for k, v in memory.items()}}
 
 
+def bench_checkpointing(args, device) -> dict:
+    """A QQP SBERT train step with and without --gradient_checkpointing: time and peak step memory."""
+    steps = {}
+    for name, checkpointing in (("plain", False), ("checkpointed", True)):
+        model, optimizer, _, batch = multitask_setup(args, device, False, checkpointing=checkpointing)
+        steps[name] = multitask_step_fn(model, optimizer, None, batch, device, args.bf16)
+    medians = alternate(steps, args, device)
+    memory = {name: peak_step_memory(args, device, False, checkpointing=name == "checkpointed") for name in steps}
+    return {"benchmark": "QQP SBERT train step with and without gradient checkpointing",
+            "median_step_s": medians, "checkpointing_time_ratio": medians["checkpointed"] / medians["plain"],
+            "peak_step_memory_mib": {k: round(v / 2**20, 1) for k, v in memory.items()},
+            "checkpointing_memory_ratio": memory["checkpointed"] / max(memory["plain"], 1)}
+
+
 BENCHMARKS = {"encoder": bench_encoder, "precision": bench_precision, "smart": bench_smart,
-              "pipeline": bench_pipeline, "adapters": bench_adapters}
+              "pipeline": bench_pipeline, "adapters": bench_adapters, "checkpointing": bench_checkpointing}
 
 
 def main(argv=None) -> int:
