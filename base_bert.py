@@ -240,6 +240,25 @@ def convert_hf_state_dict(hf_state: dict[str, torch.Tensor], num_layers: int) ->
     return converted
 
 
+def to_hf_state_dict(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """minBERT's parameter names back to Hugging Face BertModel's (the inverse of convert_hf_state_dict):
+    the fused Q/K/V projection split into query, key and value."""
+    renames = (("encoder.layers.", "encoder.layer."), ("embeddings.layer_norm", "embeddings.LayerNorm"),
+               ("attention.out_proj", "attention.output.dense"), ("attention_norm", "attention.output.LayerNorm"),
+               ("ffn_in", "intermediate.dense"), ("ffn_out", "output.dense"), ("output_norm", "output.LayerNorm"))
+    hf = {}
+    for key, value in state.items():
+        if ".attention.qkv." in key:
+            layer, kind = key.split(".")[2], key.split(".")[-1]
+            for name, part in zip(("query", "key", "value"), value.chunk(3)):
+                hf[f"encoder.layer.{layer}.attention.self.{name}.{kind}"] = part.clone()
+            continue
+        for ours, theirs in renames:
+            key = key.replace(ours, theirs)
+        hf[key] = value.clone()
+    return hf
+
+
 def check_state_dict(expected: dict[str, torch.Tensor], provided: dict[str, torch.Tensor], source: str) -> None:
     """Every key present and every shape equal, or one clear error listing what is wrong."""
     missing = sorted(set(expected) - set(provided))

@@ -79,23 +79,9 @@ def deterministic_tiny_model(seed: int = 0, **heads):
 
 
 def hf_state_dict(model) -> dict:
-    """Write minBERT's weights under Hugging Face names (the inverse of convert_hf_state_dict)."""
-    state = {}
-    for key, value in model.state_dict().items():
-        if ".attention.qkv." in key:
-            layer, kind = key.split(".")[2], key.split(".")[-1]
-            for name, part in zip(("query", "key", "value"), value.chunk(3)):
-                state[f"encoder.layer.{layer}.attention.self.{name}.{kind}"] = part.clone()
-            continue
-        hf = (key.replace("encoder.layers.", "encoder.layer.")
-              .replace("embeddings.layer_norm", "embeddings.LayerNorm")
-              .replace("attention.out_proj", "attention.output.dense")
-              .replace("attention_norm", "attention.output.LayerNorm")
-              .replace("ffn_in", "intermediate.dense")
-              .replace("ffn_out", "output.dense")
-              .replace("output_norm", "output.LayerNorm"))
-        state[hf] = value.clone()
-    return state
+    """minBERT's weights under Hugging Face names."""
+    from base_bert import to_hf_state_dict
+    return to_hf_state_dict(model.state_dict())
 
 
 @pytest.fixture(scope="session")

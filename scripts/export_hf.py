@@ -1,0 +1,101 @@
+"""Export a trained MultitaskBERT checkpoint for the Hugging Face ecosystem.
+
+    python scripts/export_hf.py runs/cpu_sbert/best OUT_DIR [--task sts]
+
+OUT_DIR then holds
+  * the encoder as a Hugging Face BERT directory: config.json, model.safetensors under Hugging Face parameter
+    names, the tokenizer files of the pretrained model it was trained from;
+  * the sentence-transformers files: modules.json, sentence_bert_config.json and 1_Pooling/config.json with
+    the model's pooling (mean or CLS);
+  * the task heads: heads.safetensors and heads.json (the head options), which only this project reads.
+
+So `transformers.BertModel.from_pretrained(OUT_DIR)`, `sentence_transformers.SentenceTransformer(OUT_DIR)` and
+this project's `--pretrained OUT_DIR` all load the encoder. Per-task LoRA / DoRA adapters are merged into it
+for the task given by --task; PALs add layers of their own and cannot be exported. Neither transformers nor
+sentence-transformers is needed to export.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from safetensors.torch import save_file  # noqa: E402
+
+from adapters import SHARED_SET, merge_adapters  # noqa: E402
+from base_bert import CheckpointError, resolve_pretrained, to_hf_state_dict  # noqa: E402
+from checkpoint import read_checkpoint  # noqa: E402
+from multitask_bert import load_multitask_model  # noqa: E402
+from tasks import MULTITASK, task_name  # noqa: E402
+
+TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+
+
+def hf_config(config: dict) -> dict:
+    """Our BertConfig as a Hugging Face config.json."""
+    values = {k: v for k, v in config.items() if k != "attn_implementation"}
+    return {"architectures": ["BertModel"], "model_type": "bert", **values}
+
+
+def export(checkpoint: Path, out: Path, task: str | None = None, pretrained: str | None = None) -> None:
+    _, metadata = read_checkpoint(checkpoint)
+    model = load_multitask_model(checkpoint)
+    bert = model.bert
+    if model.adapter is not None:
+        if model.adapter.kind == "pals":
+            raise CheckpointError(f"{checkpoint}: PALs add layers of their own; a plain BERT cannot hold them")
+        name = SHARED_SET if model.adapter.sharing == "shared" else task
+        if name is None:
+            raise CheckpointError(f"{checkpoint}: each task has its own adapters; choose one with --task "
+                                  f"({', '.join(MULTITASK)})")
+        bert = merge_adapters(bert, name)
+    pretrained = pretrained or metadata.get("args", {}).get("pretrained") or metadata.get("base", {}).get("pretrained")
+    if not pretrained:
+        raise CheckpointError(f"{checkpoint}: does not say which pretrained model (tokenizer) it came from; "
+                              "give --pretrained")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(hf_config(bert.config.to_dict()), indent=2) + "\n")
+    save_file({k: v.contiguous() for k, v in to_hf_state_dict(bert.state_dict()).items()},
+              str(out / "model.safetensors"), metadata={"format": "pt"})
+    source = resolve_pretrained(pretrained)
+    for name in TOKENIZER_FILES:
+        if (source / name).is_file():
+            shutil.copy(source / name, out / name)
+    max_length = metadata.get("args", {}).get("max_length", 128)
+    (out / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": max_length,
+                                                               "do_lower_case": False}) + "\n")
+    (out / "modules.json").write_text(json.dumps([
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]) + "\n")
+    (out / "1_Pooling").mkdir(exist_ok=True)
+    (out / "1_Pooling" / "config.json").write_text(json.dumps({
+        "word_embedding_dimension": bert.config.hidden_size, "pooling_mode_cls_token": model.pooling == "cls",
+        "pooling_mode_mean_tokens": model.pooling == "mean", "pooling_mode_max_tokens": False,
+        "pooling_mode_mean_sqrt_len_tokens": False}) + "\n")
+    heads = {k: v.detach().contiguous() for k, v in model.state_dict().items() if not k.startswith(("bert.", "pals."))}
+    save_file(heads, str(out / "heads.safetensors"))
+    (out / "heads.json").write_text(json.dumps(model.head_options(), indent=2) + "\n")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("checkpoint", type=Path, help="PREFIX of PREFIX.safetensors + PREFIX.json (e.g. runs/x/best)")
+    parser.add_argument("out_dir", type=Path)
+    parser.add_argument("--task", help="with per-task LoRA / DoRA adapters: the task whose adapters are merged")
+    parser.add_argument("--pretrained", help="the model whose tokenizer to copy (default: the checkpoint's own)")
+    args = parser.parse_args(argv)
+    try:
+        export(args.checkpoint, args.out_dir, task_name(args.task) if args.task else None, args.pretrained)
+    except (CheckpointError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(f"wrote {args.out_dir}: a Hugging Face BERT, sentence-transformers modules and heads.safetensors")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
