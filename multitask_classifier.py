@@ -102,10 +102,9 @@ def build_model(args: TrainingArguments, trains_sts: bool) -> MultitaskBERT:
                           ordinal_weight, args.head_hidden, args.head_activation, adapter_config(args))
     if args.option == "pretrain":
         freeze_encoder(model)
-        sts_weights = [name for name, p in model.named_parameters() if p.requires_grad and (
-            name.startswith(("similarity_head.", "dense_heads.sts.", "pals.sets.sts.", "pals.sets.shared."))
-            or ".adapters.sts." in name or ".adapters.shared." in name)]
-        if trains_sts and not sts_weights:
+        # STS outputs a cosine of the frozen encoder's embeddings unless a head or adapters give it weights.
+        sts_trains = model.adapter is not None or model.head_hidden > 0 or model.pair_encoders["sts"] == "cross"
+        if trains_sts and not sts_trains:
             print("note: with --option pretrain the STS cosine has no trainable weights; "
                   "STS training steps change nothing")
     return model

@@ -123,10 +123,9 @@ class Trainer:
         named = list(model.named_parameters())
         if mlm_head is not None:
             named += [(f"mlm_head.{name}", p) for name, p in mlm_head.named_parameters()]
-        groups = weight_decay_groups(named, args.weight_decay, args.layerwise_lr_decay,
-                                     model.bert.config.num_hidden_layers)
-        self.optimizer = AdamW(groups, lr=args.lr)
         num_layers = model.bert.config.num_hidden_layers
+        self.optimizer = AdamW(weight_decay_groups(named, args.weight_decay, args.layerwise_lr_decay, num_layers),
+                               lr=args.lr)
         self.lnsr = {task: lnsr_config(args, num_layers) for task in lnsr_tasks(args)}
         smart_tasks = regularized_tasks(args)
         configs = smart_configs(args) if smart_tasks else {}
@@ -226,12 +225,10 @@ class Trainer:
 
     def stage_batches(self, stage: Stage) -> int:
         """How many batches the stage trains on."""
-        if stage.kind == "task":
+        if stage.kind in ("task", "mlm"):
             return math.ceil(self.stage_size(stage) / self.args.batch_size)
         if stage.kind == "simcse":
             return math.ceil(len(self.triplets) / self.args.batch_size)
-        if stage.kind == "mlm":
-            return math.ceil(self.stage_size(stage) / self.args.batch_size)
         total = sum(math.ceil(len(self.data[t].train) / self.args.batch_size) for t in MULTITASK)
         return math.ceil(total / len(MULTITASK)) if self.args.gradient_surgery != "none" else total
 

@@ -365,14 +365,19 @@ def prediction_paths(prediction_files: dict) -> dict[tuple[str, str], Path]:
             for task in MULTITASK for split in ("dev", "test")}
 
 
-def regularized_tasks(args: TrainingArguments) -> set[str]:
-    """The tasks --smart regularises (none without --smart)."""
-    if not args.smart:
+def _task_list(enabled: bool, text: str, flag: str) -> set[str]:
+    """The tasks named in a comma-separated flag (none when its feature is off)."""
+    if not enabled:
         return set()
     try:
-        return {task_name(t) for t in args.smart_tasks.split(",") if t.strip()}
+        return {task_name(t) for t in text.split(",") if t.strip()}
     except ValueError as err:
-        raise ValueError(f"--smart_tasks: {err}") from None
+        raise ValueError(f"--{flag}: {err}") from None
+
+
+def regularized_tasks(args: TrainingArguments) -> set[str]:
+    """The tasks --smart regularises (none without --smart)."""
+    return _task_list(args.smart, args.smart_tasks, "smart_tasks")
 
 
 def smart_configs(args: TrainingArguments) -> dict[str, SmartConfig]:
@@ -404,12 +409,7 @@ def smart_configs(args: TrainingArguments) -> dict[str, SmartConfig]:
 
 def lnsr_tasks(args: TrainingArguments) -> set[str]:
     """The tasks --lnsr regularises (none without --lnsr)."""
-    if not args.lnsr:
-        return set()
-    try:
-        return {task_name(t) for t in args.lnsr_tasks.split(",") if t.strip()}
-    except ValueError as err:
-        raise ValueError(f"--lnsr_tasks: {err}") from None
+    return _task_list(args.lnsr, args.lnsr_tasks, "lnsr_tasks")
 
 
 def lnsr_config(args: TrainingArguments, num_layers: int | None) -> LnsrConfig:
