@@ -39,6 +39,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Sampler
 
+from distributed import cut_global_batches, global_batch_count, shard_batch
 from tasks import SPLITS, TASKS, class_range, course_file_name
 
 SENTENCE_TASKS = tuple(name for name, task in TASKS.items() if not task.is_pair)  # sst, cfimdb
@@ -333,24 +334,30 @@ class LengthBucketSampler(Sampler[list[int]]):
     shuffle=False: indices sorted by length, longest first, so an out-of-memory error shows up on
     the first batch rather than the last.
     Every index appears in exactly one batch per pass; only the last batch of a bucket can be short.
+    Under torchrun (world_size > 1, shuffle=True) the batches are global ones of batch_size *
+    world_size and each rank yields its slice of them (distributed.shard_batch): every rank draws the
+    same order from the seed, so the ranks together see each index once.
     """
 
     def __init__(self, lengths: Sequence[int], batch_size: int, shuffle: bool, seed: int = 0,
-                 bucket_size_multiplier: int = 50):
+                 bucket_size_multiplier: int = 50, world_size: int = 1, rank: int = 0):
         if batch_size < 1 or bucket_size_multiplier < 1:
             raise ValueError("batch_size and bucket_size_multiplier must be at least 1")
         self.lengths = list(lengths)
         self.batch_size = batch_size
         self.shuffle = shuffle
         self.seed = seed
-        self.bucket_size = batch_size * bucket_size_multiplier
+        self.world_size, self.rank = world_size, rank
+        self.bucket_size = batch_size * world_size * bucket_size_multiplier
         self.epoch = 0
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
     def __len__(self) -> int:
-        return math.ceil(len(self.lengths) / self.batch_size)
+        if not self.shuffle:
+            return math.ceil(len(self.lengths) / self.batch_size)
+        return global_batch_count(len(self.lengths), self.batch_size, self.world_size)
 
     def __iter__(self):
         if not self.shuffle:
@@ -360,11 +367,14 @@ class LengthBucketSampler(Sampler[list[int]]):
         rng = np.random.default_rng([self.seed, self.epoch])
         order = rng.permutation(len(self.lengths)).tolist()
         batches = []
-        for start in range(0, len(order), self.bucket_size):
-            bucket = sorted(order[start:start + self.bucket_size], key=self.lengths.__getitem__)
-            batches.extend(_cut(bucket, self.batch_size))
+        starts = list(range(0, len(order), self.bucket_size))
+        if len(starts) > 1 and len(order) - starts[-1] < self.world_size:
+            starts.pop()  # a last bucket too small to give every rank an example joins the one before
+        for start, end in zip(starts, [*starts[1:], len(order)]):
+            bucket = sorted(order[start:end], key=self.lengths.__getitem__)
+            batches.extend(cut_global_batches(bucket, self.batch_size, self.world_size))
         for i in rng.permutation(len(batches)).tolist():
-            yield batches[i]
+            yield shard_batch(batches[i], self.world_size, self.rank)
 
 
 def _cut(indices: list[int], batch_size: int) -> list[list[int]]:
@@ -373,7 +383,7 @@ def _cut(indices: list[int], batch_size: int) -> list[list[int]]:
 
 def make_dataloader(examples: Sequence[SentenceExample] | Sequence[PairExample], tokenizer, batch_size: int,
                     shuffle: bool, seed: int = 0, max_length: int = 128, cross_encoder: bool = False,
-                    num_workers: int = 0) -> DataLoader:
+                    num_workers: int = 0, world_size: int = 1, rank: int = 0) -> DataLoader:
     """DataLoader over length-bucketed batches with the collate that fits the example type.
 
     Batches are dicts from collate_sentences / collate_pairs (pair labels are float32). With
@@ -389,7 +399,8 @@ def make_dataloader(examples: Sequence[SentenceExample] | Sequence[PairExample],
     else:
         collate = partial(collate_pairs, tokenizer=tokenizer, max_length=max_length,
                           label_dtype=torch.float32, cross_encoder=cross_encoder)
-    sampler = LengthBucketSampler(example_lengths(examples, cross_encoder), batch_size, shuffle, seed)
+    sampler = LengthBucketSampler(example_lengths(examples, cross_encoder), batch_size, shuffle, seed,
+                                  world_size=world_size, rank=rank)
     return DataLoader(examples, batch_sampler=sampler, collate_fn=collate, num_workers=num_workers)
 
 

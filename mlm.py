@@ -18,6 +18,7 @@ from torch import nn
 
 from base_bert import BertConfig, CheckpointError, find_weight_file, load_state_dict_file, resolve_pretrained
 from datasets import PairExample, TaskData
+from distributed import cut_global_batches, shard_batch
 from tasks import MULTITASK
 
 IGNORED_LABEL = -100
@@ -85,16 +86,18 @@ def mask_tokens(input_ids: torch.Tensor, attention_mask: torch.Tensor, special: 
     return inputs, labels
 
 
-def mlm_batches(sentences: list[str], tokenizer, batch_size: int, seed: int, max_length: int) -> Iterator[dict]:
-    """Masked batches of the sentences in a seeded random order: input_ids, attention_mask, labels (B, T)."""
+def mlm_batches(sentences: list[str], tokenizer, batch_size: int, seed: int, max_length: int,
+                world_size: int = 1, rank: int = 0) -> Iterator[dict]:
+    """Masked batches of the sentences in a seeded random order: input_ids, attention_mask, labels (B, T).
+    Under torchrun, this rank's slice of each global batch, masked by its own generator."""
     if tokenizer.mask_token_id is None:
         raise CheckpointError("the vocabulary has no [MASK] token, which the mlm stage needs")
     order = list(range(len(sentences)))
     random.Random(seed).shuffle(order)
-    generator = torch.Generator().manual_seed(seed)
-    for start in range(0, len(order), batch_size):
-        encoding = tokenizer([sentences[i] for i in order[start:start + batch_size]], padding=True, truncation=True,
-                             max_length=max_length, return_tensors="pt")
+    generator = torch.Generator().manual_seed(seed + rank)
+    for indices in cut_global_batches(order, batch_size, world_size):
+        encoding = tokenizer([sentences[i] for i in shard_batch(indices, world_size, rank)], padding=True,
+                             truncation=True, max_length=max_length, return_tensors="pt")
         ids = encoding["input_ids"]
         special = (ids == tokenizer.cls_token_id) | (ids == tokenizer.sep_token_id)
         inputs, labels = mask_tokens(ids, encoding["attention_mask"], special, tokenizer.mask_token_id,

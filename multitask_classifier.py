@@ -13,15 +13,18 @@ from __future__ import annotations
 
 import sys
 import warnings
+
+import torch
 from pathlib import Path
 
 from base_bert import CheckpointError
 from bert import BertModel
 from datasets import DataError, DataWarning, load_task_data, show_data_warnings_on_one_line, subsample
+from distributed import Distributed
 from evaluation import summarize_line, write_predictions, write_run_reports
 from mlm import load_mlm_head
 from multitask_bert import MultitaskBERT, freeze_encoder, load_multitask_model
-from runtime import resolve_device, seed_everything
+from runtime import seed_everything
 from schedules import Stage, build_schedule, train_tasks
 from simcse import load_nli_triplets
 from tasks import MULTITASK
@@ -111,19 +114,30 @@ def build_model(args: TrainingArguments, trains_sts: bool) -> MultitaskBERT:
 
 
 def write_leaderboard_files(trainer: Trainer, paths: dict, dev_predictions: dict) -> None:
-    """The six CSVs: dev from the predictions already scored, test predicted now."""
+    """The six CSVs: dev from the predictions already scored, test predicted now (by every rank, written by rank 0)."""
     for split in ("dev", "test"):
         for task in MULTITASK:
             if split == "dev":
                 ids, predicted, _ = dev_predictions[task]
             else:
                 ids, predicted = trainer.predict(task, trainer.data[task].test)
-            write_predictions(paths[(task, split)], ids, predicted.tolist(), task)
-            print(f"wrote {paths[(task, split)]} ({len(ids)} rows)")
+            if trainer.distributed.is_main:
+                write_predictions(paths[(task, split)], ids, predicted.tolist(), task)
+                print(f"wrote {paths[(task, split)]} ({len(ids)} rows)")
 
 
 def run(args: TrainingArguments) -> Trainer:
-    device = resolve_device(args.use_gpu)
+    """Train, keep the best model, write the six CSVs. Under torchrun: one rank of the data-parallel run
+    (distributed.py), only rank 0 printing and writing."""
+    distributed, device = Distributed.from_environment(args.use_gpu)
+    try:
+        with distributed.main_process_output():
+            return _run(args, distributed, device)
+    finally:
+        distributed.shutdown()
+
+
+def _run(args: TrainingArguments, distributed: Distributed, device) -> Trainer:
     stages, data, dropped_rows, triplets = load_inputs(args)
     output_dir = Path(args.output_dir)
     if args.resume and not any((output_dir / name).exists() for name in ("last.json", "last.safetensors")):
@@ -137,11 +151,20 @@ def run(args: TrainingArguments) -> Trainer:
         mlm_head.to(device)
         print(f"mlm stage: the MLM head of {args.pretrained}" if found else
               f"mlm stage: {args.pretrained} has no MLM head; starting from a fresh one")
-    trainer = Trainer(args, model, BertTokenizer.from_pretrained(args.pretrained), data, triplets, device, mlm_head)
+    if distributed.enabled:
+        for module in (model, mlm_head):
+            if module is not None:
+                distributed.broadcast_parameters(module)
+        torch.manual_seed(args.seed + distributed.rank)  # one model, but each rank its own dropout masks
+        print(f"data parallel: {distributed.world_size} processes x batch {args.batch_size} x accumulation "
+              f"{args.grad_accumulation_steps} = {distributed.world_size * args.batch_size * args.grad_accumulation_steps}"
+              f" examples per update; learning rate {args.lr} (not scaled with the batch)")
+    trainer = Trainer(args, model, BertTokenizer.from_pretrained(args.pretrained), data, triplets, device, mlm_head,
+                      distributed)
     if args.resume:
         resume_training(trainer, output_dir / "last", stages)
         print(f"resuming after stage {trainer.next_stage} of {len(stages)}")
-    elif (output_dir / "metrics.jsonl").exists():
+    elif (output_dir / "metrics.jsonl").exists() and distributed.is_main:
         print(f"note: starting a fresh run in {output_dir}; its previous metrics.jsonl is replaced "
               "(use --resume to continue instead)")
         (output_dir / "metrics.jsonl").unlink()
@@ -151,7 +174,8 @@ def run(args: TrainingArguments) -> Trainer:
         best_metrics, dev_predictions = trainer.evaluate("dev")
         print("best model on dev: " + summarize_line(best_metrics))
         write_leaderboard_files(trainer, prediction_paths(args.prediction_files), dev_predictions)
-        print(write_run_reports(trainer.history, dev_predictions, output_dir))
+        if distributed.is_main:
+            print(write_run_reports(trainer.history, dev_predictions, output_dir))
         for message in dropped_rows:
             print(f"note: not in the predictions: {message}")
     return trainer

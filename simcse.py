@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from datasets import DataError, DataWarning
+from distributed import cut_global_batches, shard_batch
 
 
 def _unit(x: Tensor) -> Tensor:
@@ -348,12 +349,14 @@ def load_nli_triplets(
     return triplets, counts
 
 
-def triplet_batches(triplets: Sequence[NLITriplet], tokenizer, batch_size: int, seed: int, max_length: int):
+def triplet_batches(triplets: Sequence[NLITriplet], tokenizer, batch_size: int, seed: int, max_length: int,
+                    world_size: int = 1, rank: int = 0):
     """Batches of (anchor, positive, negative) texts in a seeded random order, each tokenized as one
-    (3B, T) batch: anchors, then positives, then negatives."""
+    (3B, T) batch: anchors, then positives, then negatives. Under torchrun, this rank's slice of each
+    global batch (distributed.shard_batch)."""
     order = list(range(len(triplets)))
     random.Random(seed).shuffle(order)
-    for start in range(0, len(order), batch_size):
-        chosen = [triplets[i] for i in order[start:start + batch_size]]
+    for indices in cut_global_batches(order, batch_size, world_size):
+        chosen = [triplets[i] for i in shard_batch(indices, world_size, rank)]
         texts = [t.anchor for t in chosen] + [t.positive for t in chosen] + [t.negative for t in chosen]
         yield tokenizer(texts, padding=True, truncation=True, max_length=max_length, return_tensors="pt")

@@ -22,10 +22,11 @@ import torch
 from tqdm import tqdm
 
 from datasets import TaskData, in_file_order, make_dataloader, subsample
+from distributed import SINGLE_PROCESS, Distributed, global_batch_count
 from evaluation import overall_score, summarize_line, task_metrics
 from gradient_surgery import combine_task_gradients
 from lnsr import LnsrConfig, encode_with_noise_stability
-from mlm import MaskedLanguageModelHead, mlm_batches, mlm_loss, task_sentences
+from mlm import IGNORED_LABEL, MaskedLanguageModelHead, mlm_batches, mlm_loss, task_sentences
 from multitask_bert import MultitaskBERT, save_multitask_model
 from optimizer import AdamW, weight_decay_groups
 from runtime import bf16_autocast, to_device
@@ -63,19 +64,24 @@ def compute_task_loss(model: MultitaskBERT, task: str, batch: dict, regularizer:
 
 @torch.inference_mode()
 def predict_examples(model: MultitaskBERT, task: str, examples: list, tokenizer, device: torch.device,
-                     batch_size: int, max_length: int, bf16: bool | None = None,
-                     quiet: bool = True) -> tuple[list[str], np.ndarray]:
-    """The model's prediction for every example (SST class, QQP 0/1, STS 0-5), ids in the examples' order."""
+                     batch_size: int, max_length: int, bf16: bool | None = None, quiet: bool = True,
+                     distributed: Distributed = SINGLE_PROCESS) -> tuple[list[str], np.ndarray]:
+    """The model's prediction for every example (SST class, QQP 0/1, STS 0-5), ids in the examples' order.
+    Under torchrun each rank predicts every world_size-th example and all ranks get all predictions."""
     model.eval()
-    loader = make_dataloader(examples, tokenizer, batch_size, shuffle=False, max_length=max_length,
-                             cross_encoder=model.reads_pairs_jointly(task))
-    ids, predictions = [], []
-    for batch in tqdm(loader, desc=f"predict {task}", leave=False, disable=quiet):
-        batch = to_device(batch, device)
-        with bf16_autocast(device, bf16):
-            predictions.append(model.predict(task, batch).float().cpu().numpy())
-        ids += batch["ids"]
-    return in_file_order(examples, ids, np.concatenate(predictions))
+    shard = examples[distributed.rank::distributed.world_size]
+    ids, predictions = [], [np.zeros(0, dtype=np.float32)]
+    if shard:
+        loader = make_dataloader(shard, tokenizer, batch_size, shuffle=False, max_length=max_length,
+                                 cross_encoder=model.reads_pairs_jointly(task))
+        for batch in tqdm(loader, desc=f"predict {task}", leave=False, disable=quiet):
+            batch = to_device(batch, device)
+            with bf16_autocast(device, bf16):
+                predictions.append(model.predict(task, batch).float().cpu().numpy())
+            ids += batch["ids"]
+    parts = distributed.gather_objects((ids, np.concatenate(predictions)))
+    return in_file_order(examples, [i for part_ids, _ in parts for i in part_ids],
+                         np.concatenate([values for _, values in parts]))
 
 
 def data_fingerprints(data: dict[str, TaskData], triplets: list) -> dict[str, str]:
@@ -112,12 +118,16 @@ class Trainer:
     """Runs a schedule of stages; owns the model, optimizer, SMART state and checkpoints."""
 
     def __init__(self, args: TrainingArguments, model: MultitaskBERT, tokenizer, data: dict[str, TaskData],
-                 triplets: list, device: torch.device, mlm_head: MaskedLanguageModelHead | None = None):
+                 triplets: list, device: torch.device, mlm_head: MaskedLanguageModelHead | None = None,
+                 distributed: Distributed = SINGLE_PROCESS):
         """`mlm_head`: given when the schedule has an mlm stage; it trains with the model, and only
-        the training state (for --resume) keeps it."""
+        the training state (for --resume) keeps it. `distributed`: this process's place under torchrun;
+        each rank trains on its slice of every batch and only rank 0 writes."""
         self.args, self.model, self.tokenizer, self.data, self.triplets = args, model, tokenizer, data, triplets
         self.data_sha256 = data_fingerprints(data, triplets)  # the data never changes during a run
         self.device = device
+        self.distributed = distributed
+        self.quiet = args.quiet or not distributed.is_main
         self.output_dir = Path(args.output_dir)
         self.mlm_head = mlm_head
         named = list(model.named_parameters())
@@ -142,31 +152,40 @@ class Trainer:
         self.stage_lr = args.lr
 
     # -- one optimisation step --------------------------------------------------------------------
+    def backward(self, loss: torch.Tensor, count: int, group_size: int) -> None:
+        """Backward of a mean loss over `count` local items (examples, masked tokens), divided by its
+        accumulation group's size; under torchrun weighted by this rank's share of the global batch."""
+        if self.distributed.enabled:
+            loss = loss * self.distributed.share(count, self.device)
+        (loss / group_size).backward()
+
     def task_step(self, task: str, batch: dict, group_size: int) -> float:
         batch = to_device(batch, self.device)
         with self.amp:
             loss = compute_task_loss(self.model, task, batch, self.regularizers.get(task), self.lnsr.get(task))
         if loss.requires_grad:  # not so for the SBERT cosine with --option pretrain: it has no trainable weight
-            (loss / group_size).backward()
+            self.backward(loss, len(batch["labels"]), group_size)
         return loss.item()
 
     def simcse_step(self, batch: dict, group_size: int) -> float:
         batch = to_device(batch, self.device)
         with self.amp:
             embeddings = self.model.encode_sentences(batch["input_ids"], batch["attention_mask"])
-            anchor, positive, negative = embeddings.chunk(3)
+            # Under torchrun every rank's triplets are in-batch negatives (gradients reach the local slice).
+            anchor, positive, negative = (self.distributed.gather_with_grad(e) for e in embeddings.chunk(3))
             if self.args.simcse_objective == "pairwise":
                 loss = pairwise_contrastive_loss(anchor, positive, negative, self.args.simcse_temperature)
             else:
                 loss = supervised_simcse_loss(anchor, positive, negative, self.args.simcse_temperature)
-        (loss / group_size).backward()
+        # The loss is already the global batch's; the gradient average over ranks would divide it.
+        (loss * self.distributed.world_size / group_size).backward()
         return loss.item()
 
     def mlm_step(self, batch: dict, group_size: int) -> float:
         batch = to_device(batch, self.device)
         with self.amp:
             loss = mlm_loss(self.model.bert, self.mlm_head, batch)
-        (loss / group_size).backward()
+        self.backward(loss, int((batch["labels"] != IGNORED_LABEL).sum()), group_size)
         return loss.item()
 
     def surgery_step(self, batches: list[tuple[str, dict]], group_size: int, rng: random.Random) -> float:
@@ -180,14 +199,19 @@ class Trainer:
             for p in params:
                 p.grad = None
             losses += [self.task_step(task, batch, group_size) for name, batch in batches if name == task]
-            task_gradients.append([p.grad if p.grad is not None else torch.zeros_like(p) for p in params])
+            gradients = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+            task_gradients.append(self.distributed.average_tensors(gradients))  # the surgery sees global gradients
         combined = combine_task_gradients(self.args.gradient_surgery, task_gradients,
                                           [self.model.is_shared(name) for name, _ in named], rng, self.args.cagrad_c)
         for p, previous, gradient in zip(params, accumulated, combined):
             p.grad = gradient if previous is None else previous + gradient
         return float(np.mean(losses))
 
-    def optimizer_step(self) -> None:
+    def optimizer_step(self, gradients_reduced: bool = False) -> None:
+        if not gradients_reduced:
+            self.distributed.average_gradients(self.model.parameters())
+            if self.mlm_head is not None:
+                self.distributed.average_gradients(self.mlm_head.parameters())
         if self.args.max_grad_norm > 0:
             torch.nn.utils.clip_grad_norm_([p for g in self.optimizer.param_groups for p in g["params"]],
                                            self.args.max_grad_norm)
@@ -201,18 +225,20 @@ class Trainer:
             self.teacher.update(self.model)
         self.updates += 1
 
-    def run_steps(self, steps, total: int, description: str) -> float:
+    def run_steps(self, steps, total: int, description: str, gradients_reduced: bool = False) -> float:
         """Drive (step_fn, batch) pairs with gradient accumulation; returns the mean loss. Each loss is
-        divided by the size of its accumulation group, the last (possibly shorter) one included."""
+        divided by the size of its accumulation group, the last (possibly shorter) one included.
+        Under torchrun gradients are averaged over ranks once per optimizer step, unless the step
+        functions did it themselves (`gradients_reduced`: gradient surgery)."""
         self.model.train()
         accumulation = self.args.grad_accumulation_steps
         losses = []
-        bar = tqdm(steps, total=total, desc=description, leave=False, disable=self.args.quiet)
+        bar = tqdm(steps, total=total, desc=description, leave=False, disable=self.quiet)
         for index, (step_fn, batch) in enumerate(bar):
             group_size = min(accumulation, total - (index - index % accumulation))
             losses.append(step_fn(batch, group_size))
             if (index + 1) % accumulation == 0 or index + 1 == total:
-                self.optimizer_step()
+                self.optimizer_step(gradients_reduced)
             if (index + 1) % 20 == 0:
                 bar.set_postfix(loss=f"{np.mean(losses[-20:]):.4f}")
         return float(np.mean(losses)) if losses else float("nan")
@@ -221,15 +247,20 @@ class Trainer:
     def train_loader(self, task: str, examples, seed: int):
         return make_dataloader(examples, self.tokenizer, self.args.batch_size, shuffle=True, seed=seed,
                                max_length=self.args.max_length, cross_encoder=self.model.reads_pairs_jointly(task),
-                               num_workers=self.args.num_workers)
+                               num_workers=self.args.num_workers, world_size=self.distributed.world_size,
+                               rank=self.distributed.rank)
+
+    def batch_count(self, num_examples: int) -> int:
+        """Steps over num_examples: global batches of batch_size per rank."""
+        return global_batch_count(num_examples, self.args.batch_size, self.distributed.world_size)
 
     def stage_batches(self, stage: Stage) -> int:
         """How many batches the stage trains on."""
         if stage.kind in ("task", "mlm"):
-            return math.ceil(self.stage_size(stage) / self.args.batch_size)
+            return self.batch_count(self.stage_size(stage))
         if stage.kind == "simcse":
-            return math.ceil(len(self.triplets) / self.args.batch_size)
-        total = sum(math.ceil(len(self.data[t].train) / self.args.batch_size) for t in MULTITASK)
+            return self.batch_count(len(self.triplets))
+        total = sum(self.batch_count(len(self.data[t].train)) for t in MULTITASK)
         return math.ceil(total / len(MULTITASK)) if self.args.gradient_surgery != "none" else total
 
     def stage_size(self, stage: Stage) -> int:
@@ -251,11 +282,13 @@ class Trainer:
             loader = self.train_loader(stage.task, examples, seed)
             return self.run_steps(((partial(self.task_step, stage.task), b) for b in loader), len(loader), description)
         if stage.kind == "simcse":
-            batches = triplet_batches(self.triplets, self.tokenizer, self.args.batch_size, seed, self.args.max_length)
+            batches = triplet_batches(self.triplets, self.tokenizer, self.args.batch_size, seed, self.args.max_length,
+                                      self.distributed.world_size, self.distributed.rank)
             return self.run_steps(((self.simcse_step, b) for b in batches), self.stage_batches(stage), description)
         if stage.kind == "mlm":
             sentences = subsample(self.sentences, self.stage_size(stage), seed)
-            batches = mlm_batches(sentences, self.tokenizer, self.args.batch_size, seed, self.args.max_length)
+            batches = mlm_batches(sentences, self.tokenizer, self.args.batch_size, seed, self.args.max_length,
+                                  self.distributed.world_size, self.distributed.rank)
             return self.run_steps(((self.mlm_step, b) for b in batches), self.stage_batches(stage), description)
         return self.run_multitask_epoch(stage, seed, description)
 
@@ -272,13 +305,13 @@ class Trainer:
             step = partial(self.surgery_step, rng=rng)
             groups = (order[i * per_step:(i + 1) * per_step] for i in range(steps))
             pairs = ((step, [(t, batches.next(t)) for t in group]) for group in groups)
-            return self.run_steps(pairs, steps, f"{description} {self.args.gradient_surgery}")
+            return self.run_steps(pairs, steps, f"{description} {self.args.gradient_surgery}", gradients_reduced=True)
         return self.run_steps(((partial(self.task_step, t), batches.next(t)) for t in order), steps, description)
 
     # -- evaluation -------------------------------------------------------------------------------
     def predict(self, task: str, examples) -> tuple[list[str], np.ndarray]:
         return predict_examples(self.model, task, examples, self.tokenizer, self.device, self.args.eval_batch_size,
-                                self.args.max_length, self.args.bf16, self.args.quiet)
+                                self.args.max_length, self.args.bf16, self.quiet, self.distributed)
 
     def evaluate(self, split: str = "dev", limit: int | None = None) -> tuple[dict, dict]:
         """Metrics of every task on a split, and (ids, predictions, gold labels) per task."""
@@ -315,15 +348,19 @@ class Trainer:
                 train_metrics, _ = self.evaluate("train", self.args.eval_train_examples)
                 record.update({f"train_{k}": v for k, v in train_metrics.items()})
             self.log(record)
-            if record["overall"] > self.best_score:
+            if record["overall"] > self.best_score:  # every rank holds the same gathered metrics
                 self.best_score = record["overall"]
-                save_multitask_model(self.model, self.output_dir / "best",
-                                     {"metrics": record, "args": dataclasses.asdict(self.args)})
+                if self.distributed.is_main:
+                    save_multitask_model(self.model, self.output_dir / "best",
+                                         {"metrics": record, "args": dataclasses.asdict(self.args)})
             self.next_stage = index + 1
             save_training_state(self, self.output_dir / "last")
+        self.distributed.barrier()  # rank 0's files are complete before any rank reads them
 
     def log(self, record: dict) -> None:
         self.history.append(record)
+        if not self.distributed.is_main:
+            return
         print(summarize_line({k: record[k] for k in SUMMARY_KEYS if k in record}))
         self.output_dir.mkdir(parents=True, exist_ok=True)
         with open(self.output_dir / "metrics.jsonl", "a", encoding="utf-8") as handle:

@@ -26,10 +26,16 @@ TRAINING_STATE_FIELDS = {"args": dict, "data_sha256": dict, "next_stage": int, "
 
 def save_training_state(trainer: Trainer, prefix: Path) -> None:
     """Everything --resume needs after a finished stage: the model (or what of it trains), optimizer, SMART
-    teacher, MLM head, RNG states, history and schedule position."""
+    teacher, MLM head, RNG states, history and schedule position. Under torchrun every rank calls it
+    (each one's dropout generator is kept) and rank 0 writes."""
+    rng_tensors, rng_info = rng_state()
+    ranks = trainer.distributed.gather_objects(rng_tensors)
+    if not trainer.distributed.is_main:
+        return
+    for rank, rank_tensors in enumerate(ranks[1:], start=1):
+        rng_tensors.update({f"{name}.rank{rank}": tensor for name, tensor in rank_tensors.items()})
     tensors = {f"model.{k}": v for k, v in trained_tensors(trainer.model).items()}
     optimizer_tensors, optimizer_info = optimizer_state(trainer.optimizer)
-    rng_tensors, rng_info = rng_state()
     tensors.update(optimizer_tensors)
     tensors.update(rng_tensors)
     if trainer.teacher is not None:
@@ -39,7 +45,7 @@ def save_training_state(trainer: Trainer, prefix: Path) -> None:
     atomic_save(prefix, tensors, {
         **model_metadata(trainer.model), "args": dataclasses.asdict(trainer.args), "next_stage": trainer.next_stage,
         "history": trainer.history, "best_score": trainer.best_score, "updates": trainer.updates,
-        "data_sha256": trainer.data_sha256,
+        "data_sha256": trainer.data_sha256, "world_size": trainer.distributed.world_size,
         "optimizer": optimizer_info, "rng": rng_info,
         "smart_skipped_steps": {t: r.skipped_steps for t, r in trainer.regularizers.items()}})
 
@@ -56,6 +62,10 @@ def resume_training(trainer: Trainer, prefix: Path, stages: list[Stage]) -> None
                                   "number of updates, which the learning rate or SMART's momentum follows; "
                                   f"resume with --cycles {saved}")
     check_resume_settings(metadata["args"], dataclasses.asdict(trainer.args), free)
+    saved_world = metadata.get("world_size", 1)
+    if saved_world != trainer.distributed.world_size:  # each rank's data slice and dropout stream would differ
+        raise CheckpointError(f"cannot resume: the run was trained by {saved_world} process(es), this one has "
+                              f"{trainer.distributed.world_size}; resume with the same torchrun --nproc_per_node")
     try:
         _restore(trainer, tensors, metadata)
     except (KeyError, IndexError, TypeError, ValueError, RuntimeError) as err:
@@ -72,8 +82,9 @@ def resume_training(trainer: Trainer, prefix: Path, stages: list[Stage]) -> None
                               f"({', '.join(changed)})")
     # A kill between a stage's log line and its checkpoint leaves a record the checkpoint does not
     # have: the checkpoint's history is the truth.
-    (trainer.output_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in trainer.history),
-                                                    encoding="utf-8")
+    if trainer.distributed.is_main:
+        (trainer.output_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in trainer.history),
+                                                        encoding="utf-8")
 
 def _restore(trainer: Trainer, tensors: dict, metadata: dict) -> None:
     load_trained_tensors(trainer.model, {k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
@@ -87,5 +98,9 @@ def _restore(trainer: Trainer, tensors: dict, metadata: dict) -> None:
         if task in trainer.regularizers:
             trainer.regularizers[task].skipped_steps = skipped
     restore_rng(tensors, metadata["rng"])
+    if trainer.distributed.rank > 0:
+        suffix = f".rank{trainer.distributed.rank}"
+        restore_rng({name[:-len(suffix)]: tensor for name, tensor in tensors.items() if name.endswith(suffix)},
+                    metadata["rng"])
     trainer.history, trainer.best_score = metadata["history"], metadata["best_score"]
     trainer.next_stage, trainer.updates = metadata["next_stage"], metadata["updates"]

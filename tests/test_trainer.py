@@ -158,7 +158,7 @@ def test_the_last_short_accumulation_group_is_divided_by_its_own_size(tmp_path, 
                for i in (0, 4, 8)]
     captured = []
 
-    def capture_instead_of_stepping():  # the weights stay put, so every gradient below is at the same point
+    def capture_instead_of_stepping(gradients_reduced=False):  # the weights stay put, so every gradient below is at the same point
         captured.append(gradients(model))
         trainer.optimizer.zero_grad(set_to_none=True)
     monkeypatch.setattr(trainer, "optimizer_step", capture_instead_of_stepping)
