@@ -17,7 +17,8 @@ checker prepare_submit uses) strips the space and accepts both.
     python classifier.py --pretrained minilm-l6 --data_dir data/demo --option finetune --epochs 2 --lr 5e-5
 
 Every data file of both datasets is validated before a model is loaded; a bad file or checkpoint
-ends the run with one line `error: ...` and exit code 2.
+ends the run with one line `error: ...` and exit code 2. Under `torchrun --nproc_per_node N` it trains
+data parallel (distributed.py): each process on its slice of every batch, rank 0 alone writing.
 """
 from __future__ import annotations
 
@@ -36,9 +37,10 @@ from bert import BertModel
 from checkpoint import atomic_save, read_checkpoint
 from datasets import (DataError, SentenceExample, TaskData, in_file_order, load_task_data, make_dataloader,
                       show_data_warnings_on_one_line)
+from distributed import SINGLE_PROCESS, Distributed
 from evaluation import sst_metrics, summarize_line, write_predictions
 from optimizer import AdamW
-from runtime import resolve_device, seed_everything
+from runtime import seed_everything
 from tasks import TASKS as TASK_TABLE
 from tokenizer import BertTokenizer
 from training_args import (ClassifierArguments, UsageError, build_parser, check_max_length, check_writable, data_paths,
@@ -119,8 +121,8 @@ def prediction_path(args: ClassifierArguments, task: str, split: str) -> Path:
 
 
 def train_epoch(model: nn.Module, loader, optimizer: torch.optim.Optimizer, device: torch.device,
-                description: str = "train", quiet: bool = False) -> float:
-    """One pass of cross-entropy steps over `loader`; returns the mean batch loss."""
+                description: str = "train", quiet: bool = False, distributed: Distributed = SINGLE_PROCESS) -> float:
+    """One pass of cross-entropy steps over `loader`; returns the mean batch loss (this rank's)."""
     model.train()
     losses = []
     bar = tqdm(loader, desc=description, leave=False, disable=quiet)
@@ -128,7 +130,11 @@ def train_epoch(model: nn.Module, loader, optimizer: torch.optim.Optimizer, devi
         logits = model(batch["input_ids"].to(device), batch["attention_mask"].to(device))  # (B, C)
         loss = F.cross_entropy(logits, batch["labels"].to(device))
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        if distributed.enabled:  # this rank's share of the global batch's mean
+            (loss * distributed.share(len(logits), device)).backward()
+            distributed.average_gradients(model.parameters())
+        else:
+            loss.backward()
         optimizer.step()
         losses.append(loss.item())
         bar.set_postfix(loss=f"{np.mean(losses[-20:]):.4f}")
@@ -137,60 +143,82 @@ def train_epoch(model: nn.Module, loader, optimizer: torch.optim.Optimizer, devi
 
 @torch.no_grad()
 def predict(model: nn.Module, examples: list[SentenceExample], tokenizer: BertTokenizer, device: torch.device,
-            batch_size: int, max_length: int, quiet: bool = False) -> tuple[list[str], np.ndarray]:
-    """Predicted class per example, returned with the ids in the examples' order."""
+            batch_size: int, max_length: int, quiet: bool = False,
+            distributed: Distributed = SINGLE_PROCESS) -> tuple[list[str], np.ndarray]:
+    """Predicted class per example, returned with the ids in the examples' order. Under torchrun each rank
+    predicts every world_size-th example and all ranks get all predictions."""
     model.eval()
-    loader = make_dataloader(examples, tokenizer, batch_size, shuffle=False, max_length=max_length)
+    shard = examples[distributed.rank::distributed.world_size]
     ids, classes = [], []
-    for batch in tqdm(loader, desc="predict", leave=False, disable=quiet):
-        logits = model(batch["input_ids"].to(device), batch["attention_mask"].to(device))  # (B, C)
-        ids += batch["ids"]
-        classes += logits.argmax(dim=-1).cpu().tolist()
-    return in_file_order(examples, ids, classes)
+    if shard:
+        loader = make_dataloader(shard, tokenizer, batch_size, shuffle=False, max_length=max_length)
+        for batch in tqdm(loader, desc="predict", leave=False, disable=quiet):
+            logits = model(batch["input_ids"].to(device), batch["attention_mask"].to(device))  # (B, C)
+            ids += batch["ids"]
+            classes += logits.argmax(dim=-1).cpu().tolist()
+    parts = distributed.gather_objects((ids, classes))
+    return in_file_order(examples, [i for part, _ in parts for i in part], [c for _, part in parts for c in part])
 
 
-def dev_accuracy(model, examples, tokenizer, device, args: ClassifierArguments) -> float:
-    _, predicted = predict(model, examples, tokenizer, device, args.eval_batch_size, args.max_length, args.quiet)
+def dev_accuracy(model, examples, tokenizer, device, args: ClassifierArguments,
+                 distributed: Distributed = SINGLE_PROCESS) -> float:
+    _, predicted = predict(model, examples, tokenizer, device, args.eval_batch_size, args.max_length,
+                           args.quiet or not distributed.is_main, distributed)
     return sst_metrics(predicted, [e.label for e in examples])["acc"]
 
 
 def train_task(task: str, data: TaskData, tokenizer: BertTokenizer, device: torch.device,
-               args: ClassifierArguments) -> dict:
+               args: ClassifierArguments, distributed: Distributed = SINGLE_PROCESS) -> dict:
     """Train one dataset from a fresh pretrained BERT, keep the best dev epoch, write its predictions."""
     seed_everything(args.seed)  # each dataset's run is reproducible on its own, whatever ran before it
     bert = BertModel.from_pretrained(args.pretrained)
     model = BertSentimentClassifier(bert, NUM_LABELS[task], args.hidden_dropout_prob, args.option).to(device)
+    if distributed.enabled:
+        distributed.broadcast_parameters(model)
+        torch.manual_seed(args.seed + distributed.rank)  # one model, but each rank its own dropout masks
     optimizer = AdamW([p for p in model.parameters() if p.requires_grad], lr=args.lr)
     loader = make_dataloader(data.train, tokenizer, args.batch_size, shuffle=True, seed=args.seed,
-                             max_length=args.max_length)
+                             max_length=args.max_length, world_size=distributed.world_size, rank=distributed.rank)
     best_prefix = Path(args.output_dir) / f"{args.option}-{task}-best"
+    quiet = args.quiet or not distributed.is_main
     best = None
     for epoch in range(1, args.epochs + 1):
         start = time.time()
         loader.batch_sampler.set_epoch(epoch)
-        train_loss = train_epoch(model, loader, optimizer, device, f"{task} epoch {epoch}", args.quiet)
+        train_loss = train_epoch(model, loader, optimizer, device, f"{task} epoch {epoch}", quiet, distributed)
         record = {"task": task, "epoch": epoch, "train_loss": train_loss,
-                  "dev_acc": dev_accuracy(model, data.dev, tokenizer, device, args),
+                  "dev_acc": dev_accuracy(model, data.dev, tokenizer, device, args, distributed),
                   "seconds": time.time() - start}
         print(summarize_line(record))
-        if best is None or record["dev_acc"] > best["dev_acc"]:
+        if best is None or record["dev_acc"] > best["dev_acc"]:  # the same gathered accuracy on every rank
             best = record
-            save_classifier(model, best_prefix, record)
+            if distributed.is_main:
+                save_classifier(model, best_prefix, record)
+    distributed.barrier()  # the best checkpoint is written before every rank reads it
 
     model = load_classifier(best_prefix, device)
     for split in ("dev", "test"):
         examples = getattr(data, split)
         ids, predicted = predict(model, examples, tokenizer, device, args.eval_batch_size, args.max_length,
-                                 args.quiet)
+                                 quiet, distributed)
         path = prediction_path(args, task, split)
-        write_predictions(path, ids, predicted.tolist(), task)  # both: Predicted_Sentiment
-        print(f"wrote {path} ({len(ids)} rows)")
+        if distributed.is_main:
+            write_predictions(path, ids, predicted.tolist(), task)  # both: Predicted_Sentiment
+            print(f"wrote {path} ({len(ids)} rows)")
     return best
 
 
 def run(args: ClassifierArguments) -> dict[str, dict]:
     """Both datasets in turn; returns each one's best epoch record."""
-    device = resolve_device(args.use_gpu)
+    distributed, device = Distributed.from_environment(args.use_gpu)
+    try:
+        with distributed.main_process_output():
+            return _run(args, distributed, device)
+    finally:
+        distributed.shutdown()
+
+
+def _run(args: ClassifierArguments, distributed: Distributed, device: torch.device) -> dict[str, dict]:
     check_writable([args.output_dir, args.predictions_dir])
     data = load_data(args)  # every data file validated before the model loads
     config = BertConfig.from_json_file(resolve_pretrained(args.pretrained) / "config.json")
@@ -200,7 +228,7 @@ def run(args: ClassifierArguments) -> dict[str, dict]:
     for task in TASKS:
         print(f"training {args.option} on {task}: {len(data[task].train)} train, {len(data[task].dev)} dev, "
               f"{len(data[task].test)} test examples")
-        results[task] = train_task(task, data[task], tokenizer, device, args)
+        results[task] = train_task(task, data[task], tokenizer, device, args, distributed)
     print(" | ".join(f"{task} best dev acc {r['dev_acc']:.4f} (epoch {r['epoch']})" for task, r in results.items()))
     return results
 

@@ -3,6 +3,9 @@
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 DATA_DIR="${DATA_DIR:-$ROOT/data}"
 SEED="${SEED:-11711}"  # SEED and RUN_NAME (the folder under runs/) may be set in the environment
+# LAUNCH runs the command line: python, or torchrun for data parallel on several GPUs, e.g.
+#   LAUNCH="torchrun --standalone --nproc_per_node 4" bash scripts/gpu_ss.sh   (batch 32 per GPU: 128 per update)
+LAUNCH="${LAUNCH:-python}"
 # The thesis' SMART weights: lambda_s = 5 for the pair tasks, 10 for SST; mu = 1.
 SMART_FLAGS=(--smart --smart_adv_weight 5 --smart_bregman_weight 1 --smart_override sst:adv_weight=10)
 # GPU (Colab L4 or better): bert-base-uncased, bf16 autocast, the thesis' schedule.
@@ -32,7 +35,7 @@ single_task_runs() {
     for task in ${TASKS:-qqp sts sst}; do
         stages=${epochs[$task]:?"TASKS: unknown task $task (use qqp, sts, sst)"}
         name="${prefix}_single_${task}"
-        python multitask_classifier.py "$@" --first_stages "$stages" --cycles 0 --output_dir "runs/$name" \
+        $LAUNCH multitask_classifier.py "$@" --first_stages "$stages" --cycles 0 --output_dir "runs/$name" \
             $(prediction_flags "$name")
     done
 }

@@ -6,6 +6,7 @@
     python scripts/benchmark.py adapters   # full fine-tuning vs LoRA / DoRA / PALs: parameters, size, time, memory
     python scripts/benchmark.py checkpointing  # train step with and without gradient checkpointing
     python scripts/benchmark.py pipeline   # tokens/s of the full training pipeline (tokenize, collate, step)
+    python scripts/benchmark.py data_parallel  # 1 process vs 2 gloo processes (distributed.py), same global batch
     python scripts/benchmark.py all
 
 Defaults: minilm-l6, batch 32 x 64 tokens, 2 CPU threads; `--device cuda` adds bf16 autocast (`--bf16` on CPU), and
@@ -358,8 +359,66 @@ def bench_checkpointing(args, device) -> dict:
             "checkpointing_memory_ratio": memory["checkpointed"] / max(memory["plain"], 1)}
 
 
+def _data_parallel_worker(rank: int, world_size: int, port: int, args, results) -> None:
+    """One rank of the data-parallel benchmark: QQP SBERT train steps on a per-rank slice of the global batch,
+    gradients averaged by distributed.py; rank 0 reports the median step and all-reduce times."""
+    import os
+    from distributed import Distributed
+    from trainer import compute_task_loss
+    if world_size > 1:
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
+                          WORLD_SIZE=str(world_size))
+    torch.set_num_threads(max(1, args.threads // world_size))
+    distributed, _ = Distributed.from_environment(use_gpu=False)
+    local = argparse.Namespace(**{**vars(args), "batch_size": args.batch_size // world_size})
+    model, optimizer, _, batch = multitask_setup(local, torch.device("cpu"), False)
+    batch = {**batch, "labels": (batch["labels"] > 2.5).float()}
+    step_times, reduce_times = [], []
+    for index in range(args.warmup + args.steps * args.rounds):
+        distributed.barrier()
+        start = time.perf_counter()
+        optimizer.zero_grad(set_to_none=True)
+        with bf16_autocast(torch.device("cpu"), args.bf16):
+            loss = compute_task_loss(model, "qqp", batch)
+        loss.backward()
+        reduce_start = time.perf_counter()
+        distributed.average_gradients(model.parameters())
+        reduce_end = time.perf_counter()
+        optimizer.step()
+        distributed.barrier()
+        if index >= args.warmup:
+            step_times.append(time.perf_counter() - start)
+            reduce_times.append(reduce_end - reduce_start)
+    if rank == 0:
+        results.put((statistics.median(step_times), statistics.median(reduce_times)))
+    distributed.shutdown()
+
+
+def bench_data_parallel(args, device) -> dict:
+    """The same global batch trained by one process with all threads and by two gloo processes with half
+    the threads each: examples per second and the all-reduce's share of a step."""
+    import socket
+    import torch.multiprocessing as mp
+    if device.type != "cpu":
+        raise SystemExit("data_parallel measures gloo processes on the CPU; on GPUs time a torchrun run instead")
+    context = mp.get_context("spawn")
+    figures = {}
+    for processes in (1, 2):
+        results = context.Queue()
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        mp.spawn(_data_parallel_worker, args=(processes, port, args, results), nprocs=processes, join=True)
+        step, reduce = results.get()
+        figures[f"{processes} process(es) x {max(1, args.threads // processes)} thread(s)"] = {
+            "median_step_s": step, "examples_per_s": args.batch_size / step, "all_reduce_s": reduce}
+    return {"benchmark": f"QQP SBERT train step, global batch {args.batch_size}: one process vs two gloo processes",
+            "figures": figures}
+
+
 BENCHMARKS = {"encoder": bench_encoder, "precision": bench_precision, "smart": bench_smart,
-              "pipeline": bench_pipeline, "adapters": bench_adapters, "checkpointing": bench_checkpointing}
+              "pipeline": bench_pipeline, "adapters": bench_adapters, "checkpointing": bench_checkpointing,
+              "data_parallel": bench_data_parallel}
 
 
 def main(argv=None) -> int:

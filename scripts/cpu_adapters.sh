@@ -7,5 +7,5 @@ source "$(dirname "$0")/_common.sh"
 cd "$ROOT"
 ADAPTER=${ADAPTER:-lora}
 NAME=${RUN_NAME:-cpu_$ADAPTER}
-python multitask_classifier.py "${CPU_FLAGS[@]}" --option pretrain --adapter "$ADAPTER" --lr 1e-3 --cycles 2 \
+$LAUNCH multitask_classifier.py "${CPU_FLAGS[@]}" --option pretrain --adapter "$ADAPTER" --lr 1e-3 --cycles 2 \
     --output_dir "runs/$NAME" $(prediction_flags "$NAME") "$@"

@@ -7,5 +7,5 @@ source "$(dirname "$0")/_common.sh"
 cd "$ROOT"
 ADAPTER=${ADAPTER:-dora}
 NAME=${RUN_NAME:-gpu_$ADAPTER}
-python multitask_classifier.py "${GPU_FLAGS[@]}" --option pretrain --adapter "$ADAPTER" --lr 1e-3 \
+$LAUNCH multitask_classifier.py "${GPU_FLAGS[@]}" --option pretrain --adapter "$ADAPTER" --lr 1e-3 \
     --output_dir "runs/$NAME" $(prediction_flags "$NAME") "$@"
