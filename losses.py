@@ -1,12 +1,14 @@
-"""One training objective per task: its loss, how raw model outputs decode into a prediction, and the
-divergence SMART compares outputs with. Every function here is pure (tensors in, tensors out).
+"""One training objective per task: its loss, the score a run saves for ensembles, the prediction decided
+from that score, and the divergence SMART compares outputs with. Every function here is pure (tensors
+in, tensors out); a prediction is always decide(score(outputs)).
 
-    sst  5 logits            cross entropy (or        argmax              symmetric KL (categorical)
+         model output        loss                     score               prediction   SMART divergence
+    sst  5 logits            cross entropy (or        the 5 logits        argmax       symmetric KL (categorical)
                              ordinal cross entropy)
-    qqp  1 logit             binary cross entropy     logit > 0           symmetric KL (Bernoulli)
-    sts  sbert / hybrid:     `similarity_objective`   a 0-5 score         squared error
+    qqp  1 logit             binary cross entropy     the logit           logit > 0    symmetric KL (Bernoulli)
+    sts  sbert / hybrid:     `similarity_objective`   a 0-5 similarity    the score    squared error
            a cosine
-         cross: 1 logit      MSE(sigmoid, label / 5)  5 * sigmoid         squared error
+         cross: 1 logit      MSE(sigmoid, label / 5)  5 * sigmoid         the score    squared error
 
 Similarity objectives for the SBERT cosine (measured in README: `cosine` is best on STS-B dev):
     cosine   MSE(cos, label / 5)              sentence-transformers' CosineSimilarityLoss
@@ -55,8 +57,11 @@ class SentimentObjective:
             return ordinal_cross_entropy(logits, labels, self.ordinal_weight)
         return F.cross_entropy(logits.float(), labels)
 
-    def decode(self, logits: Tensor) -> Tensor:
-        return logits.argmax(dim=-1)  # (B,)
+    def score(self, logits: Tensor) -> Tensor:
+        return logits.float()  # (B, 5)
+
+    def decide(self, scores: Tensor) -> Tensor:
+        return scores.argmax(dim=-1)  # (B,)
 
 
 @dataclass(frozen=True)
@@ -67,8 +72,11 @@ class ParaphraseObjective:
     def loss(self, logits: Tensor, labels: Tensor) -> Tensor:
         return F.binary_cross_entropy_with_logits(logits.float(), labels.float())
 
-    def decode(self, logits: Tensor) -> Tensor:
-        return (logits > 0).long()  # (B,)
+    def score(self, logits: Tensor) -> Tensor:
+        return logits.float()  # (B,)
+
+    def decide(self, scores: Tensor) -> Tensor:
+        return (scores > 0).long()  # (B,)
 
 
 @dataclass(frozen=True)
@@ -89,7 +97,7 @@ class CosineSimilarityObjective:
             return F.mse_loss(cosine, (labels - 2.5) / 2.5)
         return cosent_loss(cosine, labels)
 
-    def decode(self, cosine: Tensor) -> Tensor:
+    def score(self, cosine: Tensor) -> Tensor:
         """The 0-5 similarity that predictions report."""
         cosine = cosine.float()
         if self.name == "cosine":  # trained towards label / 5, so only [0, 1] is meaningful
@@ -97,6 +105,9 @@ class CosineSimilarityObjective:
         # shifted is trained on 2.5 cos + 2.5; cosent ranks cosines anywhere in [-1, 1], and a clamp
         # would tie every negative cosine at 0, so both use the same monotone map onto [0, 5].
         return 2.5 * cosine + 2.5
+
+    def decide(self, scores: Tensor) -> Tensor:
+        return scores
 
 
 @dataclass(frozen=True)
@@ -107,8 +118,11 @@ class CrossSimilarityObjective:
     def loss(self, logits: Tensor, labels: Tensor) -> Tensor:
         return F.mse_loss(torch.sigmoid(logits.float()), labels.float() / 5)
 
-    def decode(self, logits: Tensor) -> Tensor:
+    def score(self, logits: Tensor) -> Tensor:
         return 5 * torch.sigmoid(logits.float())
+
+    def decide(self, scores: Tensor) -> Tensor:
+        return scores
 
 
 Objective = SentimentObjective | ParaphraseObjective | CosineSimilarityObjective | CrossSimilarityObjective

@@ -213,9 +213,13 @@ class MultitaskBERT(nn.Module):
         inputs = self.encoder_inputs(task, batch)
         return self.outputs_from_embeddings(task, self.embed(inputs), inputs)
 
+    def score(self, task: str, batch: dict) -> torch.Tensor:
+        """What a run saves for ensembles: SST's 5 logits, QQP's logit, STS's 0-5 similarity (losses.py)."""
+        return self.objectives[task].score(self(task, batch))
+
     def predict(self, task: str, batch: dict) -> torch.Tensor:
         """The task's prediction: SST class, QQP 0/1, STS score on 0-5."""
-        return self.objectives[task].decode(self(task, batch).float())
+        return self.objectives[task].decide(self.score(task, batch))
 
     # The course's prediction API.
     def predict_sentiment(self, input_ids, attention_mask):

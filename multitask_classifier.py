@@ -26,6 +26,7 @@ from mlm import load_mlm_head
 from multitask_bert import MultitaskBERT, freeze_encoder, load_multitask_model
 from runtime import seed_everything
 from schedules import Stage, build_schedule, train_tasks
+from scores import scores_path, write_scores
 from simcse import load_nli_triplets
 from tasks import MULTITASK
 from tokenizer import BertTokenizer
@@ -113,16 +114,19 @@ def build_model(args: TrainingArguments, trains_sts: bool) -> MultitaskBERT:
     return model
 
 
-def write_leaderboard_files(trainer: Trainer, paths: dict, dev_predictions: dict) -> None:
-    """The six CSVs: dev from the predictions already scored, test predicted now (by every rank, written by rank 0)."""
+def write_leaderboard_files(trainer: Trainer, paths: dict, dev_scores: dict, run_dir: Path) -> None:
+    """The six CSVs and, for ensembles, the scores they were decided from (run_dir/scores/): dev from the
+    scores already computed, test predicted now (by every rank, written by rank 0)."""
     for split in ("dev", "test"):
         for task in MULTITASK:
             if split == "dev":
-                ids, predicted, _ = dev_predictions[task]
+                ids, scores = dev_scores[task]
             else:
-                ids, predicted = trainer.predict(task, trainer.data[task].test)
+                ids, scores = trainer.predict(task, trainer.data[task].test, scores=True)
             if trainer.distributed.is_main:
+                predicted = trainer.model.objectives[task].decide(torch.from_numpy(scores)).numpy()
                 write_predictions(paths[(task, split)], ids, predicted.tolist(), task)
+                write_scores(scores_path(run_dir, task, split), ids, scores, task)
                 print(f"wrote {paths[(task, split)]} ({len(ids)} rows)")
 
 
@@ -171,9 +175,9 @@ def _run(args: TrainingArguments, distributed: Distributed, device) -> Trainer:
     trainer.train(stages)
     if trainer.next_stage == len(stages):
         trainer.model = load_multitask_model(output_dir / "best", device)
-        best_metrics, dev_predictions = trainer.evaluate("dev")
+        best_metrics, dev_predictions, dev_scores = trainer.evaluate_with_scores("dev")
         print("best model on dev: " + summarize_line(best_metrics))
-        write_leaderboard_files(trainer, prediction_paths(args.prediction_files), dev_predictions)
+        write_leaderboard_files(trainer, prediction_paths(args.prediction_files), dev_scores, output_dir)
         if distributed.is_main:
             print(write_run_reports(trainer.history, dev_predictions, output_dir))
         for message in dropped_rows:

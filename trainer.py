@@ -65,23 +65,25 @@ def compute_task_loss(model: MultitaskBERT, task: str, batch: dict, regularizer:
 @torch.inference_mode()
 def predict_examples(model: MultitaskBERT, task: str, examples: list, tokenizer, device: torch.device,
                      batch_size: int, max_length: int, bf16: bool | None = None, quiet: bool = True,
-                     distributed: Distributed = SINGLE_PROCESS) -> tuple[list[str], np.ndarray]:
-    """The model's prediction for every example (SST class, QQP 0/1, STS 0-5), ids in the examples' order.
+                     distributed: Distributed = SINGLE_PROCESS, scores: bool = False) -> tuple[list[str], np.ndarray]:
+    """The model's prediction for every example (SST class, QQP 0/1, STS 0-5), ids in the examples' order;
+    with `scores` the score each prediction is decided from instead (losses.py: SST's 5 logits, QQP's logit).
     Under torchrun each rank predicts every world_size-th example and all ranks get all predictions."""
     model.eval()
     shard = examples[distributed.rank::distributed.world_size]
-    ids, predictions = [], [np.zeros(0, dtype=np.float32)]
+    ids, outputs = [], [np.zeros((0, 5) if task == "sst" else 0, dtype=np.float32)]
     if shard:
         loader = make_dataloader(shard, tokenizer, batch_size, shuffle=False, max_length=max_length,
                                  cross_encoder=model.reads_pairs_jointly(task))
         for batch in tqdm(loader, desc=f"predict {task}", leave=False, disable=quiet):
             batch = to_device(batch, device)
             with bf16_autocast(device, bf16):
-                predictions.append(model.predict(task, batch).float().cpu().numpy())
+                outputs.append(model.score(task, batch).float().cpu().numpy())
             ids += batch["ids"]
-    parts = distributed.gather_objects((ids, np.concatenate(predictions)))
-    return in_file_order(examples, [i for part_ids, _ in parts for i in part_ids],
-                         np.concatenate([values for _, values in parts]))
+    parts = distributed.gather_objects((ids, np.concatenate(outputs)))
+    ids, values = in_file_order(examples, [i for part_ids, _ in parts for i in part_ids],
+                                np.concatenate([values for _, values in parts]))
+    return ids, values if scores else model.objectives[task].decide(torch.from_numpy(values)).numpy()
 
 
 def data_fingerprints(data: dict[str, TaskData], triplets: list) -> dict[str, str]:
@@ -309,25 +311,31 @@ class Trainer:
         return self.run_steps(((partial(self.task_step, t), batches.next(t)) for t in order), steps, description)
 
     # -- evaluation -------------------------------------------------------------------------------
-    def predict(self, task: str, examples) -> tuple[list[str], np.ndarray]:
+    def predict(self, task: str, examples, scores: bool = False) -> tuple[list[str], np.ndarray]:
         return predict_examples(self.model, task, examples, self.tokenizer, self.device, self.args.eval_batch_size,
-                                self.args.max_length, self.args.bf16, self.quiet, self.distributed)
+                                self.args.max_length, self.args.bf16, self.quiet, self.distributed, scores)
 
     def evaluate(self, split: str = "dev", limit: int | None = None) -> tuple[dict, dict]:
         """Metrics of every task on a split, and (ids, predictions, gold labels) per task."""
-        metrics, predictions = {}, {}
+        metrics, predictions, _ = self.evaluate_with_scores(split, limit)
+        return metrics, predictions
+
+    def evaluate_with_scores(self, split: str = "dev", limit: int | None = None) -> tuple[dict, dict, dict]:
+        """evaluate's metrics and predictions, and (ids, scores) per task: the scores they were decided from."""
+        metrics, predictions, scores = {}, {}, {}
         for task, data in self.data.items():
             examples = getattr(data, split)
             if examples is None:
                 continue
             examples = subsample(examples, limit, self.args.seed)
-            ids, predicted = self.predict(task, examples)
+            ids, task_scores = self.predict(task, examples, scores=True)
+            predicted = self.model.objectives[task].decide(torch.from_numpy(task_scores)).numpy()
             gold = np.array([e.label for e in examples])
-            predictions[task] = (ids, predicted, gold)
+            predictions[task], scores[task] = (ids, predicted, gold), (ids, task_scores)
             metrics.update(task_metrics(task, predicted, gold))
         if {"sst_acc", "qqp_acc", "sts_pearson"} <= metrics.keys():
             metrics["overall"] = overall_score(metrics["sst_acc"], metrics["qqp_acc"], metrics["sts_pearson"])
-        return metrics, predictions
+        return metrics, predictions, scores
 
     # -- the whole run ----------------------------------------------------------------------------
     def train(self, stages: list[Stage]) -> None:

@@ -1,4 +1,4 @@
-"""losses.py: each task's loss, how outputs decode into predictions, and CoSENT by hand."""
+"""losses.py: each task's loss, its score and the prediction decided from it, and CoSENT by hand."""
 import math
 
 import pytest
@@ -114,17 +114,25 @@ def test_losses_are_computed_in_float32_from_bf16_outputs():
     assert ParaphraseObjective().loss(torch.randn(4).bfloat16(), torch.ones(4)).dtype == torch.float32
 
 
-def test_sentiment_and_paraphrase_decoding():
-    logits = torch.tensor([[0.1, 2.0, -1.0, 0.0, 0.5], [3.0, 0.0, 0.0, 0.0, 0.0]])
-    assert SentimentObjective().decode(logits).tolist() == [1, 0]
-    assert ParaphraseObjective().decode(torch.tensor([-0.1, 0.0, 0.2])).tolist() == [0, 0, 1]
+def test_sentiment_and_paraphrase_scores_are_logits_and_decide_the_class():
+    logits = torch.tensor([[0.1, 2.0, -1.0, 0.0, 0.5], [3.0, 0.0, 0.0, 0.0, 0.0]]).bfloat16()
+    sst, qqp = SentimentObjective(), ParaphraseObjective()
+    assert sst.score(logits).dtype == torch.float32 and torch.equal(sst.score(logits), logits.float())
+    assert sst.decide(sst.score(logits)).tolist() == [1, 0]
+    assert qqp.decide(qqp.score(torch.tensor([-0.1, 0.0, 0.2]))).tolist() == [0, 0, 1]
+
+
+@pytest.mark.parametrize("pair_encoders", [ALL_SBERT, ALL_CROSS])
+def test_a_similarity_is_its_own_prediction(pair_encoders):
+    sts = task_objectives(pair_encoders, "cosine")["sts"]
+    scores = sts.score(torch.linspace(-1, 1, 5))
+    assert torch.equal(sts.decide(scores), scores)
 
 
 @pytest.mark.parametrize("objective", SIMILARITY_OBJECTIVES)
 def test_similarity_score_of_cosines_lies_on_0_to_5(objective):
-    decode = task_objectives(ALL_SBERT, objective)["sts"].decode
     cosine = torch.linspace(-1, 1, 21)
-    score = decode(cosine)
+    score = task_objectives(ALL_SBERT, objective)["sts"].score(cosine)
     assert score.min() >= 0 and score.max() <= 5
     assert score[-1] == 5 and torch.all(score.diff() >= 0)
     if objective == "cosine":  # trained on label / 5: cos 0.5 is 2.5, negative cosines are 0
@@ -134,6 +142,5 @@ def test_similarity_score_of_cosines_lies_on_0_to_5(objective):
 
 
 def test_cross_encoder_similarity_score_is_5_sigmoid():
-    decode = task_objectives(ALL_CROSS, "cosine")["sts"].decode
     logits = torch.tensor([-50.0, -1.0, 0.0, 2.0, 50.0])
-    torch.testing.assert_close(decode(logits), 5 * torch.sigmoid(logits))
+    torch.testing.assert_close(task_objectives(ALL_CROSS, "cosine")["sts"].score(logits), 5 * torch.sigmoid(logits))

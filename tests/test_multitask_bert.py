@@ -68,7 +68,7 @@ def test_course_prediction_api(tokenizer, objective):
                                    model("sst", sentences))
         torch.testing.assert_close(model.predict_paraphrase(*pair_args), model("qqp", pairs))
         similarity = model.predict_similarity(*pair_args)
-    torch.testing.assert_close(similarity, model.objectives["sts"].decode(model("sts", pairs)))
+    torch.testing.assert_close(similarity, model.objectives["sts"].score(model("sts", pairs)))
     assert similarity.shape == (4,) and similarity.min() >= 0 and similarity.max() <= 5
 
 

@@ -80,7 +80,7 @@ def test_end_to_end_with_smart(straight, tokenizer):
     with torch.no_grad():
         sentiment = model("sst", collate_sentences(sst, tokenizer, MAX_LENGTH)).argmax(-1)
         duplicate = model("qqp", collate_pairs(para, tokenizer, MAX_LENGTH)) > 0
-        similarity = model.objectives["sts"].decode(model("sts", collate_pairs(sts, tokenizer, MAX_LENGTH)))
+        similarity = model.objectives["sts"].score(model("sts", collate_pairs(sts, tokenizer, MAX_LENGTH)))
     assert [written[("sst", "dev")][e.id] for e in sst] == sentiment.tolist()
     assert [written[("qqp", "dev")][e.id] for e in para] == duplicate.long().tolist()
     np.testing.assert_allclose([written[("sts", "dev")][e.id] for e in sts], similarity.numpy(), atol=1e-4)

@@ -1,0 +1,154 @@
+"""ensemble.py and scores.py: votes and weighted means on hand-made scores, greedy selection, a one-member
+ensemble equal to its run, members that cannot be combined refused in one line."""
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+import multitask_classifier
+from conftest import DEMO
+from ensemble import class_probabilities, combine, greedy_selection, main, member_predictions
+from scores import ScoresFileError, read_scores, scores_path, write_scores
+from tasks import MULTITASK
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Combining hand-made scores
+
+
+def sst_logits(classes: list[int], confidence: float = 2.0) -> np.ndarray:
+    logits = np.zeros((len(classes), 5))
+    logits[np.arange(len(classes)), classes] = confidence
+    return logits
+
+
+def test_sst_majority_vote_and_its_tie_break():
+    members = [sst_logits([0, 1, 2]), sst_logits([0, 3, 4]), sst_logits([1, 3, 2], confidence=5.0)]
+    # two votes for 0, two for 3, two for 2 (against one for 4)
+    assert combine("sst", members, "vote").tolist() == [0, 3, 2]
+    tied = [sst_logits([1]), sst_logits([4], confidence=3.0)]  # one vote each: the surer member's class wins
+    assert combine("sst", tied, "vote").tolist() == [4]
+
+
+def test_sst_mean_of_probabilities_can_overrule_the_vote():
+    members = [sst_logits([0], 0.1), sst_logits([0], 0.1), sst_logits([3], 9.0)]
+    assert combine("sst", members, "vote").tolist() == [0]
+    assert combine("sst", members, "mean").tolist() == [3]
+
+
+def test_qqp_votes_and_mean_probability():
+    members = [np.array([2.0, -1.0, 0.5]), np.array([1.0, -2.0, -0.1]), np.array([-3.0, 1.0, -0.2])]
+    assert combine("qqp", members, "vote").tolist() == [1, 0, 0]
+    mean = np.mean([1 / (1 + np.exp(-m)) for m in members], axis=0) > 0.5
+    assert combine("qqp", members, "mean").tolist() == mean.astype(int).tolist()
+    assert class_probabilities("qqp", np.array([0.0])).tolist() == [[0.5, 0.5]]
+
+
+def test_sts_mean_and_dev_weighted_mean():
+    members = [np.array([1.0, 2.0]), np.array([3.0, 5.0])]
+    assert combine("sts", members, "mean").tolist() == [2.0, 3.5]
+    assert combine("sts", members, "weighted", [3.0, 1.0]).tolist() == [1.5, 2.75]
+    with pytest.raises(ValueError, match="weight"):
+        combine("sts", members, "weighted", [0.0, 0.0])
+    with pytest.raises(ValueError, match="method"):
+        combine("sts", members, "vote")
+
+
+def test_greedy_selection_starts_from_the_best_member_and_keeps_only_what_helps():
+    gold = np.array([1, 1, 0, 0, 1, 0])
+    best = np.array([3.0, 3.0, -3.0, -3.0, -1.0, 1.0])  # 4 of 6 right
+    wrong_on_4 = np.array([-1.0, 2.0, -1.0, 2.0, 2.0, -2.0])  # 4 of 6, right where `best` is wrong
+    useless = np.array([-5.0, -5.0, 5.0, 5.0, -5.0, 5.0])  # always wrong
+    chosen = greedy_selection("qqp", [best, wrong_on_4, useless], gold, "mean")
+    assert chosen[0] == 0 and 2 not in chosen
+    assert (combine("qqp", [[best, wrong_on_4, useless][i] for i in chosen], "mean") == gold).mean() > 4 / 6
+
+
+# ---------------------------------------------------------------------------------------------------
+# Scores files
+
+
+def test_scores_round_trip_exactly_for_float32(tmp_path):
+    values = np.random.default_rng(0).normal(size=(4, 5)).astype(np.float32)
+    write_scores(tmp_path / "s.csv", ["a", "b", "c", "d"], values, "sst")
+    ids, read = read_scores(tmp_path / "s.csv", "sst")
+    assert ids == ["a", "b", "c", "d"] and np.array_equal(read.astype(np.float32), values)
+    write_scores(tmp_path / "q.csv", ["a"], np.array([0.25], dtype=np.float32), "qqp")
+    assert read_scores(tmp_path / "q.csv", "qqp")[1].shape == (1,)
+
+
+@pytest.mark.parametrize("text,problem", [
+    ("id,score\n", "no rows"), ("id,logit\na,1\n", "header"), ("id,score\na,1,2\n", "line 2: 3 fields"),
+    ("id,score\na,x\n", "line 2: a score that is not a number"), ("id,score\na,nan\n", "not finite"),
+    ("id,score\na,1\na,2\n", "repeated id"),
+])
+def test_bad_scores_files_are_named_with_their_problem(tmp_path, text, problem):
+    (tmp_path / "s.csv").write_text(text)
+    with pytest.raises(ScoresFileError, match=problem):
+        read_scores(tmp_path / "s.csv", "sts")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Whole runs
+
+
+@pytest.fixture(scope="module")
+def finished_run(tiny_checkpoint, tmp_path_factory):
+    """A short multitask run on the demo data: its output folder (with scores/) and its six CSVs."""
+    out = tmp_path_factory.mktemp("member")
+    flags = ["--data_dir", str(DEMO), "--pretrained", str(tiny_checkpoint), "--option", "finetune", "--quiet",
+             "--batch_size", "8", "--lr", "1e-3", "--max_length", "32", "--max_train_examples", "16",
+             "--first_stages", "qqp,sts,sst", "--cycles", "0", "--output_dir", str(out / "run")]
+    for flag in ("sst", "para", "sts"):
+        for split in ("dev", "test"):
+            flags += [f"--{flag}_{split}_out", str(out / f"{flag}-{split}-out.csv")]
+    assert multitask_classifier.main(flags) == 0
+    return out
+
+
+def test_a_run_saves_the_scores_its_predictions_were_decided_from(finished_run):
+    for task in MULTITASK:
+        for split in ("dev", "test"):
+            ids, scores = read_scores(scores_path(finished_run / "run", task, split), task)
+            flag = {"sst": "sst", "qqp": "para", "sts": "sts"}[task]
+            rows = [line.split(",") for line in (finished_run / f"{flag}-{split}-out.csv").read_text().splitlines()[1:]]
+            assert ids == [r[0] for r in rows]
+            predicted = member_predictions(task, scores)
+            np.testing.assert_allclose(predicted, [float(r[1]) for r in rows], atol=5e-4)
+
+
+def test_a_one_member_ensemble_writes_the_members_csvs(finished_run, tmp_path, capsys):
+    assert main([str(finished_run / "run"), "--output_dir", str(tmp_path), "--data_dir", str(DEMO)]) == 0
+    for flag in ("sst", "para", "sts"):
+        for split in ("dev", "test"):
+            name = f"{flag}-{split}-out.csv"
+            assert (tmp_path / name).read_text() == (finished_run / name).read_text(), name
+    report = json.loads((tmp_path / "ensemble.json").read_text())
+    assert report["tasks"]["sts"]["ensemble_dev"] == report["tasks"]["sts"]["members_dev"][0]
+    assert "ensemble on dev:" in capsys.readouterr().out
+
+
+def test_selection_and_weights_run_end_to_end(finished_run, tmp_path, capsys):
+    member = str(finished_run / "run")
+    assert main([member, member, "--output_dir", str(tmp_path), "--data_dir", str(DEMO), "--select",
+                 "--sts", "weighted", "--sst", "mean"]) == 0
+    assert "optimistic" in capsys.readouterr().out
+    assert json.loads((tmp_path / "ensemble.json").read_text())["selected_on_dev"] is True
+
+
+def test_members_with_other_ids_or_missing_files_are_refused(finished_run, tmp_path, capsys):
+    other = tmp_path / "other"
+    shutil.copytree(finished_run / "run" / "scores", other / "scores")
+    path = scores_path(other, "sts", "test")
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join(lines[:-1]) + "\n")  # one example fewer
+    assert main([str(finished_run / "run"), str(other), "--output_dir", str(tmp_path / "e"),
+                 "--data_dir", str(DEMO)]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.count("\n") == 0 and "sts-test.csv: its ids differ" in error
+    scores_path(other, "qqp", "dev").unlink()
+    assert main([str(other), "--output_dir", str(tmp_path / "e"), "--data_dir", str(DEMO)]) == 2
+    assert "qqp-dev.csv: no such scores file" in capsys.readouterr().err
