@@ -37,7 +37,7 @@ from bert import BertModel
 from checkpoint import atomic_save, read_checkpoint
 from datasets import (DataError, SentenceExample, TaskData, in_file_order, load_task_data, make_dataloader,
                       show_data_warnings_on_one_line)
-from distributed import SINGLE_PROCESS, Distributed
+from distributed import SINGLE_PROCESS, Distributed, data_parallel
 from evaluation import sst_metrics, summarize_line, write_predictions
 from optimizer import AdamW
 from runtime import seed_everything
@@ -210,12 +210,8 @@ def train_task(task: str, data: TaskData, tokenizer: BertTokenizer, device: torc
 
 def run(args: ClassifierArguments) -> dict[str, dict]:
     """Both datasets in turn; returns each one's best epoch record."""
-    distributed, device = Distributed.from_environment(args.use_gpu)
-    try:
-        with distributed.main_process_output():
-            return _run(args, distributed, device)
-    finally:
-        distributed.shutdown()
+    with data_parallel(args.use_gpu) as (distributed, device):
+        return _run(args, distributed, device)
 
 
 def _run(args: ClassifierArguments, distributed: Distributed, device: torch.device) -> dict[str, dict]:

@@ -163,6 +163,18 @@ class Distributed:
 SINGLE_PROCESS = Distributed()
 
 
+@contextlib.contextmanager
+def data_parallel(use_gpu: bool):
+    """(distributed, device) for a command line's run: the process group torchrun describes (or one
+    process), rank 0's output only, and the group left at the end."""
+    distributed, device = Distributed.from_environment(use_gpu)
+    try:
+        with distributed.main_process_output():
+            yield distributed, device
+    finally:
+        distributed.shutdown()
+
+
 def shard_batch(indices: list[int], world_size: int, rank: int) -> list[int]:
     """This rank's slice of a global batch: every world_size-th index, so that slices of a length-sorted
     batch have similar lengths and sizes that differ by at most one."""

@@ -20,7 +20,7 @@ from pathlib import Path
 from base_bert import CheckpointError
 from bert import BertModel
 from datasets import DataError, DataWarning, load_task_data, show_data_warnings_on_one_line, subsample
-from distributed import Distributed
+from distributed import Distributed, data_parallel
 from evaluation import summarize_line, write_predictions, write_run_reports
 from mlm import load_mlm_head
 from multitask_bert import MultitaskBERT, freeze_encoder, load_multitask_model
@@ -133,12 +133,8 @@ def write_leaderboard_files(trainer: Trainer, paths: dict, dev_scores: dict, run
 def run(args: TrainingArguments) -> Trainer:
     """Train, keep the best model, write the six CSVs. Under torchrun: one rank of the data-parallel run
     (distributed.py), only rank 0 printing and writing."""
-    distributed, device = Distributed.from_environment(args.use_gpu)
-    try:
-        with distributed.main_process_output():
-            return _run(args, distributed, device)
-    finally:
-        distributed.shutdown()
+    with data_parallel(args.use_gpu) as (distributed, device):
+        return _run(args, distributed, device)
 
 
 def _run(args: TrainingArguments, distributed: Distributed, device) -> Trainer:

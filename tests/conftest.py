@@ -125,6 +125,15 @@ def output_flags() -> dict[tuple[str, str], str]:
     return {(task, split): output_flag(task, split) for task in MULTITASK for split in ("dev", "test")}
 
 
+def prediction_flags(folder) -> list[str]:
+    """The six leaderboard CSV flags of multitask_classifier.py, pointing at folder/{sst,para,sts}-{dev,test}-out.csv."""
+    flags = []
+    for prefix in ("sst", "para", "sts"):
+        for split in ("dev", "test"):
+            flags += [f"--{prefix}_{split}_out", str(folder / f"{prefix}-{split}-out.csv")]
+    return flags
+
+
 def exit_code(argv) -> int:
     """multitask_classifier.main's exit code, whether it returns it or argparse exits with it (flags are
     checked while parsing)."""

@@ -15,7 +15,7 @@ import torch
 import torch.multiprocessing as mp
 from safetensors.torch import load_file, save_file
 
-from conftest import DEMO, MAX_LENGTH, ROOT, demo_examples, deterministic_tiny_model
+from conftest import DEMO, MAX_LENGTH, ROOT, demo_examples, deterministic_tiny_model, prediction_flags
 from datasets import LengthBucketSampler, collate_pairs, collate_sentences
 from distributed import SINGLE_PROCESS, Distributed, cut_global_batches, global_batch_count
 from mlm import mlm_batches
@@ -258,10 +258,7 @@ def _run(tmp_path, name: str, checkpoint, processes: int, batch_size: int, *extr
     flags = ["--data_dir", str(DEMO), "--pretrained", str(checkpoint), "--option", "finetune", "--quiet",
              "--batch_size", str(batch_size), "--lr", "1e-3", "--hidden_dropout_prob", "0", "--max_length", "32",
              "--max_train_examples", "40", "--first_stages", "qqp", "--cycle", "sts,sst", "--cycles", "1",
-             "--output_dir", str(out / "run"), "--eval_batch_size", "16"]
-    for flag in ("sst", "para", "sts"):
-        for split in ("dev", "test"):
-            flags += [f"--{flag}_{split}_out", str(out / f"{flag}-{split}-out.csv")]
+             "--output_dir", str(out / "run"), "--eval_batch_size", "16", *prediction_flags(out)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     result = subprocess.run(command + flags + list(extra), cwd=ROOT, env=env, capture_output=True, text=True,
                             timeout=600)

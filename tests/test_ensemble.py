@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import multitask_classifier
-from conftest import DEMO
+from conftest import DEMO, prediction_flags
 from ensemble import class_probabilities, combine, greedy_selection, main, member_predictions
 from scores import ScoresFileError, read_scores, scores_path, write_scores
 from tasks import MULTITASK
@@ -102,10 +102,7 @@ def finished_run(tiny_checkpoint, tmp_path_factory):
     flags = ["--data_dir", str(DEMO), "--pretrained", str(tiny_checkpoint), "--option", "finetune", "--quiet",
              "--batch_size", "8", "--lr", "1e-3", "--max_length", "32", "--max_train_examples", "16",
              "--first_stages", "qqp,sts,sst", "--cycles", "0", "--output_dir", str(out / "run")]
-    for flag in ("sst", "para", "sts"):
-        for split in ("dev", "test"):
-            flags += [f"--{flag}_{split}_out", str(out / f"{flag}-{split}-out.csv")]
-    assert multitask_classifier.main(flags) == 0
+    assert multitask_classifier.main(flags + prediction_flags(out)) == 0
     return out
 
 
