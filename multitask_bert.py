@@ -304,6 +304,11 @@ def _base_bert(prefix: Path, metadata: dict) -> BertModel:
 def load_multitask_model(prefix: str | Path, device: torch.device | str = "cpu") -> MultitaskBERT:
     """Rebuild a MultitaskBERT from PREFIX.safetensors + PREFIX.json (no pretrained download needed, except
     for the base model of an adapter-only checkpoint, which is checked against the hash it was trained on)."""
+    return load_multitask_checkpoint(prefix, device)[0]
+
+
+def load_multitask_checkpoint(prefix: str | Path, device: torch.device | str = "cpu") -> tuple[MultitaskBERT, dict]:
+    """load_multitask_model's model and the checkpoint's metadata (its args, metrics, base), read once."""
     tensors, metadata = read_checkpoint(Path(prefix))
     check_fields(Path(prefix).with_suffix(".json"), metadata, {"bert_config": dict, "heads": dict})
     try:
@@ -318,4 +323,4 @@ def load_multitask_model(prefix: str | Path, device: torch.device | str = "cpu")
     except (KeyError, TypeError, ValueError, RuntimeError) as err:
         raise CheckpointError(f"{prefix}: checkpoint does not describe a MultitaskBERT "
                               f"({type(err).__name__}: {err})") from None
-    return model.to(device)
+    return model.to(device), metadata

@@ -28,8 +28,7 @@ from safetensors.torch import save_file  # noqa: E402
 
 from adapters import SHARED_SET, merge_adapters  # noqa: E402
 from base_bert import CheckpointError, resolve_pretrained, to_hf_state_dict  # noqa: E402
-from checkpoint import read_checkpoint  # noqa: E402
-from multitask_bert import load_multitask_model  # noqa: E402
+from multitask_bert import load_multitask_checkpoint  # noqa: E402
 from tasks import MULTITASK, task_name  # noqa: E402
 
 TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
@@ -42,8 +41,7 @@ def hf_config(config: dict) -> dict:
 
 
 def export(checkpoint: Path, out: Path, task: str | None = None, pretrained: str | None = None) -> None:
-    _, metadata = read_checkpoint(checkpoint)
-    model = load_multitask_model(checkpoint)
+    model, metadata = load_multitask_checkpoint(checkpoint)
     bert = model.bert
     if model.adapter is not None:
         if model.adapter.kind == "pals":
