@@ -311,7 +311,7 @@ def forgetting_table_markdown(history: Sequence[Mapping]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _pyplot():
+def pyplot():
     import matplotlib
 
     matplotlib.use("Agg")
@@ -320,18 +320,18 @@ def _pyplot():
     return plt
 
 
-def _save(fig, path: str | os.PathLike) -> Path:
+def save_figure(fig, path: str | os.PathLike) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-    _pyplot().close(fig)
+    pyplot().close(fig)
     return path
 
 
 def plot_forgetting_matrix(history: Sequence[Mapping], path: str | os.PathLike) -> Path:
     """Heat map of dev metrics after each completed stage, values written in the cells."""
-    plt = _pyplot()
+    plt = pyplot()
     labels, matrix = _history_matrix(history)
     fig, ax = plt.subplots(figsize=(1.6 * matrix.shape[1] + 2, 0.6 * matrix.shape[0] + 1.5))
     image = ax.imshow(matrix, cmap="viridis", vmin=min(0.0, matrix.min()), vmax=1.0, aspect="auto")
@@ -345,13 +345,13 @@ def plot_forgetting_matrix(history: Sequence[Mapping], path: str | os.PathLike) 
             ax.text(col, row, f"{value:.3f}", ha="center", va="center", color="white" if value < 0.6 else "black")
     fig.colorbar(image, ax=ax)
     ax.set_title("Dev performance after each training stage")
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_training_curves(history: Sequence[Mapping], path: str | os.PathLike) -> Path:
     """One panel per task: dev metric over history entries, plus train metric when logged
     (keys 'train_sst_acc', 'train_qqp_acc', 'train_sts_pearson')."""
-    plt = _pyplot()
+    plt = pyplot()
     labels, matrix = _history_matrix(history)
     tasks = HISTORY_METRICS[:3]
     fig, axes = plt.subplots(1, len(tasks), figsize=(5 * len(tasks), 4), sharex=True)
@@ -365,14 +365,14 @@ def plot_training_curves(history: Sequence[Mapping], path: str | os.PathLike) ->
         ax.set_xticks(steps, labels, rotation=45, ha="right")
         ax.grid(alpha=0.3)
         ax.legend()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_error_analysis(
     sst_pred, sst_gold, para_pred, para_gold, sts_pred, sts_gold, out_dir: str | os.PathLike
 ) -> list[Path]:
     """Write sst_error_histogram.png, qqp_confusion_matrix.png and sts_scatter.png."""
-    plt = _pyplot()
+    plt = pyplot()
     out_dir = Path(out_dir)
     sst_p, sst_g = _paired_arrays(sst_pred, sst_gold)
     para_p, para_g = _paired_arrays(para_pred, para_gold)
@@ -385,7 +385,7 @@ def plot_error_analysis(
     ax.set_xlabel("predicted − gold sentiment class")
     ax.set_ylabel("examples")
     ax.set_title(f"SST errors (acc {sst_metrics(sst_p, sst_g)['acc']:.3f})")
-    paths.append(_save(fig, out_dir / "sst_error_histogram.png"))
+    paths.append(save_figure(fig, out_dir / "sst_error_histogram.png"))
 
     para = paraphrase_metrics(para_p, para_g)  # also validates the 0/1 values indexed below
     confusion = np.zeros((2, 2), dtype=int)  # rows: gold, columns: predicted
@@ -401,14 +401,14 @@ def plot_error_analysis(
     ax.set_xlabel("predicted")
     ax.set_ylabel("gold")
     ax.set_title(f"QQP (acc {para['acc']:.3f}, F1 {para['f1']:.3f})")
-    paths.append(_save(fig, out_dir / "qqp_confusion_matrix.png"))
+    paths.append(save_figure(fig, out_dir / "qqp_confusion_matrix.png"))
 
     fig, ax = plt.subplots(figsize=(5, 5))
     ax.scatter(sts_g, sts_p, s=6, alpha=0.4)
     ax.set_xlabel("gold similarity")
     ax.set_ylabel("predicted similarity")
     ax.set_title(f"STS (Pearson r = {sts_metrics(sts_p, sts_g)['pearson']:.3f})")
-    paths.append(_save(fig, out_dir / "sts_scatter.png"))
+    paths.append(save_figure(fig, out_dir / "sts_scatter.png"))
     return paths
 
 

@@ -164,11 +164,15 @@ class MultitaskBERT(nn.Module):
         hidden = self.bert.encode(self.bert.embed(input_ids, token_type_ids), attention_mask)
         return self.pool(hidden, attention_mask)  # (B, H)
 
+    def select_task(self, task: str) -> None:
+        """Route the next encoder passes through the task's own adapters (nothing to do without per-task ones)."""
+        if self.adapter is not None and self.adapter.sharing == "per_task":
+            activate(self, task)
+
     def encoder_inputs(self, task: str, batch: dict) -> EncoderInputs:
         """What the encoder reads for this task: SBERT pairs become both sides as one (2B, T) batch,
         one encoder pass instead of two."""
-        if self.adapter is not None and self.adapter.sharing == "per_task":
-            activate(self, task)  # every pass of this task (SMART's and the teacher's too) starts here
+        self.select_task(task)  # every pass of this task (SMART's and the teacher's too) starts here
         if self.reads_pairs_jointly(task) and "input_ids" not in batch:
             batch = join_pairs(batch)
         if not (task in PAIR_TASKS and self.pair_encoders[task] == "sbert"):

@@ -21,6 +21,7 @@ from base_bert import CheckpointError
 from bert import BertModel
 from datasets import DataError, DataWarning, load_task_data, show_data_warnings_on_one_line, subsample
 from distributed import Distributed, data_parallel
+from embedding_analysis import MIN_TSNE_POINTS, plot_tsne, sentence_embeddings
 from evaluation import summarize_line, write_predictions, write_run_reports
 from mlm import load_mlm_head
 from multitask_bert import MultitaskBERT, freeze_encoder, load_multitask_model
@@ -130,6 +131,17 @@ def write_leaderboard_files(trainer: Trainer, paths: dict, dev_scores: dict, run
                 print(f"wrote {paths[(task, split)]} ({len(ids)} rows)")
 
 
+def write_sst_tsne(trainer: Trainer, path: Path) -> None:
+    """The best model's SST dev embeddings in 2-D, coloured by gold label, beside the run's other plots."""
+    examples = trainer.data["sst"].dev
+    if len(examples) < MIN_TSNE_POINTS:
+        print(f"note: no {path.name}: t-SNE needs at least {MIN_TSNE_POINTS} SST dev sentences")
+        return
+    embeddings = sentence_embeddings(trainer.model, "sst", examples, trainer.tokenizer, trainer.device,
+                                     trainer.args.eval_batch_size, trainer.args.max_length, trainer.args.bf16)
+    plot_tsne({"SST dev, best model": embeddings}, [e.label for e in examples], path, trainer.args.seed)
+
+
 def run(args: TrainingArguments) -> Trainer:
     """Train, keep the best model, write the six CSVs. Under torchrun: one rank of the data-parallel run
     (distributed.py), only rank 0 printing and writing."""
@@ -176,6 +188,7 @@ def _run(args: TrainingArguments, distributed: Distributed, device) -> Trainer:
         write_leaderboard_files(trainer, prediction_paths(args.prediction_files), dev_scores, output_dir)
         if distributed.is_main:
             print(write_run_reports(trainer.history, dev_predictions, output_dir))
+            write_sst_tsne(trainer, output_dir / "sst_tsne.png")
         for message in dropped_rows:
             print(f"note: not in the predictions: {message}")
     return trainer

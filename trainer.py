@@ -356,11 +356,13 @@ class Trainer:
                 train_metrics, _ = self.evaluate("train", self.args.eval_train_examples)
                 record.update({f"train_{k}": v for k, v in train_metrics.items()})
             self.log(record)
+            saved = {"metrics": record, "args": dataclasses.asdict(self.args)}
             if record["overall"] > self.best_score:  # every rank holds the same gathered metrics
                 self.best_score = record["overall"]
                 if self.distributed.is_main:
-                    save_multitask_model(self.model, self.output_dir / "best",
-                                         {"metrics": record, "args": dataclasses.asdict(self.args)})
+                    save_multitask_model(self.model, self.output_dir / "best", saved)
+            if self.args.keep_stage_models and self.distributed.is_main:
+                save_multitask_model(self.model, self.output_dir / f"stage_{index + 1}", saved)
             self.next_stage = index + 1
             save_training_state(self, self.output_dir / "last")
         self.distributed.barrier()  # rank 0's files are complete before any rank reads them

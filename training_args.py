@@ -134,6 +134,9 @@ class TrainingArguments:
     stop_after_stages: int | None = flag(None, "stop (resumably) after N stages", resume_free=True, type=int)
     demo: bool = flag(False, "offline demo: data/demo, minilm-l6, a short SMART schedule, all six CSVs",
                         resume_free=True, action="store_true")
+    keep_stage_models: bool = flag(False, "also save the model after every stage as OUTPUT_DIR/stage_N.* (compare "
+                                          "stages, e.g. scripts/plot_embeddings.py)", resume_free=True,
+                                   action="store_true")
     eval_batch_size: int = flag(64, resume_free=True, type=int)
     eval_train_examples: int = flag(0, "also score this many train examples per task after each stage "
                                       "(train curves)", type=int)

@@ -1,0 +1,64 @@
+"""t-SNE of SST dev sentence embeddings, coloured by gold label, for one model or several side by side.
+
+    python scripts/plot_embeddings.py runs/NAME/stage_3 runs/NAME/stage_4 --data_dir data --output runs/NAME/sst_tsne_stages.png
+    python scripts/plot_embeddings.py minilm-l6 runs/NAME/best --data_dir data --output before_after.png
+
+A MODEL is a checkpoint prefix (runs/NAME/best, or runs/NAME/stage_N from --keep_stage_models) or a
+pretrained model (a name or directory, read with mean pooling and no training). Every run already
+writes its best model's plot as OUTPUT_DIR/sst_tsne.png.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from base_bert import CheckpointError  # noqa: E402
+from bert import BertModel  # noqa: E402
+from datasets import DataError, load_split  # noqa: E402
+from embedding_analysis import plot_tsne, sentence_embeddings  # noqa: E402
+from multitask_bert import MultitaskBERT, load_multitask_checkpoint  # noqa: E402
+from runtime import resolve_device  # noqa: E402
+from tokenizer import BertTokenizer  # noqa: E402
+
+
+def load_model(name: str, device) -> tuple[MultitaskBERT, str]:
+    """(model, the pretrained model whose tokenizer it reads)."""
+    if Path(name).with_suffix(".json").is_file() and Path(name).with_suffix(".safetensors").is_file():
+        model, metadata = load_multitask_checkpoint(name, device)
+        pretrained = metadata.get("args", {}).get("pretrained") or metadata.get("base", {}).get("pretrained")
+        if not pretrained:
+            raise CheckpointError(f"{name}: does not say which pretrained model (tokenizer) it came from")
+        return model, pretrained
+    return MultitaskBERT(BertModel.from_pretrained(name)).to(device), name
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("models", nargs="+", help="checkpoint prefixes or pretrained models, one panel each")
+    parser.add_argument("--data_dir", default="data", help="the course files (ids-sst-dev.csv)")
+    parser.add_argument("--output", required=True, help="the PNG to write")
+    parser.add_argument("--max_length", type=int, default=128)
+    parser.add_argument("--use_gpu", action="store_true")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    device = resolve_device(args.use_gpu)
+    try:
+        examples = load_split(args.data_dir, "sst", "dev")
+        panels = {}
+        for name in args.models:
+            model, pretrained = load_model(name, device)
+            tokenizer = BertTokenizer.from_pretrained(pretrained)
+            panels[name] = sentence_embeddings(model, "sst", examples, tokenizer, device, max_length=args.max_length)
+    except (DataError, CheckpointError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(f"wrote {plot_tsne(panels, [e.label for e in examples], args.output, args.seed)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
