@@ -182,13 +182,19 @@ def find_weight_file(directory: Path) -> Path:
     raise CheckpointError(f"{directory}: no weight file (expected one of {', '.join(WEIGHT_FILES)})")
 
 
-def load_state_dict_file(path: Path) -> dict[str, torch.Tensor]:
-    """Read tensors from .safetensors or .bin without executing pickled code."""
+def load_state_dict_file(path: Path, keys: tuple[str, ...] | None = None) -> dict[str, torch.Tensor]:
+    """Read tensors from .safetensors or .bin without executing pickled code; with `keys`, only those
+    (a safetensors file then reads nothing else)."""
     try:
         if path.suffix == ".safetensors":
+            from safetensors import safe_open
             from safetensors.torch import load_file
-            return load_file(str(path), device="cpu")
-        return torch.load(path, map_location="cpu", weights_only=True)
+            if keys is None:
+                return load_file(str(path), device="cpu")
+            with safe_open(str(path), framework="pt", device="cpu") as handle:
+                return {k: handle.get_tensor(k) for k in handle.keys() if k in keys}
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        return state if keys is None else {k: v for k, v in state.items() if k in keys}
     except Exception as err:
         raise CheckpointError(f"{path}: cannot read weights ({type(err).__name__}: {err})") from None
 

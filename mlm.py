@@ -51,7 +51,7 @@ class MaskedLanguageModelHead(nn.Module):
 def load_mlm_head(pretrained: str, config: BertConfig) -> tuple[MaskedLanguageModelHead, bool]:
     """The pretrained checkpoint's MLM head, or a fresh one; the flag says whether it was found."""
     head = MaskedLanguageModelHead(config)
-    state = load_state_dict_file(find_weight_file(resolve_pretrained(pretrained)))
+    state = load_state_dict_file(find_weight_file(resolve_pretrained(pretrained)), keys=tuple(HF_MLM_HEAD))
     found = {ours: state[key] for key, ours in HF_MLM_HEAD.items() if key in state}
     if not found:
         return head, False
