@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Parameter-efficient: per-task adapters over a frozen bert-base-uncased, QQP -> [STS, SST, QQP 3%] x 10
 # ADAPTER=lora|dora|pals (default dora; rank 8, alpha 8 on query and value), lr 1e-3 (AllBERT's for DoRA).
-# Extra flags are passed on (e.g. --option finetune to train BERT too). Output: runs/gpu_$ADAPTER/ (runs/$RUN_NAME/ if set)
+# Extra flags are passed on. To train BERT too, give its rate with it: --option finetune --lr 2e-5 (1e-3
+# destroys a pretrained BERT). Output: runs/gpu_$ADAPTER/ (runs/$RUN_NAME/ if set)
 set -euo pipefail
 source "$(dirname "$0")/_common.sh"
 cd "$ROOT"
