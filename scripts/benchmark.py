@@ -7,6 +7,7 @@
     python scripts/benchmark.py checkpointing  # train step with and without gradient checkpointing
     python scripts/benchmark.py pipeline   # tokens/s of the full training pipeline (tokenize, collate, step)
     python scripts/benchmark.py data_parallel  # 1 process vs 2 gloo processes (distributed.py), same global batch
+    python scripts/benchmark.py ensemble   # one model's inference on dev + test vs combining 5 runs' saved scores
     python scripts/benchmark.py all
 
 Defaults: minilm-l6, batch 32 x 64 tokens, 2 CPU threads; `--device cuda` adds bf16 autocast (`--bf16` on CPU), and
@@ -416,9 +417,44 @@ def bench_data_parallel(args, device) -> dict:
             "figures": figures}
 
 
+def bench_ensemble(args, device) -> dict:
+    """What an ensemble costs at prediction time: one model's inference on the real dev and test files of
+    --data_dir (the six leaderboard splits), against combining five members' saved scores of the same sizes
+    (ensemble.combine); the members' own inference is paid once, at the end of their runs."""
+    import numpy as np
+    from datasets import load_split
+    from ensemble import combine
+    from multitask_bert import MultitaskBERT
+    from tasks import MULTITASK
+    from tokenizer import BertTokenizer
+    from trainer import predict_examples
+    model = MultitaskBERT(BertModel.from_pretrained(args.config)).to(device).eval()
+    tokenizer = BertTokenizer.from_pretrained(args.config)
+    splits = {(t, s): load_split(args.data_dir, t, s) for t in MULTITASK for s in ("dev", "test")}
+    seconds = {}
+    for (task, split), examples in splits.items():
+        synchronize(device)
+        start = time.perf_counter()
+        predict_examples(model, task, examples, tokenizer, device, 64, args.seq_len, args.bf16, scores=True)
+        synchronize(device)
+        seconds[f"{task}-{split}"] = time.perf_counter() - start
+    generator = np.random.default_rng(0)
+    members = {key: [generator.normal(size=(len(examples), 5) if key[0] == "sst" else len(examples))
+                     for _ in range(5)] for key, examples in splits.items()}
+    methods = {"sst": "vote", "qqp": "vote", "sts": "mean"}
+    start = time.perf_counter()
+    for (task, _), scores in members.items():
+        combine(task, scores, methods[task])
+    combine_seconds = time.perf_counter() - start
+    return {"benchmark": f"prediction: one model's inference on the {sum(len(e) for e in splits.values())} dev + test "
+                         f"examples of {args.data_dir} vs combining 5 members' saved scores",
+            "one_model_inference_s": sum(seconds.values()), "per_split_s": seconds,
+            "combine_5_members_s": combine_seconds}
+
+
 BENCHMARKS = {"encoder": bench_encoder, "precision": bench_precision, "smart": bench_smart,
               "pipeline": bench_pipeline, "adapters": bench_adapters, "checkpointing": bench_checkpointing,
-              "data_parallel": bench_data_parallel}
+              "data_parallel": bench_data_parallel, "ensemble": bench_ensemble}
 
 
 def main(argv=None) -> int:
