@@ -62,7 +62,7 @@ def load_inputs(args: TrainingArguments) -> tuple[list[Stage], dict, list[str], 
     check_writable([args.output_dir, *(path.parent for path in prediction_paths(args.prediction_files).values())])
     try:
         stages = build_schedule(args.schedule, args.first_stages, args.cycle, args.cycles, args.epochs,
-                                args.simcse_epochs if args.simcse_data else 0)
+                                args.simcse_epochs if args.simcse_data else 0, args.mlm_epochs)
         if any(stage.kind == "mlm" for stage in stages):
             if args.option == "pretrain" and args.adapter == "none":
                 raise ValueError("the mlm stage trains the encoder, which --option pretrain freezes; "

@@ -57,12 +57,12 @@ def parse_stage_list(text: str) -> list[Stage]:
 
 
 def build_schedule(schedule: str, first_stages: str = "", cycle: str = "", cycles: int = 0, epochs: int = 1,
-                   simcse_epochs: int = 0) -> list[Stage]:
-    """SimCSE epochs first, then either first_stages + cycle * cycles (sequential) or `epochs`
+                   simcse_epochs: int = 0, mlm_epochs: int = 0) -> list[Stage]:
+    """MLM epochs, then SimCSE epochs, then either first_stages + cycle * cycles (sequential) or `epochs`
     multi-task epochs (annealed, round_robin)."""
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
-    stages = [Stage("simcse")] * simcse_epochs
+    stages = [Stage("mlm")] * mlm_epochs + [Stage("simcse")] * simcse_epochs
     if schedule == "sequential":
         stages += parse_stage_list(first_stages) + parse_stage_list(cycle) * cycles
     else:

@@ -204,6 +204,9 @@ class TrainingArguments:
     # --cycles may change on --resume (to shorten or extend a sequential run) as long as the stages
     # already done begin the new schedule: stage i's data order depends on i alone.
     cycles: int = flag(10, group=SCHEDULE, resume_free=True, type=int)
+    mlm_epochs: int = flag(0, "masked-LM epochs on the tasks' training sentences before everything else, with "
+                             "any --schedule (sequential ones can also place mlm stages in --first_stages)",
+                           SCHEDULE, type=int)
     gradient_surgery: str = flag("none", "annealed / round_robin: each step takes three batches (round_robin: one "
                                    "per task) and combines the tasks' shared-encoder gradients by pcgrad or cagrad; "
                                    "heads keep their own", SCHEDULE, choices=GRADIENT_SURGERIES)
@@ -247,7 +250,7 @@ class TrainingArguments:
     def __post_init__(self):
         _check_common(self)
         _check(self.grad_accumulation_steps >= 1, "--grad_accumulation_steps must be >= 1")
-        for name in ("cycles", "simcse_epochs", "eval_train_examples", "num_workers"):
+        for name in ("cycles", "mlm_epochs", "simcse_epochs", "eval_train_examples", "num_workers"):
             _check(getattr(self, name) >= 0, f"--{name} must be >= 0, got {getattr(self, name)}")
         _check(self.stop_after_stages is None or self.stop_after_stages >= 0, "--stop_after_stages must be >= 0")
         _check(self.simcse_max_examples is None or self.simcse_max_examples >= 1, "--simcse_max_examples must be >= 1")

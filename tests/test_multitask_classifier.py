@@ -377,3 +377,10 @@ def test_adapters_train_and_resume_bitwise(tiny_checkpoint, tmp_path, adapter):
 def test_per_task_adapters_refuse_a_stage_that_trains_one_encoder_for_all(tiny_checkpoint, tmp_path, capsys):
     assert exit_code(run_flags(tiny_checkpoint, tmp_path, "--adapter", "lora", "--first_stages", "mlm")) == 2
     assert "with an adapter use --adapter_sharing shared" in capsys.readouterr().err
+
+
+def test_mlm_epochs_come_first_on_a_multitask_schedule(tiny_checkpoint, tmp_path):
+    flags = run_flags(tiny_checkpoint, tmp_path, "--schedule", "annealed", "--epochs", "1", "--mlm_epochs", "1")
+    assert mc.main(flags) == 0
+    history = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [h["stage"] for h in history] == ["pretrained", "mlm", "multitask-1"]

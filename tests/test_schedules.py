@@ -38,6 +38,8 @@ def test_build_schedule_sequential_simcse_and_multitask():
         ["qqp", "sts", "sst@0.5", "sts", "sst@0.5"]
     assert [s.kind for s in build_schedule("sequential", "", "sts", 1, simcse_epochs=2)] == ["simcse", "simcse", "task"]
     assert build_schedule("annealed", epochs=3) == [Stage("multitask", epoch=e) for e in (1, 2, 3)]
+    assert [s.label for s in build_schedule("annealed", epochs=2, simcse_epochs=1, mlm_epochs=1)] == \
+        ["mlm", "simcse", "multitask-1", "multitask-2"]
     assert [s.label for s in build_schedule("round_robin", "qqp", "sts", 5, epochs=2, simcse_epochs=1)] == \
         ["simcse", "multitask-1", "multitask-2"]  # the sequential stages do not apply
     with pytest.raises(ValueError, match="schedule is empty"):
