@@ -35,7 +35,7 @@ from tqdm import tqdm
 from base_bert import BertConfig, CheckpointError, resolve_pretrained
 from bert import BertModel
 from checkpoint import atomic_save, read_checkpoint
-from datasets import (DataError, SentenceExample, TaskData, in_file_order, load_task_data, make_dataloader,
+from datasets import (DataError, SentenceExample, TaskData, load_task_data, make_dataloader, predict_in_file_order,
                       show_data_warnings_on_one_line)
 from distributed import SINGLE_PROCESS, Distributed, data_parallel
 from evaluation import sst_metrics, summarize_line, write_predictions
@@ -148,16 +148,16 @@ def predict(model: nn.Module, examples: list[SentenceExample], tokenizer: BertTo
     """Predicted class per example, returned with the ids in the examples' order. Under torchrun each rank
     predicts every world_size-th example and all ranks get all predictions."""
     model.eval()
-    shard = examples[distributed.rank::distributed.world_size]
-    ids, classes = [], []
-    if shard:
+
+    def predict_shard(shard: list[SentenceExample]) -> tuple[list[str], np.ndarray]:
         loader = make_dataloader(shard, tokenizer, batch_size, shuffle=False, max_length=max_length)
+        ids, classes = [], []
         for batch in tqdm(loader, desc="predict", leave=False, disable=quiet):
             logits = model(batch["input_ids"].to(device), batch["attention_mask"].to(device))  # (B, C)
             ids += batch["ids"]
             classes += logits.argmax(dim=-1).cpu().tolist()
-    parts = distributed.gather_objects((ids, classes))
-    return in_file_order(examples, [i for part, _ in parts for i in part], [c for _, part in parts for c in part])
+        return ids, np.array(classes)
+    return predict_in_file_order(examples, predict_shard, distributed)
 
 
 def dev_accuracy(model, examples, tokenizer, device, args: ClassifierArguments,
@@ -173,9 +173,7 @@ def train_task(task: str, data: TaskData, tokenizer: BertTokenizer, device: torc
     seed_everything(args.seed)  # each dataset's run is reproducible on its own, whatever ran before it
     bert = BertModel.from_pretrained(args.pretrained)
     model = BertSentimentClassifier(bert, NUM_LABELS[task], args.hidden_dropout_prob, args.option).to(device)
-    if distributed.enabled:
-        distributed.broadcast_parameters(model)
-        torch.manual_seed(args.seed + distributed.rank)  # one model, but each rank its own dropout masks
+    distributed.start_from_one_model([model], args.seed)
     optimizer = AdamW([p for p in model.parameters() if p.requires_grad], lr=args.lr)
     loader = make_dataloader(data.train, tokenizer, args.batch_size, shuffle=True, seed=args.seed,
                              max_length=args.max_length, world_size=distributed.world_size, rank=distributed.rank)

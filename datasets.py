@@ -39,7 +39,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Sampler
 
-from distributed import cut_global_batches, global_batch_count, shard_batch
+from distributed import SINGLE_PROCESS, Distributed, cut_global_batches, global_batch_count, shard_batch
 from tasks import SPLITS, TASKS, class_range, course_file_name
 
 SENTENCE_TASKS = tuple(name for name, task in TASKS.items() if not task.is_pair)  # sst, cfimdb
@@ -362,7 +362,7 @@ class LengthBucketSampler(Sampler[list[int]]):
     def __iter__(self):
         if not self.shuffle:
             order = sorted(range(len(self.lengths)), key=lambda i: -self.lengths[i])
-            yield from _cut(order, self.batch_size)
+            yield from cut_global_batches(order, self.batch_size, 1)
             return
         rng = np.random.default_rng([self.seed, self.epoch])
         order = rng.permutation(len(self.lengths)).tolist()
@@ -375,10 +375,6 @@ class LengthBucketSampler(Sampler[list[int]]):
             batches.extend(cut_global_batches(bucket, self.batch_size, self.world_size))
         for i in rng.permutation(len(batches)).tolist():
             yield shard_batch(batches[i], self.world_size, self.rank)
-
-
-def _cut(indices: list[int], batch_size: int) -> list[list[int]]:
-    return [indices[start:start + batch_size] for start in range(0, len(indices), batch_size)]
 
 
 def make_dataloader(examples: Sequence[SentenceExample] | Sequence[PairExample], tokenizer, batch_size: int,
@@ -410,6 +406,16 @@ def in_file_order(examples: Sequence, batch_ids: Sequence[str], values) -> tuple
     by_id = dict(zip(batch_ids, values))
     ids = [e.id for e in examples]
     return ids, np.array([by_id[i] for i in ids])
+
+
+def predict_in_file_order(examples: Sequence, predict_shard, distributed: Distributed = SINGLE_PROCESS
+                          ) -> tuple[list[str], np.ndarray]:
+    """(ids, values) of every example in the examples' order. predict_shard(examples) -> (batch ids, values
+    array) runs on this rank's every world_size-th example; under torchrun all ranks get every value."""
+    shard = examples[distributed.rank::distributed.world_size]
+    parts = distributed.gather_objects(predict_shard(shard) if shard else None)
+    parts = [part for part in parts if part is not None]  # a rank with no example sends None
+    return in_file_order(examples, [i for ids, _ in parts for i in ids], np.concatenate([v for _, v in parts]))
 
 
 def subsample(examples: Sequence, n: int | None, seed: int) -> list:

@@ -99,16 +99,11 @@ class Distributed:
         for p in parameters:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-        flat = torch.cat([p.grad.reshape(-1).float() for p in parameters])
-        dist.all_reduce(flat)
-        flat /= self.world_size
-        offset = 0
-        for p in parameters:
-            p.grad.copy_(flat[offset:offset + p.numel()].view_as(p.grad))
-            offset += p.numel()
+        for p, averaged in zip(parameters, self.average_tensors([p.grad for p in parameters])):
+            p.grad.copy_(averaged)
 
     def average_tensors(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-        """The mean over ranks of same-shaped tensor lists (per-task gradients before gradient surgery)."""
+        """The mean over ranks of same-shaped tensor lists (gradients), with one all-reduce of them flattened."""
         if not self.enabled or not tensors:
             return tensors
         flat = torch.cat([t.reshape(-1).float() for t in tensors])
@@ -120,11 +115,15 @@ class Distributed:
             offset += t.numel()
         return averaged
 
-    def broadcast_parameters(self, module: torch.nn.Module) -> None:
-        """Rank 0's weights on every rank: the starting point must be one model."""
-        if self.enabled:
+    def start_from_one_model(self, modules: list[torch.nn.Module | None], seed: int) -> None:
+        """Rank 0's weights (and buffers) on every rank, then a dropout stream of each rank's own (seed + rank):
+        one starting model, different masks."""
+        if not self.enabled:
+            return
+        for module in filter(None, modules):
             for tensor in [*module.parameters(), *module.buffers()]:
                 dist.broadcast(tensor.data, src=0)
+        torch.manual_seed(seed + self.rank)
 
     def gather_with_grad(self, x: torch.Tensor) -> torch.Tensor:
         """Every rank's x concatenated along dim 0, in rank order; gradients flow into this rank's own

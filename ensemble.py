@@ -115,12 +115,12 @@ def greedy_selection(task: str, members: list[np.ndarray], gold: np.ndarray, met
     may appear more than once, which weights it). Starts from the best single member; each round adds the
     member that scores best together with those chosen; returns the best-scoring prefix."""
     rounds = rounds or 2 * len(members)
-    single = [metric(task, member_predictions(task, m), gold) for m in members]
+    single = member_metrics(task, members, gold)
     chosen = [int(np.argmax(single))]
     best, best_size = single[chosen[0]], 1
     for _ in range(rounds - 1):
         trials = [metric(task, combine(task, [members[i] for i in chosen + [j]], method,
-                                       _weights(task, method, [members[i] for i in chosen + [j]], gold)), gold)
+                                       member_weights(method, chosen + [j], single)), gold)
                   for j in range(len(members))]
         chosen.append(int(np.argmax(trials)))
         if max(trials) > best:
@@ -128,11 +128,14 @@ def greedy_selection(task: str, members: list[np.ndarray], gold: np.ndarray, met
     return chosen[:best_size]
 
 
-def _weights(task: str, method: str, members: list[np.ndarray], gold: np.ndarray) -> list[float] | None:
-    """Dev-weighted STS: each member's dev Pearson r (0 if negative)."""
-    if task != "sts" or method != "weighted":
-        return None
-    return [max(metric(task, m, gold), 0.0) for m in members]
+def member_metrics(task: str, members: list[np.ndarray], gold: np.ndarray) -> list[float]:
+    """Each member's own dev metric (accuracy; Pearson r for STS)."""
+    return [metric(task, member_predictions(task, m), gold) for m in members]
+
+
+def member_weights(method: str, chosen: list[int], metrics: list[float]) -> list[float] | None:
+    """Dev-weighted STS: each chosen member's dev Pearson r (0 if negative); None for the other methods."""
+    return [max(metrics[i], 0.0) for i in chosen] if method == "weighted" else None
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -158,14 +161,15 @@ def build_ensemble(members: list[Member], gold: dict[str, np.ndarray], methods: 
                                "selected_on_dev": select, "tasks": {}}
     for task in MULTITASK:
         dev = [m.scores[(task, "dev")][1] for m in members]
+        single = member_metrics(task, dev, gold[task])
         chosen = greedy_selection(task, dev, gold[task], methods[task]) if select else list(range(len(members)))
-        weights = _weights(task, methods[task], [dev[i] for i in chosen], gold[task])
+        weights = member_weights(methods[task], chosen, single)
         for split in SPLITS:
             scores = [members[i].scores[(task, split)][1] for i in chosen]
             predictions[(task, split)] = combine(task, scores, methods[task], weights)
         report["tasks"][task] = {
             "chosen": [str(members[i].run_dir) for i in chosen], "weights": weights,
-            "members_dev": [metric(task, member_predictions(task, d), gold[task]) for d in dev],
+            "members_dev": single,
             "ensemble_dev": metric(task, predictions[(task, "dev")], gold[task])}
     dev_metrics = {}
     for task in MULTITASK:

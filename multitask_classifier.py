@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import sys
 import warnings
-
-import torch
 from pathlib import Path
 
 from base_bert import CheckpointError
@@ -31,7 +29,7 @@ from scores import scores_path, write_scores
 from simcse import load_nli_triplets
 from tasks import MULTITASK
 from tokenizer import BertTokenizer
-from trainer import Trainer
+from trainer import Trainer, decide
 from training_state import resume_training
 from training_args import (TrainingArguments, UsageError, adapter_config, build_parser, check_max_length,
                            check_writable, data_paths, from_namespace, lnsr_config, prediction_paths,
@@ -125,7 +123,7 @@ def write_leaderboard_files(trainer: Trainer, paths: dict, dev_scores: dict, run
             else:
                 ids, scores = trainer.predict(task, trainer.data[task].test, scores=True)
             if trainer.distributed.is_main:
-                predicted = trainer.model.objectives[task].decide(torch.from_numpy(scores)).numpy()
+                predicted = decide(trainer.model, task, scores)
                 write_predictions(paths[(task, split)], ids, predicted.tolist(), task)
                 write_scores(scores_path(run_dir, task, split), ids, scores, task)
                 print(f"wrote {paths[(task, split)]} ({len(ids)} rows)")
@@ -163,11 +161,8 @@ def _run(args: TrainingArguments, distributed: Distributed, device) -> Trainer:
         mlm_head.to(device)
         print(f"mlm stage: the MLM head of {args.pretrained}" if found else
               f"mlm stage: {args.pretrained} has no MLM head; starting from a fresh one")
+    distributed.start_from_one_model([model, mlm_head], args.seed)
     if distributed.enabled:
-        for module in (model, mlm_head):
-            if module is not None:
-                distributed.broadcast_parameters(module)
-        torch.manual_seed(args.seed + distributed.rank)  # one model, but each rank its own dropout masks
         print(f"data parallel: {distributed.world_size} processes x batch {args.batch_size} x accumulation "
               f"{args.grad_accumulation_steps} = {distributed.world_size * args.batch_size * args.grad_accumulation_steps}"
               f" examples per update; learning rate {args.lr} (not scaled with the batch)")

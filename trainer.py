@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from datasets import TaskData, in_file_order, make_dataloader, subsample
+from datasets import TaskData, make_dataloader, predict_in_file_order, subsample
 from distributed import SINGLE_PROCESS, Distributed, global_batch_count
 from evaluation import overall_score, summarize_line, task_metrics
 from gradient_surgery import combine_task_gradients
@@ -70,20 +70,24 @@ def predict_examples(model: MultitaskBERT, task: str, examples: list, tokenizer,
     with `scores` the score each prediction is decided from instead (losses.py: SST's 5 logits, QQP's logit).
     Under torchrun each rank predicts every world_size-th example and all ranks get all predictions."""
     model.eval()
-    shard = examples[distributed.rank::distributed.world_size]
-    ids, outputs = [], [np.zeros((0, 5) if task == "sst" else 0, dtype=np.float32)]
-    if shard:
+
+    def predict_shard(shard: list) -> tuple[list[str], np.ndarray]:
         loader = make_dataloader(shard, tokenizer, batch_size, shuffle=False, max_length=max_length,
                                  cross_encoder=model.reads_pairs_jointly(task))
+        ids, outputs = [], []
         for batch in tqdm(loader, desc=f"predict {task}", leave=False, disable=quiet):
             batch = to_device(batch, device)
             with bf16_autocast(device, bf16):
                 outputs.append(model.score(task, batch).float().cpu().numpy())
             ids += batch["ids"]
-    parts = distributed.gather_objects((ids, np.concatenate(outputs)))
-    ids, values = in_file_order(examples, [i for part_ids, _ in parts for i in part_ids],
-                                np.concatenate([values for _, values in parts]))
-    return ids, values if scores else model.objectives[task].decide(torch.from_numpy(values)).numpy()
+        return ids, np.concatenate(outputs)
+    ids, values = predict_in_file_order(examples, predict_shard, distributed)
+    return ids, values if scores else decide(model, task, values)
+
+
+def decide(model: MultitaskBERT, task: str, scores: np.ndarray) -> np.ndarray:
+    """The predictions of saved scores (losses.py's decide): SST classes, QQP 0/1, STS scores as they are."""
+    return model.objectives[task].decide(torch.from_numpy(scores)).numpy()
 
 
 def data_fingerprints(data: dict[str, TaskData], triplets: list) -> dict[str, str]:
@@ -329,7 +333,7 @@ class Trainer:
                 continue
             examples = subsample(examples, limit, self.args.seed)
             ids, task_scores = self.predict(task, examples, scores=True)
-            predicted = self.model.objectives[task].decide(torch.from_numpy(task_scores)).numpy()
+            predicted = decide(self.model, task, task_scores)
             gold = np.array([e.label for e in examples])
             predictions[task], scores[task] = (ids, predicted, gold), (ids, task_scores)
             metrics.update(task_metrics(task, predicted, gold))
