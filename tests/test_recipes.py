@@ -1,11 +1,15 @@
 """The CPU recipe scripts (the commands behind RESULTS.md's rows) run end to end on the demo data, each
 cut to a few examples: a recipe that no longer matches the command line fails here, not after hours."""
 import os
+import shlex
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
+
+from schedules import build_schedule
+from training_args import TrainingArguments, adapter_config, build_parser, from_namespace
 
 ROOT = Path(__file__).resolve().parents[1]
 SHORT = ["--max_train_examples", "16", "--max_length", "32", "--quiet"]
@@ -14,6 +18,7 @@ RECIPES = {  # recipe -> (extra flags that keep it short, environment)
     "cpu_ss.sh": (["--cycles", "1"], {}),
     "cpu_annealed.sh": (["--epochs", "1"], {}),
     "cpu_adapters.sh": (["--cycles", "1"], {"ADAPTER": "dora"}),
+    "cpu_best.sh": (["--cycles", "1"], {}),
     "cpu_single_task.sh": ([], {"TASKS": "sts"}),
     "cpu_simcse_sbert.sh": (["--cycles", "1", "--simcse_max_examples", "16"], {}),
     "cpu_sss.sh": (["--cycles", "1", "--simcse_max_examples", "16"], {}),
@@ -39,3 +44,22 @@ def test_cpu_recipe_runs_on_the_demo_data(recipe):
     finally:
         for run in (ROOT / "runs").glob(f"{name}*"):
             shutil.rmtree(run, ignore_errors=True)
+
+
+@pytest.mark.parametrize("recipe", sorted(p.name for p in (ROOT / "scripts").glob("gpu_*.sh")))
+def test_gpu_recipe_is_a_valid_command_line(recipe):
+    """No GPU here: the recipe runs with LAUNCH=echo, and every command it would launch must parse into
+    valid training arguments with a buildable schedule and adapter configuration."""
+    env = {**os.environ, "LAUNCH": "echo", "DATA_DIR": str(ROOT / "data" / "demo"), "RUN_NAME": "unused",
+           "NLI_FILES": "nli.jsonl"}  # gpu_sss.sh needs NLI files named; parsing does not read them
+    result = subprocess.run(["bash", str(ROOT / "scripts" / recipe)], env=env, capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stderr[-2000:]
+    commands = [shlex.split(line) for line in result.stdout.splitlines() if line.strip()]
+    assert commands and all(command[0] == "multitask_classifier.py" for command in commands)
+    for command in commands:
+        args = from_namespace(TrainingArguments, build_parser(TrainingArguments).parse_args(command[1:]))
+        assert args.use_gpu and args.pretrained == "bert-base-uncased"
+        build_schedule(args.schedule, args.first_stages, args.cycle, args.cycles, args.epochs,
+                       args.simcse_epochs if args.simcse_data else 0, args.mlm_epochs)
+        adapter_config(args)
