@@ -269,12 +269,66 @@ def smart_phase_fns(model, regularizer, batch, device, bf16: bool | None, task="
     }
 
 
+class TransformersSbertQQP(torch.nn.Module):
+    """The benchmark's QQP SBERT model on transformers.BertModel: mean pooling, [u, v, |u - v|], linear.
+    SMART perturbs its word embeddings (passed as inputs_embeds), as SMART written on transformers does."""
+
+    def __init__(self, bert):
+        super().__init__()
+        self.bert = bert
+        self.head = torch.nn.Linear(3 * bert.config.hidden_size, 1)
+
+    def outputs_from_word_embeddings(self, word_embeddings, mask):
+        hidden = self.bert(inputs_embeds=word_embeddings, attention_mask=mask).last_hidden_state  # (2B, T, H)
+        weights = mask.unsqueeze(-1).to(hidden.dtype)
+        u, v = ((hidden * weights).sum(1) / weights.sum(1)).chunk(2)  # (B, H) each
+        return self.head(torch.cat([u, v, (u - v).abs()], dim=-1)).squeeze(-1)  # (B,)
+
+    def forward(self, ids, mask):
+        return self.outputs_from_word_embeddings(self.bert.embeddings.word_embeddings(ids), mask)
+
+
+def transformers_step_fn(args, device, smart: bool):
+    """A plain or SMART QQP step of TransformersSbertQQP on the same batch as multitask_setup's, with this
+    project's SMART functions (one ascent step, gradient to the perturbation only, teacher without gradient)."""
+    import torch.nn.functional as F
+
+    from smart import SmartConfig, SmartRegularizer
+    _, reference = build_encoders(args, device)
+    model = TransformersSbertQQP(reference).to(device).train()
+    optimizer = AdamW(model.parameters(), lr=1e-5)
+    regularizer = SmartRegularizer(model, SmartConfig()) if smart else None
+    (ids_1, mask_1), (ids_2, mask_2) = (make_batch(args.batch_size, args.seq_len, reference.config.vocab_size,
+                                                   device, seed=seed) for seed in (1, 2))
+    ids, mask = torch.cat([ids_1, ids_2]), torch.cat([mask_1, mask_2])  # (2B, T): both sides in one pass
+    labels = (torch.rand(args.batch_size, device=device) > 0.5).float()
+
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        with bf16_autocast(device, args.bf16):
+            embeddings = (model.bert.embeddings.word_embeddings(ids),)
+
+            def forward_fn(e):
+                return model.outputs_from_word_embeddings(e[0], mask)
+            logits = forward_fn(embeddings)
+            loss = F.binary_cross_entropy_with_logits(logits.float(), labels)
+            if regularizer is not None:
+                loss = loss + regularizer.penalty(forward_fn, embeddings, logits, "bernoulli", teacher_args=(ids, mask))
+        loss.backward()
+        optimizer.step()
+        if regularizer is not None:
+            regularizer.teacher.update(model)
+    return step
+
+
 def bench_smart(args, device) -> dict:
-    """SMART step (clean forward, 1 ascent step, perturbed forward, teacher forward) vs a plain step."""
+    """SMART step (clean forward, 1 ascent step, perturbed forward, teacher forward) vs a plain step, here
+    and with the same SMART functions around transformers.BertModel (its ratio is the issue's yardstick)."""
     steps = {}
     for name, smart in (("plain", False), ("smart", True)):
         model, optimizer, regularizer, batch = multitask_setup(args, device, smart)
         steps[name] = multitask_step_fn(model, optimizer, regularizer, batch, device, args.bf16)
+        steps[f"transformers_{name}"] = transformers_step_fn(args, device, smart)
     medians = alternate(steps, args, device)
     phases = alternate(smart_phase_fns(model, regularizer, batch, device, args.bf16), args, device)
     memory = {name: peak_step_memory(args, device, name == "smart") for name in ("plain", "smart")}
@@ -282,6 +336,8 @@ def bench_smart(args, device) -> dict:
         "benchmark": "QQP SBERT train step with and without SMART",
         "median_step_s": medians,
         "smart_cost_ratio": medians["smart"] / medians["plain"],
+        "transformers_smart_cost_ratio": medians["transformers_smart"] / medians["transformers_plain"],
+        "smart_step_speedup_vs_transformers": medians["transformers_smart"] / medians["smart"],
         "smart_phase_s": {name: round(value, 4) for name, value in phases.items()},
         "peak_step_memory_mib": {k: round(v / 2**20, 1) for k, v in memory.items()},
         "teacher_copy_mib": round(sum(t.numel() * t.element_size() for t in regularizer.teacher.params.values())

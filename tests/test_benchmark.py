@@ -18,7 +18,7 @@ def test_every_benchmark_runs_with_bf16_autocast_on_cpu(tmp_path):
     results = {r["benchmark"]: r for r in map(json.loads, out.read_text().splitlines())}
     assert len(results) == len(benchmark.BENCHMARKS)
     ratios = [r[key] for r in results.values() for key in r if "ratio" in key or "speedup" in key]
-    assert len(ratios) == 6 and all(math.isfinite(x) and x > 0 for x in ratios)
+    assert len(ratios) == 8 and all(math.isfinite(x) and x > 0 for x in ratios)
     assert all(r["setup"]["autocast"] == "bf16" for r in results.values())
     pipeline = next(r for r in results.values() if "pipeline" in r["benchmark"])
     assert pipeline["real_tokens"] > 0 and pipeline["tokens_per_second"] > 0
