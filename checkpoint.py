@@ -140,9 +140,14 @@ def restore_rng(tensors: dict[str, torch.Tensor], saved: dict) -> None:
     np.random.set_state((numpy_state[0], np.array(numpy_state[1], dtype=np.uint32), *numpy_state[2:]))
 
 
-def check_resume_settings(saved: dict, current: dict, free: set[str]) -> None:
-    """Refuse to resume when a setting outside `free` (those that cannot change the result) differs."""
+def check_resume_settings(saved: dict, current: dict, free: set[str], defaults: dict | None = None) -> None:
+    """Refuse to resume when a setting outside `free` (those that cannot change the result) differs.
+
+    A setting the stopped run does not have came with a later version of the code, and reads as its
+    entry in `defaults`: a new flag's default keeps what the code did before it existed."""
     current = json.loads(json.dumps(current, default=str))  # as it would read back from the checkpoint
+    added = json.loads(json.dumps({k: v for k, v in (defaults or {}).items() if k not in saved}, default=str))
+    saved = {**added, **saved}
     changed = sorted(k for k in saved.keys() | current.keys() if k not in free and saved.get(k) != current.get(k))
     if changed:
         details = ", ".join(f"--{k} {saved.get(k)!r} -> {current.get(k)!r}" for k in changed[:4])

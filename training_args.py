@@ -354,6 +354,20 @@ def from_namespace(cls, namespace: argparse.Namespace):
     return cls(**values)
 
 
+def field_defaults(cls) -> dict:
+    """Each field's default, as its flags give it (a per-file dict field: each flag's default)."""
+    defaults = {}
+    for f in dataclasses.fields(cls):
+        if "per_file" in f.metadata:
+            flags = _per_file_flags(f.metadata["per_file"], f.metadata["tasks"])
+            defaults[f.name] = {flag: default for flag, (default, _) in flags.items()}
+        elif f.default is not dataclasses.MISSING:
+            defaults[f.name] = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            defaults[f.name] = f.default_factory()
+    return defaults
+
+
 def resume_free_fields(cls) -> set[str]:
     return {f.name for f in dataclasses.fields(cls) if f.metadata.get("resume_free")}
 

@@ -15,7 +15,7 @@ from checkpoint import (atomic_save, check_fields, check_resume_settings, optimi
                         restore_optimizer, restore_rng, rng_state)
 from multitask_bert import load_trained_tensors, model_metadata, trained_tensors
 from schedules import Stage
-from training_args import resume_free_fields
+from training_args import field_defaults, resume_free_fields
 
 if TYPE_CHECKING:  # the trainer saves its state through this module
     from trainer import Trainer
@@ -61,7 +61,7 @@ def resume_training(trainer: Trainer, prefix: Path, stages: list[Stage]) -> None
             raise CheckpointError(f"cannot resume: --cycles {saved!r} -> {trainer.args.cycles!r} changes the total "
                                   "number of updates, which the learning rate or SMART's momentum follows; "
                                   f"resume with --cycles {saved}")
-    check_resume_settings(metadata["args"], dataclasses.asdict(trainer.args), free)
+    check_resume_settings(metadata["args"], dataclasses.asdict(trainer.args), free, field_defaults(type(trainer.args)))
     saved_world = metadata.get("world_size", 1)
     if saved_world != trainer.distributed.world_size:  # each rank's data slice and dropout stream would differ
         raise CheckpointError(f"cannot resume: the run was trained by {saved_world} process(es), this one has "

@@ -1,4 +1,5 @@
 """checkpoint.py: atomic safetensors + JSON pairs, optimizer and RNG state round trips, the resume check."""
+import dataclasses
 import random
 
 import numpy as np
@@ -79,6 +80,19 @@ def test_resume_check_names_the_changed_settings_and_ignores_free_ones():
         check_resume_settings(saved, {**saved, "lr": 1e-2, "cycles": 3}, free={"quiet"})
     with pytest.raises(CheckpointError, match="--pooling None -> 'mean'"):  # a setting the stopped run did not have
         check_resume_settings(saved, {**saved, "pooling": "mean"}, free=set())
+
+
+def test_a_flag_added_after_the_run_began_resumes_at_its_default_only():
+    saved = {"lr": 1e-3, "cycles": 2}
+    check_resume_settings(saved, {**saved, "mlm_epochs": 0}, free=set(), defaults={"mlm_epochs": 0, "lr": 5e-5})
+    with pytest.raises(CheckpointError, match="--mlm_epochs 0 -> 1"):
+        check_resume_settings(saved, {**saved, "mlm_epochs": 1}, free=set(), defaults={"mlm_epochs": 0})
+
+
+def test_every_training_flag_has_a_default_that_a_run_resumes_with():
+    from training_args import TrainingArguments, build_parser, field_defaults, from_namespace
+    parsed = dataclasses.asdict(from_namespace(TrainingArguments, build_parser(TrainingArguments).parse_args([])))
+    assert field_defaults(TrainingArguments) == parsed
 
 
 def test_resume_check_compares_values_as_they_read_back_from_json():
