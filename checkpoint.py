@@ -18,6 +18,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from base_bert import CheckpointError
+from evaluation import new_file_mode
 
 
 def _sha256(path: Path) -> str:
@@ -40,6 +41,7 @@ def atomic_save(prefix: Path, tensors: dict[str, torch.Tensor], metadata: dict) 
     weights, info = prefix.with_suffix(".safetensors"), prefix.with_suffix(".json")
     pending_weights, pending_info = _pending(weights), _pending(info)
     save_file({k: v.cpu() for k, v in tensors.items()}, str(pending_weights))
+    os.chmod(pending_weights, new_file_mode())  # safetensors writes 0600: a checkpoint others cannot read
     pending_info.write_text(json.dumps({**metadata, "sha256": _sha256(pending_weights)}, indent=1, default=str),
                             encoding="utf-8")
     os.replace(pending_info, info)

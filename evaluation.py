@@ -185,7 +185,7 @@ def write_predictions(path: str | os.PathLike, ids: Sequence, predictions: Seque
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp's 0600 would hide the file from other users
+        os.fchmod(fd, new_file_mode())  # mkstemp's 0600 would hide the file from other users
         with os.fdopen(fd, "w", newline="") as handle:
             writer = csv.writer(handle, lineterminator="\n")
             writer.writerow(["id", column])
@@ -196,10 +196,11 @@ def write_predictions(path: str | os.PathLike, ids: Sequence, predictions: Seque
         raise
 
 
-def _umask() -> int:
+def new_file_mode() -> int:
+    """The mode open() gives a new file under the current umask (mkstemp and safetensors use 0600)."""
     mask = os.umask(0)
     os.umask(mask)
-    return mask
+    return 0o666 & ~mask
 
 
 def _parse_value(text: str, task: str) -> int | float:

@@ -200,13 +200,17 @@ def test_max_length_beyond_the_positions_fails_in_the_classifier_too(tmp_path, c
     assert "--max_length 600 is longer than the 512 positions" in one_error_line(capsys)
 
 
-def test_prediction_csvs_are_readable_by_other_users(tmp_path):
+def test_predictions_checkpoints_and_submissions_are_readable_by_other_users(tmp_path):
     previous = os.umask(0o022)
     try:
-        write_predictions(tmp_path / "sst-dev-out.csv", ["a"], [1], "sst")
+        predictions = tmp_path / "predictions"
+        complete_predictions(predictions)
+        atomic_save(tmp_path / "best", {"w": torch.zeros(2)}, {})
+        assert prepare_submit.main(["--predictions_dir", str(predictions), "--out", str(tmp_path / "s.zip")]) == 0
     finally:
         os.umask(previous)
-    assert (tmp_path / "sst-dev-out.csv").stat().st_mode & 0o777 == 0o644
+    written = [*predictions.iterdir(), tmp_path / "best.safetensors", tmp_path / "best.json", tmp_path / "s.zip"]
+    assert len(written) == 9 and all(path.stat().st_mode & 0o777 == 0o644 for path in written)
 
 
 # -- prepare_submit ------------------------------------------------------------------------------------
