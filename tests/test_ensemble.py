@@ -8,7 +8,7 @@ import pytest
 
 import multitask_classifier
 from conftest import DEMO, prediction_flags
-from ensemble import class_probabilities, combine, greedy_selection, main, member_predictions
+from ensemble import class_probabilities, combine, greedy_selection, held_out_metric, main, member_predictions
 from scores import ScoresFileError, read_scores, scores_path, write_scores
 from tasks import MULTITASK
 
@@ -65,6 +65,18 @@ def test_greedy_selection_starts_from_the_best_member_and_keeps_only_what_helps(
     chosen = greedy_selection("qqp", [best, wrong_on_4, useless], gold, "mean")
     assert chosen[0] == 0 and 2 not in chosen
     assert (combine("qqp", [[best, wrong_on_4, useless][i] for i in chosen], "mean") == gold).mean() > 4 / 6
+
+
+def test_held_out_figure_exposes_what_selection_on_dev_overfits():
+    rng = np.random.default_rng(0)
+    gold = rng.integers(0, 2, 200)
+    noise = [rng.normal(size=200) for _ in range(30)]  # members that know nothing
+    chosen = greedy_selection("qqp", noise, gold, "vote")
+    selected = (combine("qqp", [noise[i] for i in chosen], "vote") == gold).mean()
+    held_out = held_out_metric("qqp", noise, gold, "vote")
+    assert selected > 0.6 and abs(held_out - 0.5) < 0.08  # chosen on dev, the noise looks like skill
+    perfect = np.where(gold == 1, 2.0, -2.0)
+    assert held_out_metric("qqp", [*noise, perfect], gold, "vote") == 1.0
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -125,6 +137,7 @@ def test_a_one_member_ensemble_writes_the_members_csvs(finished_run, tmp_path, c
             assert (tmp_path / name).read_text() == (finished_run / name).read_text(), name
     report = json.loads((tmp_path / "ensemble.json").read_text())
     assert report["tasks"]["sts"]["ensemble_dev"] == report["tasks"]["sts"]["members_dev"][0]
+    assert report["best_member"]["overall_dev"] == pytest.approx(report["dev"]["overall"])
     assert "ensemble on dev:" in capsys.readouterr().out
 
 
@@ -132,8 +145,10 @@ def test_selection_and_weights_run_end_to_end(finished_run, tmp_path, capsys):
     member = str(finished_run / "run")
     assert main([member, member, "--output_dir", str(tmp_path), "--data_dir", str(DEMO), "--select",
                  "--sts", "weighted", "--sst", "mean"]) == 0
-    assert "optimistic" in capsys.readouterr().out
-    assert json.loads((tmp_path / "ensemble.json").read_text())["selected_on_dev"] is True
+    out = capsys.readouterr().out
+    assert "optimistic" in out and "held out (chosen on half of dev" in out
+    report = json.loads((tmp_path / "ensemble.json").read_text())
+    assert report["selected_on_dev"] is True and 0 < report["held_out_overall"] <= 1
 
 
 def test_members_with_other_ids_or_missing_files_are_refused(finished_run, tmp_path, capsys):
