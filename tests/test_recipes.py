@@ -63,3 +63,15 @@ def test_gpu_recipe_is_a_valid_command_line(recipe):
         build_schedule(args.schedule, args.first_stages, args.cycle, args.cycles, args.epochs,
                        args.simcse_epochs if args.simcse_data else 0, args.mlm_epochs)
         adapter_config(args)
+
+
+def test_the_ensemble_recipe_combines_the_committed_scores(tmp_path):
+    protocol = ROOT.parent / "shared" / "data" / "protocol"
+    if not protocol.is_dir():
+        pytest.skip("the committed runs answered ../shared/data/protocol")
+    env = {**os.environ, "DATA_DIR": str(protocol), "OUTPUT_DIR": str(tmp_path), "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(["bash", str(ROOT / "scripts" / "cpu_ensemble.sh")], env=env, capture_output=True,
+                            text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "held out (chosen on half of dev" in result.stdout
+    assert len(list(tmp_path.glob("*-out.csv"))) == 6
