@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# CPU protocol, the best single model measured (RESULTS.md, "The best recipe"): what helped on minilm-l6, combined.
-#   per-task LoRA (rank 8 on query and value, lr 1e-3) over a frozen encoder: nothing is forgotten (0.746 vs 0.734 annealed)
-#   QQP cross-encoded (+0.022 QQP accuracy alone), SST with the ordinal cross entropy (+0.006 SST accuracy alone)
-#   the thesis' sequential QQP -> [STS, SST, QQP 3%] x 2; STS stays SBERT (a cosine of two encodings: joint encoding lost)
+# CPU protocol, the best single model measured (RESULTS.md, "The best recipe"): one frozen minilm-l6 with per-task
+# LoRA of rank 16 (alpha 16) on every linear layer (query, key, value, attention output, both FFN layers), lr 1e-3,
+# QQP cross-encoded, SST with the ordinal cross entropy, the thesis' sequential QQP -> [STS, SST, QQP 3%] x 2.
+# Nothing is forgotten (each task's adapter apart, BERT frozen). Rank 8 on query and value alone scored lower.
 # Extra flags are passed on. Output: runs/cpu_best/ (runs/$RUN_NAME/ if set)
 set -euo pipefail
 source "$(dirname "$0")/_common.sh"
 cd "$ROOT"
 NAME=${RUN_NAME:-cpu_best}
 $LAUNCH multitask_classifier.py "${CPU_FLAGS[@]}" --option pretrain --adapter lora --lr 1e-3 --cycles 2 \
+    --adapter_rank 16 --adapter_alpha 16 --adapter_targets query,key,value,attention_output,ffn_in,ffn_out \
     --pair_encoder qqp:cross --sst_objective ordinal \
     --output_dir "runs/$NAME" $(prediction_flags "$NAME") "$@"
