@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# CPU protocol: an ensemble of every reported run whose scores are committed (results/*/<run>/scores/), members
+# CPU protocol: an ensemble of every reported run whose scores are committed (results/[*/]<run>/scores/), members
 # chosen per task by greedy selection on dev (Caruana et al. 2004), SST and QQP by vote, STS by mean. It prints
 # the held-out dev figure (chosen on half of dev, scored on the other half), the honest one. No model runs.
 # Extra flags are passed on (e.g. --sts weighted). Output: runs/cpu_ensemble/ ($OUTPUT_DIR if set)
@@ -7,5 +7,5 @@ set -euo pipefail
 source "$(dirname "$0")/_common.sh"
 cd "$ROOT"
 MEMBERS=()
-for scores in results/*/*/scores; do MEMBERS+=("$(dirname "$scores")"); done
+for scores in results/*/scores results/*/*/scores; do MEMBERS+=("$(dirname "$scores")"); done
 python ensemble.py "${MEMBERS[@]}" --select --output_dir "${OUTPUT_DIR:-runs/cpu_ensemble}" --data_dir "$DATA_DIR" "$@"
