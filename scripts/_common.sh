@@ -8,6 +8,11 @@ SEED="${SEED:-11711}"  # SEED and RUN_NAME (the folder under runs/) may be set i
 LAUNCH="${LAUNCH:-python}"
 # The thesis' SMART weights: lambda_s = 5 for the pair tasks, 10 for SST; mu = 1.
 SMART_FLAGS=(--smart --smart_adv_weight 5 --smart_bregman_weight 1 --smart_override sst:adv_weight=10)
+# The best recipe measured (cpu_best.sh, gpu_best.sh): per-task LoRA of rank 16 on every linear layer of a frozen
+# encoder at lr 1e-3, QQP cross-encoded, SST ordinal, the sequential schedule with 2 cycles.
+BEST_FLAGS=(--option pretrain --adapter lora --lr 1e-3 --cycles 2 --adapter_rank 16 --adapter_alpha 16
+            --adapter_targets query,key,value,attention_output,ffn_in,ffn_out --pair_encoder qqp:cross
+            --sst_objective ordinal)
 # GPU (Colab L4 or better): bert-base-uncased, bf16 autocast, the thesis' schedule.
 GPU_FLAGS=(--use_gpu --pretrained bert-base-uncased --option finetune --data_dir "$DATA_DIR" --seed "$SEED"
            --batch_size 32 --lr 2e-5 --hidden_dropout_prob 0.1 --max_length 128)

@@ -7,7 +7,4 @@ set -euo pipefail
 source "$(dirname "$0")/_common.sh"
 cd "$ROOT"
 NAME=${RUN_NAME:-gpu_best}
-$LAUNCH multitask_classifier.py "${GPU_FLAGS[@]}" --option pretrain --adapter lora --lr 1e-3 --cycles 2 \
-    --adapter_rank 16 --adapter_alpha 16 --adapter_targets query,key,value,attention_output,ffn_in,ffn_out \
-    --pair_encoder qqp:cross --sst_objective ordinal \
-    --output_dir "runs/$NAME" $(prediction_flags "$NAME") "$@"
+$LAUNCH multitask_classifier.py "${GPU_FLAGS[@]}" "${BEST_FLAGS[@]}" --output_dir "runs/$NAME" $(prediction_flags "$NAME") "$@"
