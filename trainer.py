@@ -29,7 +29,7 @@ from lnsr import LnsrConfig, encode_with_noise_stability
 from mlm import IGNORED_LABEL, MaskedLanguageModelHead, mlm_batches, mlm_loss, task_sentences
 from multitask_bert import MultitaskBERT, save_multitask_model
 from optimizer import AdamW, weight_decay_groups
-from runtime import bf16_autocast, to_device
+from runtime import bf16_autocast, to_device, warn_if_bf16_is_emulated
 from schedules import Stage, learning_rate_factor, multitask_order
 from simcse import pairwise_contrastive_loss, supervised_simcse_loss, triplet_batches
 from smart import BregmanTeacher, SmartRegularizer, bregman_momentum
@@ -149,6 +149,7 @@ class Trainer:
         if any(configs[task].bregman_weight > 0 for task in smart_tasks):
             self.teacher = BregmanTeacher(model, bregman_momentum(0, 1, args.smart_momentum))
         self.regularizers = {task: SmartRegularizer(model, configs[task], self.teacher) for task in smart_tasks}
+        warn_if_bf16_is_emulated(device, args.bf16)
         self.amp = bf16_autocast(device, args.bf16)
         self.history: list[dict] = []
         self.best_score = -math.inf

@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 from base_bert import BertConfig, resolve_pretrained  # noqa: E402
 from bert import BertModel  # noqa: E402
-from runtime import bf16_autocast, bf16_enabled  # noqa: E402
+from runtime import bf16_autocast, bf16_enabled, cpu_has_native_bf16  # noqa: E402
 from optimizer import AdamW  # noqa: E402
 
 
@@ -150,6 +150,9 @@ def describe(args, device) -> dict:
             "python": platform.python_version(), "machine": platform.machine()}
     if device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name()
+    else:
+        info["cpu_capability"] = torch.backends.cpu.get_cpu_capability()
+        info["native_bf16"] = cpu_has_native_bf16()
     info["autocast"] = "bf16" if bf16_enabled(device, args.bf16) else "off"
     return info
 
