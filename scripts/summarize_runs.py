@@ -19,8 +19,11 @@ def read_run(run: Path) -> dict:
     """The kept model's dev metrics, the stage it came from, and the run's training minutes."""
     try:
         history = json.loads((run / "history.json").read_text())
-        best = json.loads((run / "best.json").read_text())["metrics"]
-    except (OSError, json.JSONDecodeError, KeyError) as err:
+        # A published results/ folder has no checkpoints: the kept model is then the trainer's choice, the
+        # first stage with the highest overall dev score (the pretrained row is never kept).
+        best = (json.loads((run / "best.json").read_text())["metrics"] if (run / "best.json").exists()
+                else max(history[1:], key=lambda record: record["overall"]))
+    except (OSError, json.JSONDecodeError, KeyError, ValueError) as err:
         raise SystemExit(f"error: {run}: not a finished run ({err})") from None
     return {**{key: best[key] for _, key in COLUMNS}, "best_after": f"stage {best['index'] + 1} ({best['stage']})",
             "final_overall": history[-1]["overall"],

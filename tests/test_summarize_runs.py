@@ -36,3 +36,13 @@ def test_rows_and_mean_with_sample_std(tmp_path, capsys):
 def test_unfinished_run_is_a_one_line_error(tmp_path):
     with pytest.raises(SystemExit, match="empty: not a finished run"):
         summarize_runs.main([str(tmp_path / "empty")])
+
+
+def test_a_published_folder_without_checkpoints_keeps_the_first_best_stage(tmp_path, capsys):
+    run = make_run(tmp_path / "published", 0.40)
+    history = json.loads((run / "history.json").read_text())
+    history.append(record(3, "sts", 0.7, 0.45, 60.0))  # ties the best overall later: the trainer keeps the first
+    (run / "history.json").write_text(json.dumps(history))
+    (run / "best.json").unlink()
+    assert summarize_runs.main([str(run)]) == 0
+    assert capsys.readouterr().out.splitlines()[2].startswith("| published | 0.400 | 0.350 |")
