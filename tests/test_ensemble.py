@@ -73,10 +73,23 @@ def test_held_out_figure_exposes_what_selection_on_dev_overfits():
     noise = [rng.normal(size=200) for _ in range(30)]  # members that know nothing
     chosen = greedy_selection("qqp", noise, gold, "vote")
     selected = (combine("qqp", [noise[i] for i in chosen], "vote") == gold).mean()
-    held_out = held_out_metric("qqp", noise, gold, "vote")
+    held_out = held_out_metric("qqp", noise, gold, "vote", repeats=2)
     assert selected > 0.6 and abs(held_out - 0.5) < 0.08  # chosen on dev, the noise looks like skill
     perfect = np.where(gold == 1, 2.0, -2.0)
-    assert held_out_metric("qqp", [*noise, perfect], gold, "vote") == 1.0
+    assert held_out_metric("qqp", [*noise, perfect], gold, "vote", repeats=1) == 1.0
+
+
+def test_held_out_figure_averages_both_ways_of_several_random_halvings(monkeypatch):
+    import ensemble
+    chosen_on = []
+
+    def first_member(task, members, gold, method):
+        chosen_on.append(len(gold))
+        return [0]
+    monkeypatch.setattr(ensemble, "greedy_selection", first_member)
+    rng = np.random.default_rng(1)
+    held_out_metric("qqp", [rng.normal(size=11)], rng.integers(0, 2, 11), "vote", repeats=3)
+    assert chosen_on == [5, 6] * 3  # each of three halvings chooses on one half, then on the other
 
 
 # ---------------------------------------------------------------------------------------------------
