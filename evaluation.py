@@ -121,6 +121,15 @@ def overall_score(sst_acc: float, paraphrase_acc: float, sts_pearson: float) -> 
     return ((sts_pearson + 1) / 2 + sst_acc + paraphrase_acc) / 3
 
 
+def kept_model_score(metrics: Mapping[str, float], trained_tasks: Iterable[str]) -> float:
+    """What picks the model a run keeps: the overall score over the tasks the run trains (SST and QQP accuracy,
+    (STS r + 1) / 2), so that a run training one task keeps that task's best model rather than the one whose
+    untrained heads happen to score best. With all three tasks (or none) it is the overall score."""
+    normalised = {"sst": metrics["sst_acc"], "qqp": metrics["qqp_acc"], "sts": (metrics["sts_pearson"] + 1) / 2}
+    tasks = set(trained_tasks) or set(normalised)
+    return sum(normalised[task] for task in tasks) / len(tasks)
+
+
 def summarize_line(metrics: Mapping[str, object]) -> str:
     """One line like 'epoch 3 | sst_acc 0.5120 | sts_pearson 0.8610', keys in the given order."""
 

@@ -99,6 +99,14 @@ def train_tasks(stages: list[Stage]) -> set[str]:
     return tasks | set(MULTITASK) if any(s.kind in ("multitask", "mlm") for s in stages) else tasks
 
 
+def trained_heads(stages: list[Stage]) -> set[str]:
+    """The tasks whose heads the stages train, whose dev scores pick the model a run keeps (a multi-task epoch
+    trains all three heads; SimCSE and MLM stages none)."""
+    if any(stage.kind == "multitask" for stage in stages):
+        return set(MULTITASK)
+    return {stage.task for stage in stages if stage.kind == "task"}
+
+
 def learning_rate_factor(update: int, total_updates: int, schedule: str = "constant",
                          warmup_ratio: float = 0.1) -> float:
     """Multiplier of the base learning rate at optimizer update `update` (0-based) of `total_updates`.

@@ -23,14 +23,14 @@ from tqdm import tqdm
 
 from datasets import TaskData, make_dataloader, predict_in_file_order, subsample
 from distributed import SINGLE_PROCESS, Distributed, global_batch_count
-from evaluation import overall_score, summarize_line, task_metrics
+from evaluation import kept_model_score, overall_score, summarize_line, task_metrics
 from gradient_surgery import combine_task_gradients
 from lnsr import LnsrConfig, encode_with_noise_stability
 from mlm import IGNORED_LABEL, MaskedLanguageModelHead, mlm_batches, mlm_loss, task_sentences
 from multitask_bert import MultitaskBERT, save_multitask_model
 from optimizer import AdamW, weight_decay_groups
 from runtime import bf16_autocast, to_device, warn_if_bf16_is_emulated
-from schedules import Stage, learning_rate_factor, multitask_order
+from schedules import Stage, learning_rate_factor, multitask_order, trained_heads
 from simcse import pairwise_contrastive_loss, supervised_simcse_loss, triplet_batches
 from smart import BregmanTeacher, SmartRegularizer, bregman_momentum
 from tasks import MULTITASK
@@ -362,8 +362,9 @@ class Trainer:
                 record.update({f"train_{k}": v for k, v in train_metrics.items()})
             self.log(record)
             saved = {"metrics": record, "args": dataclasses.asdict(self.args)}
-            if record["overall"] > self.best_score:  # every rank holds the same gathered metrics
-                self.best_score = record["overall"]
+            score = kept_model_score(record, trained_heads(stages))
+            if score > self.best_score:  # every rank holds the same gathered metrics
+                self.best_score = score
                 if self.distributed.is_main:
                     save_multitask_model(self.model, self.output_dir / "best", saved)
             if self.args.keep_stage_models and self.distributed.is_main:

@@ -12,6 +12,7 @@ from evaluation import (
     PredictionsFileError,
     check_predictions_file,
     forgetting_table_markdown,
+    kept_model_score,
     overall_score,
     paraphrase_metrics,
     plot_error_analysis,
@@ -312,3 +313,16 @@ def test_prepare_submit_minbert_part(tmp_path, monkeypatch, capsys):
     assert prepare_submit.main(["--part", "minbert", "--out", "second.zip"]) == 2
     assert "classifier.py: file not found" in capsys.readouterr().err
     assert not (tmp_path / "second.zip").exists()
+
+
+def test_kept_model_score_is_the_overall_score_of_the_trained_tasks():
+    metrics = {"sst_acc": 0.48, "qqp_acc": 0.42, "sts_pearson": 0.60}
+    overall = overall_score(0.48, 0.42, 0.60)
+    assert kept_model_score(metrics, {"sst", "qqp", "sts"}) == pytest.approx(overall)
+    assert kept_model_score(metrics, set()) == pytest.approx(overall)  # SimCSE / MLM alone: no task head trained
+    assert kept_model_score(metrics, {"sst"}) == pytest.approx(0.48)
+    assert kept_model_score(metrics, {"sts", "qqp"}) == pytest.approx((0.80 + 0.42) / 2)
+    # A per-task SST run: epoch 3 has the best SST, epoch 1 the best overall through its untrained heads.
+    epochs = [{"sst_acc": 0.4605, "qqp_acc": 0.4535, "sts_pearson": 0.6997},
+              {"sst_acc": 0.4832, "qqp_acc": 0.4186, "sts_pearson": 0.6352}]
+    assert max(range(2), key=lambda i: kept_model_score(epochs[i], {"sst"})) == 1

@@ -5,7 +5,7 @@ from collections import Counter
 import pytest
 
 from schedules import (Stage, annealed_probabilities, build_schedule, learning_rate_factor, multitask_order,
-                       parse_stage_list, train_tasks)
+                       parse_stage_list, train_tasks, trained_heads)
 
 
 def test_mlm_stages_parse_with_fractions_and_repeats():
@@ -122,3 +122,11 @@ def test_linear_schedule_for_a_long_run_ends_near_0():
 def test_unknown_learning_rate_schedule():
     with pytest.raises(ValueError, match="learning-rate schedule"):
         learning_rate_factor(0, 10, "cosine")
+
+
+def test_trained_heads_are_those_whose_heads_the_stages_train():
+    assert trained_heads(parse_stage_list("sst*3")) == {"sst"}
+    assert trained_heads(parse_stage_list("qqp,sts,sst,qqp:0.03")) == {"sst", "qqp", "sts"}
+    assert trained_heads([Stage("simcse"), *parse_stage_list("sts")]) == {"sts"}
+    assert trained_heads([Stage("mlm"), Stage("multitask", epoch=1)]) == {"sst", "qqp", "sts"}
+    assert trained_heads([Stage("simcse")]) == set()
