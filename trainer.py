@@ -345,6 +345,7 @@ class Trainer:
     # -- the whole run ----------------------------------------------------------------------------
     def train(self, stages: list[Stage]) -> None:
         self.total_updates = sum(math.ceil(self.stage_batches(s) / self.args.grad_accumulation_steps) for s in stages)
+        kept_on = trained_heads(stages)  # the tasks whose dev scores pick the model kept as best
         if self.next_stage == 0 and not self.history:
             start = time.time()
             dev, _ = self.evaluate("dev")
@@ -362,7 +363,7 @@ class Trainer:
                 record.update({f"train_{k}": v for k, v in train_metrics.items()})
             self.log(record)
             saved = {"metrics": record, "args": dataclasses.asdict(self.args)}
-            score = kept_model_score(record, trained_heads(stages))
+            score = kept_model_score(record, kept_on)
             if score > self.best_score:  # every rank holds the same gathered metrics
                 self.best_score = score
                 if self.distributed.is_main:

@@ -19,8 +19,9 @@ def read_run(run: Path) -> dict:
     """The kept model's dev metrics, the stage it came from, and the run's training minutes."""
     try:
         history = json.loads((run / "history.json").read_text())
-        # A published results/ folder has no checkpoints: the kept model is then the trainer's choice, the
-        # first stage with the highest overall dev score (the pretrained row is never kept).
+        # Folders published without best.json hold runs made before runs kept the best score over the tasks
+        # they train (evaluation.kept_model_score): those kept the first stage with the highest overall dev
+        # score (never the pretrained row), which is what this reproduces.
         best = (json.loads((run / "best.json").read_text())["metrics"] if (run / "best.json").exists()
                 else max(history[1:], key=lambda record: record["overall"]))
     except (OSError, json.JSONDecodeError, KeyError, ValueError) as err:
