@@ -170,6 +170,10 @@ def data_parallel(use_gpu: bool):
     try:
         with distributed.main_process_output():
             yield distributed, device
+        # Ranks leave together: none tears its gloo connections down while rank 0 still writes files or a
+        # collective is in flight (a two-process CI run once ended in one rank's SIGABRT). Not after an
+        # error: the other ranks would never reach this barrier, and torchrun stops them anyway.
+        distributed.barrier()
     finally:
         distributed.shutdown()
 

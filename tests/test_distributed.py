@@ -17,7 +17,7 @@ from safetensors.torch import load_file, save_file
 
 from conftest import DEMO, MAX_LENGTH, ROOT, demo_examples, deterministic_tiny_model, prediction_flags
 from datasets import LengthBucketSampler, collate_pairs, collate_sentences
-from distributed import SINGLE_PROCESS, Distributed, cut_global_batches, global_batch_count
+from distributed import SINGLE_PROCESS, Distributed, cut_global_batches, data_parallel, global_batch_count
 from mlm import mlm_batches
 from simcse import NLITriplet, supervised_simcse_loss, triplet_batches
 from tasks import MULTITASK
@@ -230,6 +230,36 @@ def test_gradient_average_keeps_absent_gradients_absent(tmp_path):
         assert saved["both"].tolist() == [1.5, 1.5]
         assert saved["only_rank0"].tolist() == [2.0, 2.0]  # a zero on the rank without it
         assert saved["neither"].item()  # the optimizer skips it, as in one process
+
+
+def _recording_group(monkeypatch) -> list[str]:
+    """data_parallel on a two-rank Distributed whose barrier and shutdown record their calls (no processes)."""
+    calls = []
+
+    class Recording(Distributed):
+        def barrier(self):
+            calls.append("barrier")
+
+        def shutdown(self):
+            calls.append("shutdown")
+
+    monkeypatch.setattr(Distributed, "from_environment",
+                        classmethod(lambda cls, use_gpu: (Recording(0, 0, 2), torch.device("cpu"))))
+    return calls
+
+
+def test_ranks_leave_the_group_together_after_a_run(monkeypatch):
+    calls = _recording_group(monkeypatch)
+    with data_parallel(use_gpu=False) as (distributed, _):
+        assert distributed.enabled
+    assert calls == ["barrier", "shutdown"]  # no rank tears gloo down while another still uses it
+
+
+def test_a_failed_rank_leaves_the_group_without_waiting_for_the_others(monkeypatch):
+    calls = _recording_group(monkeypatch)
+    with pytest.raises(RuntimeError), data_parallel(use_gpu=False):
+        raise RuntimeError("a rank fails")
+    assert calls == ["shutdown"]  # a barrier here would hang: the other ranks never reach it
 
 
 # ---------------------------------------------------------------------------------------------------
