@@ -46,3 +46,15 @@ def test_a_published_folder_without_checkpoints_keeps_the_first_best_stage(tmp_p
     (run / "best.json").unlink()
     assert summarize_runs.main([str(run)]) == 0
     assert capsys.readouterr().out.splitlines()[2].startswith("| published | 0.400 | 0.350 |")
+
+
+def test_each_task_at_its_own_best_stage(tmp_path, capsys):
+    run = make_run(tmp_path / "adapters", 0.40)
+    history = json.loads((run / "history.json").read_text())
+    history.append({**record(3, "sts", 0.65, 0.35, 60.0), "sts_pearson": 0.9, "qqp_acc": 0.7})
+    (run / "history.json").write_text(json.dumps(history))
+    assert summarize_runs.main([str(run), "--each_task_best"]) == 0
+    # SST 0.40 after stage 2, QQP 0.80 first reached there too, STS 0.90 after stage 4 (the pretrained row never counts).
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        "adapters, each task at its best stage: SST 0.400 (stage 2), QQP 0.800 (stage 2), STS 0.900 (stage 4): "
+        "overall 0.7167")  # (0.40 + 0.80 + (0.90 + 1) / 2) / 3
