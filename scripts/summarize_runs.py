@@ -15,6 +15,9 @@ import statistics
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: make the repo's modules importable
+from evaluation import overall_score  # noqa: E402
+
 COLUMNS = [("SST acc", "sst_acc"), ("SST F1 (w)", "sst_f1_weighted"), ("QQP acc", "qqp_acc"),
            ("QQP F1", "qqp_f1"), ("STS r", "sts_pearson"), ("overall", "overall")]
 
@@ -28,18 +31,19 @@ def read_run(run: Path) -> dict:
         # score (never the pretrained row), which is what this reproduces.
         best = (json.loads((run / "best.json").read_text())["metrics"] if (run / "best.json").exists()
                 else max(history[1:], key=lambda record: record["overall"]))
+        each_task = each_task_best(history[1:])
     except (OSError, json.JSONDecodeError, KeyError, ValueError) as err:
         raise SystemExit(f"error: {run}: not a finished run ({err})") from None
     return {**{key: best[key] for _, key in COLUMNS}, "best_after": f"stage {best['index'] + 1} ({best['stage']})",
             "final_overall": history[-1]["overall"],
-            "train_minutes": sum(record.get("seconds", 0.0) for record in history[1:]) / 60}
+            "train_minutes": sum(record.get("seconds", 0.0) for record in history[1:]) / 60,
+            "each_task_best": each_task}
 
 
-def each_task_best(run: Path) -> str:
-    """'SST 0.471 (stage 4), QQP 0.832 (stage 8), STS 0.879 (stage 6): overall 0.7475' over a run's stages."""
-    history = json.loads((run / "history.json").read_text())[1:]
-    best = {key: max(history, key=lambda record: record[key]) for key in ("sst_acc", "qqp_acc", "sts_pearson")}
-    overall = (best["sst_acc"]["sst_acc"] + best["qqp_acc"]["qqp_acc"] + (best["sts_pearson"]["sts_pearson"] + 1) / 2) / 3
+def each_task_best(stages: list[dict]) -> str:
+    """'SST 0.471 (stage 4), QQP 0.832 (stage 8), STS 0.879 (stage 6): overall 0.7475' over a run's stage records."""
+    best = {key: max(stages, key=lambda record: record[key]) for key in ("sst_acc", "qqp_acc", "sts_pearson")}
+    overall = overall_score(best["sst_acc"]["sst_acc"], best["qqp_acc"]["qqp_acc"], best["sts_pearson"]["sts_pearson"])
     parts = [f"{name} {best[key][key]:.3f} (stage {best[key]['index'] + 1})"
              for name, key in (("SST", "sst_acc"), ("QQP", "qqp_acc"), ("STS", "sts_pearson"))]
     return ", ".join(parts) + f": overall {overall:.4f}"
@@ -67,8 +71,8 @@ def main(argv=None) -> int:
         print(f"| mean ± std ({len(rows)} runs) | " + " | ".join(cells[:len(COLUMNS)]) + " | — | "
               + " | ".join(cells[len(COLUMNS):]) + " |")
     if args.each_task_best:
-        for run in args.runs:
-            print(f"{run.name}, each task at its best stage: {each_task_best(run)}")
+        for name, row in rows.items():
+            print(f"{name}, each task at its best stage: {row['each_task_best']}")
     return 0
 
 
