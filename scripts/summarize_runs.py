@@ -1,7 +1,7 @@
 """Markdown rows for RESULTS.md from finished runs: the model kept (best overall dev score) of each run,
 and mean ± sample std over the runs when more than one is given (e.g. the seeds of one configuration).
 
-    python scripts/summarize_runs.py runs/cpu_sbert_bf16_s11711 runs/cpu_sbert_bf16_s1 runs/cpu_sbert_bf16_s2
+    python scripts/summarize_runs.py results/cpu_sbert results/cpu_sbert_seeds/cpu_sbert_s1 results/cpu_sbert_seeds/cpu_sbert_s2
 
 --each_task_best adds, per run, each task's best dev score over the stages and the overall score of the three:
 what a run would keep if it kept each task at its own best stage, which only a model whose trained parts are
