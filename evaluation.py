@@ -422,6 +422,37 @@ def plot_error_analysis(
     return paths
 
 
+def error_counts(sst_pred, sst_gold, para_pred, para_gold, sts_pred, sts_gold) -> dict:
+    """The counts the error-analysis plots draw, as numbers: SST examples per (predicted − gold) offset,
+    the QQP confusion matrix with precision and recall of the duplicate class, and per gold STS bin
+    ([0, 1), …, [4, 5]) the number of pairs, their mean prediction and mean absolute error."""
+    sst_p, sst_g = _paired_arrays(sst_pred, sst_gold)
+    para_p, para_g = _paired_arrays(para_pred, para_gold)
+    sts_p, sts_g = _paired_arrays(sts_pred, sts_gold)
+    offsets = Counter((sst_p - sst_g).astype(int).tolist())
+    paraphrase_metrics(para_p, para_g)  # validates the 0/1 values counted below
+    true_pos = int(np.sum((para_p == 1) & (para_g == 1)))
+    false_pos = int(np.sum((para_p == 1) & (para_g == 0)))
+    false_neg = int(np.sum((para_p == 0) & (para_g == 1)))
+    bins = []
+    for low in range(5):
+        # the last bin is closed: gold 5.0 belongs to [4, 5]
+        inside = (sts_g >= low) & ((sts_g < low + 1) if low < 4 else (sts_g <= 5))
+        if inside.any():
+            bins.append({"gold": f"[{low}, {low + 1}{')' if low < 4 else ']'}", "pairs": int(inside.sum()),
+                         "mean_prediction": float(sts_p[inside].mean()),
+                         "mean_abs_error": float(np.abs(sts_p[inside] - sts_g[inside]).mean())})
+    return {
+        "sst_offsets": {offset: offsets.get(offset, 0) for offset in range(-4, 5)},
+        "qqp": {"true_negatives": int(np.sum((para_p == 0) & (para_g == 0))), "false_positives": false_pos,
+                "false_negatives": false_neg, "true_positives": true_pos,
+                "precision": true_pos / (true_pos + false_pos) if true_pos + false_pos else 0.0,
+                "recall": true_pos / (true_pos + false_neg) if true_pos + false_neg else 0.0},
+        "sts_bins": bins,
+        "sts_mean_prediction": float(sts_p.mean()), "sts_mean_gold": float(sts_g.mean()),
+    }
+
+
 def write_run_reports(history: Sequence[Mapping], dev_predictions: Mapping, out_dir: str | os.PathLike) -> str:
     """history.json, forgetting.md, the forgetting matrix, training curves and error-analysis plots of a
     run in out_dir; dev_predictions maps each task to (ids, predictions, gold). Returns the forgetting table."""

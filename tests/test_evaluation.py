@@ -15,6 +15,7 @@ from evaluation import (
     kept_model_score,
     overall_score,
     paraphrase_metrics,
+    error_counts,
     plot_error_analysis,
     plot_forgetting_matrix,
     plot_training_curves,
@@ -252,6 +253,21 @@ def test_plot_error_analysis_writes_three_pngs(tmp_path):
     assert sorted(p.name for p in paths) == ["qqp_confusion_matrix.png", "sst_error_histogram.png", "sts_scatter.png"]
     for path in paths:
         _assert_png(path)
+
+
+def test_error_counts_by_hand():
+    counts = error_counts(
+        [2, 3, 0, 4], [2, 2, 1, 0],  # SST offsets 0, +1, -1, +4
+        [1, 1, 0, 0, 1], [1, 0, 1, 0, 1],  # QQP: 2 TP, 1 FP, 1 FN, 1 TN
+        [0.5, 1.0, 4.0, 5.0], [0.0, 0.5, 4.5, 5.0],  # STS: two pairs in [0, 1), two in [4, 5] (5.0 included)
+    )
+    assert counts["sst_offsets"] == {-4: 0, -3: 0, -2: 0, -1: 1, 0: 1, 1: 1, 2: 0, 3: 0, 4: 1}
+    assert counts["qqp"] == {"true_negatives": 1, "false_positives": 1, "false_negatives": 1, "true_positives": 2,
+                             "precision": 2 / 3, "recall": 2 / 3}
+    assert counts["sts_bins"] == [
+        {"gold": "[0, 1)", "pairs": 2, "mean_prediction": 0.75, "mean_abs_error": 0.5},
+        {"gold": "[4, 5]", "pairs": 2, "mean_prediction": 4.5, "mean_abs_error": 0.25}]
+    assert counts["sts_mean_prediction"] == 2.625 and counts["sts_mean_gold"] == 2.5
 
 
 # --- prepare_submit ------------------------------------------------------------------------

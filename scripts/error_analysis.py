@@ -1,0 +1,73 @@
+"""Error analysis of a run from its dev CSVs: prints the counts RESULTS.md quotes and redraws the three plots
+(sst_error_histogram.png, qqp_confusion_matrix.png, sts_scatter.png) into the run's folder.
+
+    python scripts/error_analysis.py results/cpu_best --data_dir ../shared/data/protocol
+
+The run folder holds the three dev CSVs (sst-dev-out.csv, para-dev-out.csv, sts-dev-out.csv) directly or under
+predictions/, as the run folders and the ensemble folder do; every dev example needs exactly one prediction.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: make the repo's modules importable
+from datasets import DataError, load_split, show_data_warnings_on_one_line  # noqa: E402
+from evaluation import PredictionsFileError, check_predictions_file, error_counts, plot_error_analysis  # noqa: E402
+from tasks import MULTITASK, default_output  # noqa: E402
+
+
+def dev_csv(run: Path, task: str) -> Path:
+    name = Path(default_output(task, "dev")).name
+    return run / "predictions" / name if (run / "predictions" / name).is_file() else run / name
+
+
+def predictions_and_gold(run: Path, data_dir: Path) -> dict[str, tuple[list, list]]:
+    """(predictions, gold) per task in the order of the dev file."""
+    pairs = {}
+    for task in MULTITASK:
+        gold = {example.id: example.label for example in load_split(data_dir, task, "dev")}
+        predicted = check_predictions_file(dev_csv(run, task), gold.keys(), task)
+        pairs[task] = ([predicted[i] for i in gold], list(gold.values()))
+    return pairs
+
+
+def report(counts: dict) -> list[str]:
+    offsets = counts["sst_offsets"]
+    wrong_by = {k: offsets[k] + offsets[-k] for k in range(1, 5)}
+    qqp = counts["qqp"]
+    lines = [
+        f"SST (predicted - gold class): {offsets[0]} right, " + ", ".join(
+            f"{wrong_by[k]} off by {k} ({offsets[k]} too positive, {offsets[-k]} too negative)" for k in range(1, 5)),
+        f"QQP: {qqp['true_negatives']} true negatives, {qqp['false_positives']} false positives, "
+        f"{qqp['false_negatives']} false negatives, {qqp['true_positives']} true positives; "
+        f"precision {qqp['precision']:.3f}, recall {qqp['recall']:.3f}",
+        f"STS: mean prediction {counts['sts_mean_prediction']:.2f}, gold mean {counts['sts_mean_gold']:.2f}",
+    ]
+    lines += [f"  gold {b['gold']}: {b['pairs']} pairs, mean prediction {b['mean_prediction']:.2f}, "
+              f"mean absolute error {b['mean_abs_error']:.2f}" for b in counts["sts_bins"]]
+    return lines
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("run", type=Path, help="a run folder (or any folder) holding the three dev CSVs")
+    parser.add_argument("--data_dir", type=Path, default=Path("data"), help="the course files, for the dev labels")
+    parser.add_argument("--output_dir", type=Path, help="where the plots go (default: the run folder)")
+    args = parser.parse_args(argv)
+    show_data_warnings_on_one_line()
+    try:
+        pairs = predictions_and_gold(args.run, args.data_dir)
+    except (DataError, PredictionsFileError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    flat = [values for task in MULTITASK for values in pairs[task]]
+    print("\n".join(report(error_counts(*flat))))
+    for path in plot_error_analysis(*flat, args.output_dir or args.run):
+        print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

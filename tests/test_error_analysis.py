@@ -1,0 +1,55 @@
+"""scripts/error_analysis.py: counts and plots of a run folder's dev CSVs against the gold dev files."""
+import importlib.util
+from pathlib import Path
+
+from conftest import DEMO
+from datasets import load_split
+from evaluation import write_predictions
+from tasks import MULTITASK, default_output
+
+spec = importlib.util.spec_from_file_location("error_analysis", Path(__file__).parents[1] / "scripts" / "error_analysis.py")
+error_analysis = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(error_analysis)
+
+
+def write_dev_csvs(folder: Path, sst_shift: int = 0, skip_qqp_rows: int = 0) -> None:
+    """The gold dev labels as predictions, SST moved up by sst_shift classes (kept in 0..4)."""
+    for task in MULTITASK:
+        examples = load_split(DEMO, task, "dev")
+        labels = [min(4, e.label + sst_shift) if task == "sst" else e.label for e in examples]
+        if task == "qqp" and skip_qqp_rows:
+            examples, labels = examples[skip_qqp_rows:], labels[skip_qqp_rows:]
+        write_predictions(folder / Path(default_output(task, "dev")).name, [e.id for e in examples], labels, task)
+
+
+def test_counts_and_plots_of_a_run_folder(tmp_path, capsys):
+    run = tmp_path / "run"
+    write_dev_csvs(run / "predictions", sst_shift=1)
+    assert error_analysis.main([str(run), "--data_dir", str(DEMO)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    sst = [e.label for e in load_split(DEMO, "sst", "dev")]
+    right = sum(label == 4 for label in sst)  # only gold 4 stays right when every prediction moves up one class
+    assert out[0].startswith(f"SST (predicted - gold class): {right} right, {len(sst) - right} off by 1 "
+                             f"({len(sst) - right} too positive, 0 too negative)")
+    assert "0 false positives, 0 false negatives" in out[1] and out[1].endswith("precision 1.000, recall 1.000")
+    bins = [line for line in out if line.startswith("  gold ")]
+    assert bins and all(line.endswith("mean absolute error 0.00") for line in bins)
+    assert sorted(p.name for p in run.glob("*.png")) == [
+        "qqp_confusion_matrix.png", "sst_error_histogram.png", "sts_scatter.png"]
+
+
+def test_csvs_beside_the_plots_and_another_output_dir(tmp_path, capsys):
+    write_dev_csvs(tmp_path / "ensemble")  # the ensemble folder holds its CSVs directly
+    assert error_analysis.main([str(tmp_path / "ensemble"), "--data_dir", str(DEMO),
+                                "--output_dir", str(tmp_path / "plots")]) == 0
+    assert "0 off by 1" in capsys.readouterr().out
+    assert len(list((tmp_path / "plots").glob("*.png"))) == 3
+
+
+def test_a_missing_prediction_is_one_line_naming_the_file(tmp_path, capsys):
+    write_dev_csvs(tmp_path / "run", skip_qqp_rows=1)
+    assert error_analysis.main([str(tmp_path / "run"), "--data_dir", str(DEMO)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert err.startswith(f"error: {tmp_path / 'run' / 'para-dev-out.csv'}: 1 missing ids")
+    assert not list((tmp_path / "run").glob("*.png"))
