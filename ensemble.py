@@ -228,10 +228,14 @@ def main(argv=None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     output_dir = Path(args.output_dir)
-    for (task, split), predicted in predictions.items():
-        path = output_dir / Path(default_output(task, split)).name
-        write_predictions(path, members[0].scores[(task, split)][0], predicted.tolist(), task)
-    (output_dir / "ensemble.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    try:
+        for (task, split), predicted in predictions.items():
+            path = output_dir / Path(default_output(task, split)).name
+            write_predictions(path, members[0].scores[(task, split)][0], predicted.tolist(), task)
+        (output_dir / "ensemble.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    except OSError as err:
+        print(f"error: --output_dir {output_dir}: cannot write there ({err.strerror or err})", file=sys.stderr)
+        return 2
     for task, info in report["tasks"].items():
         print(f"{task}: members on dev {', '.join(f'{v:.4f}' for v in info['members_dev'])} -> ensemble "
               f"{info['ensemble_dev']:.4f} ({len(info['chosen'])} chosen)")

@@ -64,8 +64,13 @@ def main(argv=None) -> int:
         return 2
     flat = [values for task in MULTITASK for values in pairs[task]]
     print("\n".join(report(error_counts(*flat))))
-    for path in plot_error_analysis(*flat, args.output_dir or args.run):
-        print(f"wrote {path}")
+    output_dir = args.output_dir or args.run
+    try:
+        paths = plot_error_analysis(*flat, output_dir)
+    except OSError as err:
+        print(f"error: {output_dir}: cannot write the plots there ({err.strerror or err})", file=sys.stderr)
+        return 2
+    print("\n".join(f"wrote {path}" for path in paths))
     return 0
 
 

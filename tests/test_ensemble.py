@@ -177,3 +177,11 @@ def test_members_with_other_ids_or_missing_files_are_refused(finished_run, tmp_p
     scores_path(other, "qqp", "dev").unlink()
     assert main([str(other), "--output_dir", str(tmp_path / "e"), "--data_dir", str(DEMO)]) == 2
     assert "qqp-dev.csv: no such scores file" in capsys.readouterr().err
+
+
+def test_an_output_dir_that_cannot_be_written_is_one_line(finished_run, tmp_path, capsys):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    assert main([str(finished_run / "run"), "--output_dir", str(blocker), "--data_dir", str(DEMO)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith(f"error: --output_dir {blocker}: cannot write there")

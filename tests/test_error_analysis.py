@@ -53,3 +53,12 @@ def test_a_missing_prediction_is_one_line_naming_the_file(tmp_path, capsys):
     assert len(err.splitlines()) == 1
     assert err.startswith(f"error: {tmp_path / 'run' / 'para-dev-out.csv'}: 1 missing ids")
     assert not list((tmp_path / "run").glob("*.png"))
+
+
+def test_an_output_dir_that_cannot_be_written_is_one_line(tmp_path, capsys):
+    write_dev_csvs(tmp_path / "run")
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    assert error_analysis.main([str(tmp_path / "run"), "--data_dir", str(DEMO), "--output_dir", str(blocker)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith(f"error: {blocker}: cannot write the plots there")
