@@ -46,6 +46,12 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     device = resolve_device(args.use_gpu)
+    output = Path(args.output)
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)  # before the models run: a bad path costs no embeddings
+    except OSError as err:
+        print(f"error: {output}: cannot write there ({err.strerror or err})", file=sys.stderr)
+        return 2
     try:
         examples = load_split(args.data_dir, "sst", "dev")
         panels = {}
@@ -56,7 +62,11 @@ def main(argv=None) -> int:
     except (DataError, CheckpointError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    print(f"wrote {plot_tsne(panels, [e.label for e in examples], args.output, args.seed)}")
+    try:
+        print(f"wrote {plot_tsne(panels, [e.label for e in examples], output, args.seed)}")
+    except OSError as err:
+        print(f"error: {output}: cannot write there ({err.strerror or err})", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -68,3 +68,8 @@ def test_stage_models_are_kept_and_plotted_side_by_side(tiny_checkpoint, tmp_pat
     assert output.stat().st_size > 0 and f"wrote {output}" in capsys.readouterr().out
     assert plot_embeddings.main([str(run / "missing"), "--data_dir", str(tmp_path), "--output", str(output)]) == 2
     assert capsys.readouterr().err.startswith("error: ")
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    assert plot_embeddings.main([str(run / "stage_1"), "--data_dir", str(DEMO), "--output", str(blocker / "t.png")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith(f"error: {blocker / 't.png'}: cannot write there")
