@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from datasets import DataError, load_split, show_data_warnings_on_one_line
-from evaluation import overall_score, summarize_line, task_metrics, write_predictions
+from evaluation import overall_score, summarize_line, task_metrics, unwritable_folder, write_predictions
 from scores import ScoresFileError, read_scores, scores_path
 from tasks import MULTITASK, default_output
 
@@ -219,6 +219,10 @@ def main(argv=None) -> int:
     parser.add_argument("--select", action="store_true", help="greedy forward selection of members per task on dev")
     args = parser.parse_args(argv)
     show_data_warnings_on_one_line()
+    problem = unwritable_folder(args.output_dir)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     try:
         members = load_members(args.runs)
         gold = dev_labels(args.data_dir, {t: members[0].scores[(t, "dev")][0] for t in MULTITASK})
@@ -234,7 +238,7 @@ def main(argv=None) -> int:
             write_predictions(path, members[0].scores[(task, split)][0], predicted.tolist(), task)
         (output_dir / "ensemble.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     except OSError as err:
-        print(f"error: --output_dir {output_dir}: cannot write there ({err.strerror or err})", file=sys.stderr)
+        print(f"error: {output_dir}: cannot write there ({err.strerror or err})", file=sys.stderr)
         return 2
     for task, info in report["tasks"].items():
         print(f"{task}: members on dev {', '.join(f'{v:.4f}' for v in info['members_dev'])} -> ensemble "

@@ -175,6 +175,20 @@ def _first_few(items: Iterable[str], limit: int = 3) -> str:
     return shown + (f" (+{len(items) - limit} more)" if len(items) > limit else "")
 
 
+def unwritable_folder(directory: str | os.PathLike) -> str | None:
+    """Why `directory` cannot be created or written ('<dir>: cannot write there, <path> is a file, not a
+    folder'), or None when it can: the command lines check their output folders before doing any work."""
+    directory = Path(directory)
+    existing = directory
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"{directory}: cannot write there, {existing} is a file, not a folder"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"{directory}: cannot write there, {existing} is not writable"
+    return None
+
+
 def write_predictions(path: str | os.PathLike, ids: Sequence, predictions: Sequence, task: str) -> None:
     """Write a leaderboard CSV `id,<column>` with one row per id, in the order given.
 

@@ -23,7 +23,7 @@ import zipfile
 from pathlib import Path
 
 from datasets import DataError, load_examples, show_data_warnings_on_one_line, standard_paths
-from evaluation import DEFAULT_OUTPUTS, PredictionsFileError, check_predictions_file, new_file_mode
+from evaluation import DEFAULT_OUTPUTS, PredictionsFileError, check_predictions_file, new_file_mode, unwritable_folder
 
 MINBERT_CODE_FILES = ("bert.py", "classifier.py", "optimizer.py")
 
@@ -73,6 +73,9 @@ def build_submission(predictions_dir: Path, out: Path, part: str, data_dir: Path
                 raise SubmissionError(f"{name}: file not found in {Path.cwd()}")
             members.append((Path(name), name))
 
+    problem = unwritable_folder(out.parent)
+    if problem:
+        raise SubmissionError(problem)
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
     os.fchmod(fd, new_file_mode())  # mkstemp's 0600 would keep the zip from whoever submits it

@@ -14,12 +14,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from datasets import standard_paths
-from evaluation import DEFAULT_OUTPUTS
+from evaluation import DEFAULT_OUTPUTS, unwritable_folder
 from adapters import ADAPTERS as ADAPTER_KINDS
 from adapters import SHARINGS, TARGETS, AdapterConfig
 from gradient_surgery import GRADIENT_SURGERIES
@@ -52,14 +51,10 @@ def check_max_length(max_length: int, max_positions: int, pretrained: str) -> No
 def check_writable(directories) -> None:
     """Output folders must be creatable and writable before any work: a file in the way or a read-only
     parent would otherwise surface only after training."""
-    for directory in map(Path, directories):
-        existing = directory
-        while not existing.exists() and existing != existing.parent:
-            existing = existing.parent
-        if not existing.is_dir():
-            raise UsageError(f"{directory}: cannot write there, {existing} is a file, not a folder")
-        if not os.access(existing, os.W_OK | os.X_OK):
-            raise UsageError(f"{directory}: cannot write there, {existing} is not writable")
+    for directory in directories:
+        problem = unwritable_folder(directory)
+        if problem:
+            raise UsageError(problem)
 
 
 def flag(default=None, help: str | None = None, group: str = RUN, resume_free: bool = False, **argparse_kwargs):

@@ -14,7 +14,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: make the repo's modules importable
 from datasets import DataError, load_split, show_data_warnings_on_one_line  # noqa: E402
-from evaluation import PredictionsFileError, check_predictions_file, error_counts, plot_error_analysis  # noqa: E402
+from evaluation import (PredictionsFileError, check_predictions_file, error_counts, plot_error_analysis,  # noqa: E402
+                        unwritable_folder)
 from tasks import MULTITASK, default_output  # noqa: E402
 
 
@@ -57,6 +58,11 @@ def main(argv=None) -> int:
     parser.add_argument("--output_dir", type=Path, help="where the plots go (default: the run folder)")
     args = parser.parse_args(argv)
     show_data_warnings_on_one_line()
+    output_dir = args.output_dir or args.run
+    problem = unwritable_folder(output_dir)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     try:
         pairs = predictions_and_gold(args.run, args.data_dir)
     except (DataError, PredictionsFileError) as err:
@@ -64,7 +70,6 @@ def main(argv=None) -> int:
         return 2
     flat = [values for task in MULTITASK for values in pairs[task]]
     print("\n".join(report(error_counts(*flat))))
-    output_dir = args.output_dir or args.run
     try:
         paths = plot_error_analysis(*flat, output_dir)
     except OSError as err:

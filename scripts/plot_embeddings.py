@@ -20,6 +20,7 @@ from base_bert import CheckpointError  # noqa: E402
 from bert import BertModel  # noqa: E402
 from datasets import DataError, load_split  # noqa: E402
 from embedding_analysis import plot_tsne, sentence_embeddings  # noqa: E402
+from evaluation import unwritable_folder  # noqa: E402
 from multitask_bert import MultitaskBERT, load_multitask_checkpoint  # noqa: E402
 from runtime import resolve_device  # noqa: E402
 from tokenizer import BertTokenizer  # noqa: E402
@@ -47,10 +48,9 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     device = resolve_device(args.use_gpu)
     output = Path(args.output)
-    try:
-        output.parent.mkdir(parents=True, exist_ok=True)  # before the models run: a bad path costs no embeddings
-    except OSError as err:
-        print(f"error: {output}: cannot write there ({err.strerror or err})", file=sys.stderr)
+    problem = unwritable_folder(output.parent)  # before the models run: a bad path costs no embeddings
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
         return 2
     try:
         examples = load_split(args.data_dir, "sst", "dev")

@@ -184,4 +184,4 @@ def test_an_output_dir_that_cannot_be_written_is_one_line(finished_run, tmp_path
     blocker.write_text("not a folder")
     assert main([str(finished_run / "run"), "--output_dir", str(blocker), "--data_dir", str(DEMO)]) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and err.startswith(f"error: --output_dir {blocker}: cannot write there")
+    assert err == f"error: {blocker}: cannot write there, {blocker} is a file, not a folder"

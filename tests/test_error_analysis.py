@@ -61,4 +61,4 @@ def test_an_output_dir_that_cannot_be_written_is_one_line(tmp_path, capsys):
     blocker.write_text("not a folder")
     assert error_analysis.main([str(tmp_path / "run"), "--data_dir", str(DEMO), "--output_dir", str(blocker)]) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and err.startswith(f"error: {blocker}: cannot write the plots there")
+    assert err == f"error: {blocker}: cannot write there, {blocker} is a file, not a folder"

@@ -301,6 +301,16 @@ def test_prepare_submit_missing_file_is_one_line_error(tmp_path, capsys):
     assert os.listdir(tmp_path) == ["preds"]
 
 
+def test_prepare_submit_unwritable_out_is_one_line_error(tmp_path, capsys):
+    predictions_dir = tmp_path / "preds"
+    _write_multitask_predictions(predictions_dir)
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    assert prepare_submit.main(["--predictions_dir", str(predictions_dir), "--out", str(blocker / "s.zip")]) == 2
+    last_line = capsys.readouterr().err.splitlines()[-1]
+    assert last_line == f"error: {blocker}: cannot write there, {blocker} is a file, not a folder"
+
+
 def test_prepare_submit_rejects_wrong_header(tmp_path, capsys):
     predictions_dir = tmp_path / "preds"
     _write_multitask_predictions(predictions_dir)
