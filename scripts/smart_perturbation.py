@@ -20,8 +20,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from base_bert import CheckpointError  # noqa: E402
 from bert import BertModel  # noqa: E402
-from datasets import collate_pairs, collate_sentences, load_split  # noqa: E402
+from datasets import DataError, collate_pairs, collate_sentences, load_split  # noqa: E402
 from multitask_bert import MultitaskBERT, load_multitask_model  # noqa: E402
 from runtime import bf16_autocast  # noqa: E402
 from smart import DIVERGENCES, SmartConfig, find_perturbation  # noqa: E402
@@ -69,18 +70,23 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     torch.manual_seed(args.seed)
-    model = (load_multitask_model(args.checkpoint) if args.checkpoint
-             else MultitaskBERT(BertModel.from_pretrained("minilm-l6")))
-    tokenizer = BertTokenizer.from_pretrained("minilm-l6")  # every supported checkpoint shares this vocabulary
+    try:
+        model = (load_multitask_model(args.checkpoint) if args.checkpoint
+                 else MultitaskBERT(BertModel.from_pretrained("minilm-l6")))
+        tokenizer = BertTokenizer.from_pretrained("minilm-l6")  # every supported checkpoint shares this vocabulary
+        task_batches = {task: batches(args.data_dir, task, tokenizer, args.batches, args.batch_size, args.max_length)
+                        for task in MEASURED_TASKS}
+    except (DataError, CheckpointError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     print(f"model: {args.checkpoint or 'minilm-l6 + untrained heads'}; {args.batches} dev batches of "
           f"{args.batch_size} per task; means over batches\n")
     print("| task (divergence) | eps | autocast | adversarial, dropout off | two dropout masks | ratio |")
     print("|---|---|---|---|---|---|")
     for task in MEASURED_TASKS:
-        task_batches = batches(args.data_dir, task, tokenizer, args.batches, args.batch_size, args.max_length)
         for epsilon in args.epsilons:
             for bf16 in (False, True):
-                pairs = [divergences(model, task, batch, epsilon, bf16) for batch in task_batches]
+                pairs = [divergences(model, task, batch, epsilon, bf16) for batch in task_batches[task]]
                 adversarial = sum(p[0] for p in pairs) / len(pairs)
                 dropout = sum(p[1] for p in pairs) / len(pairs)
                 print(f"| {task} ({model.objectives[task].divergence}) | {epsilon:g} | {'bf16' if bf16 else 'fp32'} | "

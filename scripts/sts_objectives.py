@@ -20,8 +20,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from base_bert import CheckpointError  # noqa: E402
 from bert import BertModel  # noqa: E402
-from datasets import TaskData, load_split  # noqa: E402
+from datasets import DataError, TaskData, load_split  # noqa: E402
+from losses import SIMILARITY_OBJECTIVES  # noqa: E402
 from evaluation import sts_metrics  # noqa: E402
 from multitask_bert import MultitaskBERT  # noqa: E402
 from runtime import seed_everything  # noqa: E402
@@ -40,12 +42,20 @@ def main(argv=None) -> int:
     parser.add_argument("--batch_size", type=int, default=32)
     parser.add_argument("--seed", type=int, default=11711)
     options = parser.parse_args(argv)
+    objectives = options.objectives.split(",")
+    unknown = [o for o in objectives if o not in SIMILARITY_OBJECTIVES]
+    if unknown:
+        parser.error(f"--objectives: unknown {', '.join(unknown)} (choose from {', '.join(SIMILARITY_OBJECTIVES)})")
     data_dir = Path(options.data_dir)
-    train = load_split(data_dir, "sts", "train")
-    dev = load_split(data_dir, "sts", "dev")
+    try:
+        train = load_split(data_dir, "sts", "train")
+        dev = load_split(data_dir, "sts", "dev")
+        tokenizer = BertTokenizer.from_pretrained(options.pretrained)
+    except (DataError, CheckpointError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     gold = np.array([e.label for e in dev])
-    tokenizer = BertTokenizer.from_pretrained(options.pretrained)
-    for objective in options.objectives.split(","):
+    for objective in objectives:
         args = TrainingArguments(pretrained=options.pretrained, option="finetune", quiet=True, lr=options.lr,
                                  batch_size=options.batch_size, hidden_dropout_prob=0.1, max_length=64,
                                  seed=options.seed, similarity_objective=objective,
