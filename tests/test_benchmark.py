@@ -2,18 +2,15 @@
 The numbers themselves are measured on purpose-sized batches in BENCHMARKS.md, never asserted here."""
 import json
 import math
-import sys
-from pathlib import Path
 
-REPO = Path(__file__).parents[1]
-sys.path.insert(0, str(REPO / "scripts"))  # a real import: the memory probe pickles its worker by module name
-import benchmark  # noqa: E402
+import benchmark  # scripts/ is on pytest's pythonpath: a real import, as the memory probe pickles its worker by module name
+from conftest import DEMO
 
 
 def test_every_benchmark_runs_with_bf16_autocast_on_cpu(tmp_path):
     out = tmp_path / "results.jsonl"
     assert benchmark.main(["all", "--bf16", "--batch_size", "2", "--seq_len", "8", "--steps", "1", "--rounds", "1",
-                           "--warmup", "1", "--threads", "1", "--data_dir", str(REPO / "data" / "demo"),
+                           "--warmup", "1", "--threads", "1", "--data_dir", str(DEMO),
                            "--json", str(out)]) == 0
     results = {r["benchmark"]: r for r in map(json.loads, out.read_text().splitlines())}
     assert len(results) == len(benchmark.BENCHMARKS)

@@ -1,5 +1,4 @@
 import csv
-import importlib.util
 import re
 import urllib.error
 import zlib
@@ -8,6 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import download_data
 from datasets import (DataError, DataWarning, LengthBucketSampler, PairExample, SentenceExample, collate_pairs,
                       collate_sentences, example_lengths, load_pair_examples, load_sentence_examples, load_split,
                       make_dataloader, standard_paths, subsample)
@@ -445,15 +445,8 @@ def test_demo_sentences_are_not_taken_from_the_real_data():
 
 # ---- scripts/download_data.py ------------------------------------------------------------------------
 
-def load_download_script():
-    spec = importlib.util.spec_from_file_location("download_data", REPO / "scripts" / "download_data.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_download_offline_says_where_the_files_go(tmp_path, monkeypatch, capsys):
-    script = load_download_script()
+    script = download_data
     def offline(url, timeout=60.0):
         raise urllib.error.URLError("Name or service not known")
     monkeypatch.setattr(script, "fetch", offline)
@@ -465,7 +458,7 @@ def test_download_offline_says_where_the_files_go(tmp_path, monkeypatch, capsys)
 
 
 def test_download_checks_row_counts_and_writes_atomically(tmp_path, monkeypatch, capsys):
-    script = load_download_script()
+    script = download_data
     two_rows = SST_HEADER + f"0\t{hex_id(1)}\ta\t1\n1\t{hex_id(2)}\t\"b \"\"q\"\"\"\t2\n"
     monkeypatch.setattr(script, "fetch", lambda url, timeout=60.0: two_rows.encode())
     monkeypatch.setattr(script, "EXPECTED_ROWS", dict.fromkeys(script.EXPECTED_ROWS, 2))
@@ -483,6 +476,6 @@ def test_download_checks_row_counts_and_writes_atomically(tmp_path, monkeypatch,
 @pytest.mark.slow
 @needs_shared
 def test_download_expected_counts_match_the_real_files(tmp_path):
-    script = load_download_script()
+    script = download_data
     assert script.main(["--data_dir", str(tmp_path), "--base_url", PROTOCOL.as_uri() + "/"]) == 0
     assert all((tmp_path / name).read_bytes() == (PROTOCOL / name).read_bytes() for name in script.EXPECTED_ROWS)

@@ -1,20 +1,17 @@
 """embedding_analysis.py and scripts/plot_embeddings.py: SST embeddings as the SST head reads them, the t-SNE
 plots, and --keep_stage_models' per-stage checkpoints that the side-by-side plot compares."""
-import sys
 
 import numpy as np
 import pytest
 import torch
 
 import multitask_classifier
+import plot_embeddings
 from adapters import AdapterConfig
-from conftest import DEMO, ROOT, demo_examples, prediction_flags, tiny_bert
+from conftest import DEMO, demo_examples, prediction_flags, tiny_bert
 from datasets import collate_sentences
 from embedding_analysis import plot_tsne, sentence_embeddings, tsne_points
 from multitask_bert import MultitaskBERT
-
-sys.path.insert(0, str(ROOT / "scripts"))
-import plot_embeddings  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -1,15 +1,11 @@
 """scripts/error_analysis.py: counts and plots of a run folder's dev CSVs against the gold dev files."""
-import importlib.util
 from pathlib import Path
 
+import error_analysis
 from conftest import DEMO
 from datasets import load_split
 from evaluation import write_predictions
 from tasks import MULTITASK, default_output
-
-spec = importlib.util.spec_from_file_location("error_analysis", Path(__file__).parents[1] / "scripts" / "error_analysis.py")
-error_analysis = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(error_analysis)
 
 
 def write_dev_csvs(folder: Path, sst_shift: int = 0, skip_qqp_rows: int = 0) -> None:

@@ -1,18 +1,14 @@
 """scripts/export_hf.py against the oracles: transformers and sentence-transformers load the exported
 encoder and give this project's hidden states and sentence embeddings; the export loads back here too."""
 import json
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
+import export_hf
 from adapters import AdapterConfig
 from bert import BertModel
 from multitask_bert import MultitaskBERT, freeze_encoder, save_multitask_model
-
-sys.path.insert(0, str(Path(__file__).parents[1] / "scripts"))
-import export_hf  # noqa: E402
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -1,25 +1,12 @@
 """scripts/smart_perturbation.py and scripts/sts_objectives.py: the measurements RESULTS.md quotes run on the demo
 data, and bad input is one line with exit code 2."""
-import importlib.util
-from pathlib import Path
-
 import pytest
 
+import smart_perturbation
+import sts_objectives
 from conftest import DEMO
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-SCRIPTS = Path(__file__).parents[1] / "scripts"
-
-
-def load_script(name: str):
-    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-smart_perturbation = load_script("smart_perturbation")
-sts_objectives = load_script("sts_objectives")
 
 
 def test_smart_perturbation_prints_a_row_per_task_epsilon_and_precision(capsys):

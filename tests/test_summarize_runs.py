@@ -1,13 +1,10 @@
 """scripts/summarize_runs.py: the rows RESULTS.md quotes, on hand-made run folders."""
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
-spec = importlib.util.spec_from_file_location("summarize_runs", Path(__file__).parents[1] / "scripts" / "summarize_runs.py")
-summarize_runs = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(summarize_runs)
+import summarize_runs
 
 
 def record(index, stage, overall, sst, seconds):
