@@ -411,9 +411,10 @@ def plot_error_analysis(
     ax.set_title(f"SST errors (acc {sst_metrics(sst_p, sst_g)['acc']:.3f})")
     paths.append(save_figure(fig, out_dir / "sst_error_histogram.png"))
 
-    para = paraphrase_metrics(para_p, para_g)  # also validates the 0/1 values indexed below
-    confusion = np.zeros((2, 2), dtype=int)  # rows: gold, columns: predicted
-    np.add.at(confusion, (para_g.astype(int), para_p.astype(int)), 1)
+    para = paraphrase_metrics(para_p, para_g)
+    qqp = error_counts(sst_p, sst_g, para_p, para_g, sts_p, sts_g)["qqp"]  # the counts error_analysis.py prints
+    confusion = np.array([[qqp["true_negatives"], qqp["false_positives"]],  # rows: gold, columns: predicted
+                          [qqp["false_negatives"], qqp["true_positives"]]])
     fig, ax = plt.subplots(figsize=(4.5, 4))
     ax.imshow(confusion, cmap="Blues")
     for gold in range(2):

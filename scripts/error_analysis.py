@@ -73,7 +73,7 @@ def main(argv=None) -> int:
     try:
         paths = plot_error_analysis(*flat, output_dir)
     except OSError as err:
-        print(f"error: {output_dir}: cannot write the plots there ({err.strerror or err})", file=sys.stderr)
+        print(f"error: {output_dir}: cannot write there ({err.strerror or err})", file=sys.stderr)
         return 2
     print("\n".join(f"wrote {path}" for path in paths))
     return 0

@@ -23,8 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from base_bert import CheckpointError  # noqa: E402
 from bert import BertModel  # noqa: E402
 from datasets import DataError, TaskData, load_split  # noqa: E402
-from losses import SIMILARITY_OBJECTIVES  # noqa: E402
 from evaluation import sts_metrics  # noqa: E402
+from losses import SIMILARITY_OBJECTIVES  # noqa: E402
 from multitask_bert import MultitaskBERT  # noqa: E402
 from runtime import seed_everything  # noqa: E402
 from schedules import Stage  # noqa: E402
