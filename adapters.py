@@ -148,7 +148,7 @@ class ProjectedAttention(nn.Module):
         self.qkv = nn.Linear(size, 3 * size)
         self.out_proj = nn.Linear(size, size)
 
-    def forward(self, small: torch.Tensor, key_mask: torch.Tensor, layout) -> torch.Tensor:
+    def forward(self, small: torch.Tensor, key_mask: torch.Tensor | None, layout) -> torch.Tensor:
         B, T = layout.batch_size, layout.seq_len
         qkv = layout.unpack(self.qkv(small))  # (B, T, 3P)
         query, key, value = qkv.view(B, T, 3, self.num_heads, self.head_size).permute(2, 0, 3, 1, 4).unbind(0)

@@ -59,14 +59,16 @@ class BertSelfAttention(nn.Module):
         self.dropout_p = config.attention_probs_dropout_prob
         self.implementation = config.attn_implementation
 
-    def attention(self, query, key, value, key_mask: torch.Tensor) -> torch.Tensor:
-        """The handout's softmax(QK^T / sqrt(hs)) V, written out; `key_mask` (B, 1, 1, T) is True where attended."""
+    def attention(self, query, key, value, key_mask: torch.Tensor | None) -> torch.Tensor:
+        """The handout's softmax(QK^T / sqrt(hs)) V, written out; `key_mask` (B, 1, 1, T) is True where attended
+        (None: every key is)."""
         scores = query @ key.transpose(-2, -1) / math.sqrt(self.head_size)  # (B, nh, T, T)
-        scores = scores.masked_fill(~key_mask, torch.finfo(scores.dtype).min)
+        if key_mask is not None:
+            scores = scores.masked_fill(~key_mask, torch.finfo(scores.dtype).min)
         probs = F.dropout(scores.softmax(dim=-1), p=self.dropout_p, training=self.training)
         return probs @ value  # (B, nh, T, hs)
 
-    def forward(self, tokens: torch.Tensor, key_mask: torch.Tensor, layout: "TokenLayout") -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, key_mask: torch.Tensor | None, layout: "TokenLayout") -> torch.Tensor:
         B, T = layout.batch_size, layout.seq_len
         H = tokens.shape[-1]
         qkv = layout.unpack(self.qkv(tokens))  # (B, T, 3H): projections run on real tokens only
@@ -152,8 +154,10 @@ class BertEncoder(nn.Module):
         """Layers start .. end - 1 (all by default) on `hidden`, the input of layer `start` (the embedding
         output for 0); returns the last one's output (B, T, H). `layer_outputs`, when given, receives the
         output (B, T, H) of every layer run (LNSR compares them)."""
-        key_mask = attention_mask.bool()[:, None, None, :]  # (B, 1, 1, T): padding keys are never attended
         layout = TokenLayout(attention_mask)
+        # (B, 1, 1, T): padding keys are never attended. Without padding (length bucketing makes that common) no
+        # mask at all: SDPA's flash kernel takes no mask, so any mask, even all True, rules it out.
+        key_mask = None if layout.positions is None else attention_mask.bool()[:, None, None, :]
         tokens = layout.pack(hidden)  # (N, H)
         for layer in self.layers[start:end]:
             if self.gradient_checkpointing and self.training and torch.is_grad_enabled():

@@ -21,18 +21,22 @@ rows with an empty sentence are kept, because every id there must get a predicti
 
 Evaluation loaders (shuffle=False) visit examples longest first rather than in file order, to
 pad less; every batch carries the examples' `ids`, so predictions are matched back by id.
+
+A split is tokenised once (TokenizedExamples: truncated, unpadded token ids per example) and its batches
+only pad; a TokenizationCache keeps each split's tokens for a whole run, so stages, epochs and evaluations
+reuse them instead of tokenising every batch again.
 """
 from __future__ import annotations
 
 import csv
 import io
+import itertools
 import math
 import random
 import re
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -258,7 +262,8 @@ def _warn_dropped(path: str | Path, lines: list[int], reason: str) -> None:
 
 
 def collate_sentences(examples: Sequence[SentenceExample], tokenizer, max_length: int) -> dict:
-    """Tokenize a batch, padded to its longest sentence; labels is None for unlabelled examples."""
+    """Tokenize a batch, padded to its longest sentence; labels is None for unlabelled examples.
+    (Loaders tokenise a whole split once instead, TokenizedExamples, and give the same batches.)"""
     encoding = tokenizer([e.sentence for e in examples], padding=True, truncation=True,
                          max_length=max_length, return_tensors="pt")
     return {
@@ -325,6 +330,139 @@ def example_lengths(examples: Sequence[SentenceExample] | Sequence[PairExample],
     return lengths
 
 
+@dataclass(frozen=True, eq=False)
+class _TokenRuns:
+    """The encodings of one side of every example, back to back and unpadded: example i's tokens are
+    input_ids[starts[i]:starts[i] + lengths[i]]. A subset shares the flat arrays and picks starts / lengths."""
+    input_ids: np.ndarray  # (total tokens,) int32
+    token_type_ids: np.ndarray  # (total tokens,) int8
+    starts: np.ndarray  # (N,) int64
+    lengths: np.ndarray  # (N,) int64
+
+    @classmethod
+    def from_encoding(cls, encoding: dict) -> "_TokenRuns":
+        """From an unpadded tokenizer output: lists of ids and of token type ids per example."""
+        lengths = np.fromiter(map(len, encoding["input_ids"]), dtype=np.int64, count=len(encoding["input_ids"]))
+        total = int(lengths.sum())
+        return cls(np.fromiter(itertools.chain.from_iterable(encoding["input_ids"]), dtype=np.int32, count=total),
+                   np.fromiter(itertools.chain.from_iterable(encoding["token_type_ids"]), dtype=np.int8, count=total),
+                   np.cumsum(lengths) - lengths, lengths)
+
+    def subset(self, indices: np.ndarray) -> "_TokenRuns":
+        return _TokenRuns(self.input_ids, self.token_type_ids, self.starts[indices], self.lengths[indices])
+
+    def padded(self, rows: np.ndarray, pad_token_id: int) -> dict[str, torch.Tensor]:
+        """input_ids / attention_mask / token_type_ids of `rows`, right-padded to the longest as the
+        tokenizer pads (padding=True): [PAD] ids, attention 0 and token type 0 on the padding."""
+        lengths = self.lengths[rows]  # (B,)
+        offsets = np.arange(lengths.max())  # (T,)
+        real = offsets < lengths[:, None]  # (B, T); an unpadded encoding attends to all its tokens
+        positions = np.where(real, self.starts[rows, None] + offsets, 0)  # (B, T) into the flat arrays
+        input_ids = np.where(real, self.input_ids[positions], pad_token_id)  # (B, T)
+        token_type_ids = np.where(real, self.token_type_ids[positions], 0)  # (B, T)
+        return {"input_ids": torch.from_numpy(input_ids.astype(np.int64)),
+                "attention_mask": torch.from_numpy(real.astype(np.int64)),
+                "token_type_ids": torch.from_numpy(token_type_ids.astype(np.int64))}
+
+
+class TokenizedExamples(Sequence):
+    """Examples tokenised once, truncated to max_length but unpadded; collate(indices) pads a batch of them.
+
+    Its batches equal collate_sentences' / collate_pairs' (pair labels float32) on the same examples,
+    tensor for tensor: a sentence is encoded on its own, an SBERT pair side by side (keys *_1 / *_2), a
+    cross-encoded pair as [CLS] s1 [SEP] s2 [SEP] truncated longest-first. Truncation acts on each
+    example alone and padding only appends, so tokenising a split once and padding per batch gives
+    what tokenising every batch gave.
+
+    As a sequence it is its examples (len, iteration, tokenized[i] is an example), except that a slice
+    is a TokenizedExamples again, so that predict_in_file_order can shard it.
+    """
+
+    def __init__(self, examples: list, sides: dict[str, _TokenRuns], lengths: list[int], max_length: int,
+                 cross_encoder: bool, pad_token_id: int, label_dtype: torch.dtype):
+        """The parts; TokenizedExamples.tokenize(examples, tokenizer, ...) makes them."""
+        self.examples = examples
+        self.sides = sides  # key suffix ("" or "_1" / "_2") -> that side's tokens
+        self.lengths = lengths  # estimate_length's, for the length-bucketing sampler
+        self.max_length, self.cross_encoder = max_length, cross_encoder
+        self.pad_token_id = pad_token_id
+        self.label_dtype = label_dtype
+
+    @classmethod
+    def tokenize(cls, examples: Sequence[SentenceExample] | Sequence[PairExample], tokenizer, max_length: int = 128,
+                 cross_encoder: bool = False) -> "TokenizedExamples":
+        """Every example through the tokenizer once: one call per side (two for SBERT pairs)."""
+        if not examples:
+            raise ValueError("no examples to batch")
+        examples = list(examples)
+        is_pair = isinstance(examples[0], PairExample)
+        if cross_encoder and not is_pair:
+            raise ValueError("cross_encoder applies to sentence pairs, not single sentences")
+
+        def encode(texts: list[str], text_pair: list[str] | None = None) -> _TokenRuns:
+            return _TokenRuns.from_encoding(tokenizer(texts, text_pair=text_pair, truncation=True,
+                                                      max_length=max_length))
+        if not is_pair:
+            sides = {"": encode([e.sentence for e in examples])}
+        elif cross_encoder:
+            sides = {"": encode([e.sentence1 for e in examples], [e.sentence2 for e in examples])}
+        else:
+            sides = {"_1": encode([e.sentence1 for e in examples]), "_2": encode([e.sentence2 for e in examples])}
+        return cls(examples, sides, example_lengths(examples, cross_encoder), max_length, cross_encoder,
+                   tokenizer.pad_token_id, torch.float32 if is_pair else torch.long)
+
+    def subset(self, indices: Sequence[int]) -> "TokenizedExamples":
+        """These examples at `indices`, in that order, without tokenising again."""
+        rows = np.asarray(indices, dtype=np.int64)
+        kept = rows.tolist()
+        return TokenizedExamples([self.examples[i] for i in kept],
+                                 {suffix: runs.subset(rows) for suffix, runs in self.sides.items()},
+                                 [self.lengths[i] for i in kept], self.max_length, self.cross_encoder,
+                                 self.pad_token_id, self.label_dtype)
+
+    def collate(self, indices: Sequence[int]) -> dict:
+        """The batch of the examples at `indices`: padded tensors, labels (None when unlabelled) and ids."""
+        rows = np.asarray(indices, dtype=np.int64)
+        batch = {}
+        for suffix, runs in self.sides.items():
+            for key, tensor in runs.padded(rows, self.pad_token_id).items():
+                batch[key + suffix] = tensor  # (B, T) or (B, T_side)
+        examples = [self.examples[i] for i in rows.tolist()]
+        batch["labels"] = _labels(examples, self.label_dtype)  # (B,) or None
+        batch["ids"] = [e.id for e in examples]
+        return batch
+
+    def __len__(self) -> int:
+        return len(self.examples)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return self.subset(range(len(self))[index])
+        return self.examples[index]
+
+    def __iter__(self) -> Iterator:
+        return iter(self.examples)
+
+
+class TokenizationCache:
+    """Each split tokenised once per (examples, max_length, cross_encoder) and kept for the run, so that
+    later stages, epochs and evaluations batch it without calling the tokenizer again. Keyed by the
+    examples' content (frozen dataclasses), so a copy of a split (subsample(split, None, seed)) finds it too."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self._tokenized: dict[tuple, TokenizedExamples] = {}
+
+    def get(self, examples: Sequence[SentenceExample] | Sequence[PairExample], max_length: int,
+            cross_encoder: bool = False) -> TokenizedExamples:
+        key = (tuple(examples), max_length, cross_encoder)
+        tokenized = self._tokenized.get(key)
+        if tokenized is None:
+            tokenized = self._tokenized[key] = TokenizedExamples.tokenize(examples, self.tokenizer, max_length,
+                                                                          cross_encoder)
+        return tokenized
+
+
 class LengthBucketSampler(Sampler[list[int]]):
     """Batch sampler that groups examples of similar length, so batches need little padding.
 
@@ -379,25 +517,30 @@ class LengthBucketSampler(Sampler[list[int]]):
 
 def make_dataloader(examples: Sequence[SentenceExample] | Sequence[PairExample], tokenizer, batch_size: int,
                     shuffle: bool, seed: int = 0, max_length: int = 128, cross_encoder: bool = False,
-                    num_workers: int = 0, world_size: int = 1, rank: int = 0) -> DataLoader:
-    """DataLoader over length-bucketed batches with the collate that fits the example type.
+                    num_workers: int = 0, world_size: int = 1, rank: int = 0, pin_memory: bool = False) -> DataLoader:
+    """DataLoader over length-bucketed batches of `examples`, tokenised once here (tokenized_dataloader).
 
-    Batches are dicts from collate_sentences / collate_pairs (pair labels are float32). With
+    Batches are the dicts of collate_sentences / collate_pairs (pair labels are float32). With
     shuffle=True call loader.batch_sampler.set_epoch(epoch) each epoch for a fresh order. With
     shuffle=False the order is longest first, not file order: match predictions by batch["ids"].
     """
-    if not examples:
+    return tokenized_dataloader(TokenizedExamples.tokenize(examples, tokenizer, max_length, cross_encoder),
+                                batch_size, shuffle, seed, num_workers, world_size, rank, pin_memory)
+
+
+def tokenized_dataloader(tokenized: TokenizedExamples, batch_size: int, shuffle: bool, seed: int = 0,
+                         num_workers: int = 0, world_size: int = 1, rank: int = 0,
+                         pin_memory: bool = False) -> DataLoader:
+    """make_dataloader over examples tokenised already: its batches only pad.
+
+    pin_memory=True (for CUDA) puts every batch in page-locked memory, so that runtime.to_device's
+    non_blocking copy to the GPU is asynchronous."""
+    if not len(tokenized):
         raise ValueError("no examples to batch")
-    if isinstance(examples[0], SentenceExample):
-        if cross_encoder:
-            raise ValueError("cross_encoder applies to sentence pairs, not single sentences")
-        collate = partial(collate_sentences, tokenizer=tokenizer, max_length=max_length)
-    else:
-        collate = partial(collate_pairs, tokenizer=tokenizer, max_length=max_length,
-                          label_dtype=torch.float32, cross_encoder=cross_encoder)
-    sampler = LengthBucketSampler(example_lengths(examples, cross_encoder), batch_size, shuffle, seed,
-                                  world_size=world_size, rank=rank)
-    return DataLoader(examples, batch_sampler=sampler, collate_fn=collate, num_workers=num_workers)
+    sampler = LengthBucketSampler(tokenized.lengths, batch_size, shuffle, seed, world_size=world_size, rank=rank)
+    # The loader's items are example indices; the collate pads the examples' tokens into a batch.
+    return DataLoader(range(len(tokenized)), batch_sampler=sampler, collate_fn=tokenized.collate,
+                      num_workers=num_workers, pin_memory=pin_memory)
 
 
 def in_file_order(examples: Sequence, batch_ids: Sequence[str], values) -> tuple[list[str], np.ndarray]:
@@ -420,9 +563,13 @@ def predict_in_file_order(examples: Sequence, predict_shard, distributed: Distri
 
 def subsample(examples: Sequence, n: int | None, seed: int) -> list:
     """A deterministic random subset of n examples in their original order (all of them if n is None or too large)."""
-    if n is None or n >= len(examples):
-        return list(examples)
+    return [examples[i] for i in subsample_indices(len(examples), n, seed)]
+
+
+def subsample_indices(count: int, n: int | None, seed: int) -> list[int]:
+    """The indices, ascending, of the n of `count` examples that subsample(examples, n, seed) keeps."""
+    if n is None or n >= count:
+        return list(range(count))
     if n < 1:
         raise ValueError(f"cannot keep {n} examples; use at least 1")
-    keep = sorted(random.Random(seed).sample(range(len(examples)), n))
-    return [examples[i] for i in keep]
+    return sorted(random.Random(seed).sample(range(count), n))

@@ -23,11 +23,17 @@ import contextlib
 import os
 import warnings
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
 from runtime import resolve_device
+
+# How long a rank waits in a collective before the run is aborted. After every stage rank 0 alone writes the
+# best model and the training state (bert-base: about 1.3 GB with AdamW's moments and SMART's teacher) while the
+# others wait at a barrier; on Colab's Google Drive that write can take minutes, past NCCL's 10-minute default.
+PROCESS_GROUP_TIMEOUT = timedelta(minutes=60)
 
 
 @dataclass(frozen=True)
@@ -57,7 +63,7 @@ class Distributed:
             device = torch.device("cuda", context.local_rank)
             torch.cuda.set_device(device)
         if not dist.is_initialized():
-            dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+            dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=PROCESS_GROUP_TIMEOUT)
         return context, device
 
     @contextlib.contextmanager

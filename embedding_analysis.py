@@ -19,7 +19,7 @@ from sklearn.manifold import TSNE
 from datasets import in_file_order, make_dataloader
 from evaluation import pyplot, save_figure
 from multitask_bert import MultitaskBERT
-from runtime import bf16_autocast, to_device
+from runtime import autocast, to_device
 
 MIN_TSNE_POINTS = 5  # t-SNE's perplexity must stay below the number of points
 SST_CLASS_NAMES = ("0 negative", "1 somewhat negative", "2 neutral", "3 somewhat positive", "4 positive")
@@ -27,16 +27,16 @@ SST_CLASS_NAMES = ("0 negative", "1 somewhat negative", "2 neutral", "3 somewhat
 
 @torch.inference_mode()
 def sentence_embeddings(model: MultitaskBERT, task: str, examples: Sequence, tokenizer, device: torch.device,
-                        batch_size: int = 64, max_length: int = 128, bf16: bool | None = None) -> np.ndarray:
+                        batch_size: int = 64, max_length: int = 128, precision: str = "fp32") -> np.ndarray:
     """(N, H) float32: each single-sentence example's pooled embedding through `task`'s adapters (what the
-    task's head reads of a single sentence), in the examples' order."""
+    task's head reads of a single sentence), in the examples' order; `precision` a resolved one (runtime.py)."""
     model.eval()
     loader = make_dataloader(list(examples), tokenizer, batch_size, shuffle=False, max_length=max_length)
     ids, parts = [], []
     for batch in loader:
         batch = to_device(batch, device)
         model.select_task(task)
-        with bf16_autocast(device, bf16):
+        with autocast(device, precision):
             pooled = model.encode_sentences(batch["input_ids"], batch["attention_mask"])  # (B, H)
         parts.append(pooled.float().cpu().numpy())
         ids += batch["ids"]

@@ -23,7 +23,7 @@ from embedding_analysis import MIN_TSNE_POINTS, plot_tsne, sentence_embeddings
 from evaluation import summarize_line, write_predictions, write_run_reports
 from mlm import load_mlm_head
 from multitask_bert import MultitaskBERT, freeze_encoder, load_multitask_model
-from runtime import seed_everything
+from runtime import precision_notice, seed_everything
 from schedules import Stage, build_schedule, train_tasks
 from scores import scores_path, write_scores
 from simcse import load_nli_triplets
@@ -136,7 +136,7 @@ def write_sst_tsne(trainer: Trainer, path: Path) -> None:
         print(f"note: no {path.name}: t-SNE needs at least {MIN_TSNE_POINTS} SST dev sentences")
         return
     embeddings = sentence_embeddings(trainer.model, "sst", examples, trainer.tokenizer, trainer.device,
-                                     trainer.args.eval_batch_size, trainer.args.max_length, trainer.args.bf16)
+                                     trainer.args.eval_batch_size, trainer.args.max_length, trainer.precision)
     plot_tsne({"SST dev, best model": embeddings}, [e.label for e in examples], path, trainer.args.seed)
 
 
@@ -168,6 +168,8 @@ def _run(args: TrainingArguments, distributed: Distributed, device) -> Trainer:
               f" examples per update; learning rate {args.lr} (not scaled with the batch)")
     trainer = Trainer(args, model, BertTokenizer.from_pretrained(args.pretrained), data, triplets, device, mlm_head,
                       distributed)
+    if distributed.is_main:
+        print(precision_notice(device, args.precision, smart=args.smart))
     if args.resume:
         resume_training(trainer, output_dir / "last", stages)
         print(f"resuming after stage {trainer.next_stage} of {len(stages)}")

@@ -12,12 +12,19 @@ The bias correction is the handout's "efficient" form: it folds both corrections
 step size instead of forming m_hat and v_hat, so eps is added to sqrt(v), not sqrt(v_hat).
 torch.optim.AdamW differs in two ways: it decays before the Adam step and it adds eps to
 sqrt(v_hat); tests/test_optimizer.py bounds the resulting difference.
+
+Each parameter group is updated in chunks of at most `chunk_elements` elements (a larger parameter is a
+chunk of its own), one multi-tensor (torch._foreach_*) kernel per operation per chunk: the temporary
+sqrt(v) + eps then takes one chunk's memory rather than a copy of the whole model's. Every operation acts
+element by element, so the chunking does not change a single bit of the update.
 """
 
 import math
 from collections.abc import Callable, Iterable, Sequence
 
 import torch
+
+FOREACH_CHUNK_ELEMENTS = 2**24  # 64 MiB of float32 temporaries per chunk; bert-base holds 110M parameters
 
 
 class AdamW(torch.optim.Optimizer):
@@ -29,9 +36,15 @@ class AdamW(torch.optim.Optimizer):
         eps: float = 1e-6,
         weight_decay: float = 0.0,
         correct_bias: bool = True,
+        chunk_elements: int = FOREACH_CHUNK_ELEMENTS,
     ):
+        """`chunk_elements`: the most elements one step's multi-tensor kernels take at once (the size of the
+        step's temporaries); a memory setting, not a hyperparameter, so the state dict does not keep it."""
+        if chunk_elements < 1:
+            raise ValueError(f"AdamW: chunk_elements must be at least 1, got {chunk_elements!r}")
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, correct_bias=correct_bias)
         super().__init__(params, defaults)
+        self.chunk_elements = chunk_elements
 
     def add_param_group(self, param_group: dict) -> None:
         super().add_param_group(param_group)
@@ -56,11 +69,12 @@ class AdamW(torch.optim.Optimizer):
                 continue
             if any(p.grad.is_sparse for p in params):
                 raise RuntimeError("AdamW does not support sparse gradients; use torch.optim.SparseAdam instead")
-            self._step_group(group, params)
+            for chunk in parameter_chunks(params, self.chunk_elements):
+                self._step_chunk(group, chunk)
 
         return loss
 
-    def _step_group(self, group: dict, params: list[torch.Tensor]) -> None:
+    def _step_chunk(self, group: dict, params: list[torch.Tensor]) -> None:
         lr = group["lr"]
         beta1, beta2 = group["betas"]
         grads = [p.grad for p in params]
@@ -75,7 +89,7 @@ class AdamW(torch.optim.Optimizer):
         exp_avgs = [state["exp_avg"] for state in states]
         exp_avg_sqs = [state["exp_avg_sq"] for state in states]
 
-        # One multi-tensor kernel per operation for the whole group, not one small kernel per parameter.
+        # One multi-tensor kernel per operation for the whole chunk, not one small kernel per parameter.
         torch._foreach_mul_(exp_avgs, beta1)
         torch._foreach_add_(exp_avgs, grads, alpha=1 - beta1)
         torch._foreach_mul_(exp_avg_sqs, beta2)
@@ -98,6 +112,20 @@ class AdamW(torch.optim.Optimizer):
             # theta - (lr*wd)*theta, the course reference's form, not theta * (1 - lr*wd): in float32
             # the factor 1 - 1e-7 rounds to 1 - 1.19e-7, which drifts 1.8e-5 off the course's weights.
             torch._foreach_add_(params, params, alpha=-lr * group["weight_decay"])
+
+
+def parameter_chunks(params: list[torch.Tensor], max_elements: int) -> list[list[torch.Tensor]]:
+    """`params` cut, in order, into consecutive runs of at most max_elements elements in all; a parameter
+    larger than that is a run of its own."""
+    chunks, chunk, size = [], [], 0
+    for p in params:
+        if chunk and size + p.numel() > max_elements:
+            chunks.append(chunk)
+            chunk, size = [], 0
+        chunk.append(p)
+        size += p.numel()
+    chunks.append(chunk)
+    return chunks
 
 
 def encoder_depth(parameter_name: str, num_layers: int) -> int:

@@ -1,12 +1,22 @@
-"""Where and how a run computes: the device, bf16 autocast, seeding, moving batches."""
+"""Where and how a run computes: the device, the precision (bf16 / fp16 autocast or float32), seeding, moving
+batches.
+
+    precision = resolve_precision(device, "auto")   # bf16 on an Ampere+ GPU (L4, A100), fp16 on a T4 / V100,
+    print(precision_notice(device, "auto"))         # float32 on a CPU without native bf16
+    with autocast(device, precision): ...
+    with float32_exact(): ...                       # what SMART's tiny perturbations need (smart.py)
+"""
 from __future__ import annotations
 
 import random
 import warnings
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 
 import numpy as np
 import torch
+
+PRECISIONS = ("auto", "bf16", "fp16", "fp32")
+AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def resolve_device(use_gpu: bool) -> torch.device:
@@ -16,28 +26,91 @@ def resolve_device(use_gpu: bool) -> torch.device:
     return torch.device("cuda" if use_gpu and torch.cuda.is_available() else "cpu")
 
 
-def bf16_enabled(device: torch.device, bf16: bool | None) -> bool:
-    """--bf16 / --no-bf16; None (the default) means on for CUDA, off for CPU, because CPUs without native
-    bf16 instructions emulate it slowly."""
-    return device.type == "cuda" if bf16 is None else bf16
-
-
 def cpu_has_native_bf16() -> bool:
     """AVX512-BF16 or AMX: the instructions that make CPU bf16 autocast faster than float32."""
     return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
 
 
-def warn_if_bf16_is_emulated(device: torch.device, bf16: bool | None) -> None:
-    """--bf16 on a CPU without native bf16 runs every matmul through a slow emulation (BENCHMARKS.md: many
-    times slower than float32 on an AVX2-only CPU), so a long run should hear of it before it starts."""
-    if device.type == "cpu" and bf16_enabled(device, bf16) and not cpu_has_native_bf16():
-        warnings.warn("--bf16 on a CPU without native bf16 (no AVX512-BF16 or AMX): autocast is emulated and much "
-                      "slower than float32 here; leave --bf16 out on this machine")
+def cuda_has_native_bf16(device: torch.device) -> bool:
+    """bf16 tensor cores: compute capability 8.0 or more (A100, L4, H100). torch.cuda.is_bf16_supported()
+    alone also counts the emulation a T4 or V100 offers, which runs far slower than fp16 there."""
+    return torch.cuda.get_device_capability(device) >= (8, 0)
 
 
-def bf16_autocast(device: torch.device, bf16: bool | None):
-    """The autocast context that --bf16 / --no-bf16 (see bf16_enabled) asks for on this device."""
-    return torch.autocast(device.type, dtype=torch.bfloat16) if bf16_enabled(device, bf16) else nullcontext()
+def has_native_bf16(device: torch.device) -> bool:
+    return cuda_has_native_bf16(device) if device.type == "cuda" else cpu_has_native_bf16()
+
+
+def legacy_bf16_flag(bf16: bool | None) -> str:
+    """The precision that --bf16 / --no-bf16 (kept as aliases) ask for: bf16, fp32, or auto when neither is given."""
+    return "auto" if bf16 is None else ("bf16" if bf16 else "fp32")
+
+
+def resolve_precision(device: torch.device, requested: str = "auto") -> str:
+    """bf16, fp16 or fp32 for --precision `requested` on this device. auto: bf16 where the device computes it
+    natively (Ampere or newer GPUs; CPUs with AVX512-BF16 or AMX), fp16 on older GPUs (T4, V100: tensor cores
+    for fp16 only, so a gradient scaler guards the gradients), float32 on other CPUs (bf16 is emulated there,
+    an order of magnitude slower: BENCHMARKS.md)."""
+    if requested not in PRECISIONS:
+        raise ValueError(f"unknown precision {requested!r}, expected one of {', '.join(PRECISIONS)}")
+    if requested != "auto":
+        return requested
+    if has_native_bf16(device):
+        return "bf16"
+    return "fp16" if device.type == "cuda" else "fp32"
+
+
+def device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "this CPU"
+
+
+def precision_notice(device: torch.device, requested: str, smart: bool = False) -> str:
+    """One line saying which precision a run computes in and why; a warning when the choice is emulated."""
+    precision = resolve_precision(device, requested)
+    native = has_native_bf16(device)
+    why = "as asked (--precision)" if requested != "auto" else {
+        "bf16": f"{device_name(device)} has native bf16",
+        "fp16": f"{device_name(device)} has no native bf16",
+        "fp32": f"{device_name(device)} has no native bf16",
+    }[precision]
+    what = {"bf16": "bf16 autocast", "fp16": "fp16 autocast with a gradient scaler", "fp32": "float32"}[precision]
+    line = f"precision: {what} ({why})"
+    if smart and precision != "fp32":
+        line += "; SMART's steps run in float32 (smart.py)"
+    emulated = (precision == "bf16" and not native) or (precision == "fp16" and device.type == "cpu")
+    if emulated:
+        line += f"; warning: {precision} is emulated on {device_name(device)}, much slower than " + (
+            "fp16" if device.type == "cuda" else "float32")
+    return line
+
+
+def autocast(device: torch.device, precision: str):
+    """The autocast context of a resolved precision (bf16 / fp16), or none for fp32."""
+    if precision == "fp32":
+        return nullcontext()
+    return torch.autocast(device.type, dtype=AUTOCAST_DTYPES[precision])
+
+
+def use_tf32(device: torch.device) -> None:
+    """float32 matmuls on CUDA through TF32 tensor cores (Ampere or newer: several times faster; inputs rounded
+    to an 11-bit mantissa, float32 accumulation), as transformers' --tf32 and nanoGPT do. Left alone on the CPU."""
+    if device.type == "cuda":
+        torch.set_float32_matmul_precision("high")
+
+
+@contextmanager
+def float32_exact():
+    """Autocast off on every device and float32 matmuls in full float32 (no TF32): for computations whose
+    result is a difference of order 1e-5 relative (SMART's perturbed passes), which bf16's 8-bit, fp16's
+    11-bit and TF32's 11-bit mantissas round away."""
+    previous = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    try:
+        with torch.autocast("cpu", enabled=False), (
+                torch.autocast("cuda", enabled=False) if torch.cuda.is_available() else nullcontext()):
+            yield
+    finally:
+        torch.set_float32_matmul_precision(previous)
 
 
 def seed_everything(seed: int) -> None:
@@ -47,4 +120,5 @@ def seed_everything(seed: int) -> None:
 
 
 def to_device(batch: dict, device: torch.device) -> dict:
+    """Tensors to `device`; asynchronous from pinned memory (make_dataloader pins batches for CUDA)."""
     return {k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}

@@ -2,7 +2,8 @@
 
 Every loss takes sentence embeddings (B, H), compares them by cosine similarity and divides by a
 temperature tau; equivalently multiplies by scale = 1 / tau (tau = 0.05 is scale = 20). Maths runs in
-at least float32 so autocast embeddings keep their precision at that scale.
+at least float32, autocast or not (the similarity matmul included, which autocast would run in bf16 / fp16:
+an error of 2^-8 in a cosine is 0.08 in a logit at scale 20), so the embeddings keep their precision.
 
 NLI sources (see load_nli_pairs) become (anchor, positive, hard negative) triplets by pairing, per
 premise, its entailment hypotheses with its contradiction hypotheses.
@@ -25,6 +26,7 @@ from torch import Tensor
 
 from datasets import DataError, DataWarning
 from distributed import cut_global_batches, shard_batch
+from runtime import float32_exact
 
 
 def _unit(x: Tensor) -> Tensor:
@@ -46,7 +48,8 @@ def supervised_simcse_loss(
         raise ValueError(f"temperature must be > 0, got {temperature!r}")
     a = _unit(anchor)  # (B, H)
     candidates = positive if hard_negative is None else torch.cat([positive, hard_negative])
-    logits = a @ _unit(candidates).T / temperature  # (B, B) or (B, 2B)
+    with float32_exact():
+        logits = a @ _unit(candidates).T / temperature  # (B, B) or (B, 2B)
     return F.cross_entropy(logits, torch.arange(a.shape[0], device=a.device))
 
 
@@ -87,7 +90,8 @@ def multiple_negatives_ranking_loss(
     """
     if not scale > 0:
         raise ValueError(f"scale must be > 0, got {scale!r}")
-    logits = _unit(anchor) @ _unit(positive).T * scale  # (B, B)
+    with float32_exact():
+        logits = _unit(anchor) @ _unit(positive).T * scale  # (B, B)
     batch_size = logits.shape[0]
     if positive_keys is not None:
         if len(positive_keys) != batch_size:

@@ -24,6 +24,12 @@ Usage with a model that splits into `embed(task, batch)` and `outputs_from_embed
                                                     teacher_args=(task, batch))
     loss.backward(); optimizer.step(); regularizer.teacher.update(model)
 
+All of it, the clean forward included, runs inside `runtime.float32_exact()` (no autocast, no TF32): the
+perturbation is of order epsilon = 1e-5 relative to embeddings of order 1, and bf16 (8-bit mantissa), fp16 and
+TF32 (11 bits) round x + delta back to x at the first matmul, which leaves R_s at rounding-noise level. The
+clean outputs must come from the same precision as the perturbed ones, or R_s measures the precision gap.
+penalty() refuses to run under autocast.
+
 Several regularizers of one model (one per task) share one BregmanTeacher; whoever steps the optimizer
 updates it once per step, with the momentum of `bregman_momentum`.
 """
@@ -326,6 +332,9 @@ class SmartRegularizer:
         teacher outputs are a fixed target. A skipped adversarial term adds 0 and bumps skipped_steps.
         """
         divergence_fn = _divergence(divergence)
+        if torch.is_autocast_enabled(clean_outputs.device.type):
+            raise RuntimeError("SMART's passes must run in float32: compute the clean forward and the penalty "
+                               "inside runtime.float32_exact() (autocast rounds the 1e-5 perturbation away)")
         total = torch.zeros((), device=clean_outputs.device)
         if self.config.adv_weight > 0:
             smoothness, skipped = adversarial_regularizer(

@@ -14,6 +14,7 @@ import json
 import math
 import random
 import time
+from contextlib import nullcontext
 from functools import cached_property, partial
 from pathlib import Path
 
@@ -21,7 +22,8 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from datasets import TaskData, make_dataloader, predict_in_file_order, subsample
+from datasets import (TaskData, TokenizationCache, TokenizedExamples, predict_in_file_order, subsample,
+                      subsample_indices, tokenized_dataloader)
 from distributed import SINGLE_PROCESS, Distributed, global_batch_count
 from evaluation import kept_model_score, overall_score, summarize_line, task_metrics
 from gradient_surgery import combine_task_gradients
@@ -29,7 +31,7 @@ from lnsr import LnsrConfig, encode_with_noise_stability
 from mlm import IGNORED_LABEL, MaskedLanguageModelHead, mlm_batches, mlm_loss, task_sentences
 from multitask_bert import MultitaskBERT, save_multitask_model
 from optimizer import AdamW, weight_decay_groups
-from runtime import bf16_autocast, to_device, warn_if_bf16_is_emulated
+from runtime import autocast, float32_exact, resolve_precision, to_device, use_tf32
 from schedules import Stage, learning_rate_factor, multitask_order, trained_heads
 from simcse import pairwise_contrastive_loss, supervised_simcse_loss, triplet_batches
 from smart import BregmanTeacher, SmartRegularizer, bregman_momentum
@@ -42,7 +44,15 @@ SUMMARY_KEYS = ("index", "stage", "train_loss", "seconds", "sst_acc", "qqp_acc",
 
 def compute_task_loss(model: MultitaskBERT, task: str, batch: dict, regularizer: SmartRegularizer | None = None,
                       lnsr: LnsrConfig | None = None) -> torch.Tensor:
-    """The task's loss on one batch, plus SMART's and LNSR's penalties when they are given."""
+    """The task's loss on one batch, plus SMART's and LNSR's penalties when they are given.
+
+    With SMART the whole step runs in exact float32 whatever the run's autocast (smart.py says why)."""
+    with float32_exact() if regularizer is not None else nullcontext():
+        return _task_loss(model, task, batch, regularizer, lnsr)
+
+
+def _task_loss(model: MultitaskBERT, task: str, batch: dict, regularizer: SmartRegularizer | None,
+               lnsr: LnsrConfig | None) -> torch.Tensor:
     inputs = model.encoder_inputs(task, batch)
     embeddings = model.embed(inputs)
 
@@ -63,21 +73,29 @@ def compute_task_loss(model: MultitaskBERT, task: str, batch: dict, regularizer:
 
 
 @torch.inference_mode()
-def predict_examples(model: MultitaskBERT, task: str, examples: list, tokenizer, device: torch.device,
-                     batch_size: int, max_length: int, bf16: bool | None = None, quiet: bool = True,
-                     distributed: Distributed = SINGLE_PROCESS, scores: bool = False) -> tuple[list[str], np.ndarray]:
+def predict_examples(model: MultitaskBERT, task: str, examples: list | TokenizedExamples, tokenizer,
+                     device: torch.device, batch_size: int, max_length: int, precision: str = "fp32",
+                     quiet: bool = True, distributed: Distributed = SINGLE_PROCESS,
+                     scores: bool = False) -> tuple[list[str], np.ndarray]:
     """The model's prediction for every example (SST class, QQP 0/1, STS 0-5), ids in the examples' order;
     with `scores` the score each prediction is decided from instead (losses.py: SST's 5 logits, QQP's logit).
-    Under torchrun each rank predicts every world_size-th example and all ranks get all predictions."""
+    `precision`: a resolved one (runtime.resolve_precision), bf16 / fp16 autocast or fp32.
+    Under torchrun each rank predicts every world_size-th example and all ranks get all predictions.
+    `examples` may be tokenised already (Trainer.predict's cache), with max_length and the task's pair encoding."""
     model.eval()
+    cross_encoder = model.reads_pairs_jointly(task)
+    if not isinstance(examples, TokenizedExamples):
+        examples = TokenizedExamples.tokenize(examples, tokenizer, max_length, cross_encoder)
+    elif (examples.max_length, examples.cross_encoder) != (max_length, cross_encoder):
+        raise ValueError(f"{task} examples tokenised with max_length {examples.max_length} and cross_encoder "
+                         f"{examples.cross_encoder}, but predicting needs {max_length} and {cross_encoder}")
 
-    def predict_shard(shard: list) -> tuple[list[str], np.ndarray]:
-        loader = make_dataloader(shard, tokenizer, batch_size, shuffle=False, max_length=max_length,
-                                 cross_encoder=model.reads_pairs_jointly(task))
+    def predict_shard(shard: TokenizedExamples) -> tuple[list[str], np.ndarray]:
+        loader = tokenized_dataloader(shard, batch_size, shuffle=False, pin_memory=device.type == "cuda")
         ids, outputs = [], []
         for batch in tqdm(loader, desc=f"predict {task}", leave=False, disable=quiet):
             batch = to_device(batch, device)
-            with bf16_autocast(device, bf16):
+            with autocast(device, precision):
                 outputs.append(model.score(task, batch).float().cpu().numpy())
             ids += batch["ids"]
         return ids, np.concatenate(outputs)
@@ -149,14 +167,20 @@ class Trainer:
         if any(configs[task].bregman_weight > 0 for task in smart_tasks):
             self.teacher = BregmanTeacher(model, bregman_momentum(0, 1, args.smart_momentum))
         self.regularizers = {task: SmartRegularizer(model, configs[task], self.teacher) for task in smart_tasks}
-        warn_if_bf16_is_emulated(device, args.bf16)
-        self.amp = bf16_autocast(device, args.bf16)
+        self.precision = resolve_precision(device, args.precision)
+        use_tf32(device)
+        self.amp = autocast(device, self.precision)
+        # fp16 (GPUs without bf16: T4, V100) underflows small gradients: the loss is scaled up before backward
+        # and the gradients unscaled before clipping and the step; a step with inf / NaN gradients is skipped.
+        self.scaler = torch.amp.GradScaler(device.type, enabled=self.precision == "fp16")
+        self.skipped_updates = 0  # fp16 steps skipped for inf / NaN gradients
         self.history: list[dict] = []
         self.best_score = -math.inf
         self.next_stage = 0
         self.updates = 0  # optimizer steps taken; the learning rate and SMART's momentum follow it
         self.total_updates = 1
         self.stage_lr = args.lr
+        self.tokenized = TokenizationCache(tokenizer)  # each split tokenised once per run
 
     # -- one optimisation step --------------------------------------------------------------------
     def backward(self, loss: torch.Tensor, count: int, group_size: int) -> None:
@@ -164,7 +188,7 @@ class Trainer:
         accumulation group's size; under torchrun weighted by this rank's share of the global batch."""
         if self.distributed.enabled:
             loss = loss * self.distributed.share(count, self.device)
-        (loss / group_size).backward()
+        self.scaler.scale(loss / group_size).backward()
 
     def task_step(self, task: str, batch: dict, group_size: int) -> float:
         batch = to_device(batch, self.device)
@@ -185,7 +209,7 @@ class Trainer:
             else:
                 loss = supervised_simcse_loss(anchor, positive, negative, self.args.simcse_temperature)
         # The loss is already the global batch's; the gradient average over ranks would divide it.
-        (loss * self.distributed.world_size / group_size).backward()
+        self.scaler.scale(loss * self.distributed.world_size / group_size).backward()
         return loss.item()
 
     def mlm_step(self, batch: dict, group_size: int) -> float:
@@ -219,14 +243,21 @@ class Trainer:
             self.distributed.average_gradients(self.model.parameters())
             if self.mlm_head is not None:
                 self.distributed.average_gradients(self.mlm_head.parameters())
+        self.scaler.unscale_(self.optimizer)  # clipping and the step see the true gradients
         if self.args.max_grad_norm > 0:
             torch.nn.utils.clip_grad_norm_([p for g in self.optimizer.param_groups for p in g["params"]],
                                            self.args.max_grad_norm)
         factor = learning_rate_factor(self.updates, self.total_updates, self.args.lr_schedule, self.args.warmup_ratio)
         for group in self.optimizer.param_groups:
             group["lr"] = self.stage_lr * factor * group["lr_scale"]
-        self.optimizer.step()
+        scale = self.scaler.get_scale()
+        self.scaler.step(self.optimizer)  # skips optimizer.step() when a gradient is inf or NaN
+        self.scaler.update()  # lowers the scale exactly when it skipped
         self.optimizer.zero_grad(set_to_none=True)
+        if self.scaler.get_scale() < scale:
+            # Nothing moved: neither the teacher nor the schedules (learning rate, SMART's momentum) advance.
+            self.skipped_updates += 1
+            return
         if self.teacher is not None:
             self.teacher.momentum = bregman_momentum(self.updates, self.total_updates, self.args.smart_momentum)
             self.teacher.update(self.model)
@@ -251,11 +282,15 @@ class Trainer:
         return float(np.mean(losses)) if losses else float("nan")
 
     # -- stages -----------------------------------------------------------------------------------
-    def train_loader(self, task: str, examples, seed: int):
-        return make_dataloader(examples, self.tokenizer, self.args.batch_size, shuffle=True, seed=seed,
-                               max_length=self.args.max_length, cross_encoder=self.model.reads_pairs_jointly(task),
-                               num_workers=self.args.num_workers, world_size=self.distributed.world_size,
-                               rank=self.distributed.rank)
+    def train_loader(self, task: str, seed: int, size: int | None = None):
+        """A loader over the task's training split, or over `size` of its examples drawn with `seed`
+        (datasets.subsample's); the split is tokenised on its first use only."""
+        train = self.tokenized.get(self.data[task].train, self.args.max_length, self.model.reads_pairs_jointly(task))
+        if size is not None:
+            train = train.subset(subsample_indices(len(train), size, seed))
+        return tokenized_dataloader(train, self.args.batch_size, shuffle=True, seed=seed,
+                                    num_workers=self.args.num_workers, world_size=self.distributed.world_size,
+                                    rank=self.distributed.rank, pin_memory=self.device.type == "cuda")
 
     def batch_count(self, num_examples: int) -> int:
         """Steps over num_examples: global batches of batch_size per rank."""
@@ -285,8 +320,7 @@ class Trainer:
         self.stage_lr = self.args.simcse_lr if stage.kind == "simcse" else self.args.lr
         description = f"stage {index + 1} {stage.label}"
         if stage.kind == "task":
-            examples = subsample(self.data[stage.task].train, self.stage_size(stage), seed)
-            loader = self.train_loader(stage.task, examples, seed)
+            loader = self.train_loader(stage.task, seed, self.stage_size(stage))
             return self.run_steps(((partial(self.task_step, stage.task), b) for b in loader), len(loader), description)
         if stage.kind == "simcse":
             batches = triplet_batches(self.triplets, self.tokenizer, self.args.batch_size, seed, self.args.max_length,
@@ -300,7 +334,7 @@ class Trainer:
         return self.run_multitask_epoch(stage, seed, description)
 
     def run_multitask_epoch(self, stage: Stage, seed: int, description: str) -> float:
-        loaders = {t: self.train_loader(t, self.data[t].train, seed + i) for i, t in enumerate(MULTITASK)}
+        loaders = {t: self.train_loader(t, seed + i) for i, t in enumerate(MULTITASK)}
         batches = RestartingLoaders(loaders)
         rng = random.Random(seed)
         steps = self.stage_batches(stage)
@@ -317,8 +351,9 @@ class Trainer:
 
     # -- evaluation -------------------------------------------------------------------------------
     def predict(self, task: str, examples, scores: bool = False) -> tuple[list[str], np.ndarray]:
+        examples = self.tokenized.get(examples, self.args.max_length, self.model.reads_pairs_jointly(task))
         return predict_examples(self.model, task, examples, self.tokenizer, self.device, self.args.eval_batch_size,
-                                self.args.max_length, self.args.bf16, self.quiet, self.distributed, scores)
+                                self.args.max_length, self.precision, self.quiet, self.distributed, scores)
 
     def evaluate(self, split: str = "dev", limit: int | None = None) -> tuple[dict, dict]:
         """Metrics of every task on a split, and (ids, predictions, gold labels) per task."""
@@ -358,6 +393,8 @@ class Trainer:
             train_loss = self.run_stage(index, stages[index])
             record = {"stage": stages[index].label, "index": index + 1, "train_loss": train_loss,
                       "seconds": time.time() - start, **self.evaluate("dev")[0]}
+            if self.scaler.is_enabled():
+                record["fp16_skipped_updates"] = self.skipped_updates  # so far in the run
             if self.args.eval_train_examples:
                 train_metrics, _ = self.evaluate("train", self.args.eval_train_examples)
                 record.update({f"train_{k}": v for k, v in train_metrics.items()})

@@ -24,6 +24,7 @@ from adapters import SHARINGS, TARGETS, AdapterConfig
 from gradient_surgery import GRADIENT_SURGERIES
 from lnsr import LnsrConfig
 from multitask_bert import HEAD_ACTIVATIONS, parse_pair_encoders
+from runtime import PRECISIONS, legacy_bf16_flag
 from smart import SmartConfig
 from tasks import MULTITASK, SPLITS, course_file_name, data_flag, output_flag, task_name
 
@@ -187,9 +188,13 @@ class TrainingArguments:
     gradient_checkpointing: bool = flag(False, "recompute each BERT layer in the backward pass: less memory "
                                           "(bert-large, long sequences), about one more forward of time",
                                           OPTIMISATION, resume_free=True, action="store_true")
-    bf16: bool | None = flag(None, "bf16 autocast (default: on for CUDA, off for CPU; on a CPU with native bf16, "
-                               "e.g. AVX512-BF16 or AMX, --bf16 measured 1.2-1.6x faster, see BENCHMARKS.md)",
-                               OPTIMISATION, action=argparse.BooleanOptionalAction)
+    # Precision may change on --resume: a Colab run started on an L4 (bf16) may continue on a T4 (fp16).
+    precision: str = flag("auto", "auto: bf16 autocast where the device computes bf16 natively (L4, A100, H100; "
+                            "CPUs with AVX512-BF16 or AMX), fp16 autocast with a gradient scaler on older GPUs (T4, "
+                            "V100), float32 elsewhere; SMART's passes always run in float32", OPTIMISATION,
+                          resume_free=True, choices=PRECISIONS)
+    bf16: bool | None = flag(None, "alias: --bf16 is --precision bf16, --no-bf16 is --precision fp32", OPTIMISATION,
+                             resume_free=True, action=argparse.BooleanOptionalAction)
 
     # Schedule.
     schedule: str = flag("sequential", group=SCHEDULE, choices=("sequential", "annealed", "round_robin"))
@@ -244,6 +249,11 @@ class TrainingArguments:
 
     def __post_init__(self):
         _check_common(self)
+        alias = legacy_bf16_flag(self.bf16)
+        _check(alias == "auto" or self.precision in ("auto", alias),
+               f"--{'' if self.bf16 else 'no-'}bf16 contradicts --precision {self.precision}")
+        if alias != "auto":
+            self.precision = alias
         _check(self.grad_accumulation_steps >= 1, "--grad_accumulation_steps must be >= 1")
         for name in ("cycles", "mlm_epochs", "simcse_epochs", "eval_train_examples", "num_workers"):
             _check(getattr(self, name) >= 0, f"--{name} must be >= 0, got {getattr(self, name)}")

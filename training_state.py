@@ -22,6 +22,7 @@ if TYPE_CHECKING:  # the trainer saves its state through this module
 
 TRAINING_STATE_FIELDS = {"args": dict, "data_sha256": dict, "next_stage": int, "history": list, "best_score": (int, float),
                          "updates": int, "optimizer": dict, "rng": dict, "smart_skipped_steps": dict}
+OPTIONAL_FIELDS = {"grad_scaler": dict, "skipped_updates": int}
 
 
 def save_training_state(trainer: Trainer, prefix: Path) -> None:
@@ -47,13 +48,17 @@ def save_training_state(trainer: Trainer, prefix: Path) -> None:
         "history": trainer.history, "best_score": trainer.best_score, "updates": trainer.updates,
         "data_sha256": trainer.data_sha256, "world_size": trainer.distributed.world_size,
         "optimizer": optimizer_info, "rng": rng_info,
-        "smart_skipped_steps": {t: r.skipped_steps for t, r in trainer.regularizers.items()}})
+        "smart_skipped_steps": {t: r.skipped_steps for t, r in trainer.regularizers.items()},
+        # The fp16 gradient scaler's scale and growth counter (plain numbers; {} without fp16).
+        "grad_scaler": trainer.scaler.state_dict(), "skipped_updates": trainer.skipped_updates})
 
 def resume_training(trainer: Trainer, prefix: Path, stages: list[Stage]) -> None:
     """Continue from a training state: refused when a setting that changes the result differs, or
     when the stages already done do not begin `stages`."""
     tensors, metadata = read_checkpoint(prefix)
     check_fields(prefix.with_suffix(".json"), metadata, TRAINING_STATE_FIELDS)
+    check_fields(prefix.with_suffix(".json"), metadata,  # added later: runs saved before lack them
+                 {name: kind for name, kind in OPTIONAL_FIELDS.items() if name in metadata})
     free = resume_free_fields(type(trainer.args))
     if trainer.args.lr_schedule != "constant" or (trainer.regularizers and trainer.args.smart_momentum is None):
         saved = metadata["args"].get("cycles")
@@ -97,6 +102,11 @@ def _restore(trainer: Trainer, tensors: dict, metadata: dict) -> None:
     for task, skipped in metadata["smart_skipped_steps"].items():
         if task in trainer.regularizers:
             trainer.regularizers[task].skipped_steps = skipped
+    # A run saved before these fields existed, or in another precision (a resume on another GPU kind), starts a
+    # fresh scaler, as a run does.
+    if trainer.scaler.is_enabled() and metadata.get("grad_scaler"):
+        trainer.scaler.load_state_dict(metadata["grad_scaler"])
+    trainer.skipped_updates = metadata.get("skipped_updates", 0)
     restore_rng(tensors, metadata["rng"])
     if trainer.distributed.rank > 0:
         suffix = f".rank{trainer.distributed.rank}"

@@ -5,7 +5,9 @@ of radius eps, start noise sigma = eps), this prints the divergence between the 
 outputs at the adversarial point with dropout off, and the divergence between two dropout masks with no
 perturbation, in float32 and under bf16 autocast. SMART's smoothness term is computed with dropout on,
 so when the first number is orders of magnitude below the second, R_s mostly measures dropout
-disagreement rather than sensitivity to the perturbation.
+disagreement rather than sensitivity to the perturbation. The bf16 rows show why training runs SMART's
+steps in float32 whatever the run's precision (smart.py): under raw bf16 autocast a 1e-5 perturbation is
+rounded away and what remains is rounding noise.
 
     python scripts/smart_perturbation.py --data_dir ../shared/data/protocol --checkpoint runs/cpu_ss/best
 """
@@ -24,7 +26,7 @@ from base_bert import CheckpointError  # noqa: E402
 from bert import BertModel  # noqa: E402
 from datasets import DataError, collate_pairs, collate_sentences, load_split  # noqa: E402
 from multitask_bert import MultitaskBERT, load_multitask_model  # noqa: E402
-from runtime import bf16_autocast  # noqa: E402
+from runtime import autocast  # noqa: E402
 from smart import DIVERGENCES, SmartConfig, find_perturbation  # noqa: E402
 from tokenizer import BertTokenizer  # noqa: E402
 
@@ -42,7 +44,7 @@ def divergences(model: MultitaskBERT, task: str, batch: dict, epsilon: float, bf
     name = model.objectives[task].divergence
     divergence = DIVERGENCES[name]
     config = SmartConfig(epsilon=epsilon, noise_std=epsilon)
-    with bf16_autocast(torch.device("cpu"), bf16):
+    with autocast(torch.device("cpu"), "bf16" if bf16 else "fp32"):
         model.eval()
         inputs = model.encoder_inputs(task, batch)
         embeddings = model.embed(inputs)

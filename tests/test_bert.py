@@ -117,6 +117,29 @@ def test_manual_attention_equals_sdpa():
     assert masked_max_diff(a["last_hidden_state"], b["last_hidden_state"], mask) < 1e-5
 
 
+def test_attention_gets_no_mask_when_the_batch_has_no_padding(monkeypatch):
+    """SDPA's flash kernel accepts no mask: a batch without padding (length bucketing makes them common) must
+    pass none, and a padded one still its key mask; the manual attention agrees in both cases."""
+    import torch.nn.functional as F
+    masks = []
+    sdpa = F.scaled_dot_product_attention
+
+    def recording(*args, attn_mask=None, **kwargs):
+        masks.append(attn_mask)
+        return sdpa(*args, attn_mask=attn_mask, **kwargs)
+    monkeypatch.setattr(F, "scaled_dot_product_attention", recording)
+    model, manual = tiny_model(), tiny_model(attn_implementation="manual")
+    ids, mask, _ = random_batch(97)
+    full = torch.ones_like(mask)
+    with torch.no_grad():
+        for attention_mask in (full, mask):
+            masks.clear()
+            ours = model(ids, attention_mask)["last_hidden_state"]
+            assert all((m is None) == bool(attention_mask.all()) for m in masks) and masks
+            reference = manual(ids, attention_mask)["last_hidden_state"]
+            assert masked_max_diff(ours, reference, attention_mask) < 1e-5
+
+
 def test_embed_encode_split_equals_forward_and_exposes_embeddings():
     model = tiny_model()
     ids, mask, types = random_batch(97)

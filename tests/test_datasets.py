@@ -23,12 +23,14 @@ PAIR_HEADER = "\tid\tsentence1\tsentence2\t{label}\n"
 
 
 class FakeTokenizer:
-    """Whitespace tokens hashed into ids, called like BertTokenizer: [CLS]=1, [SEP]=2, [PAD]=0."""
+    """Whitespace tokens hashed into ids, called like BertTokenizer: [CLS]=1, [SEP]=2, [PAD]=0; lists of ids
+    without padding, tensors with padding=True and return_tensors="pt"."""
 
     CLS, SEP, PAD = 1, 2, 0
+    pad_token_id = PAD
 
-    def __call__(self, texts, text_pair=None, padding=True, truncation=True, max_length=512, return_tensors="pt"):
-        assert padding is True and return_tensors == "pt"
+    def __call__(self, texts, text_pair=None, padding=False, truncation=False, max_length=512, return_tensors=None):
+        assert (padding, return_tensors) in ((True, "pt"), (False, None))
         rows = []
         for i, text in enumerate(texts):
             first = [self.token_id(word) for word in text.split()]
@@ -45,6 +47,9 @@ class FakeTokenizer:
                 ids += second + [self.SEP]
                 types += [1] * (len(second) + 1)
             rows.append((ids, types))
+        if not padding:
+            return {"input_ids": [ids for ids, _ in rows], "token_type_ids": [types for _, types in rows],
+                    "attention_mask": [[1] * len(ids) for ids, _ in rows]}
         width = max(len(ids) for ids, _ in rows)
         pad = [width - len(ids) for ids, _ in rows]
         return {

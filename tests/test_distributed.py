@@ -1,6 +1,7 @@
 """Data parallel training (distributed.py): sharded epochs, and two gloo processes on the CPU giving what
 one process gives on the concatenated batch — one optimizer step with and without SMART, the gathered
 SimCSE loss, and whole torchrun runs (with --resume). Deselect with -m "not distributed"."""
+import datetime
 import json
 import os
 import random
@@ -352,3 +353,18 @@ def test_torchrun_trains_part_one_like_one_process_with_the_whole_batch(tmp_path
         assert [r.split(",")[0] for r in rows] == [r.split(",")[0] for r in expected], name
         agreeing = sum(r == e for r, e in zip(rows, expected))
         assert agreeing >= 0.95 * len(rows), name  # a class on the edge may turn on a 1e-7 difference
+
+
+def test_the_process_group_waits_long_enough_for_slow_checkpoint_writes(monkeypatch):
+    """Rank 0 writes the stage checkpoint (Drive on Colab: minutes) while the others wait in a collective:
+    the group is joined with an explicit timeout well past NCCL's 10-minute default."""
+    import torch.distributed as dist
+    joined = {}
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(dist, "init_process_group", lambda backend, **kwargs: joined.update(backend=backend, **kwargs))
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    distributed, device = Distributed.from_environment(use_gpu=False)
+    assert (distributed.rank, distributed.world_size, device.type) == (1, 2, "cpu")
+    assert joined["backend"] == "gloo" and joined["timeout"] >= datetime.timedelta(minutes=30)

@@ -231,17 +231,29 @@ def test_simcse_stage_trains_the_encoder(tiny_checkpoint, tmp_path):
     assert torch.equal(trained["pooler.dense.weight"], initial["pooler.dense.weight"])  # unused: no gradient
 
 
-def test_bf16_flag_trains_in_bf16_on_cpu(tiny_checkpoint, tmp_path):
-    losses = {}
-    for precision in ("--no-bf16", "--bf16"):
-        out = tmp_path / precision.strip("-")
-        out.mkdir()
-        assert mc.main(run_flags(tiny_checkpoint, out, precision)) == 0
-        losses[precision] = [r["train_loss"] for r in read_records(out / "run")[1:]]
-    assert all(math.isfinite(loss) for loss in losses["--bf16"])
-    # The same seed and data: only the autocast differs, so equal losses would mean the flag was ignored.
-    assert losses["--bf16"] != losses["--no-bf16"]
-    np.testing.assert_allclose(losses["--bf16"], losses["--no-bf16"], rtol=0.1)
+def test_fp16_trains_with_a_gradient_scaler_and_resumes_bitwise(tiny_checkpoint, tmp_path, capsys):
+    """--precision fp16 (a T4's): losses near float32's but not equal (the autocast is on), the scaler's state in
+    the checkpoint, and a resumed run equal to an uninterrupted one. Without --smart, whose steps are float32."""
+    def flags(out, *extra):
+        return [f for f in run_flags(tiny_checkpoint, out, *extra) if f != "--smart"]
+    assert mc.main(flags(tmp_path / "fp32", "--no-bf16")) == 0
+    assert "precision: float32 (as asked (--precision))" in capsys.readouterr().out
+    assert mc.main(flags(tmp_path / "fp16", "--precision", "fp16")) == 0
+    assert "precision: fp16 autocast with a gradient scaler" in capsys.readouterr().out
+    losses = {name: [r["train_loss"] for r in read_records(tmp_path / name / "run")[1:]] for name in ("fp32", "fp16")}
+    assert losses["fp16"] != losses["fp32"]  # equal losses would mean the autocast was ignored
+    np.testing.assert_allclose(losses["fp16"], losses["fp32"], rtol=0.1)
+    straight = json.loads((tmp_path / "fp16" / "run" / "last.json").read_text())
+    assert straight["grad_scaler"]["scale"] > 0 and "fp16_skipped_updates" in read_records(tmp_path / "fp16" / "run")[1]
+
+    cut = tmp_path / "cut"
+    assert mc.main(flags(cut, "--precision", "fp16", "--stop_after_stages", "2")) == 0
+    assert mc.main(flags(cut, "--precision", "fp16", "--resume")) == 0
+    resumed = json.loads((cut / "run" / "last.json").read_text())
+    assert (resumed["grad_scaler"], resumed["skipped_updates"]) == (straight["grad_scaler"], straight["skipped_updates"])
+    expected, got = load_file(tmp_path / "fp16" / "run" / "last.safetensors"), load_file(cut / "run" / "last.safetensors")
+    assert expected.keys() == got.keys() and all(torch.equal(expected[k], got[k]) for k in expected)
+    assert metrics_without_times(tmp_path / "fp16" / "run") == metrics_without_times(cut / "run")
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -4,8 +4,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
-from optimizer import AdamW, encoder_depth, weight_decay_groups
+from optimizer import AdamW, encoder_depth, parameter_chunks, weight_decay_groups
 from optimizer_test import (
     COURSE_ATOL,
     COURSE_HYPERPARAMETERS,
@@ -284,6 +286,82 @@ def test_adamw_on_the_groups_leaves_1d_parameters_undecayed():
         else:
             assert torch.equal(parameter, before[name]), name
 
+
+
+# --- chunked multi-tensor steps --------------------------------------------------------------------
+
+CHUNK_TEST_SIZES = (1000, 1000, 1000, 500, 3000)  # at 2048 elements a chunk: [1000, 1000], [1000, 500], [3000]
+
+
+class NewTensorRecorder(TorchDispatchMode):
+    """(operation, elements of the tensors it created) for every aten operation run under it; tensors that
+    share an input's storage (in-place results) are not new."""
+
+    def __init__(self):
+        super().__init__()
+        self.created: list[tuple[str, int]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        outputs = func(*args, **(kwargs or {}))
+        inputs = {t.untyped_storage().data_ptr() for t in tree_leaves((args, kwargs)) if torch.is_tensor(t)}
+        created = sum(t.numel() for t in tree_leaves(outputs)
+                      if torch.is_tensor(t) and t.untyped_storage().data_ptr() not in inputs)
+        self.created.append((str(func), created))
+        return outputs
+
+
+def chunk_test_parameters(seed: int = 0) -> list[torch.nn.Parameter]:
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.nn.Parameter(torch.randn(n, generator=generator)) for n in CHUNK_TEST_SIZES]
+
+
+def set_gradients(params, step: int) -> None:
+    generator = torch.Generator().manual_seed(100 + step)
+    for index, p in enumerate(params):
+        # the third parameter has no gradient on odd steps, so step counts differ within a chunk
+        p.grad = None if index == 2 and step % 2 else torch.randn(p.shape, generator=generator)
+
+
+def test_step_temporaries_are_bounded_by_the_chunk_not_the_model():
+    params = chunk_test_parameters()
+    optimizer = AdamW(params, lr=1e-3, weight_decay=0.01, chunk_elements=2048)
+    set_gradients(params, 0)
+    optimizer.step()  # creates the state (one zeros_like per parameter and moment)
+    with NewTensorRecorder() as recorder:
+        optimizer.step()
+    assert sum(created for _, created in recorder.created) == sum(CHUNK_TEST_SIZES)  # sqrt(v) once per element
+    assert max(created for _, created in recorder.created) == max(CHUNK_TEST_SIZES)  # not 6500: the whole model
+    sqrt_calls = [created for op, created in recorder.created if "_foreach_sqrt" in op]
+    assert sqrt_calls == [2000, 1500, 3000]  # one multi-tensor kernel per chunk; the largest is its own chunk
+
+
+@pytest.mark.parametrize("weight_decay,correct_bias", [(0.0, True), (0.1, True), (0.1, False)])
+def test_chunked_steps_equal_one_chunk_for_the_whole_group(weight_decay, correct_bias):
+    runs = {}
+    for chunk_elements in (2048, 1, 10**9):
+        params = chunk_test_parameters()
+        optimizer = AdamW(params, lr=1e-2, weight_decay=weight_decay, correct_bias=correct_bias,
+                          chunk_elements=chunk_elements)
+        for step in range(5):
+            set_gradients(params, step)
+            optimizer.step()
+        runs[chunk_elements] = (params, optimizer)
+    whole_params, whole = runs.pop(10**9)
+    for params, optimizer in runs.values():
+        for p, q in zip(params, whole_params):
+            assert torch.equal(p, q)
+            assert optimizer.state[p]["step"] == whole.state[q]["step"]
+            for key in ("exp_avg", "exp_avg_sq"):
+                assert torch.equal(optimizer.state[p][key], whole.state[q][key])
+
+
+def test_parameter_chunks_keep_the_order_and_the_budget():
+    params = [torch.zeros(n) for n in (3, 4, 10, 1, 2, 2)]
+    chunks = parameter_chunks(params, 7)
+    assert [[p.numel() for p in chunk] for chunk in chunks] == [[3, 4], [10], [1, 2, 2]]
+    assert [p for chunk in chunks for p in chunk] == params
+    with pytest.raises(ValueError, match="chunk_elements"):
+        AdamW(params, chunk_elements=0)
 
 # --- layer-wise learning-rate decay ----------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""runtime.py: the device, bf16 autocast, seeding and moving batches."""
+"""runtime.py: the device, the precision, seeding and moving batches."""
 import random
 import warnings
 
@@ -7,32 +7,56 @@ import pytest
 import torch
 
 import runtime
-from runtime import bf16_autocast, bf16_enabled, resolve_device, seed_everything, to_device, warn_if_bf16_is_emulated
+from runtime import (autocast, float32_exact, precision_notice, resolve_device, resolve_precision, seed_everything,
+                     to_device)
 
 
-@pytest.mark.parametrize("flag, enabled", [(None, False), (True, True), (False, False)])
-def test_bf16_autocast_on_cpu_only_when_asked(flag, enabled):
-    with bf16_autocast(torch.device("cpu"), flag):
-        assert torch.is_autocast_enabled("cpu") == enabled
-        assert (torch.nn.Linear(4, 4)(torch.ones(2, 4)).dtype == torch.bfloat16) == enabled
+@pytest.mark.parametrize("precision, dtype", [("bf16", torch.bfloat16), ("fp16", torch.float16), ("fp32", torch.float32)])
+def test_autocast_computes_in_the_precision_asked(precision, dtype):
+    with autocast(torch.device("cpu"), precision):
+        assert torch.is_autocast_enabled("cpu") == (precision != "fp32")
+        assert torch.nn.Linear(4, 4)(torch.ones(2, 4)).dtype == dtype
 
 
-def test_bf16_is_on_by_default_for_cuda_only():
-    assert bf16_enabled(torch.device("cuda"), None) and not bf16_enabled(torch.device("cpu"), None)
-    assert not bf16_enabled(torch.device("cuda"), False) and bf16_enabled(torch.device("cpu"), True)
+@pytest.mark.parametrize("device, capability, native_cpu, expected", [
+    ("cuda", (8, 9), False, "bf16"),   # L4: native bf16
+    ("cuda", (7, 5), False, "fp16"),   # T4: bf16 only emulated, which torch.cuda.is_bf16_supported() counts
+    ("cuda", (7, 0), False, "fp16"),   # V100
+    ("cpu", None, True, "bf16"),       # AVX512-BF16 or AMX
+    ("cpu", None, False, "fp32"),
+])
+def test_auto_precision_follows_native_support(monkeypatch, device, capability, native_cpu, expected):
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "GPU")
+    monkeypatch.setattr(runtime, "cpu_has_native_bf16", lambda: native_cpu)
+    assert resolve_precision(torch.device(device), "auto") == expected
+    assert resolve_precision(torch.device(device), "fp32") == "fp32"
+    line = precision_notice(torch.device(device), "auto", smart=True)
+    assert line.startswith(f"precision: {dict(bf16='bf16 autocast', fp16='fp16 autocast', fp32='float32')[expected]}")
+    assert ("SMART's steps run in float32" in line) == (expected != "fp32") and "warning" not in line
 
 
-@pytest.mark.parametrize("native", [True, False])
-def test_cpu_bf16_without_native_instructions_is_warned_about(monkeypatch, native):
-    monkeypatch.setattr(runtime, "cpu_has_native_bf16", lambda: native)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        warn_if_bf16_is_emulated(torch.device("cpu"), True)
-        warn_if_bf16_is_emulated(torch.device("cpu"), None)  # float32: nothing to warn about
-        warn_if_bf16_is_emulated(torch.device("cuda"), True)
-    assert [str(w.message) for w in caught] == ([] if native else [
-        "--bf16 on a CPU without native bf16 (no AVX512-BF16 or AMX): autocast is emulated and much slower than "
-        "float32 here; leave --bf16 out on this machine"])
+def test_notice_warns_when_the_precision_asked_is_emulated(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla T4")
+    monkeypatch.setattr(runtime, "cpu_has_native_bf16", lambda: False)
+    assert precision_notice(torch.device("cuda"), "bf16").endswith(
+        "warning: bf16 is emulated on Tesla T4, much slower than fp16")
+    assert precision_notice(torch.device("cpu"), "bf16").endswith(
+        "warning: bf16 is emulated on this CPU, much slower than float32")
+    with pytest.raises(ValueError, match="unknown precision"):
+        resolve_precision(torch.device("cpu"), "fp8")
+
+
+def test_float32_exact_turns_autocast_and_tf32_off_and_restores_them():
+    torch.set_float32_matmul_precision("high")
+    try:
+        with torch.autocast("cpu", dtype=torch.bfloat16), float32_exact():
+            assert not torch.is_autocast_enabled("cpu") and torch.get_float32_matmul_precision() == "highest"
+            assert torch.nn.Linear(4, 4)(torch.ones(2, 4)).dtype == torch.float32
+        assert torch.get_float32_matmul_precision() == "high"
+    finally:
+        torch.set_float32_matmul_precision("highest")
 
 
 def test_resolve_device_falls_back_to_the_cpu_with_a_warning(monkeypatch):

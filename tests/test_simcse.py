@@ -368,3 +368,15 @@ def test_real_nli_triplet_counts_match_sources_md():
     ]
     assert len(triplets) == 9380
     assert len(build_triplets(load_nli_pairs(NLI / "snli_senteval", split="dev"))) == 2954
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_logits_are_float32_under_autocast(dtype):
+    """Under the training step's autocast the similarity matmul would run in 16 bits: at scale 20 its
+    rounding moves logits by ~0.1. The losses must equal their float32 values."""
+    a, p, n = (random_embeddings(16, 64, seed=s).float() for s in range(3))
+    with torch.autocast("cpu", dtype=dtype):
+        supervised, ranking = supervised_simcse_loss(a, p, n), multiple_negatives_ranking_loss(a, p)
+    assert supervised.dtype == ranking.dtype == torch.float32
+    assert supervised.item() == supervised_simcse_loss(a, p, n).item()
+    assert ranking.item() == multiple_negatives_ranking_loss(a, p).item()

@@ -1,4 +1,5 @@
 import math
+from contextlib import nullcontext
 
 import numpy as np
 import pytest
@@ -7,6 +8,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from conftest import deterministic_tiny_model, sentence_batch
 from smart import (
     DIVERGENCES,
     BregmanTeacher,
@@ -554,3 +556,78 @@ def test_bregman_momentum_schedule():
     assert [bregman_momentum(u, 7) for u in range(3)] == [0.99, 0.999, 0.999]  # 0.1 * 7 = 0.7: update 0 only
     assert bregman_momentum(0, 100, 0.9) == bregman_momentum(99, 100, 0.9) == 0.9
     assert bregman_momentum(3, 10, 0.0) == 0.0  # vanilla BPP stays fixed too
+
+
+# ---------------------------------------------------------------------------------------------------
+# Precision: SMART's passes in float32 whatever the run's autocast
+
+
+def smoothness_term(model, task, batch, epsilon, context, monkeypatch) -> float:
+    """R_s (dropout off) as the trainer's SMART step computes it under `context`, read where penalty() gets it."""
+    import smart
+    from trainer import compute_task_loss
+    seen = []
+
+    def recording(*args, **kwargs):
+        result = adversarial_regularizer(*args, **kwargs)
+        seen.append(result[0].item())
+        return result
+    monkeypatch.setattr(smart, "adversarial_regularizer", recording)
+    torch.manual_seed(0)  # the same random start everywhere
+    with context:
+        compute_task_loss(model, task, batch, SmartRegularizer(model, SmartConfig(epsilon=epsilon, noise_std=epsilon)))
+    monkeypatch.undo()
+    return seen[0]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_smart_step_computes_in_float32_under_autocast(dtype, tokenizer):
+    """The trainer's task step under bf16 (L4) or fp16 (T4) autocast: with SMART, loss and penalty are exactly
+    the float32 ones; the ascent gradient is a float32 one, so fp16 cannot underflow it."""
+    from trainer import compute_task_loss
+    model = deterministic_tiny_model().eval()
+    batch = sentence_batch(tokenizer, 8)
+    regularizer = SmartRegularizer(model, SmartConfig())
+    values = []
+    for context in (nullcontext(), torch.autocast("cpu", dtype=dtype)):
+        torch.manual_seed(0)
+        with context:
+            values.append(compute_task_loss(model, "sst", batch, regularizer).item())
+    assert values[0] == values[1]
+
+
+def test_smart_refuses_to_run_under_autocast(tokenizer):
+    model = deterministic_tiny_model().eval()
+    batch = sentence_batch(tokenizer, 4)
+    inputs = model.encoder_inputs("sst", batch)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        embeddings = model.embed(inputs)
+        outputs = model.outputs_from_embeddings("sst", embeddings, inputs)
+        with pytest.raises(RuntimeError, match="float32"):
+            SmartRegularizer(model, SmartConfig()).penalty(
+                lambda e: model.outputs_from_embeddings("sst", e, inputs), embeddings, outputs, "categorical")
+
+
+def test_smoothness_term_of_a_real_model_survives_bf16_autocast(tokenizer, monkeypatch):
+    """minilm-l6 (hidden 384): under raw bf16 autocast x + delta rounds back to x at the first matmul and R_s is
+    rounding noise (hundreds of times the float32 value, and it does not grow with epsilon); the trainer's
+    SMART step under bf16 gives the float32 R_s, which grows as epsilon^2 (the divergence is quadratic)."""
+    from bert import BertModel
+    from multitask_bert import MultitaskBERT
+    model = MultitaskBERT(BertModel.from_pretrained("minilm-l6")).eval()
+    batch = sentence_batch(tokenizer, 8)
+    bf16 = torch.autocast("cpu", dtype=torch.bfloat16)
+    float32 = {eps: smoothness_term(model, "sst", batch, eps, nullcontext(), monkeypatch) for eps in (1e-5, 2e-5)}
+    under_bf16 = {eps: smoothness_term(model, "sst", batch, eps, bf16, monkeypatch) for eps in (1e-5, 2e-5)}
+    assert under_bf16 == float32
+    assert 3 < float32[2e-5] / float32[1e-5] < 5
+    with bf16:  # what the step computed before: the clean and perturbed passes in bf16
+        inputs = model.encoder_inputs("sst", batch)
+        embeddings = model.embed(inputs)
+
+        def forward(e):
+            return model.outputs_from_embeddings("sst", e, inputs)
+        torch.manual_seed(0)
+        raw, _ = adversarial_regularizer(forward, embeddings, forward(embeddings), "categorical",
+                                         SmartConfig(epsilon=1e-5, noise_std=1e-5))
+    assert raw.item() > 30 * float32[1e-5]

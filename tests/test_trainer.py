@@ -308,3 +308,48 @@ def test_trainer_decays_matrices_only_and_skips_frozen_parameters(tmp_path, toke
     if option == "finetune":
         assert "bert.embeddings.layer_norm.weight" in no_decay
         assert names[id(model.bert.embeddings.word_embeddings.weight)] not in no_decay
+
+
+# ---------------------------------------------------------------------------------------------------
+# fp16: the gradient scaler
+
+
+def scaled_backward(trainer, tokenizer):
+    batch = sentence_batch(tokenizer, 4)
+    trainer.backward(compute_task_loss(trainer.model, "sst", batch), 4, 1)
+
+
+def test_an_fp16_step_with_inf_gradients_moves_nothing(tmp_path, tokenizer):
+    """A skipped step (inf / NaN gradients) leaves weights, teacher, optimizer state and the schedules' position
+    alone, and halves the scale; the next finite step updates all of them."""
+    trainer = make_trainer(tmp_path, tokenizer, precision="fp16", smart=True)
+    scaled_backward(trainer, tokenizer)
+    next(p for p in trainer.model.parameters() if p.grad is not None).grad[0] = math.inf
+    weights = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    teacher = {n: t.clone() for n, t in trainer.teacher.params.items()}
+    scale = trainer.scaler.get_scale()
+    trainer.optimizer_step()
+    assert (trainer.updates, trainer.skipped_updates, trainer.scaler.get_scale()) == (0, 1, scale / 2)
+    assert all(torch.equal(p, weights[n]) for n, p in trainer.model.named_parameters())
+    assert all(torch.equal(t, teacher[n]) for n, t in trainer.teacher.params.items())
+    assert not trainer.optimizer.state
+    scaled_backward(trainer, tokenizer)
+    trainer.optimizer_step()
+    assert (trainer.updates, trainer.skipped_updates) == (1, 1)
+    assert not all(torch.equal(t, teacher[n]) for n, t in trainer.teacher.params.items())
+
+
+def test_fp16_gradients_are_unscaled_before_clipping(tmp_path, tokenizer, monkeypatch):
+    """Clipping sees the true gradient norm, not the norm times the loss scale (65536)."""
+    true = make_trainer(tmp_path / "fp32", tokenizer, max_grad_norm=1.0)
+    scaled_backward(true, tokenizer)
+    expected = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in true.model.parameters()
+                                                     if p.grad is not None])).item()
+    trainer = make_trainer(tmp_path / "fp16", tokenizer, max_grad_norm=1.0, precision="fp16")
+    with torch.autocast("cpu", enabled=False):  # the same float32 gradients, scaled
+        scaled_backward(trainer, tokenizer)
+    norms = []
+    clip = torch.nn.utils.clip_grad_norm_
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", lambda params, max_norm: norms.append(clip(params, max_norm)))
+    trainer.optimizer_step()
+    assert trainer.scaler.get_scale() == 65536.0 and norms[0].item() == pytest.approx(expected, rel=1e-5)

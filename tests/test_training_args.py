@@ -121,6 +121,17 @@ def test_flags_reach_their_fields():
     assert args.smart_override == ["sst:adv_weight=2", "qqp:norm=l2"] and args.simcse_data == ["a.csv", "b.csv"]
 
 
+@pytest.mark.parametrize("flags, precision", [([], "auto"), (["--precision", "fp16"], "fp16"), (["--bf16"], "bf16"),
+                                              (["--no-bf16"], "fp32"), (["--bf16", "--precision", "bf16"], "bf16")])
+def test_bf16_flags_are_aliases_of_precision(flags, precision):
+    assert mc.parse_args(flags).precision == precision
+
+
+def test_a_bf16_flag_that_contradicts_precision_is_refused():
+    with pytest.raises(ValueError, match="--no-bf16 contradicts --precision fp16"):
+        TrainingArguments(bf16=False, precision="fp16")
+
+
 def test_data_and_prediction_paths(tmp_path):
     args = mc.parse_args(["--data_dir", str(tmp_path), "--para_train", "elsewhere/q.csv",
                           "--sst_test_out", "out/sst.csv"])
