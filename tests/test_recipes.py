@@ -7,6 +7,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import torch
 
 from schedules import build_schedule
 from training_args import TrainingArguments, adapter_config, build_parser, from_namespace
@@ -46,7 +47,7 @@ def test_cpu_recipe_runs_on_the_demo_data(recipe):
             shutil.rmtree(run, ignore_errors=True)
 
 
-@pytest.mark.parametrize("recipe", sorted(p.name for p in (ROOT / "scripts").glob("gpu_*.sh")))
+@pytest.mark.parametrize("recipe", sorted(p.name for p in (ROOT / "scripts").glob("gpu_*.sh") if p.name != "gpu_check.sh"))
 def test_gpu_recipe_is_a_valid_command_line(recipe):
     """No GPU here: the recipe runs with LAUNCH=echo, and every command it would launch must parse into
     valid training arguments with a buildable schedule and adapter configuration."""
@@ -75,3 +76,9 @@ def test_the_ensemble_recipe_combines_the_committed_scores(tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     assert "held out (chosen on half of dev" in result.stdout
     assert len(list(tmp_path.glob("*-out.csv"))) == 6
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+def test_gpu_check_refuses_a_machine_without_cuda_in_one_line():
+    result = subprocess.run(["bash", "scripts/gpu_check.sh"], cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 2 and result.stdout.strip() == "gpu_check: no CUDA device visible to torch"

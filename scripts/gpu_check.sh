@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# One command to verify a CUDA machine, offline (random bert-base config and the bundled minilm-l6), in minutes:
+# the course checks, the tests marked gpu, the encoder and SMART benchmarks against transformers, and a short
+# gpu_ss.sh / gpu_best.sh run on the demo data. Prints one summary table; logs go to runs/gpu_check/.
+#   bash scripts/gpu_check.sh
+set -uo pipefail  # not -e: every check runs and reports, a failing one does not hide the others
+source "$(dirname "$0")/_common.sh"
+cd "$ROOT"
+LOGS=runs/gpu_check
+mkdir -p "$LOGS"
+python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" || {
+    echo "gpu_check: no CUDA device visible to torch"; exit 2; }
+ROWS=()
+
+# check NAME COMMAND...: runs it, logs it, records pass/fail, seconds and the last line it printed.
+check() {
+    local name=$1 start status last
+    shift
+    start=$(date +%s)
+    "$@" >"$LOGS/$name.log" 2>&1
+    status=$?
+    last=$(grep -v '^\s*$' "$LOGS/$name.log" | tail -n 1 | cut -c 1-90)
+    ROWS+=("| $name | $([ $status -eq 0 ] && echo pass || echo "FAIL ($status)") | $(($(date +%s) - start)) s | $last |")
+}
+
+# The figures the table quotes, read from the benchmarks' JSON lines.
+figure() {
+    python - "$LOGS/benchmarks.jsonl" "$1" "$2" <<'EOF'
+import json, sys
+path, which, key = sys.argv[1:]
+for line in open(path):
+    result = json.loads(line)
+    if result["setup"]["config"] == which.split("/")[0] and which.split("/")[1] in result["benchmark"]:
+        value = result
+        for part in key.split("."):
+            value = value[part]
+        print(round(value, 3) if isinstance(value, float) else value)
+EOF
+}
+
+rm -f "$LOGS/benchmarks.jsonl"
+check sanity_check python sanity_check.py
+check optimizer_test python optimizer_test.py
+check gpu_tests python -m pytest -q -m gpu -s
+for config in bert-base-random minilm-l6; do
+    check "encoder_$config" python scripts/benchmark.py encoder --device cuda --config "$config" --seq_len 128 \
+        --json "$LOGS/benchmarks.jsonl"
+    check "smart_$config" python scripts/benchmark.py smart --device cuda --config "$config" --seq_len 128 \
+        --json "$LOGS/benchmarks.jsonl"
+done
+# About 200 optimizer steps each: the demo's 160 training examples per task at batch 8.
+DEMO_FLAGS=(--pretrained minilm-l6 --batch_size 8 --cycles 5 --quiet)
+check gpu_ss env DATA_DIR="$ROOT/data/demo" RUN_NAME=gpu_check_ss bash scripts/gpu_ss.sh "${DEMO_FLAGS[@]}"
+check gpu_best env DATA_DIR="$ROOT/data/demo" RUN_NAME=gpu_check_best bash scripts/gpu_best.sh "${DEMO_FLAGS[@]}"
+
+echo
+echo "GPU check on $(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null | head -n 1)," \
+     "torch $(python -c 'import torch; print(torch.__version__)'), $(date -u +%Y-%m-%d)"
+echo
+echo "| check | result | time | last line of its log ($LOGS/) |"
+echo "|---|---|---|---|"
+printf '%s\n' "${ROWS[@]}"
+echo
+echo "| figure | bert-base-random | minilm-l6 | goal |"
+echo "|---|---|---|---|"
+echo "| minBERT train step speed-up over transformers (SDPA, 32 x 128) | $(figure bert-base-random/encoder speedup_minbert_vs_transformers) | $(figure minilm-l6/encoder speedup_minbert_vs_transformers) | >= 1.2 |"
+echo "| SMART step / plain step | $(figure bert-base-random/SMART smart_cost_ratio) | $(figure minilm-l6/SMART smart_cost_ratio) | <= 2.6 |"
+echo "| the same with transformers | $(figure bert-base-random/SMART transformers_smart_cost_ratio) | $(figure minilm-l6/SMART transformers_smart_cost_ratio) | |"
+echo "| peak memory of the SMART step (MiB) | $(figure bert-base-random/SMART peak_step_memory_mib.smart) | $(figure minilm-l6/SMART peak_step_memory_mib.smart) | < 12288 |"
+echo "| precision | $(figure bert-base-random/encoder setup.precision) | $(figure minilm-l6/encoder setup.precision) | |"
+! printf '%s\n' "${ROWS[@]}" | grep -q FAIL
