@@ -8,7 +8,7 @@ import torch
 
 import runtime
 from runtime import (autocast, float32_exact, precision_notice, resolve_device, resolve_precision, seed_everything,
-                     to_device)
+                     to_device, use_tf32)
 
 
 @pytest.mark.parametrize("precision, dtype", [("bf16", torch.bfloat16), ("fp16", torch.float16), ("fp32", torch.float32)])
@@ -79,3 +79,13 @@ def test_to_device_moves_tensors_and_keeps_the_rest():
     batch = {"input_ids": torch.ones(2, 3, dtype=torch.long), "ids": ["a", "b"], "labels": None}
     moved = to_device(batch, torch.device("cpu"))
     assert moved["ids"] == ["a", "b"] and moved["labels"] is None and torch.equal(moved["input_ids"], batch["input_ids"])
+
+
+def test_tf32_is_turned_on_for_cuda_runs_only():
+    try:
+        use_tf32(torch.device("cpu"))
+        assert torch.get_float32_matmul_precision() == "highest"  # CPU numbers stay float32's
+        use_tf32(torch.device("cuda"))
+        assert torch.get_float32_matmul_precision() == "high"
+    finally:
+        torch.set_float32_matmul_precision("highest")
