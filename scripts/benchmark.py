@@ -1,8 +1,9 @@
 """Speed and memory benchmarks; every figure is a ratio or a number measured in this one run.
 
     python scripts/benchmark.py encoder    # minBERT vs transformers.BertModel train step (same weights, batch)
-    python scripts/benchmark.py precision  # minBERT train step: float32 vs bf16 autocast (--bf16 is ignored)
+    python scripts/benchmark.py precision  # minBERT train step: float32 vs 16-bit autocast (bf16 / fp16)
     python scripts/benchmark.py smart      # SMART step vs plain step, and peak memory with and without SMART
+    python scripts/benchmark.py memory     # live-tensor bytes of one QQP step: plain / SMART, checkpointing, 16-bit
     python scripts/benchmark.py adapters   # full fine-tuning vs LoRA / DoRA / PALs: parameters, size, time, memory
     python scripts/benchmark.py checkpointing  # train step with and without gradient checkpointing
     python scripts/benchmark.py pipeline   # tokens/s of the full training pipeline (tokenize, collate, step)
@@ -10,28 +11,39 @@
     python scripts/benchmark.py ensemble   # one model's inference on dev + test vs combining 5 runs' saved scores
     python scripts/benchmark.py all
 
-Defaults: minilm-l6, batch 32 x 64 tokens, 2 CPU threads; `--device cuda` adds bf16 autocast (`--bf16` on CPU), and
-`--config bert-base-random` uses a randomly initialised bert-base-sized model (no download needed).
+Defaults: minilm-l6, batch 32 x 64 tokens, 2 CPU threads, `--precision auto` resolved per device as training
+does (runtime.resolve_precision: bf16 autocast where the device computes bf16 natively, fp16 autocast with a
+gradient scaler on older GPUs such as a T4, float32 on other CPUs; `--bf16` / `--no-bf16` are aliases of
+`--precision bf16` / `fp32`). `--config bert-base-random` uses a randomly initialised bert-base-sized model and
+`--config random:NAME_OR_CONFIG_JSON` random weights of any checkpoint's or config.json's shape: no download.
 The two sides of a comparison alternate, round after round, so drift in machine load hits both.
 """
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import platform
 import statistics
 import sys
+import threading
 import time
+import weakref
+from contextlib import nullcontext
 from pathlib import Path
+from queue import Empty
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from base_bert import BertConfig, resolve_pretrained  # noqa: E402
 from bert import BertModel  # noqa: E402
-from runtime import bf16_autocast, bf16_enabled, cpu_has_native_bf16  # noqa: E402
+from runtime import (PRECISIONS, autocast, float32_exact, has_native_bf16, legacy_bf16_flag,  # noqa: E402
+                     precision_notice, resolve_precision, use_tf32)
 from optimizer import AdamW  # noqa: E402
 
 
@@ -40,35 +52,78 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def make_batch(batch_size: int, seq_len: int, vocab_size: int, device: torch.device, seed: int = 0):
+def make_batch(batch_size: int, seq_len: int, vocab_size: int, device: torch.device, seed: int = 0,
+               full_length: bool = False):
+    """Random token ids and their attention mask: real lengths drawn from seq_len / 2 .. seq_len (the first
+    sequence full), or all seq_len with `full_length` (no padding: the memory benchmark's worst case)."""
     generator = torch.Generator().manual_seed(seed)
     ids = torch.randint(1000, vocab_size, (batch_size, seq_len), generator=generator)
     lengths = torch.randint(seq_len // 2, seq_len + 1, (batch_size,), generator=generator)
     lengths[0] = seq_len
+    if full_length:
+        lengths[:] = seq_len
     mask = (torch.arange(seq_len)[None] < lengths[:, None]).long()
     return (ids * mask).to(device), mask.to(device)
 
 
-def build_minbert(args) -> BertModel:
-    """minBERT alone for --config: random bert-base, random weights in a checkpoint's shape ("random:NAME",
-    for the memory probe), or pretrained."""
+RANDOM = "random:"
+
+
+def random_config(config: str, **overrides) -> BertConfig | None:
+    """The BertConfig of a --config with random weights: bert-base's for "bert-base-random", a checkpoint's or a
+    config.json's for "random:NAME_OR_PATH"; None for a pretrained checkpoint (weights to load)."""
+    if config == "bert-base-random":
+        return BertConfig(**overrides)
+    if config.startswith(RANDOM):
+        source = config[len(RANDOM):]
+        file = Path(source).expanduser() if source.endswith(".json") else resolve_pretrained(source) / "config.json"
+        return BertConfig.from_json_file(file, **overrides)
+    return None
+
+
+def random_twin(config: str) -> str:
+    """The --config of random weights in the shape of `config` (itself when its weights are random already)."""
+    return config if random_config_name(config) else RANDOM + config
+
+
+def random_config_name(config: str) -> bool:
+    return config == "bert-base-random" or config.startswith(RANDOM)
+
+
+def build_minbert(args, **overrides) -> BertModel:
+    """minBERT alone for --config: random weights (bert-base-random, random:NAME_OR_PATH) or pretrained;
+    `overrides` change its config (e.g. attention_probs_dropout_prob)."""
     torch.manual_seed(0)
-    if args.config == "bert-base-random":
-        return BertModel(BertConfig())
-    if args.config.startswith("random:"):
-        return BertModel(BertConfig.from_json_file(resolve_pretrained(args.config[7:]) / "config.json"))
-    return BertModel.from_pretrained(args.config)
+    config = random_config(args.config, **overrides)
+    return BertModel(config) if config is not None else BertModel.from_pretrained(args.config, **overrides)
+
+
+def build_tokenizer(args):
+    """The tokenizer of --config; random weights of the bert-base-uncased vocabulary's size use the bundled
+    minilm-l6's, which is that vocabulary."""
+    from tokenizer import BertTokenizer
+    config = random_config(args.config)
+    if config is None:
+        return BertTokenizer.from_pretrained(args.config)
+    tokenizer = BertTokenizer.from_pretrained("minilm-l6")
+    if config.vocab_size < tokenizer.vocab_size:
+        raise SystemExit(f"--config {args.config}: a vocabulary of {config.vocab_size} is too small for real text "
+                         f"(bert-base-uncased's has {tokenizer.vocab_size})")
+    return tokenizer
 
 
 def build_encoders(args, device):
-    """minBERT and transformers.BertModel holding identical weights."""
+    """minBERT and transformers.BertModel holding identical weights (random ones for a random --config: the
+    transformers model's own initialisation, converted into minBERT)."""
     from transformers import BertConfig as HFConfig, BertModel as HFBertModel
-    if args.config == "bert-base-random":
-        torch.manual_seed(0)
-        ours = BertModel(BertConfig())
-        reference = HFBertModel(HFConfig(attn_implementation="sdpa"))
+    config = random_config(args.config)
+    if config is not None:
         from base_bert import convert_hf_state_dict
-        ours.load_state_dict(convert_hf_state_dict(reference.state_dict(), ours.config.num_hidden_layers))
+        torch.manual_seed(0)
+        ours = BertModel(config)
+        hf_config = {k: v for k, v in config.to_dict().items() if k != "attn_implementation"}
+        reference = HFBertModel(HFConfig(**hf_config, attn_implementation="sdpa"))
+        ours.load_state_dict(convert_hf_state_dict(reference.state_dict(), config.num_hidden_layers))
     else:
         ours = BertModel.from_pretrained(args.config)
         reference = HFBertModel.from_pretrained(str(resolve_pretrained(args.config)), attn_implementation="sdpa")
@@ -97,10 +152,43 @@ def alternate(steps: dict, args, device) -> dict[str, float]:
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
-def train_step_fn(model, optimizer, ids, mask, device, bf16: bool | None, hf: bool):
+GRADIENT_SCALING: list[dict] = []  # {"skipped": n} of this benchmark's fp16 updates (not the updates: no
+# reference to their optimizers and models)
+
+
+class Update:
+    """The backward pass and optimizer step of a training step as trainer.py takes them at `precision`: with fp16
+    through a torch.amp.GradScaler (the loss scaled before backward; scaler.step skips the step when a gradient
+    is inf or NaN and scaler.update then lowers the scale). No clipping here, so no unscale_ before the step."""
+
+    def __init__(self, optimizer, device: torch.device, precision: str):
+        self.optimizer = optimizer
+        self.scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
+        self.record = {"skipped": 0}
+        if self.scaler.is_enabled():
+            GRADIENT_SCALING.append(self.record)
+
+    def __call__(self, loss: torch.Tensor) -> bool:
+        """Backward and step; False when the gradient scaler skipped the step."""
+        if not self.scaler.is_enabled():
+            loss.backward()
+            self.optimizer.step()
+            return True
+        self.scaler.scale(loss).backward()
+        scale = self.scaler.get_scale()
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        stepped = self.scaler.get_scale() >= scale
+        self.record["skipped"] += not stepped
+        return stepped
+
+
+def train_step_fn(model, optimizer, ids, mask, device, precision: str, hf: bool):
+    update = Update(optimizer, device, precision)
+
     def step():
         optimizer.zero_grad(set_to_none=True)
-        with bf16_autocast(device, bf16):
+        with autocast(device, precision):
             if hf:
                 out = model(input_ids=ids, attention_mask=mask)
                 hidden, pooled = out.last_hidden_state, out.pooler_output
@@ -108,39 +196,67 @@ def train_step_fn(model, optimizer, ids, mask, device, bf16: bool | None, hf: bo
                 out = model(ids, mask)
                 hidden, pooled = out["last_hidden_state"], out["pooler_output"]
             loss = hidden.float().pow(2).mean() + pooled.float().pow(2).mean()
-        loss.backward()
-        optimizer.step()
+        update(loss)
     return step
+
+
+def attention_operators(names) -> str:
+    """The fused attention kernels among aten operator names (scaled_dot_product_attention's backends: flash,
+    memory-efficient or cuDNN on CUDA, flash on the CPU), or "math" for none: its math path, whose (B, heads,
+    T, T) softmax and dropout tensors are kept for the backward."""
+    return ", ".join(sorted(n for n in names if "attention" in n and not n.endswith("_backward"))) or "math"
+
+
+def attention_kernel(model: BertModel, ids, mask, device, precision: str) -> str:
+    """Which kernel scaled_dot_product_attention picks for minBERT's attention in a training forward (its mask
+    and dropout included)."""
+    with LiveTensorBytes() as ops, autocast(device, precision):
+        model(ids, mask)
+    return attention_operators(ops.names)
 
 
 def bench_encoder(args, device) -> dict:
     ours, reference = build_encoders(args, device)
     ids, mask = make_batch(args.batch_size, args.seq_len, ours.config.vocab_size, device)
+    kernel = attention_kernel(ours, ids, mask, device, args.precision)
     steps = {
-        "minbert": train_step_fn(ours, AdamW(ours.parameters(), lr=1e-5), ids, mask, device, args.bf16, hf=False),
-        "transformers": train_step_fn(reference, AdamW(reference.parameters(), lr=1e-5), ids, mask, device, args.bf16,
-                                      hf=True),
+        "minbert": train_step_fn(ours, AdamW(ours.parameters(), lr=1e-5), ids, mask, device, args.precision,
+                                 hf=False),
+        "transformers": train_step_fn(reference, AdamW(reference.parameters(), lr=1e-5), ids, mask, device,
+                                      args.precision, hf=True),
     }
     medians = alternate(steps, args, device)
     return {
         "benchmark": "encoder train step (forward, backward, AdamW)",
         "median_step_s": medians,
         "speedup_minbert_vs_transformers": medians["transformers"] / medians["minbert"],
+        "minbert_attention_kernel": kernel,
     }
 
 
+def sixteen_bit(args, device) -> str:
+    """The 16-bit autocast that the precision benchmark sets against float32: on CUDA the device's (bf16 where
+    it is native, else fp16); on the CPU the one --precision names, bf16 by default."""
+    if device.type == "cuda":
+        return "bf16" if has_native_bf16(device) else "fp16"
+    return args.requested_precision if args.requested_precision in ("bf16", "fp16") else "bf16"
+
+
 def bench_precision(args, device) -> dict:
-    """minBERT train step in float32 against the same step under bf16 autocast (same weights, batch)."""
+    """minBERT train step in float32 against the same step under 16-bit autocast (same weights, batch); fp16
+    steps go through a gradient scaler, as training's do."""
+    half = sixteen_bit(args, device)
     ours = build_minbert(args).to(device).train()
     ids, mask = make_batch(args.batch_size, args.seq_len, ours.config.vocab_size, device)
     optimizer = AdamW(ours.parameters(), lr=1e-5)
-    steps = {"float32": train_step_fn(ours, optimizer, ids, mask, device, False, hf=False),
-             "bf16_autocast": train_step_fn(ours, optimizer, ids, mask, device, True, hf=False)}
+    steps = {"float32": train_step_fn(ours, optimizer, ids, mask, device, "fp32", hf=False),
+             f"{half}_autocast": train_step_fn(ours, optimizer, ids, mask, device, half, hf=False)}
     medians = alternate(steps, args, device)
     return {
-        "benchmark": "minBERT train step, float32 vs bf16 autocast",
+        "benchmark": f"minBERT train step, float32 vs {half} autocast",
+        "sixteen_bit": half,
         "median_step_s": medians,
-        "speedup_bf16_vs_float32": medians["float32"] / medians["bf16_autocast"],
+        "speedup_16bit_vs_float32": medians["float32"] / medians[f"{half}_autocast"],
     }
 
 
@@ -149,21 +265,25 @@ def describe(args, device) -> dict:
             "config": args.config, "batch": f"{args.batch_size}x{args.seq_len}",
             "python": platform.python_version(), "machine": platform.machine()}
     if device.type == "cuda":
-        info["gpu"] = torch.cuda.get_device_name()
+        info["gpu"] = torch.cuda.get_device_name(device)
+        info["compute_capability"] = ".".join(map(str, torch.cuda.get_device_capability(device)))
     else:
         info["cpu_capability"] = torch.backends.cpu.get_cpu_capability()
-        info["native_bf16"] = cpu_has_native_bf16()
-    info["autocast"] = "bf16" if bf16_enabled(device, args.bf16) else "off"
+    info["native_bf16"] = has_native_bf16(device)
+    info["precision"] = args.precision  # resolved: bf16, fp16 or fp32 (the precision benchmark sets its own)
+    info["precision_notice"] = precision_notice(device, args.requested_precision)
+    info["float32_matmul_precision"] = torch.get_float32_matmul_precision()  # "high": TF32 (runtime.use_tf32)
     return info
 
 
-def multitask_setup(args, device, smart: bool, adapter: str | None = None, checkpointing: bool = False):
+def multitask_setup(args, device, smart: bool, adapter: str | None = None, checkpointing: bool = False,
+                    full_length: bool = False, **config_overrides):
     """A MultitaskBERT with its optimizer and (optionally) SMART on one fixed STS-like pair batch; with an
-    adapter kind, per-task adapters of rank 8 over a frozen encoder."""
+    adapter kind, per-task adapters of rank 8 over a frozen encoder; `full_length`: no padding."""
     from adapters import AdapterConfig
     from multitask_bert import MultitaskBERT, freeze_encoder
     from smart import SmartConfig, SmartRegularizer
-    bert = build_minbert(args)
+    bert = build_minbert(args, **config_overrides)
     model = MultitaskBERT(bert, adapter=AdapterConfig(adapter) if adapter else None)
     if adapter:
         freeze_encoder(model)
@@ -171,25 +291,26 @@ def multitask_setup(args, device, smart: bool, adapter: str | None = None, check
     model = model.to(device).train()
     optimizer = AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5)
     regularizer = SmartRegularizer(model, SmartConfig()) if smart else None
-    ids_1, mask_1 = make_batch(args.batch_size, args.seq_len, bert.config.vocab_size, device, seed=1)
-    ids_2, mask_2 = make_batch(args.batch_size, args.seq_len, bert.config.vocab_size, device, seed=2)
+    ids_1, mask_1 = make_batch(args.batch_size, args.seq_len, bert.config.vocab_size, device, 1, full_length)
+    ids_2, mask_2 = make_batch(args.batch_size, args.seq_len, bert.config.vocab_size, device, 2, full_length)
     batch = {"input_ids_1": ids_1, "attention_mask_1": mask_1, "input_ids_2": ids_2, "attention_mask_2": mask_2,
              "labels": torch.rand(args.batch_size, device=device) * 5}
     return model, optimizer, regularizer, batch
 
 
-def multitask_step_fn(model, optimizer, regularizer, batch, device, bf16: bool | None, task="qqp"):
+def multitask_step_fn(model, optimizer, regularizer, batch, device, precision: str, task="qqp"):
+    """One training step as trainer.py takes it: with SMART, compute_task_loss runs the whole loss in float32
+    whatever the autocast around it."""
     from trainer import compute_task_loss
     if task == "qqp":
         batch = {**batch, "labels": (batch["labels"] > 2.5).float()}
+    update = Update(optimizer, device, precision)
 
     def step():
         optimizer.zero_grad(set_to_none=True)
-        with bf16_autocast(device, bf16):
+        with autocast(device, precision):
             loss = compute_task_loss(model, task, batch, regularizer)
-        loss.backward()
-        optimizer.step()
-        if regularizer is not None:
+        if update(loss) and regularizer is not None:
             regularizer.teacher.update(model)
     return step
 
@@ -203,12 +324,14 @@ def _memory_status(field: str) -> int:
 
 
 def _peak_memory_worker(args, device, smart, adapter, checkpointing, queue):
+    torch.set_num_threads(args.threads)
     if device.type == "cpu":
         # Random weights of the same shape: loading a checkpoint would set a higher-water mark than a step.
-        args = argparse.Namespace(**{**vars(args), "config": "random:" + args.config})
+        args = argparse.Namespace(**{**vars(args), "config": random_twin(args.config)})
     model, optimizer, regularizer, batch = multitask_setup(args, device, smart, adapter, checkpointing)
     small = {k: v[:1, :8] if v.dim() == 2 else v[:1] for k, v in batch.items()}
-    multitask_step_fn(model, optimizer, regularizer, small, device, args.bf16)()  # optimizer state now exists
+    # A float32 step creates the optimizer state (an fp16 gradient scaler could skip the step that would).
+    multitask_step_fn(model, optimizer, regularizer, small, device, "fp32")()
     # Without the gradients of that step: every step frees them first (set_to_none) and makes them anew, so
     # they belong to the step's memory, not the base (else full fine-tuning's 87 MiB of them go uncounted).
     optimizer.zero_grad(set_to_none=True)
@@ -218,7 +341,7 @@ def _peak_memory_worker(args, device, smart, adapter, checkpointing, queue):
     else:
         Path("/proc/self/clear_refs").write_text("5")  # resets the peak (VmHWM) to the current size
         base = _memory_status("VmRSS")
-    step = multitask_step_fn(model, optimizer, regularizer, batch, device, args.bf16)
+    step = multitask_step_fn(model, optimizer, regularizer, batch, device, args.precision)
     for _ in range(2):
         step()
     peak = torch.cuda.max_memory_allocated() if device.type == "cuda" else _memory_status("VmHWM")
@@ -233,14 +356,22 @@ def peak_step_memory(args, device, smart: bool, adapter: str | None = None, chec
     queue = context.Queue()
     process = context.Process(target=_peak_memory_worker, args=(args, device, smart, adapter, checkpointing, queue))
     process.start()
-    value = queue.get()
+    while True:  # a worker that fails (its traceback on stderr) is an error here, not a wait forever
+        try:
+            value = queue.get(timeout=1)
+            break
+        except Empty:
+            if not process.is_alive():
+                raise RuntimeError(f"the memory probe's process failed (exit code {process.exitcode}): "
+                                   "its traceback is above") from None
     process.join()
     return value
 
 
-def smart_phase_fns(model, regularizer, batch, device, bf16: bool | None, task="qqp") -> dict:
+def smart_phase_fns(model, regularizer, batch, task="qqp") -> dict:
     """The passes of a SMART step, each as a function timed on its own (forwards include the clean one
-    they need): where a SMART step's time goes."""
+    they need): where a SMART step's time goes. Each runs in exact float32, as the SMART step does
+    (compute_task_loss) whatever the run's precision."""
     from smart import find_perturbation
     batch = {**batch, "labels": (batch["labels"] > 2.5).float()}
     inputs = model.encoder_inputs(task, batch)
@@ -257,18 +388,18 @@ def smart_phase_fns(model, regularizer, batch, device, bf16: bool | None, task="
         outputs, embeddings = clean()
         find_perturbation(forward_fn, embeddings, outputs, objective.divergence, regularizer.config)
 
-    def with_amp(fn):
+    def as_in_smart_step(fn):
         def run():
             model.zero_grad(set_to_none=True)
-            with bf16_autocast(device, bf16):
+            with float32_exact():
                 fn()
         return run
     return {
-        "clean forward": with_amp(clean),
-        "clean forward + backward": with_amp(lambda: objective.loss(clean()[0], batch["labels"]).backward()),
-        "clean forward + ascent step": with_amp(ascent),
-        "clean forward + perturbed forward": with_amp(lambda: forward_fn(clean()[1])),
-        "teacher forward": with_amp(lambda: regularizer.teacher(model, task, batch)),
+        "clean forward": as_in_smart_step(clean),
+        "clean forward + backward": as_in_smart_step(lambda: objective.loss(clean()[0], batch["labels"]).backward()),
+        "clean forward + ascent step": as_in_smart_step(ascent),
+        "clean forward + perturbed forward": as_in_smart_step(lambda: forward_fn(clean()[1])),
+        "teacher forward": as_in_smart_step(lambda: regularizer.teacher(model, task, batch)),
     }
 
 
@@ -293,7 +424,8 @@ class TransformersSbertQQP(torch.nn.Module):
 
 def transformers_step_fn(args, device, smart: bool):
     """A plain or SMART QQP step of TransformersSbertQQP on the same batch as multitask_setup's, with this
-    project's SMART functions (one ascent step, gradient to the perturbation only, teacher without gradient)."""
+    project's SMART functions (one ascent step, gradient to the perturbation only, teacher without gradient);
+    a SMART step in exact float32, as compute_task_loss runs this code's."""
     import torch.nn.functional as F
 
     from smart import SmartConfig, SmartRegularizer
@@ -305,10 +437,11 @@ def transformers_step_fn(args, device, smart: bool):
                                                    device, seed=seed) for seed in (1, 2))
     ids, mask = torch.cat([ids_1, ids_2]), torch.cat([mask_1, mask_2])  # (2B, T): both sides in one pass
     labels = (torch.rand(args.batch_size, device=device) > 0.5).float()
+    update = Update(optimizer, device, args.precision)
 
     def step():
         optimizer.zero_grad(set_to_none=True)
-        with bf16_autocast(device, args.bf16):
+        with autocast(device, args.precision), float32_exact() if smart else nullcontext():
             embeddings = (model.bert.embeddings.word_embeddings(ids),)
 
             def forward_fn(e):
@@ -317,9 +450,7 @@ def transformers_step_fn(args, device, smart: bool):
             loss = F.binary_cross_entropy_with_logits(logits.float(), labels)
             if regularizer is not None:
                 loss = loss + regularizer.penalty(forward_fn, embeddings, logits, "bernoulli", teacher_args=(ids, mask))
-        loss.backward()
-        optimizer.step()
-        if regularizer is not None:
+        if update(loss) and regularizer is not None:
             regularizer.teacher.update(model)
     return step
 
@@ -330,10 +461,10 @@ def bench_smart(args, device) -> dict:
     steps = {}
     for name, smart in (("plain", False), ("smart", True)):
         model, optimizer, regularizer, batch = multitask_setup(args, device, smart)
-        steps[name] = multitask_step_fn(model, optimizer, regularizer, batch, device, args.bf16)
+        steps[name] = multitask_step_fn(model, optimizer, regularizer, batch, device, args.precision)
         steps[f"transformers_{name}"] = transformers_step_fn(args, device, smart)
     medians = alternate(steps, args, device)
-    phases = alternate(smart_phase_fns(model, regularizer, batch, device, args.bf16), args, device)
+    phases = alternate(smart_phase_fns(model, regularizer, batch), args, device)
     memory = {name: peak_step_memory(args, device, name == "smart") for name in ("plain", "smart")}
     return {
         "benchmark": "QQP SBERT train step with and without SMART",
@@ -353,13 +484,13 @@ def bench_pipeline(args, device) -> dict:
     """Real-text training throughput: loading, tokenizing, collating, forward, backward, AdamW."""
     from datasets import load_sentence_examples, make_dataloader
     from multitask_bert import MultitaskBERT
-    from tokenizer import BertTokenizer
     from trainer import compute_task_loss
     data = Path(args.data_dir) / "ids-sst-train.csv"
     examples = load_sentence_examples(data, "sst", "train")
-    tokenizer = BertTokenizer.from_pretrained(args.config)
-    model = MultitaskBERT(BertModel.from_pretrained(args.config)).to(device).train()
+    tokenizer = build_tokenizer(args)
+    model = MultitaskBERT(build_minbert(args)).to(device).train()
     optimizer = AdamW(model.parameters(), lr=1e-5)
+    update = Update(optimizer, device, args.precision)
     loader = make_dataloader(examples, tokenizer, args.batch_size, shuffle=True, seed=0, max_length=args.seq_len)
     tokens, batches = 0, 0
     start = None
@@ -372,10 +503,9 @@ def bench_pipeline(args, device) -> dict:
             batches += 1
         batch = {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
         optimizer.zero_grad(set_to_none=True)
-        with bf16_autocast(device, args.bf16):
+        with autocast(device, args.precision):
             loss = compute_task_loss(model, "sst", batch)
-        loss.backward()
-        optimizer.step()
+        update(loss)
         if batches == args.steps * args.rounds:
             break
     synchronize(device)
@@ -393,7 +523,7 @@ def bench_adapters(args, device) -> dict:
     steps, sizes, trainable = {}, {}, {}
     for name, kind in kinds.items():
         model, optimizer, _, batch = multitask_setup(args, device, False, kind)
-        steps[name] = multitask_step_fn(model, optimizer, None, batch, device, args.bf16)
+        steps[name] = multitask_step_fn(model, optimizer, None, batch, device, args.precision)
         trainable[name] = sum(p.numel() for p in model.parameters() if p.requires_grad)
         with tempfile.TemporaryDirectory() as folder:
             save_multitask_model(model, Path(folder) / "model", {})
@@ -410,13 +540,182 @@ def bench_checkpointing(args, device) -> dict:
     steps = {}
     for name, checkpointing in (("plain", False), ("checkpointed", True)):
         model, optimizer, _, batch = multitask_setup(args, device, False, checkpointing=checkpointing)
-        steps[name] = multitask_step_fn(model, optimizer, None, batch, device, args.bf16)
+        steps[name] = multitask_step_fn(model, optimizer, None, batch, device, args.precision)
     medians = alternate(steps, args, device)
     memory = {name: peak_step_memory(args, device, False, checkpointing=name == "checkpointed") for name in steps}
     return {"benchmark": "QQP SBERT train step with and without gradient checkpointing",
             "median_step_s": medians, "checkpointing_time_ratio": medians["checkpointed"] / medians["plain"],
             "peak_step_memory_mib": {k: round(v / 2**20, 1) for k, v in memory.items()},
             "checkpointing_memory_ratio": memory["checkpointed"] / max(memory["plain"], 1)}
+
+
+class LiveTensorBytes(TorchDispatchMode):
+    """The bytes of the tensor storages that operators create while it is active and that are still alive, and
+    their peak: what a computation adds to the memory already held (weights, optimizer state), at operator
+    granularity. Each storage counts once, from the operator whose output it is (views and in-place results
+    share their input's storage and add nothing) until it is freed (a weakref finalizer on the storage). The
+    backward pass is seen too (autograd runs it with this thread's dispatch modes). Not seen: what a kernel
+    allocates and frees inside itself (workspaces), and on CUDA the caching allocator's rounding (to 512-byte
+    blocks) and fragmentation, which torch.cuda.max_memory_allocated includes. Also records operator names."""
+
+    def __init__(self):
+        super().__init__()
+        self.current = 0
+        self.peak = 0
+        self.live: set[int] = set()  # the storages counted and still alive, by address of their StorageImpl
+        self.names: set[str] = set()
+        self.lock = threading.RLock()  # finalizers may run on autograd's threads, or inside a dispatch here
+
+    def _freed(self, key: int, nbytes: int) -> None:
+        with self.lock:
+            self.live.discard(key)
+            self.current -= nbytes
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        self.names.add(func.overloadpacket.__name__)
+        inputs = {t.untyped_storage()._cdata for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)}
+        for tensor in tree_flatten(out)[0]:
+            if not isinstance(tensor, torch.Tensor):
+                continue
+            storage = tensor.untyped_storage()
+            key, nbytes = storage._cdata, storage.nbytes()
+            with self.lock:
+                if key in inputs or key in self.live:
+                    continue
+                self.live.add(key)
+                self.current += nbytes
+                self.peak = max(self.peak, self.current)
+            weakref.finalize(storage, self._freed, key, nbytes)
+        return out
+
+
+class FloatMatmuls(TorchDispatchMode):
+    """Matrix products (and the CPU's flash attention) of bf16 / fp16 tensors computed in float32, their outputs
+    rounded to the dtypes the 16-bit kernels return (read off the operator's meta kernel): the same tensors, of
+    the same sizes, without the 16-bit kernels that a CPU lacking them emulates (a bf16 matmul ran 140x slower
+    than float32 on an AVX2 CPU). For counting memory under LiveTensorBytes entered after it (which then sees
+    the 16-bit operator and its 16-bit output, not the float32 copies); never for timing."""
+
+    OPS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default,
+           torch.ops.aten.baddbmm.default, torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
+           torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default}
+    SIXTEEN_BIT = (torch.bfloat16, torch.float16)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func not in self.OPS or not any(isinstance(t, torch.Tensor) and t.dtype in self.SIXTEEN_BIT
+                                           for t in tree_flatten((args, kwargs))[0]):
+            return func(*args, **kwargs)
+        meta_args, meta_kwargs = tree_map(lambda t: t.to("meta") if isinstance(t, torch.Tensor) else t, (args, kwargs))
+        dtypes = [t.dtype if isinstance(t, torch.Tensor) else None
+                  for t in tree_flatten(func(*meta_args, **meta_kwargs))[0]]
+        upcast = (lambda t: t.float() if isinstance(t, torch.Tensor) and t.dtype in self.SIXTEEN_BIT else t)
+        outputs, spec = tree_flatten(func(*tree_map(upcast, args), **tree_map(upcast, kwargs)))
+        return tree_unflatten([t.to(dtype) if dtype is not None and t.dtype != dtype else t
+                               for t, dtype in zip(outputs, dtypes)], spec)
+
+
+def tensor_bytes(tensors) -> int:
+    """Bytes of the distinct storages that `tensors` hold."""
+    storages = {t.untyped_storage()._cdata: t.untyped_storage().nbytes() for t in tensors}
+    return sum(storages.values())
+
+
+MEMORY_ROWS = {  # name: (SMART, gradient checkpointing, 16-bit autocast)
+    "plain": (False, False, False),
+    "plain, checkpointing": (False, True, False),
+    "plain, 16-bit": (False, False, True),
+    "plain, 16-bit, checkpointing": (False, True, True),
+    "SMART": (True, False, False),
+    "SMART, checkpointing": (True, True, False),
+}
+CUDA_CONTEXT_GIB = 0.5  # an assumption (CUDA context and kernels), to be checked on a GPU: see BENCHMARKS.md
+
+
+def emulates_sixteen_bit(device: torch.device, precision: str) -> bool:
+    """Whether the device computes this 16-bit precision's matmuls by emulation (CPUs without the instructions)."""
+    return device.type == "cpu" and precision != "fp32" and not (precision == "bf16" and has_native_bf16(device))
+
+
+def step_memory(args, device, smart: bool, checkpointing: bool, precision: str, fused_attention: bool,
+                float_matmuls: bool | None = None) -> dict:
+    """Bytes of one QQP SBERT training step over the loaded model and optimizer state (LiveTensorBytes' peak,
+    the gradients the step makes included), and the static bytes held across steps. `fused_attention` on the
+    CPU: attention dropout off, so that scaled_dot_product_attention runs the CPU's flash kernel, which keeps
+    what CUDA's fused kernels keep for the backward (output and log-sum-exp, dropout replayed from a seed);
+    with dropout on, the CPU runs the math path, which keeps (B, heads, T, T) probabilities and masks.
+    `float_matmuls` (by default where 16-bit is emulated): FloatMatmuls, the same bytes in a fraction of the time."""
+    if float_matmuls is None:
+        float_matmuls = emulates_sixteen_bit(device, precision)
+    overrides = {"attention_probs_dropout_prob": 0.0} if fused_attention and device.type == "cpu" else {}
+    model, optimizer, regularizer, batch = multitask_setup(args, device, smart, checkpointing=checkpointing,
+                                                           full_length=True, **overrides)
+    small = {k: v[:1, :8] if v.dim() == 2 else v[:1] for k, v in batch.items()}
+    multitask_step_fn(model, optimizer, regularizer, small, device, "fp32")()  # the AdamW state now exists
+    optimizer.zero_grad(set_to_none=True)  # every step frees the gradients first and makes them anew
+    step = multitask_step_fn(model, optimizer, regularizer, batch, device, precision)
+    synchronize(device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device)
+    start = time.perf_counter()
+    with FloatMatmuls() if float_matmuls else nullcontext(), LiveTensorBytes() as counter:
+        step()
+    synchronize(device)
+    figures = {
+        "step_peak": counter.peak, "step_s": time.perf_counter() - start,
+        "attention": attention_operators(counter.names),
+        "weights": tensor_bytes([*model.parameters(), *model.buffers()]),
+        "gradients": tensor_bytes(p.grad for p in model.parameters() if p.grad is not None),
+        "adamw_states": tensor_bytes(t for state in optimizer.state.values() for t in state.values()
+                                     if torch.is_tensor(t)),
+        "smart_teacher_copy": tensor_bytes(regularizer.teacher.params.values()) if smart else 0}
+    if device.type == "cuda":
+        figures["cuda_peak_allocated"] = torch.cuda.max_memory_allocated(device) - base
+    return figures
+
+
+def bench_memory(args, device) -> dict:
+    """Peak memory of one QQP SBERT training step, counted tensor by tensor (LiveTensorBytes), for every
+    sequence of the batch full length (the worst case): plain and SMART steps (SMART computes in float32
+    whatever the precision: trainer.compute_task_loss), with and without gradient checkpointing, plain steps
+    in float32 and 16-bit autocast (bf16 and fp16 keep activations in 2 bytes alike). On the CPU every row is
+    measured twice: with the attention the CPU runs in training (the math path: dropout rules out its fused
+    kernel) and with a fused kernel's memory (as CUDA runs it); on CUDA once, as it runs. The GPU estimate of
+    a row: weights + AdamW states (+ SMART's teacher copy) + the step's peak with fused attention
+    + CUDA_CONTEXT_GIB."""
+    half = sixteen_bit(args, device)
+    variants = {"fused_attention": True, "attention_as_run_here": False} if device.type == "cpu" else {
+        "attention_as_run_here": True}
+    rows, static, kernels = {}, {}, {}
+    for name, (smart, checkpointing, sixteen) in MEMORY_ROWS.items():
+        rows[name] = {"precision": "fp32 (SMART: float32 always)" if smart else half if sixteen else "fp32"}
+        for variant, fused in variants.items():
+            figures = step_memory(args, device, smart, checkpointing, half if sixteen else "fp32", fused)
+            gc.collect()
+            print(f"memory: {name}, {variant}: step peak {figures['step_peak'] / 2**20:.1f} MiB "
+                  f"({figures['step_s']:.1f} s)", file=sys.stderr, flush=True)
+            rows[name][f"step_peak_mib_{variant}"] = round(figures["step_peak"] / 2**20, 1)
+            rows[name][f"step_s_{variant}"] = round(figures["step_s"], 2)
+            if "cuda_peak_allocated" in figures:
+                rows[name]["cuda_peak_allocated_mib"] = round(figures["cuda_peak_allocated"] / 2**20, 1)
+            # The plain step's: SMART's teacher forward, in eval mode, has no dropout to keep it off the flash kernel.
+            kernels.setdefault(variant, figures["attention"])
+            for key in ("weights", "gradients", "adamw_states", "smart_teacher_copy"):
+                static[key] = max(static.get(key, 0), figures[key])
+            if fused:
+                held = figures["weights"] + figures["adamw_states"] + figures["smart_teacher_copy"]
+                rows[name]["held_across_steps_mib"] = round(held / 2**20, 1)
+                rows[name]["gpu_estimate_gib"] = round((held + figures["step_peak"]) / 2**30 + CUDA_CONTEXT_GIB, 2)
+    return {"benchmark": f"peak live-tensor memory of one QQP SBERT training step, {args.batch_size} pairs x "
+                         f"{args.seq_len} tokens, no padding",
+            "sixteen_bit": half, "attention_kernels": kernels,
+            "sixteen_bit_matmuls": "in float32, rounded to 16 bits (FloatMatmuls: the same tensors; this device "
+                                   "emulates 16-bit matmuls)" if emulates_sixteen_bit(device, half) else "native",
+            "static_mib": {k: round(v / 2**20, 1) for k, v in static.items()},
+            "cuda_context_gib_assumed": CUDA_CONTEXT_GIB, "rows": rows}
 
 
 def _data_parallel_worker(rank: int, world_size: int, port: int, args, results) -> None:
@@ -431,20 +730,23 @@ def _data_parallel_worker(rank: int, world_size: int, port: int, args, results) 
     torch.set_num_threads(max(1, args.threads // world_size))
     distributed, _ = Distributed.from_environment(use_gpu=False)
     local = argparse.Namespace(**{**vars(args), "batch_size": args.batch_size // world_size})
-    model, optimizer, _, batch = multitask_setup(local, torch.device("cpu"), False)
+    cpu = torch.device("cpu")
+    model, optimizer, _, batch = multitask_setup(local, cpu, False)
     batch = {**batch, "labels": (batch["labels"] > 2.5).float()}
+    update = Update(optimizer, cpu, args.precision)
     step_times, reduce_times = [], []
     for index in range(args.warmup + args.steps * args.rounds):
         distributed.barrier()
         start = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)
-        with bf16_autocast(torch.device("cpu"), args.bf16):
+        with autocast(cpu, args.precision):
             loss = compute_task_loss(model, "qqp", batch)
-        loss.backward()
+        update.scaler.scale(loss).backward()  # a disabled scaler (bf16, fp32) passes the loss and the step through
         reduce_start = time.perf_counter()
         distributed.average_gradients(model.parameters())
         reduce_end = time.perf_counter()
-        optimizer.step()
+        update.scaler.step(optimizer)
+        update.scaler.update()
         distributed.barrier()
         if index >= args.warmup:
             step_times.append(time.perf_counter() - start)
@@ -485,16 +787,15 @@ def bench_ensemble(args, device) -> dict:
     from ensemble import combine
     from multitask_bert import MultitaskBERT
     from tasks import MULTITASK
-    from tokenizer import BertTokenizer
     from trainer import predict_examples
-    model = MultitaskBERT(BertModel.from_pretrained(args.config)).to(device).eval()
-    tokenizer = BertTokenizer.from_pretrained(args.config)
+    model = MultitaskBERT(build_minbert(args)).to(device).eval()
+    tokenizer = build_tokenizer(args)
     splits = {(t, s): load_split(args.data_dir, t, s) for t in MULTITASK for s in ("dev", "test")}
     seconds = {}
     for (task, split), examples in splits.items():
         synchronize(device)
         start = time.perf_counter()
-        predict_examples(model, task, examples, tokenizer, device, 64, args.seq_len, args.bf16, scores=True)
+        predict_examples(model, task, examples, tokenizer, device, 64, args.seq_len, args.precision, scores=True)
         synchronize(device)
         seconds[f"{task}-{split}"] = time.perf_counter() - start
     generator = np.random.default_rng(0)
@@ -511,19 +812,24 @@ def bench_ensemble(args, device) -> dict:
             "combine_5_members_s": combine_seconds}
 
 
-BENCHMARKS = {"encoder": bench_encoder, "precision": bench_precision, "smart": bench_smart,
+BENCHMARKS = {"encoder": bench_encoder, "precision": bench_precision, "smart": bench_smart, "memory": bench_memory,
               "pipeline": bench_pipeline, "adapters": bench_adapters, "checkpointing": bench_checkpointing,
               "data_parallel": bench_data_parallel, "ensemble": bench_ensemble}
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None) -> argparse.Namespace:
+    """The command line, with --precision resolved for --device: args.precision is bf16, fp16 or fp32 and
+    args.requested_precision what was asked (auto, or --bf16 / --no-bf16 through their alias)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("which", choices=[*BENCHMARKS, "all"])
-    parser.add_argument("--config", default="minilm-l6", help="minilm-l6, a checkpoint, or bert-base-random")
+    parser.add_argument("--config", default="minilm-l6", help="minilm-l6, a checkpoint, or random weights: "
+                        "bert-base-random, random:NAME_OR_CONFIG_JSON")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--precision", choices=PRECISIONS, default="auto",
+                        help="auto: as training resolves it for the device (runtime.resolve_precision)")
     parser.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None,
-                        help="bf16 autocast (default: on for CUDA, off for CPU)")
+                        help="alias: --bf16 is --precision bf16, --no-bf16 is --precision fp32")
     parser.add_argument("--batch_size", type=int, default=32)
     parser.add_argument("--seq_len", type=int, default=64)
     parser.add_argument("--warmup", type=int, default=2)
@@ -533,11 +839,28 @@ def main(argv=None) -> int:
                         help="for the pipeline benchmark (needs ids-sst-train.csv)")
     parser.add_argument("--json", type=Path, help="also append the results to this JSON-lines file")
     args = parser.parse_args(argv)
+    alias = legacy_bf16_flag(args.bf16)
+    if alias != "auto":
+        if args.precision not in ("auto", alias):
+            parser.error(f"--{'' if args.bf16 else 'no-'}bf16 contradicts --precision {args.precision}")
+        args.precision = alias
+    args.requested_precision = args.precision
+    args.precision = resolve_precision(torch.device(args.device), args.precision)
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
+    use_tf32(device)  # as training does: float32 matmuls through TF32 on CUDA
     names = list(BENCHMARKS) if args.which == "all" else [args.which]
     for name in names:
-        result = {**BENCHMARKS[name](args, device), "setup": describe(args, device)}
+        GRADIENT_SCALING.clear()
+        result = BENCHMARKS[name](args, device)
+        if GRADIENT_SCALING:
+            result["fp16_skipped_steps"] = sum(record["skipped"] for record in GRADIENT_SCALING)
+        result["setup"] = describe(args, device)
         print(json.dumps(result, indent=2))
         if args.json:
             with open(args.json, "a", encoding="utf-8") as handle:

@@ -3,20 +3,40 @@ The numbers themselves are measured on purpose-sized batches in BENCHMARKS.md, n
 import json
 import math
 
+import pytest
+import torch
+
 import benchmark  # scripts/ is on pytest's pythonpath: a real import, as the memory probe pickles its worker by module name
 from conftest import DEMO
 
+TINY_STEPS = ["--batch_size", "2", "--seq_len", "8", "--steps", "1", "--rounds", "1", "--warmup", "1", "--threads", "1"]
 
-def test_every_benchmark_runs_with_bf16_autocast_on_cpu(tmp_path):
+
+def run(tmp_path, *argv) -> dict:
+    """The benchmarks' results by benchmark title, as --json writes them."""
     out = tmp_path / "results.jsonl"
-    assert benchmark.main(["all", "--bf16", "--batch_size", "2", "--seq_len", "8", "--steps", "1", "--rounds", "1",
-                           "--warmup", "1", "--threads", "1", "--data_dir", str(DEMO),
-                           "--json", str(out)]) == 0
-    results = {r["benchmark"]: r for r in map(json.loads, out.read_text().splitlines())}
+    out.unlink(missing_ok=True)
+    assert benchmark.main([*argv, "--data_dir", str(DEMO), "--json", str(out)]) == 0
+    return {r["benchmark"]: r for r in map(json.loads, out.read_text().splitlines())}
+
+
+@pytest.fixture
+def tiny_config(tmp_path):
+    """A config.json of a 2-layer BERT of hidden size 32, for random weights of its shape (--config random:PATH)."""
+    path = tmp_path / "tiny" / "config.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps({"vocab_size": 1100, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
+                                "intermediate_size": 128, "max_position_embeddings": 64}))
+    return f"random:{path}"
+
+
+def test_every_benchmark_runs_in_float32_on_cpu(tmp_path):
+    results = run(tmp_path, "all", "--precision", "fp32", *TINY_STEPS)
     assert len(results) == len(benchmark.BENCHMARKS)
     ratios = [r[key] for r in results.values() for key in r if "ratio" in key or "speedup" in key]
     assert len(ratios) == 8 and all(math.isfinite(x) and x > 0 for x in ratios)
-    assert all(r["setup"]["autocast"] == "bf16" for r in results.values())
+    assert all(r["setup"]["precision"] == "fp32" for r in results.values())
+    assert not any("fp16_skipped_steps" in r for r in results.values())  # no gradient scaler without fp16
     pipeline = next(r for r in results.values() if "pipeline" in r["benchmark"])
     assert pipeline["real_tokens"] > 0 and pipeline["tokens_per_second"] > 0
     smart = next(r for r in results.values() if "SMART" in r["benchmark"])
@@ -24,3 +44,122 @@ def test_every_benchmark_runs_with_bf16_autocast_on_cpu(tmp_path):
     adapters = next(r for r in results.values() if "adapters" in r["benchmark"])
     full, lora = adapters["trainable_parameters"]["full fine-tuning"], adapters["trainable_parameters"]["lora"]
     assert 0 < lora < full and adapters["checkpoint_mib"]["lora"] < adapters["checkpoint_mib"]["full fine-tuning"]
+    encoder = next(r for r in results.values() if "encoder" in r["benchmark"])
+    # On the CPU, training's attention dropout rules out the fused kernel: the math path runs.
+    assert encoder["minbert_attention_kernel"] == "math"
+    memory = next(r for r in results.values() if "memory" in r["benchmark"])
+    assert set(memory["rows"]) == set(benchmark.MEMORY_ROWS)
+    assert all(v > 0 for row in memory["rows"].values() for k, v in row.items() if k.startswith("step_peak"))
+
+
+def test_16_bit_autocast_is_what_the_setup_reports(tmp_path):
+    """One short 16-bit run per kind (emulated on a CPU without native bf16: slow, so the smallest benchmark):
+    --bf16 is --precision bf16, and fp16 steps go through a gradient scaler, as training's do."""
+    (encoder,) = run(tmp_path, "encoder", "--bf16", *TINY_STEPS).values()
+    assert encoder["setup"]["precision"] == "bf16" and "bf16 autocast" in encoder["setup"]["precision_notice"]
+    assert math.isfinite(encoder["speedup_minbert_vs_transformers"]) and "fp16_skipped_steps" not in encoder
+    (precision,) = run(tmp_path, "precision", "--precision", "fp16", *TINY_STEPS).values()
+    assert precision["sixteen_bit"] == "fp16" and set(precision["median_step_s"]) == {"float32", "fp16_autocast"}
+    assert precision["setup"]["precision"] == "fp16" and precision["fp16_skipped_steps"] >= 0
+    assert math.isfinite(precision["speedup_16bit_vs_float32"])
+
+
+def test_precision_flags_resolve_per_device():
+    cpu_auto = "bf16" if benchmark.has_native_bf16(torch.device("cpu")) else "fp32"
+    assert benchmark.parse_args(["encoder"]).precision == cpu_auto
+    assert benchmark.parse_args(["encoder", "--no-bf16"]).precision == "fp32"
+    assert benchmark.parse_args(["encoder", "--bf16", "--precision", "bf16"]).precision == "bf16"
+    args = benchmark.parse_args(["precision", "--precision", "fp16"])
+    assert (args.precision, benchmark.sixteen_bit(args, torch.device("cpu"))) == ("fp16", "fp16")
+    assert benchmark.sixteen_bit(benchmark.parse_args(["precision"]), torch.device("cpu")) == "bf16"
+    with pytest.raises(SystemExit):
+        benchmark.parse_args(["encoder", "--bf16", "--precision", "fp32"])
+
+
+def test_memory_probe_of_bert_base_random_needs_no_download(monkeypatch):
+    """--config bert-base-random has random weights already: the CPU probe must not look it up as a checkpoint
+    (it asked the hub for 'bert-base-random', which fails offline). A bert-base step of 1 x 8 tokens."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the spawned probe inherits it
+    args = benchmark.parse_args(["smart", "--config", "bert-base-random", "--batch_size", "1", "--seq_len", "8",
+                                 "--threads", "1"])
+    assert benchmark.peak_step_memory(args, torch.device("cpu"), smart=False) > 0
+    assert benchmark.random_twin("bert-base-random") == "bert-base-random"
+    assert benchmark.random_twin("minilm-l6") == "random:minilm-l6"
+
+
+def test_random_configs_give_both_encoders_the_same_weights(tiny_config):
+    args = benchmark.parse_args(["encoder", "--config", tiny_config])
+    ours, reference = benchmark.build_encoders(args, torch.device("cpu"))
+    assert ours.config.hidden_size == reference.config.hidden_size == 32
+    ids, mask = benchmark.make_batch(2, 8, ours.config.vocab_size, torch.device("cpu"))
+    ours.eval(), reference.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids, mask)["last_hidden_state"] * mask[..., None],
+                                   reference(input_ids=ids, attention_mask=mask).last_hidden_state * mask[..., None],
+                                   atol=1e-5, rtol=1e-5)
+
+
+def test_live_tensor_counter_matches_a_hand_count():
+    held = torch.ones(1000)  # before the counter: not counted, nor are its views and in-place results
+    weight = torch.ones(64, requires_grad=True)
+    with benchmark.LiveTensorBytes() as counter:
+        held.add_(1), held[10:].view(-1, 10)
+        assert counter.current == 0
+        a = torch.ones(256, 256)  # 262,144 bytes
+        view = a[1:].t()  # a's storage: nothing more
+        assert counter.current == 262_144
+        b = a @ a  # another 262,144
+        del a
+        assert counter.current == 524_288  # the view keeps a's storage alive
+        del view
+        assert counter.current == 262_144
+        c = b.double() * 2  # b.double(): 524,288, its product another 524,288, then the first is freed
+        del b, c
+        assert counter.current == 0 and counter.peak == 262_144 + 2 * 524_288
+        (weight * weight).sum().backward()  # the backward's temporaries are freed; the gradient stays
+        assert counter.current == 64 * 4 and weight.grad.untyped_storage().nbytes() == 256
+        weight.grad = None
+        assert counter.current == 0
+    assert "mm" in counter.names and "mul" in counter.names
+
+
+def test_memory_benchmark_orders_the_steps(tmp_path, tiny_config):
+    (memory,) = run(tmp_path, "memory", "--config", tiny_config, "--batch_size", "4", "--seq_len", "32",
+                    "--threads", "1").values()
+    rows = memory["rows"]
+    for variant in ("fused_attention", "attention_as_run_here"):
+        peak = {name: row[f"step_peak_mib_{variant}"] for name, row in rows.items()}
+        assert peak["SMART"] > peak["plain"] > 0
+        assert peak["plain, checkpointing"] < peak["plain"] and peak["SMART, checkpointing"] < peak["SMART"]
+        assert peak["plain, 16-bit"] < peak["plain"]
+    # The CPU's math attention keeps (B, heads, T, T) tensors that a fused kernel does not.
+    assert rows["plain"]["step_peak_mib_fused_attention"] < rows["plain"]["step_peak_mib_attention_as_run_here"]
+    assert memory["attention_kernels"] == {"fused_attention": "_scaled_dot_product_flash_attention_for_cpu",
+                                           "attention_as_run_here": "math"}
+
+
+def test_step_memory_counts_the_static_tensors(tiny_config):
+    args = benchmark.parse_args(["memory", "--config", tiny_config, "--batch_size", "2", "--seq_len", "16"])
+    figures = benchmark.step_memory(args, torch.device("cpu"), smart=True, checkpointing=False, precision="fp32",
+                                    fused_attention=True)
+    model = benchmark.multitask_setup(args, torch.device("cpu"), False)[0]
+    parameters = 4 * sum(p.numel() for p in model.parameters())
+    assert figures["weights"] == figures["smart_teacher_copy"] == parameters  # float32, all trainable
+    # A QQP SBERT step (mean pooling) gives no gradient to the pooler nor to SST's head.
+    unused = 4 * sum(p.numel() for name, p in model.named_parameters() if "pooler" in name or "sentiment" in name)
+    assert figures["gradients"] == parameters - unused > 0.9 * parameters
+    assert figures["adamw_states"] == 2 * figures["gradients"]  # exp_avg and exp_avg_sq of what has trained
+    assert figures["step_peak"] > figures["gradients"]  # the step makes the gradients and more
+
+
+def test_float_matmuls_count_the_bytes_of_the_16_bit_kernels(tiny_config):
+    """The memory benchmark's stand-in for emulated 16-bit matmuls makes the same tensors as the real kernels."""
+    args = benchmark.parse_args(["memory", "--config", tiny_config, "--batch_size", "2", "--seq_len", "16"])
+    for fused in (True, False):
+        real, stand_in = (benchmark.step_memory(args, torch.device("cpu"), False, False, "bf16", fused, float_matmuls)
+                          for float_matmuls in (False, True))
+        assert stand_in["step_peak"] == real["step_peak"] > 0 and stand_in["attention"] == real["attention"]
+    a, b = torch.randn(8, 16, dtype=torch.bfloat16), torch.randn(16, 4, dtype=torch.bfloat16)
+    with benchmark.FloatMatmuls():
+        product = a @ b
+    assert product.dtype == torch.bfloat16 and torch.equal(product, (a.float() @ b.float()).bfloat16())
