@@ -594,7 +594,7 @@ class LiveTensorBytes(TorchDispatchMode):
 class FloatMatmuls(TorchDispatchMode):
     """Matrix products (and the CPU's flash attention) of bf16 / fp16 tensors computed in float32, their outputs
     rounded to the dtypes the 16-bit kernels return (read off the operator's meta kernel): the same tensors, of
-    the same sizes, without the 16-bit kernels that a CPU lacking them emulates (a bf16 matmul ran 140x slower
+    the same sizes, without the 16-bit kernels that a CPU lacking them emulates (two orders of magnitude slower
     than float32 on an AVX2 CPU). For counting memory under LiveTensorBytes entered after it (which then sees
     the 16-bit operator and its 16-bit output, not the float32 copies); never for timing."""
 
