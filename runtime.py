@@ -46,6 +46,25 @@ def legacy_bf16_flag(bf16: bool | None) -> str:
     return "auto" if bf16 is None else ("bf16" if bf16 else "fp32")
 
 
+def requested_precision(precision: str, bf16: bool | None) -> str:
+    """--precision with the --bf16 / --no-bf16 aliases folded in; a ValueError when the two contradict."""
+    alias = legacy_bf16_flag(bf16)
+    if alias == "auto":
+        return precision
+    if precision not in ("auto", alias):
+        raise ValueError(f"--{'' if bf16 else 'no-'}bf16 contradicts --precision {precision}")
+    return alias
+
+
+def scaled_step(scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer) -> bool:
+    """optimizer.step() through the gradient scaler, then its update; False when the step was skipped for inf /
+    NaN gradients (update lowers the scale exactly then). A disabled scaler always steps."""
+    scale = scaler.get_scale()
+    scaler.step(optimizer)
+    scaler.update()
+    return scaler.get_scale() >= scale
+
+
 def resolve_precision(device: torch.device, requested: str = "auto") -> str:
     """bf16, fp16 or fp32 for --precision `requested` on this device. auto: bf16 where the device computes it
     natively (Ampere or newer GPUs; CPUs with AVX512-BF16 or AMX), fp16 on older GPUs (T4, V100: tensor cores

@@ -31,7 +31,7 @@ from lnsr import LnsrConfig, encode_with_noise_stability
 from mlm import IGNORED_LABEL, MaskedLanguageModelHead, mlm_batches, mlm_loss, task_sentences
 from multitask_bert import MultitaskBERT, save_multitask_model
 from optimizer import AdamW, weight_decay_groups
-from runtime import autocast, float32_exact, resolve_precision, to_device, use_tf32
+from runtime import autocast, float32_exact, resolve_precision, scaled_step, to_device, use_tf32
 from schedules import Stage, learning_rate_factor, multitask_order, trained_heads
 from simcse import pairwise_contrastive_loss, supervised_simcse_loss, triplet_batches
 from smart import BregmanTeacher, SmartRegularizer, bregman_momentum
@@ -250,11 +250,9 @@ class Trainer:
         factor = learning_rate_factor(self.updates, self.total_updates, self.args.lr_schedule, self.args.warmup_ratio)
         for group in self.optimizer.param_groups:
             group["lr"] = self.stage_lr * factor * group["lr_scale"]
-        scale = self.scaler.get_scale()
-        self.scaler.step(self.optimizer)  # skips optimizer.step() when a gradient is inf or NaN
-        self.scaler.update()  # lowers the scale exactly when it skipped
+        stepped = scaled_step(self.scaler, self.optimizer)
         self.optimizer.zero_grad(set_to_none=True)
-        if self.scaler.get_scale() < scale:
+        if not stepped:
             # Nothing moved: neither the teacher nor the schedules (learning rate, SMART's momentum) advance.
             self.skipped_updates += 1
             return

@@ -24,7 +24,7 @@ from adapters import SHARINGS, TARGETS, AdapterConfig
 from gradient_surgery import GRADIENT_SURGERIES
 from lnsr import LnsrConfig
 from multitask_bert import HEAD_ACTIVATIONS, parse_pair_encoders
-from runtime import PRECISIONS, legacy_bf16_flag
+from runtime import PRECISIONS, requested_precision
 from smart import SmartConfig
 from tasks import MULTITASK, SPLITS, course_file_name, data_flag, output_flag, task_name
 
@@ -249,11 +249,7 @@ class TrainingArguments:
 
     def __post_init__(self):
         _check_common(self)
-        alias = legacy_bf16_flag(self.bf16)
-        _check(alias == "auto" or self.precision in ("auto", alias),
-               f"--{'' if self.bf16 else 'no-'}bf16 contradicts --precision {self.precision}")
-        if alias != "auto":
-            self.precision = alias
+        self.precision = requested_precision(self.precision, self.bf16)
         _check(self.grad_accumulation_steps >= 1, "--grad_accumulation_steps must be >= 1")
         for name in ("cycles", "mlm_epochs", "simcse_epochs", "eval_train_examples", "num_workers"):
             _check(getattr(self, name) >= 0, f"--{name} must be >= 0, got {getattr(self, name)}")

@@ -42,8 +42,8 @@ sys.path.insert(0, str(ROOT))
 
 from base_bert import BertConfig, resolve_pretrained  # noqa: E402
 from bert import BertModel  # noqa: E402
-from runtime import (PRECISIONS, autocast, float32_exact, has_native_bf16, legacy_bf16_flag,  # noqa: E402
-                     precision_notice, resolve_precision, use_tf32)
+from runtime import (PRECISIONS, autocast, float32_exact, has_native_bf16, precision_notice,  # noqa: E402
+                     requested_precision, resolve_precision, scaled_step, use_tf32)
 from optimizer import AdamW  # noqa: E402
 
 
@@ -170,15 +170,8 @@ class Update:
 
     def __call__(self, loss: torch.Tensor) -> bool:
         """Backward and step; False when the gradient scaler skipped the step."""
-        if not self.scaler.is_enabled():
-            loss.backward()
-            self.optimizer.step()
-            return True
-        self.scaler.scale(loss).backward()
-        scale = self.scaler.get_scale()
-        self.scaler.step(self.optimizer)
-        self.scaler.update()
-        stepped = self.scaler.get_scale() >= scale
+        self.scaler.scale(loss).backward()  # the loss itself when the scaler is disabled
+        stepped = scaled_step(self.scaler, self.optimizer)
         self.record["skipped"] += not stepped
         return stepped
 
@@ -839,13 +832,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="for the pipeline benchmark (needs ids-sst-train.csv)")
     parser.add_argument("--json", type=Path, help="also append the results to this JSON-lines file")
     args = parser.parse_args(argv)
-    alias = legacy_bf16_flag(args.bf16)
-    if alias != "auto":
-        if args.precision not in ("auto", alias):
-            parser.error(f"--{'' if args.bf16 else 'no-'}bf16 contradicts --precision {args.precision}")
-        args.precision = alias
-    args.requested_precision = args.precision
-    args.precision = resolve_precision(torch.device(args.device), args.precision)
+    try:
+        args.requested_precision = requested_precision(args.precision, args.bf16)
+    except ValueError as err:
+        parser.error(str(err))
+    args.precision = resolve_precision(torch.device(args.device), args.requested_precision)
     return args
 
 
