@@ -44,37 +44,13 @@ import torch
 from torch.utils.data import DataLoader, Sampler
 
 from distributed import SINGLE_PROCESS, Distributed, cut_global_batches, global_batch_count, shard_batch
+from files import DataError, DataWarning, show_data_warnings_on_one_line  # noqa: F401 (the loaders' errors)
+from squad import QAExample, QAWindows, load_squad
 from tasks import SPLITS, TASKS, class_range, course_file_name
 
-SENTENCE_TASKS = tuple(name for name, task in TASKS.items() if not task.is_pair)  # sst, cfimdb
+SENTENCE_TASKS = tuple(name for name, task in TASKS.items() if not (task.is_pair or task.is_extractive))  # sst, cfimdb
 PAIR_TASKS = tuple(name for name, task in TASKS.items() if task.is_pair)  # qqp, sts
 _WORD_OR_PUNCTUATION = re.compile(r"\w+|[^\w\s]")
-
-
-class DataError(ValueError):
-    """A data file is missing or malformed; str() is one line naming the file (and line)."""
-
-    def __init__(self, path: str | Path, problem: str, line: int | None = None):
-        self.path = str(path)
-        self.problem = problem
-        self.line = line
-        where = self.path if line is None else f"{self.path}:{line}"
-        super().__init__(f"{where}: {problem}")
-
-
-class DataWarning(UserWarning):
-    """Rows were dropped while loading; the message gives the count, the file and the lines."""
-
-
-def show_data_warnings_on_one_line() -> None:
-    """For the command lines: a DataWarning prints as 'warning: <message>', without source lines."""
-    default = warnings.formatwarning
-
-    def format_warning(message, category, *args, **kwargs):
-        if issubclass(category, DataWarning):
-            return f"warning: {message}\n"
-        return default(message, category, *args, **kwargs)
-    warnings.formatwarning = format_warning
 
 
 @dataclass(frozen=True)
@@ -114,8 +90,10 @@ def load_pair_examples(path: str | Path, task: str, split: str) -> list[PairExam
             for example_id, (sentence1, sentence2), label in _load_rows(path, task, split)]
 
 
-def load_examples(path: str | Path, task: str, split: str) -> list[SentenceExample] | list[PairExample]:
-    """Read a course file of any task: sentences for sst / cfimdb, pairs for qqp / sts."""
+def load_examples(path: str | Path, task: str, split: str) -> list[SentenceExample] | list[PairExample] | list[QAExample]:
+    """Read a data file of any task: sentences for sst / cfimdb, pairs for qqp / sts, SQuAD questions for qa."""
+    if TASKS[task].is_extractive:
+        return load_squad(path, split)
     if task in SENTENCE_TASKS:
         return load_sentence_examples(path, task, split)
     return load_pair_examples(path, task, split)
@@ -451,7 +429,7 @@ class TokenizationCache:
 
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
-        self._tokenized: dict[tuple, TokenizedExamples] = {}
+        self._tokenized: dict[tuple, TokenizedExamples | QAWindows] = {}
 
     def get(self, examples: Sequence[SentenceExample] | Sequence[PairExample], max_length: int,
             cross_encoder: bool = False) -> TokenizedExamples:
@@ -461,6 +439,14 @@ class TokenizationCache:
             tokenized = self._tokenized[key] = TokenizedExamples.tokenize(examples, self.tokenizer, max_length,
                                                                           cross_encoder)
         return tokenized
+
+    def windows(self, examples: Sequence[QAExample], max_length: int, doc_stride: int) -> QAWindows:
+        """SQuAD questions cut into their windows (squad.QAWindows), once per run."""
+        key = ("windows", tuple(examples), max_length, doc_stride)
+        windows = self._tokenized.get(key)
+        if windows is None:
+            windows = self._tokenized[key] = QAWindows.build(examples, self.tokenizer, max_length, doc_stride)
+        return windows
 
 
 class LengthBucketSampler(Sampler[list[int]]):

@@ -34,6 +34,7 @@ HISTORY_METRICS = (
     ("sts_pearson", "STS r"),
     ("overall", "overall"),
 )
+QA_HISTORY_METRIC = ("qa_f1", "SQuAD F1")  # a column of its own when every entry has it (--tasks ...,qa)
 
 
 class PredictionsFileError(ValueError):
@@ -122,12 +123,14 @@ def overall_score(sst_acc: float, paraphrase_acc: float, sts_pearson: float) -> 
 
 
 def kept_model_score(metrics: Mapping[str, float], trained_tasks: Iterable[str]) -> float:
-    """What picks the model a run keeps: the overall score over the tasks the run trains (SST and QQP accuracy,
-    (STS r + 1) / 2), so that a run training one task keeps that task's best model rather than the one whose
-    untrained heads happen to score best. With all three tasks (or none) it is the overall score."""
-    normalised = {"sst": metrics["sst_acc"], "qqp": metrics["qqp_acc"], "sts": (metrics["sts_pearson"] + 1) / 2}
-    tasks = set(trained_tasks) or set(normalised)
-    return sum(normalised[task] for task in tasks) / len(tasks)
+    """What picks the model a run keeps: the mean score over the tasks the run trains (SST and QQP accuracy,
+    (STS r + 1) / 2, SQuAD F1), so that a run training one task keeps that task's best model rather than the one
+    whose untrained heads happen to score best. With the three tasks (or none) it is the overall score."""
+    normalised = {"sst": "sst_acc", "qqp": "qqp_acc", "sts": "sts_pearson", "qa": "qa_f1"}
+    tasks = set(trained_tasks) or {"sst", "qqp", "sts"}
+    scores = [(metrics[key] + 1) / 2 if key == "sts_pearson" else metrics[key]
+              for task, key in normalised.items() if task in tasks]
+    return sum(scores) / len(scores)
 
 
 def summarize_line(metrics: Mapping[str, object]) -> str:
@@ -301,8 +304,9 @@ def check_predictions_file(
 # Stage history: forgetting tables and plots
 
 
-def _history_matrix(history: Sequence[Mapping]) -> tuple[list[str], np.ndarray]:
-    """Row labels ('1. qqp', ...) and a (stages, len(HISTORY_METRICS)) matrix of dev metrics.
+def _history_matrix(history: Sequence[Mapping]) -> tuple[list[str], list[str], np.ndarray]:
+    """Row labels ('1. qqp', ...), column names and a (stages, metrics) matrix of dev metrics: HISTORY_METRICS,
+    and SQuAD F1 when every entry has it.
 
     'overall' is derived from the three task metrics when an entry does not carry it.
     """
@@ -317,7 +321,11 @@ def _history_matrix(history: Sequence[Mapping]) -> tuple[list[str], np.ndarray]:
         overall = entry.get("overall", overall_score(entry["sst_acc"], entry["qqp_acc"], entry["sts_pearson"]))
         labels.append(f"{index}. {stage}")
         rows.append([entry["sst_acc"], entry["qqp_acc"], entry["sts_pearson"], overall])
-    return labels, np.array(rows, dtype=float)
+    names = [name for _, name in HISTORY_METRICS]
+    if all(QA_HISTORY_METRIC[0] in entry for entry in history):
+        names.append(QA_HISTORY_METRIC[1])
+        rows = [row + [entry[QA_HISTORY_METRIC[0]]] for row, entry in zip(rows, history)]
+    return labels, names, np.array(rows, dtype=float)
 
 
 def forgetting_table_markdown(history: Sequence[Mapping]) -> str:
@@ -325,8 +333,7 @@ def forgetting_table_markdown(history: Sequence[Mapping]) -> str:
 
     A forgetting of 0 means the final model is as good as the best stage on that metric.
     """
-    labels, matrix = _history_matrix(history)
-    names = [name for _, name in HISTORY_METRICS]
+    labels, names, matrix = _history_matrix(history)
     lines = ["| stage | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
     for label, row in zip(labels, matrix):
         lines.append(f"| {label} | " + " | ".join(f"{v:.4f}" for v in row) + " |")
@@ -356,10 +363,10 @@ def save_figure(fig, path: str | os.PathLike) -> Path:
 def plot_forgetting_matrix(history: Sequence[Mapping], path: str | os.PathLike) -> Path:
     """Heat map of dev metrics after each completed stage, values written in the cells."""
     plt = pyplot()
-    labels, matrix = _history_matrix(history)
+    labels, names, matrix = _history_matrix(history)
     fig, ax = plt.subplots(figsize=(1.6 * matrix.shape[1] + 2, 0.6 * matrix.shape[0] + 1.5))
     image = ax.imshow(matrix, cmap="viridis", vmin=min(0.0, matrix.min()), vmax=1.0, aspect="auto")
-    ax.set_xticks(range(matrix.shape[1]), [name for _, name in HISTORY_METRICS])
+    ax.set_xticks(range(matrix.shape[1]), names)
     ax.set_yticks(range(matrix.shape[0]), labels)
     ax.set_xlabel("dev metric")
     ax.set_ylabel("after stage")
@@ -376,7 +383,7 @@ def plot_training_curves(history: Sequence[Mapping], path: str | os.PathLike) ->
     """One panel per task: dev metric over history entries, plus train metric when logged
     (keys 'train_sst_acc', 'train_qqp_acc', 'train_sts_pearson')."""
     plt = pyplot()
-    labels, matrix = _history_matrix(history)
+    labels, _, matrix = _history_matrix(history)
     tasks = HISTORY_METRICS[:3]
     fig, axes = plt.subplots(1, len(tasks), figsize=(5 * len(tasks), 4), sharex=True)
     steps = np.arange(len(labels))
@@ -470,11 +477,14 @@ def error_counts(sst_pred, sst_gold, para_pred, para_gold, sts_pred, sts_gold) -
 
 def write_run_reports(history: Sequence[Mapping], dev_predictions: Mapping, out_dir: str | os.PathLike) -> str:
     """history.json, forgetting.md, the forgetting matrix, training curves and error-analysis plots of a
-    run in out_dir; dev_predictions maps each task to (ids, predictions, gold). Returns the forgetting table."""
+    run in out_dir; dev_predictions maps each task to (ids, predictions, gold). Returns the forgetting table;
+    a run without all three of sst, qqp and sts gets only history.json and returns ""."""
     out_dir = Path(out_dir)
-    evaluated = [record for record in history if "overall" in record]
-    table = forgetting_table_markdown(evaluated)
     (out_dir / "history.json").write_text(json.dumps(list(history), indent=1), encoding="utf-8")
+    evaluated = [record for record in history if "overall" in record]
+    if not evaluated:
+        return ""
+    table = forgetting_table_markdown(evaluated)
     (out_dir / "forgetting.md").write_text(table, encoding="utf-8")
     plot_forgetting_matrix(evaluated, out_dir / "forgetting_matrix.png")
     plot_training_curves(evaluated, out_dir / "training_curves.png")

@@ -9,6 +9,8 @@ in, tensors out); a prediction is always decide(score(outputs)).
     sts  sbert / hybrid:     `similarity_objective`   a 0-5 similarity    the score    squared error
            a cosine
          cross: 1 logit      MSE(sigmoid, label / 5)  5 * sigmoid         the score    squared error
+    qa   start and end       cross entropy of the     the logits          per question symmetric KL of the start
+         logits per token    gold start and end                           (squad.py)   and end distributions
 
 Similarity objectives for the SBERT cosine (measured in README: `cosine` is best on STS-B dev):
     cosine   MSE(cos, label / 5)              sentence-transformers' CosineSimilarityLoss
@@ -125,7 +127,22 @@ class CrossSimilarityObjective:
         return scores
 
 
-Objective = SentimentObjective | ParaphraseObjective | CosineSimilarityObjective | CrossSimilarityObjective
+@dataclass(frozen=True)
+class SpanObjective:
+    """SQuAD: start and end logits over a window's tokens (B, T, 2); the mean of the cross entropies of the gold
+    start and end positions (both 0, [CLS], when the window does not hold the answer; Devlin et al. 2019).
+    Its predictions are decoded per question over all of its windows (squad.decode_answers), not per window."""
+    divergence: str = "span"
+
+    def loss(self, logits: Tensor, labels: Tensor) -> Tensor:
+        logits = logits.float()
+        return (F.cross_entropy(logits[..., 0], labels[:, 0]) + F.cross_entropy(logits[..., 1], labels[:, 1])) / 2
+
+    def score(self, logits: Tensor) -> Tensor:
+        return logits.float()  # (B, T, 2)
+
+
+Objective = SentimentObjective | ParaphraseObjective | CosineSimilarityObjective | CrossSimilarityObjective | SpanObjective
 
 
 def task_objectives(pair_encoders: dict[str, str], similarity_objective: str = "cosine",
@@ -139,4 +156,5 @@ def task_objectives(pair_encoders: dict[str, str], similarity_objective: str = "
         similarity = CrossSimilarityObjective()
     else:
         similarity = CosineSimilarityObjective(similarity_objective)
-    return {"sst": SentimentObjective(ordinal_weight), "qqp": ParaphraseObjective(), "sts": similarity}
+    return {"sst": SentimentObjective(ordinal_weight), "qqp": ParaphraseObjective(), "sts": similarity,
+            "qa": SpanObjective()}

@@ -63,9 +63,9 @@ def load_mlm_head(pretrained: str, config: BertConfig) -> tuple[MaskedLanguageMo
 
 
 def task_sentences(data: dict[str, TaskData]) -> list[str]:
-    """Every distinct sentence of the three tasks' train sets, in file order (dev and test never)."""
+    """Every distinct sentence of the three tasks' train sets among `data`, in file order (dev and test never)."""
     sentences: dict[str, None] = {}
-    for task in MULTITASK:
+    for task in (task for task in MULTITASK if task in data):
         for example in data[task].train or ():
             texts = (example.sentence1, example.sentence2) if isinstance(example, PairExample) else (example.sentence,)
             sentences.update(dict.fromkeys(texts))

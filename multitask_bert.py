@@ -1,6 +1,8 @@
 """MultitaskBERT: one shared minBERT with Sentence-BERT heads for SST-5, QQP and STS-B.
 
     sst: dropout + linear on the pooled sentence -> 5 logits
+    qa (when among `tasks`): linear on every token's last hidden state of [CLS] question [SEP] context [SEP]
+        -> start and end logits (B, T, 2), padding masked (Devlin et al. 2019's span head; squad.py decodes)
     qqp, sts: each pair task reads its pairs in one of three ways (pair_encoders, per task):
       sbert   u, v pooled from two separate encodings; qqp: linear on [u, v, |u - v|]; sts: cos(u, v)
       cross   one joint [CLS] s1 [SEP] s2 [SEP] encoding (segment ids 0 / 1), pooled, linear -> 1 logit
@@ -32,12 +34,13 @@ from base_bert import BertConfig, CheckpointError
 from bert import BertModel
 from checkpoint import atomic_save, check_fields, read_checkpoint
 from losses import SIMILARITY_OBJECTIVES, task_objectives
-from tasks import MULTITASK, TASKS, task_name
+from tasks import MULTITASK, RUN_TASKS, TASKS, task_name
 
 POOLINGS = ("mean", "cls")
 PAIR_ENCODERS = ("sbert", "cross", "hybrid")
 PAIR_TASKS = ("qqp", "sts")
 HEAD_ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "gelu": nn.GELU}
+PADDING_LOGIT = -1e4  # a span logit of padding: exp() of it is 0 in float32
 N_SENTIMENT_CLASSES = TASKS["sst"].num_classes
 
 
@@ -101,8 +104,12 @@ class MultitaskBERT(nn.Module):
     def __init__(self, bert: BertModel, pooling: str = "mean", dropout: float = 0.1,
                  pair_encoder: str | dict = "sbert", similarity_objective: str = "cosine",
                  sentiment_ordinal_weight: float = 0.0, head_hidden: int = 0, head_activation: str = "tanh",
-                 adapter: AdapterConfig | dict | None = None):
+                 adapter: AdapterConfig | dict | None = None, tasks: tuple[str, ...] | list[str] = MULTITASK):
+        """`tasks`: those the model has heads (and per-task adapters) for, some of RUN_TASKS."""
         super().__init__()
+        if not tasks or not set(tasks) <= set(RUN_TASKS):
+            raise ValueError(f"tasks must be some of {RUN_TASKS}, got {tasks!r}")
+        self.tasks = tuple(task for task in RUN_TASKS if task in tasks)
         if pooling not in POOLINGS:
             raise ValueError(f"pooling must be one of {POOLINGS}, got {pooling!r}")
         if similarity_objective not in SIMILARITY_OBJECTIVES:
@@ -121,20 +128,25 @@ class MultitaskBERT(nn.Module):
         self.dropout = nn.Dropout(dropout)
         reads_two = {task: self.pair_encoders[task] != "cross" for task in PAIR_TASKS}  # features from u and v
         features = {"sst": hidden, "qqp": 3 * hidden if reads_two["qqp"] else hidden, "sts": hidden}
+        features = {task: size for task, size in features.items() if task in self.tasks}
         if head_hidden:
             self.dense_heads = nn.ModuleDict({
                 task: nn.Sequential(nn.Linear(size, head_hidden), HEAD_ACTIVATIONS[head_activation](),
                                     nn.Dropout(dropout))
                 for task, size in features.items()})
             features = dict.fromkeys(features, head_hidden)
-        self.sentiment_head = nn.Linear(features["sst"], N_SENTIMENT_CLASSES)
-        self.paraphrase_head = nn.Linear(features["qqp"], 1)
-        if not reads_two["sts"]:
+        if "sst" in self.tasks:
+            self.sentiment_head = nn.Linear(features["sst"], N_SENTIMENT_CLASSES)
+        if "qqp" in self.tasks:
+            self.paraphrase_head = nn.Linear(features["qqp"], 1)
+        if "sts" in self.tasks and not reads_two["sts"]:
             self.similarity_head = nn.Linear(features["sts"], 1)
+        if "qa" in self.tasks:
+            self.span_head = nn.Linear(hidden, 2)  # start and end logit of every token
         self.adapter = AdapterConfig(**adapter) if isinstance(adapter, dict) else adapter
         if self.adapter is not None:
             per_task = self.adapter.sharing == "per_task"
-            pals = add_adapters(bert, self.adapter, MULTITASK if per_task else [SHARED_SET])
+            pals = add_adapters(bert, self.adapter, self.tasks if per_task else [SHARED_SET])
             if pals is not None:
                 self.pals = pals
             activate(self, None if per_task else SHARED_SET)  # per task: chosen by each task's forward
@@ -144,7 +156,7 @@ class MultitaskBERT(nn.Module):
                 "similarity_objective": self.similarity_objective,
                 "sentiment_ordinal_weight": self.sentiment_ordinal_weight, "head_hidden": self.head_hidden,
                 "head_activation": self.head_activation,
-                "adapter": None if self.adapter is None else dataclasses.asdict(self.adapter)}
+                "adapter": None if self.adapter is None else dataclasses.asdict(self.adapter), "tasks": list(self.tasks)}
 
     def reads_pairs_jointly(self, task: str) -> bool:
         """Whether this task's batches hold each pair as one sequence (collate with cross_encoder=True)."""
@@ -196,6 +208,10 @@ class MultitaskBERT(nn.Module):
     def outputs_from_hidden(self, task: str, hidden: torch.Tensor, inputs: EncoderInputs) -> torch.Tensor:
         """The task's outputs from the encoder's last hidden states (B, T, H) or (2B, T, H)."""
         mask = inputs.attention_mask
+        if task == "qa":
+            logits = self.span_head(hidden).float()  # (B, T, 2)
+            # Padding can be neither start nor end; a finite floor keeps SMART's KL free of 0 * inf.
+            return logits.masked_fill(~mask.bool().unsqueeze(-1), PADDING_LOGIT)
         if task == "sst":
             return self.sentiment_head(self.dropout(self.features(task, self.pool(hidden, mask))))  # (B, 5)
         encoder = self.pair_encoders[task]

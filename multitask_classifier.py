@@ -6,6 +6,7 @@ dev sets after every stage and keeping the model with the best overall dev score
 the six leaderboard CSVs.
 
     python multitask_classifier.py --demo                                   # offline, 2 CPU cores, < 3 min
+    python multitask_classifier.py --demo --tasks qa                        # SQuAD 2.0 question answering
     python multitask_classifier.py --use_gpu --option finetune --data_dir data --smart   # the real run
     python multitask_classifier.py --help                                   # every flag, by feature
 """
@@ -22,23 +23,24 @@ from distributed import Distributed, data_parallel
 from embedding_analysis import MIN_TSNE_POINTS, plot_tsne, sentence_embeddings
 from evaluation import summarize_line, write_predictions, write_run_reports
 from mlm import load_mlm_head
-from multitask_bert import MultitaskBERT, freeze_encoder, load_multitask_model
+from multitask_bert import MultitaskBERT, freeze_encoder, load_multitask_checkpoint
 from runtime import precision_notice, seed_everything
 from schedules import Stage, build_schedule, train_tasks
-from scores import scores_path, write_scores
+from scores import scores_path, write_qa_scores, write_scores
 from simcse import load_nli_triplets
-from tasks import MULTITASK
+from squad import predictions, write_squad_predictions
+from tasks import MULTITASK, TASKS
 from tokenizer import BertTokenizer
 from trainer import Trainer, decide
 from training_state import resume_training
 from training_args import (TrainingArguments, UsageError, adapter_config, build_parser, check_max_length,
-                           check_writable, data_paths, from_namespace, lnsr_config, prediction_paths,
-                           regularized_tasks, smart_configs)
+                           check_writable, data_paths, from_namespace, lnsr_config, parse_tasks, prediction_paths,
+                           regularized_tasks, run_tasks, smart_configs)
 
 ROOT = Path(__file__).resolve().parent
 DEMO_SETTINGS = dict(data_dir=str(ROOT / "data" / "demo"), pretrained="minilm-l6", option="finetune",
                      batch_size=16, lr=5e-5, hidden_dropout_prob=0.1, first_stages="qqp", cycle="sts,sst,qqp:0.25",
-                     cycles=2, smart=True, max_length=64, output_dir="runs/demo")
+                     cycles=2, smart=True, max_length=64, qa_max_length=128, qa_doc_stride=32, output_dir="runs/demo")
 
 
 def parse_args(argv=None) -> TrainingArguments:
@@ -46,7 +48,14 @@ def parse_args(argv=None) -> TrainingArguments:
     namespace = parser.parse_args(argv)
     if namespace.demo:
         # The demo's settings become the defaults, so every flag given (abbreviated too) still wins.
-        parser.set_defaults(**DEMO_SETTINGS)
+        settings = dict(DEMO_SETTINGS)
+        try:
+            three_tasks = parse_tasks(namespace.tasks) == MULTITASK
+        except ValueError as err:
+            parser.error(f"--tasks: {err}")
+        if not three_tasks:  # its stages are the three tasks'; other tasks get their own default stages
+            del settings["first_stages"], settings["cycle"]
+        parser.set_defaults(**settings)
         namespace = parser.parse_args(argv)
     try:
         return from_namespace(TrainingArguments, namespace)
@@ -57,11 +66,15 @@ def parse_args(argv=None) -> TrainingArguments:
 def load_inputs(args: TrainingArguments) -> tuple[list[Stage], dict, list[str], list]:
     """The schedule, every data file (and what was dropped from them) and the NLI triplets, all validated
     before any model is loaded."""
-    check_writable([args.output_dir, *(path.parent for path in prediction_paths(args.prediction_files).values())])
+    tasks = run_tasks(args)
+    check_writable([args.output_dir, *(path.parent for path in prediction_paths(args.prediction_files, tasks).values())])
     try:
         stages = build_schedule(args.schedule, args.first_stages, args.cycle, args.cycles, args.epochs,
-                                args.simcse_epochs if args.simcse_data else 0, args.mlm_epochs)
+                                args.simcse_epochs if args.simcse_data else 0, args.mlm_epochs, tasks)
         if any(stage.kind == "mlm" for stage in stages):
+            if not set(MULTITASK) & set(tasks):
+                raise ValueError("the mlm stage reads the training sentences of sst, qqp and sts; "
+                                 "none of them is among --tasks")
             if args.option == "pretrain" and args.adapter == "none":
                 raise ValueError("the mlm stage trains the encoder, which --option pretrain freezes; "
                                  "use --option finetune")
@@ -72,8 +85,8 @@ def load_inputs(args: TrainingArguments) -> tuple[list[Stage], dict, list[str], 
             smart_configs(args)  # bad SMART settings fail here
         with warnings.catch_warnings(record=True) as dropped:
             warnings.simplefilter("always", DataWarning)
-            data = load_task_data(data_paths(args.data_dir, args.data_files, MULTITASK), MULTITASK,
-                                  train_tasks(stages), args.max_train_examples, args.seed)
+            data = load_task_data(data_paths(args.data_dir, args.data_files, tasks), tasks,
+                                  train_tasks(stages, tasks), args.max_train_examples, args.seed)
         for warning in dropped:  # shown now, and again beside the CSVs they are missing from
             warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
         triplets = []
@@ -102,7 +115,7 @@ def build_model(args: TrainingArguments, trains_sts: bool) -> MultitaskBERT:
             raise UsageError(str(err)) from None
     ordinal_weight = args.ordinal_weight if args.sst_objective == "ordinal" else 0.0
     model = MultitaskBERT(bert, args.pooling, args.hidden_dropout_prob, args.pair_encoder, args.similarity_objective,
-                          ordinal_weight, args.head_hidden, args.head_activation, adapter_config(args))
+                          ordinal_weight, args.head_hidden, args.head_activation, adapter_config(args), run_tasks(args))
     if args.option == "pretrain":
         freeze_encoder(model)
         # STS outputs a cosine of the frozen encoder's embeddings unless a head or adapters give it weights.
@@ -114,10 +127,19 @@ def build_model(args: TrainingArguments, trains_sts: bool) -> MultitaskBERT:
 
 
 def write_leaderboard_files(trainer: Trainer, paths: dict, dev_scores: dict, run_dir: Path) -> None:
-    """The six CSVs and, for ensembles, the scores they were decided from (run_dir/scores/): dev from the
-    scores already computed, test predicted now (by every rank, written by rank 0)."""
+    """The six CSVs (and SQuAD's two prediction JSONs) and, for ensembles, the scores they were decided from
+    (run_dir/scores/): dev from the scores already computed, test predicted now (by every rank, written by
+    rank 0); SQuAD's answers use the no-answer threshold trainer.qa_threshold."""
     for split in ("dev", "test"):
-        for task in MULTITASK:
+        for task in trainer.tasks:
+            if TASKS[task].is_extractive:
+                answers = dev_scores[task] if split == "dev" else trainer.answer(trainer.data[task].test)
+                if trainer.distributed.is_main:
+                    write_squad_predictions(paths[(task, split)], predictions(answers, trainer.qa_threshold))
+                    write_qa_scores(scores_path(run_dir, task, split), answers)
+                    print(f"wrote {paths[(task, split)]} ({len(answers)} questions, no-answer threshold "
+                          f"{trainer.qa_threshold:.4f})")
+                continue
             if split == "dev":
                 ids, scores = dev_scores[task]
             else:
@@ -131,6 +153,8 @@ def write_leaderboard_files(trainer: Trainer, paths: dict, dev_scores: dict, run
 
 def write_sst_tsne(trainer: Trainer, path: Path) -> None:
     """The best model's SST dev embeddings in 2-D, coloured by gold label, beside the run's other plots."""
+    if "sst" not in trainer.data:
+        return
     examples = trainer.data["sst"].dev
     if len(examples) < MIN_TSNE_POINTS:
         print(f"note: no {path.name}: t-SNE needs at least {MIN_TSNE_POINTS} SST dev sentences")
@@ -154,7 +178,7 @@ def _run(args: TrainingArguments, distributed: Distributed, device) -> Trainer:
         raise UsageError(f"{output_dir}: nothing to resume yet (no checkpoint from a finished stage); "
                          "start without --resume")
     seed_everything(args.seed)
-    model = build_model(args, "sts" in train_tasks(stages)).to(device)
+    model = build_model(args, "sts" in train_tasks(stages, run_tasks(args))).to(device)
     mlm_head = None
     if any(stage.kind == "mlm" for stage in stages):
         mlm_head, found = load_mlm_head(args.pretrained, model.bert.config)
@@ -179,12 +203,16 @@ def _run(args: TrainingArguments, distributed: Distributed, device) -> Trainer:
         (output_dir / "metrics.jsonl").unlink()
     trainer.train(stages)
     if trainer.next_stage == len(stages):
-        trainer.model = load_multitask_model(output_dir / "best", device)
-        best_metrics, dev_predictions, dev_scores = trainer.evaluate_with_scores("dev")
+        trainer.model, best = load_multitask_checkpoint(output_dir / "best", device)
+        # SQuAD's no-answer threshold is the one chosen on dev when the kept model was saved.
+        best_metrics, dev_predictions, dev_scores = trainer.evaluate_with_scores(
+            "dev", qa_threshold=best["metrics"].get("qa_threshold"))
         print("best model on dev: " + summarize_line(best_metrics))
-        write_leaderboard_files(trainer, prediction_paths(args.prediction_files), dev_scores, output_dir)
+        write_leaderboard_files(trainer, prediction_paths(args.prediction_files, trainer.tasks), dev_scores, output_dir)
         if distributed.is_main:
-            print(write_run_reports(trainer.history, dev_predictions, output_dir))
+            table = write_run_reports(trainer.history, dev_predictions, output_dir)
+            if table:
+                print(table)
             write_sst_tsne(trainer, output_dir / "sst_tsne.png")
         for message in dropped_rows:
             print(f"note: not in the predictions: {message}")

@@ -3,14 +3,15 @@ learning-rate schedule.
 
 Stage syntax (sequential schedule): a comma-separated list of `task[:fraction][*repeats]`, e.g.
 'qqp,sts*2,qqp:0.03' = one QQP epoch, two STS epochs, one epoch on a random 3% of QQP; `mlm` is a
-masked-language-model epoch on the three tasks' training sentences ('mlm:0.5,qqp': half an epoch first).
+masked-language-model epoch on the three tasks' training sentences ('mlm:0.5,qqp': half an epoch first);
+`qa` a SQuAD epoch (over its windows) when the run has the task.
 """
 from __future__ import annotations
 
 import random
 from dataclasses import dataclass
 
-from tasks import MULTITASK, task_name
+from tasks import MULTITASK, RUN_TASKS, task_name
 
 SCHEDULES = ("sequential", "annealed", "round_robin")
 LR_SCHEDULES = ("constant", "linear")
@@ -31,17 +32,21 @@ class Stage:
         return self.kind if self.kind == "simcse" else f"multitask-{self.epoch}"
 
 
-def parse_stage_list(text: str) -> list[Stage]:
-    """'qqp,sts*2,qqp:0.03' -> stages; ':f' trains on a fraction f of the task, '*n' repeats it n times."""
+def parse_stage_list(text: str, tasks: tuple[str, ...] = MULTITASK) -> list[Stage]:
+    """'qqp,sts*2,qqp:0.03' -> stages; ':f' trains on a fraction f of the task, '*n' repeats it n times.
+    `tasks`: the run's, the only ones a stage may train."""
     stages = []
     for token in filter(None, (t.strip() for t in text.split(","))):
         stage_text, _, count = token.partition("*")
         name, _, fraction = (part.strip() for part in stage_text.partition(":"))
         try:
-            task = None if name == "mlm" else task_name(name)
+            task = None if name == "mlm" else task_name(name, RUN_TASKS)
         except ValueError:
-            raise ValueError(f"unknown stage {name!r} in {text!r}; use sst, sts, qqp or mlm "
+            raise ValueError(f"unknown stage {name!r} in {text!r}; use {', '.join(tasks)} or mlm "
                              "(optionally :fraction, *repeats)") from None
+        if task is not None and task not in tasks:
+            raise ValueError(f"stage {name!r} in {text!r} trains {task}, which is not among the run's tasks "
+                             f"({', '.join(tasks)}); add it to --tasks or name the stages")
         try:
             repeat = int(count) if count else 1
             value = float(fraction) if fraction else 1.0
@@ -57,14 +62,14 @@ def parse_stage_list(text: str) -> list[Stage]:
 
 
 def build_schedule(schedule: str, first_stages: str = "", cycle: str = "", cycles: int = 0, epochs: int = 1,
-                   simcse_epochs: int = 0, mlm_epochs: int = 0) -> list[Stage]:
+                   simcse_epochs: int = 0, mlm_epochs: int = 0, tasks: tuple[str, ...] = MULTITASK) -> list[Stage]:
     """MLM epochs, then SimCSE epochs, then either first_stages + cycle * cycles (sequential) or `epochs`
-    multi-task epochs (annealed, round_robin)."""
+    multi-task epochs (annealed, round_robin) of the run's `tasks`."""
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
     stages = [Stage("mlm")] * mlm_epochs + [Stage("simcse")] * simcse_epochs
     if schedule == "sequential":
-        stages += parse_stage_list(first_stages) + parse_stage_list(cycle) * cycles
+        stages += parse_stage_list(first_stages, tasks) + parse_stage_list(cycle, tasks) * cycles
     else:
         stages += [Stage("multitask", epoch=e) for e in range(1, epochs + 1)]
     if not stages:
@@ -93,17 +98,22 @@ def multitask_order(schedule: str, sizes: dict[str, int], epoch: int, epochs: in
     raise ValueError(f"no multi-task order for schedule {schedule!r}")
 
 
-def train_tasks(stages: list[Stage]) -> set[str]:
-    """The tasks whose train sets a schedule reads (an mlm stage reads the sentences of all three)."""
-    tasks = {s.task for s in stages if s.kind == "task"}
-    return tasks | set(MULTITASK) if any(s.kind in ("multitask", "mlm") for s in stages) else tasks
+def train_tasks(stages: list[Stage], tasks: tuple[str, ...] = MULTITASK) -> set[str]:
+    """The tasks of the run's `tasks` whose train sets a schedule reads (a multi-task epoch reads all of them,
+    an mlm stage the sentences of sst, qqp and sts)."""
+    read = {s.task for s in stages if s.kind == "task"}
+    if any(s.kind == "multitask" for s in stages):
+        read |= set(tasks)
+    if any(s.kind == "mlm" for s in stages):
+        read |= set(MULTITASK) & set(tasks)
+    return read
 
 
-def trained_heads(stages: list[Stage]) -> set[str]:
+def trained_heads(stages: list[Stage], tasks: tuple[str, ...] = MULTITASK) -> set[str]:
     """The tasks whose heads the stages train, whose dev scores pick the model a run keeps (a multi-task epoch
-    trains all three heads; SimCSE and MLM stages none)."""
+    trains every head of the run's `tasks`; SimCSE and MLM stages none)."""
     if any(stage.kind == "multitask" for stage in stages):
-        return set(MULTITASK)
+        return set(tasks)
     return {stage.task for stage in stages if stage.kind == "task"}
 
 

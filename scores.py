@@ -5,6 +5,7 @@
     sst  id,logit_0,...,logit_4     the five class logits
     qqp  id,logit                   the duplicate logit (its sign is the prediction)
     sts  id,score                   the 0-5 similarity the leaderboard CSV reports
+    qa   id,no_answer_margin,answer SQuAD: no-answer score - best span score, and that span (squad.py)
 
 The scores are those of the best model, the one that wrote the run's leaderboard CSVs, so that
 decide(score) gives exactly the CSVs' predictions (losses.py). Plain CSV, nothing to unpickle;
@@ -13,6 +14,7 @@ floats are written with 9 significant digits, which float32 reads back exactly.
 from __future__ import annotations
 
 import csv
+import io
 import math
 import os
 from collections import Counter
@@ -21,10 +23,15 @@ from pathlib import Path
 
 import numpy as np
 
+from files import atomic_write_text
+from squad import Answer
 from tasks import TASKS
 
 SCORE_COLUMNS = {"sst": tuple(f"logit_{c}" for c in range(TASKS["sst"].num_classes)), "qqp": ("logit",),
                  "sts": ("score",)}
+
+
+QA_SCORE_COLUMNS = ("no_answer_margin", "answer")
 
 
 class ScoresFileError(ValueError):
@@ -52,6 +59,16 @@ def write_scores(path: str | os.PathLike, ids: Sequence[str], scores: np.ndarray
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
+
+
+def write_qa_scores(path: str | os.PathLike, answers: dict[str, Answer]) -> None:
+    """SQuAD's scores: per question (in the order given) the no-answer margin, what a threshold or an ensemble
+    decides answerability from, and the best non-empty span it would otherwise answer."""
+    rows = io.StringIO()
+    writer = csv.writer(rows, lineterminator="\n")
+    writer.writerow(["id", *QA_SCORE_COLUMNS])
+    writer.writerows([qid, f"{answer.margin:.9g}", answer.text] for qid, answer in answers.items())
+    atomic_write_text(path, rows.getvalue())
 
 
 def read_scores(path: str | os.PathLike, task: str) -> tuple[list[str], np.ndarray]:

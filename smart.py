@@ -86,6 +86,13 @@ def symmetric_kl_bernoulli(logit_p: Tensor, logit_q: Tensor) -> Tensor:
     return _batch_mean((torch.sigmoid(a) - torch.sigmoid(b)) * (a - b))
 
 
+def symmetric_kl_span(logits_p: Tensor, logits_q: Tensor) -> Tensor:
+    """The mean over start and end of the symmetric KL between the distributions over a window's tokens
+    that span logits (B, T, 2) give; padding, masked to a large negative logit in both, adds nothing."""
+    _check_same_shape(logits_p, logits_q)
+    return symmetric_kl_categorical(logits_p.transpose(1, 2), logits_q.transpose(1, 2)) / 2  # over T, per (B, 2)
+
+
 def squared_error(p: Tensor, q: Tensor) -> Tensor:
     """(p - q)^2 summed over non-batch dimensions, averaged over the batch; in at least float32."""
     _check_same_shape(p, q)
@@ -95,6 +102,7 @@ def squared_error(p: Tensor, q: Tensor) -> Tensor:
 DIVERGENCES: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
     "categorical": symmetric_kl_categorical,
     "bernoulli": symmetric_kl_bernoulli,
+    "span": symmetric_kl_span,
     "squared": squared_error,
 }
 

@@ -75,6 +75,12 @@ class BertTokenizer:
     def tokenize(self, text: str) -> list[str]:
         return self.backend.encode(text, add_special_tokens=False).tokens
 
+    def encode_with_offsets(self, texts: list[str]) -> list[tuple[list[int], list[tuple[int, int]]]]:
+        """Each text's token ids, without special tokens, untruncated and unpadded, with every token's
+        (start, end) character span in the text as written (extractive QA maps predicted spans back by them)."""
+        self._configure(None, None)
+        return [(e.ids, e.offsets) for e in self.backend.encode_batch(list(texts), add_special_tokens=False)]
+
     def convert_tokens_to_ids(self, tokens: list[str]) -> list[int]:
         return [self.backend.token_to_id(t) if self.backend.token_to_id(t) is not None else self.unk_token_id
                 for t in tokens]

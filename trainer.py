@@ -35,11 +35,12 @@ from runtime import autocast, float32_exact, resolve_precision, scaled_step, to_
 from schedules import Stage, learning_rate_factor, multitask_order, trained_heads
 from simcse import pairwise_contrastive_loss, supervised_simcse_loss, triplet_batches
 from smart import BregmanTeacher, SmartRegularizer, bregman_momentum
-from tasks import MULTITASK
+from squad import Answer, QAExample, QAWindows, best_threshold, decode_answers, qa_metrics
+from tasks import TASKS
 from training_args import TrainingArguments, lnsr_config, lnsr_tasks, regularized_tasks, smart_configs
 from training_state import save_training_state
 
-SUMMARY_KEYS = ("index", "stage", "train_loss", "seconds", "sst_acc", "qqp_acc", "sts_pearson", "overall")
+SUMMARY_KEYS = ("index", "stage", "train_loss", "seconds", "sst_acc", "qqp_acc", "sts_pearson", "overall", "qa_f1")
 
 
 def compute_task_loss(model: MultitaskBERT, task: str, batch: dict, regularizer: SmartRegularizer | None = None,
@@ -101,6 +102,28 @@ def predict_examples(model: MultitaskBERT, task: str, examples: list | Tokenized
         return ids, np.concatenate(outputs)
     ids, values = predict_in_file_order(examples, predict_shard, distributed)
     return ids, values if scores else decide(model, task, values)
+
+
+@torch.inference_mode()
+def predict_answers(model: MultitaskBERT, windows: QAWindows, device: torch.device, batch_size: int,
+                    precision: str = "fp32", quiet: bool = True, distributed: Distributed = SINGLE_PROCESS,
+                    n_best: int = 20, max_answer_tokens: int = 30) -> dict[str, Answer]:
+    """Every SQuAD question's best span and no-answer margin (squad.decode_answers) from the logits of all
+    of its windows; under torchrun each rank reads every world_size-th window and all ranks get every answer."""
+    model.eval()
+
+    def predict_shard(shard: QAWindows) -> tuple[list[str], np.ndarray]:
+        loader = tokenized_dataloader(shard, batch_size, shuffle=False, pin_memory=device.type == "cuda")
+        ids, logits = [], []
+        for batch in tqdm(loader, desc="predict qa", leave=False, disable=quiet):
+            batch = to_device(batch, device)
+            with autocast(device, precision):
+                values = model.score("qa", batch).float().cpu().numpy()  # (B, T, 2)
+            logits.append(np.pad(values, ((0, 0), (0, windows.max_length - values.shape[1]), (0, 0))))
+            ids += batch["ids"]
+        return ids, np.concatenate(logits)  # (B, max_length, 2)
+    _, logits = predict_in_file_order(windows, predict_shard, distributed)
+    return decode_answers(windows, logits, n_best, max_answer_tokens)
 
 
 def decide(model: MultitaskBERT, task: str, scores: np.ndarray) -> np.ndarray:
@@ -181,6 +204,8 @@ class Trainer:
         self.total_updates = 1
         self.stage_lr = args.lr
         self.tokenized = TokenizationCache(tokenizer)  # each split tokenised once per run
+        self.tasks = tuple(data)  # the run's tasks, in tasks.RUN_TASKS' order
+        self.qa_threshold = 0.0  # SQuAD's no-answer threshold, chosen on dev at every dev evaluation
 
     # -- one optimisation step --------------------------------------------------------------------
     def backward(self, loss: torch.Tensor, count: int, group_size: int) -> None:
@@ -280,10 +305,20 @@ class Trainer:
         return float(np.mean(losses)) if losses else float("nan")
 
     # -- stages -----------------------------------------------------------------------------------
+    def tokenized_split(self, task: str, examples: list) -> TokenizedExamples | QAWindows:
+        """A split ready to batch, made on its first use only: tokenised examples, or SQuAD's windows."""
+        if TASKS[task].is_extractive:
+            return self.tokenized.windows(examples, self.args.qa_max_length, self.args.qa_doc_stride)
+        return self.tokenized.get(examples, self.args.max_length, self.model.reads_pairs_jointly(task))
+
+    def train_items(self, task: str) -> int:
+        """What one epoch of the task trains on: its training examples, or for SQuAD its windows."""
+        return len(self.tokenized_split(task, self.data[task].train))
+
     def train_loader(self, task: str, seed: int, size: int | None = None):
-        """A loader over the task's training split, or over `size` of its examples drawn with `seed`
-        (datasets.subsample's); the split is tokenised on its first use only."""
-        train = self.tokenized.get(self.data[task].train, self.args.max_length, self.model.reads_pairs_jointly(task))
+        """A loader over the task's training split, or over `size` of its examples (SQuAD: windows) drawn
+        with `seed` (datasets.subsample's)."""
+        train = self.tokenized_split(task, self.data[task].train)
         if size is not None:
             train = train.subset(subsample_indices(len(train), size, seed))
         return tokenized_dataloader(train, self.args.batch_size, shuffle=True, seed=seed,
@@ -300,12 +335,12 @@ class Trainer:
             return self.batch_count(self.stage_size(stage))
         if stage.kind == "simcse":
             return self.batch_count(len(self.triplets))
-        total = sum(self.batch_count(len(self.data[t].train)) for t in MULTITASK)
-        return math.ceil(total / len(MULTITASK)) if self.args.gradient_surgery != "none" else total
+        total = sum(self.batch_count(self.train_items(t)) for t in self.tasks)
+        return math.ceil(total / len(self.tasks)) if self.args.gradient_surgery != "none" else total
 
     def stage_size(self, stage: Stage) -> int:
-        """Examples (sentences for mlm) the stage trains on."""
-        available = len(self.sentences) if stage.kind == "mlm" else len(self.data[stage.task].train)
+        """Examples (sentences for mlm, windows for qa) the stage trains on."""
+        available = len(self.sentences) if stage.kind == "mlm" else self.train_items(stage.task)
         return max(1, round(stage.fraction * available))
 
     @cached_property
@@ -332,13 +367,13 @@ class Trainer:
         return self.run_multitask_epoch(stage, seed, description)
 
     def run_multitask_epoch(self, stage: Stage, seed: int, description: str) -> float:
-        loaders = {t: self.train_loader(t, seed + i) for i, t in enumerate(MULTITASK)}
+        loaders = {t: self.train_loader(t, seed + i) for i, t in enumerate(self.tasks)}
         batches = RestartingLoaders(loaders)
         rng = random.Random(seed)
         steps = self.stage_batches(stage)
-        sizes = {t: len(self.data[t].train) for t in MULTITASK}
+        sizes = {t: self.train_items(t) for t in self.tasks}
         surgery = self.args.gradient_surgery != "none"
-        per_step = len(MULTITASK) if surgery else 1  # surgery: three batches a step (round_robin: one per task)
+        per_step = len(self.tasks) if surgery else 1  # surgery: a batch of every task a step (round_robin: in turn)
         order = multitask_order(self.args.schedule, sizes, stage.epoch, self.args.epochs, steps * per_step, rng)
         if surgery:
             step = partial(self.surgery_step, rng=rng)
@@ -349,23 +384,41 @@ class Trainer:
 
     # -- evaluation -------------------------------------------------------------------------------
     def predict(self, task: str, examples, scores: bool = False) -> tuple[list[str], np.ndarray]:
-        examples = self.tokenized.get(examples, self.args.max_length, self.model.reads_pairs_jointly(task))
+        examples = self.tokenized_split(task, examples)
         return predict_examples(self.model, task, examples, self.tokenizer, self.device, self.args.eval_batch_size,
                                 self.args.max_length, self.precision, self.quiet, self.distributed, scores)
+
+    def answer(self, questions: list[QAExample]) -> dict[str, Answer]:
+        """SQuAD questions' best spans and no-answer margins (predict_answers)."""
+        return predict_answers(self.model, self.tokenized_split("qa", questions), self.device,
+                               self.args.eval_batch_size, self.precision, self.quiet, self.distributed,
+                               self.args.qa_n_best, self.args.qa_max_answer_tokens)
 
     def evaluate(self, split: str = "dev", limit: int | None = None) -> tuple[dict, dict]:
         """Metrics of every task on a split, and (ids, predictions, gold labels) per task."""
         metrics, predictions, _ = self.evaluate_with_scores(split, limit)
         return metrics, predictions
 
-    def evaluate_with_scores(self, split: str = "dev", limit: int | None = None) -> tuple[dict, dict, dict]:
-        """evaluate's metrics and predictions, and (ids, scores) per task: the scores they were decided from."""
+    def evaluate_with_scores(self, split: str = "dev", limit: int | None = None,
+                             qa_threshold: float | None = None) -> tuple[dict, dict, dict]:
+        """evaluate's metrics and predictions, and (ids, scores) per task: the scores they were decided from.
+        SQuAD's no-answer threshold is `qa_threshold` if given, else chosen on dev to maximise F1 (and kept
+        for other splits); its predictions and scores are the questions' answers (squad.Answer by id)."""
         metrics, predictions, scores = {}, {}, {}
         for task, data in self.data.items():
             examples = getattr(data, split)
             if examples is None:
                 continue
             examples = subsample(examples, limit, self.args.seed)
+            if TASKS[task].is_extractive:
+                answers = self.answer(examples)
+                if qa_threshold is not None:
+                    self.qa_threshold = qa_threshold
+                elif split == "dev":
+                    self.qa_threshold = best_threshold(answers, examples)
+                metrics.update(qa_metrics(answers, examples, self.qa_threshold))
+                predictions[task] = scores[task] = answers
+                continue
             ids, task_scores = self.predict(task, examples, scores=True)
             predicted = decide(self.model, task, task_scores)
             gold = np.array([e.label for e in examples])
@@ -378,7 +431,7 @@ class Trainer:
     # -- the whole run ----------------------------------------------------------------------------
     def train(self, stages: list[Stage]) -> None:
         self.total_updates = sum(math.ceil(self.stage_batches(s) / self.args.grad_accumulation_steps) for s in stages)
-        kept_on = trained_heads(stages)  # the tasks whose dev scores pick the model kept as best
+        kept_on = trained_heads(stages, self.tasks)  # the tasks whose dev scores pick the model kept as best
         if self.next_stage == 0 and not self.history:
             start = time.time()
             dev, _ = self.evaluate("dev")

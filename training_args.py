@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from datasets import standard_paths
-from evaluation import DEFAULT_OUTPUTS, unwritable_folder
+from evaluation import unwritable_folder
 from adapters import ADAPTERS as ADAPTER_KINDS
 from adapters import SHARINGS, TARGETS, AdapterConfig
 from gradient_surgery import GRADIENT_SURGERIES
@@ -26,7 +26,7 @@ from lnsr import LnsrConfig
 from multitask_bert import HEAD_ACTIVATIONS, parse_pair_encoders
 from runtime import PRECISIONS, requested_precision
 from smart import SmartConfig
-from tasks import MULTITASK, SPLITS, course_file_name, data_flag, output_flag, task_name
+from tasks import MULTITASK, RUN_TASKS, SPLITS, course_file_name, data_flag, default_output, output_flag, task_name
 
 COURSE = "course options (defaults unchanged)"
 RUN = "data, model and run"
@@ -37,6 +37,8 @@ SMART = "SMART (Jiang et al. 2020); defaults are the paper's"
 SIMCSE = "SimCSE stage (before the tasks)"
 ADAPTERS = "adapters (parameter-efficient; with --option pretrain only adapters and heads train)"
 LNSR = "LNSR, layer-wise noise stability (Hua et al. 2021); defaults are AllBERT's for STS"
+QA = "SQuAD 2.0 question answering (--tasks ...,qa); defaults are Devlin et al.'s"
+THREE_TASK_STAGES = ("qqp", "sts,sst,qqp:0.03")  # --first_stages, --cycle of the three tasks: the thesis's order
 
 
 class UsageError(ValueError):
@@ -78,7 +80,7 @@ def _per_file_flags(kind: str, tasks: tuple[str, ...]) -> dict[str, tuple[str | 
     if kind == "data":
         return {data_flag(task, split): (None, f"default: DATA_DIR/{course_file_name(task, split)}")
                 for task in tasks for split in SPLITS}
-    return {output_flag(task, split): (DEFAULT_OUTPUTS[(task, split)], None)
+    return {output_flag(task, split): (default_output(task, split), None)
             for task in tasks for split in ("dev", "test")}
 
 
@@ -108,8 +110,8 @@ class TrainingArguments:
 
     # The course's flags, defaults unchanged.
     # Data paths may be spelled differently or moved on --resume: the trainer compares the data's content.
-    data_files: dict = per_file_options("data", MULTITASK, resume_free=True)
-    prediction_files: dict = per_file_options("predictions", MULTITASK, resume_free=True)
+    data_files: dict = per_file_options("data", RUN_TASKS, resume_free=True)
+    prediction_files: dict = per_file_options("predictions", RUN_TASKS, resume_free=True)
     seed: int = flag(11711, group=COURSE, type=int)
     epochs: int = flag(10, "epochs of the annealed / round_robin schedules", COURSE, type=int)
     option: str = flag("pretrain", "pretrain: BERT frozen, heads trained; finetune: everything trained", COURSE,
@@ -121,7 +123,10 @@ class TrainingArguments:
     lr: float = flag(1e-5, group=COURSE, type=float)
 
     # Data, model and run.
-    data_dir: str = flag("data", "folder with the course's file names", resume_free=True)
+    data_dir: str = flag("data", "folder with the course's file names (and SQuAD's official train-v2.0.json, "
+                           "dev-v2.0.json, test-v2.0.json)", resume_free=True)
+    tasks: str = flag(",".join(MULTITASK), "the run's tasks, some of sst, qqp, sts and qa (SQuAD 2.0); its heads, "
+                      "data, dev metrics and predictions; annealed and round_robin epochs train all of them")
     pretrained: str = flag("bert-base-uncased", "hub id, local directory, or minilm-l6 (bundled, offline)")
     max_train_examples: int | None = flag(None, "subsample each train set (quick runs)", type=int)
     max_length: int = flag(128, "tokens per sentence (or per pair)", type=int)
@@ -198,9 +203,11 @@ class TrainingArguments:
 
     # Schedule.
     schedule: str = flag("sequential", group=SCHEDULE, choices=("sequential", "annealed", "round_robin"))
-    first_stages: str = flag("qqp", "stages before the cycles, e.g. 'qqp' or 'sts*3' "
-                               "(task[:fraction][*repeats])", SCHEDULE)
-    cycle: str = flag("sts,sst,qqp:0.03", "one cycle of stages (rehearsal as :fraction)", SCHEDULE)
+    first_stages: str | None = flag(None, "stages before the cycles, e.g. 'qqp' or 'sts*3' (task[:fraction][*repeats]; "
+                                    f"default: {THREE_TASK_STAGES[0]!r} for the three tasks, else one epoch of each "
+                                    "of --tasks)", SCHEDULE)
+    cycle: str | None = flag(None, "one cycle of stages (rehearsal as :fraction; default: "
+                             f"{THREE_TASK_STAGES[1]!r} for the three tasks, else none)", SCHEDULE)
     # --cycles may change on --resume (to shorten or extend a sequential run) as long as the stages
     # already done begin the new schedule: stage i's data order depends on i alone.
     cycles: int = flag(10, group=SCHEDULE, resume_free=True, type=int)
@@ -215,7 +222,7 @@ class TrainingArguments:
 
     # SMART.
     smart: bool = flag(False, "regularise the tasks in --smart_tasks", SMART, action="store_true")
-    smart_tasks: str = flag("sst,qqp,sts", group=SMART)
+    smart_tasks: str | None = flag(None, "default: every task of --tasks", group=SMART)
     smart_adv_weight: float = flag(1.0, "lambda_s", SMART, type=float)
     smart_bregman_weight: float = flag(1.0, "mu", SMART, type=float)
     smart_momentum: float | None = flag(None, "beta of the Bregman teacher (default: the paper's 0.99 for the "
@@ -238,6 +245,13 @@ class TrainingArguments:
                                     "measured (default: L - 2, AllBERT's 10 of 12)", LNSR, type=int)
     lnsr_noise_std: float = flag(LnsrConfig.noise_std, "sigma (AllBERT: sigma^2 = 1e-5)", LNSR, type=float)
 
+    # SQuAD.
+    qa_max_length: int = flag(384, "tokens per window: [CLS] question [SEP] context piece [SEP]", QA, type=int)
+    qa_doc_stride: int = flag(128, "tokens each window shares with the one before, when a context needs several "
+                              "(transformers' stride)", QA, type=int)
+    qa_max_answer_tokens: int = flag(30, "longest answer span, in tokens", QA, type=int)
+    qa_n_best: int = flag(20, "start and end candidates per window", QA, type=int)
+
     # SimCSE.
     simcse_data: list = flag([], "NLI files (.jsonl, SentEval s1.*, SICK.txt, premise,positive,negative .csv)",
                              SIMCSE, resume_free=True, nargs="*")
@@ -250,6 +264,20 @@ class TrainingArguments:
     def __post_init__(self):
         _check_common(self)
         self.precision = requested_precision(self.precision, self.bf16)
+        try:
+            self.tasks = ",".join(parse_tasks(self.tasks))
+        except ValueError as err:
+            raise ValueError(f"--tasks: {err}") from None
+        three = run_tasks(self) == MULTITASK
+        if self.first_stages is None:
+            self.first_stages = THREE_TASK_STAGES[0] if three else self.tasks
+        if self.cycle is None:
+            self.cycle = THREE_TASK_STAGES[1] if three else ""
+        if self.smart_tasks is None:
+            self.smart_tasks = self.tasks
+        for name in ("qa_max_length", "qa_doc_stride", "qa_max_answer_tokens", "qa_n_best"):
+            _check(getattr(self, name) >= 1, f"--{name} must be >= 1, got {getattr(self, name)}")
+        _check(self.qa_doc_stride < self.qa_max_length, "--qa_doc_stride must be below --qa_max_length")
         _check(self.grad_accumulation_steps >= 1, "--grad_accumulation_steps must be >= 1")
         for name in ("cycles", "mlm_epochs", "simcse_epochs", "eval_train_examples", "num_workers"):
             _check(getattr(self, name) >= 0, f"--{name} must be >= 0, got {getattr(self, name)}")
@@ -283,6 +311,7 @@ class TrainingArguments:
         if self.lnsr:
             lnsr_tasks(self)
             lnsr_config(self, num_layers=None)  # LnsrConfig checks the weight, the noise and the layer
+        regularized_tasks(self)  # SMART's and LNSR's tasks must be among the run's
         _check(not (self.simcse_data and self.option == "pretrain"),
                "the SimCSE stage trains the encoder, which --option pretrain freezes; use --option finetune")
 
@@ -356,7 +385,8 @@ def from_namespace(cls, namespace: argparse.Namespace):
 
 
 def field_defaults(cls) -> dict:
-    """Each field's default, as its flags give it (a per-file dict field: each flag's default)."""
+    """Each field's default, as its flags give it (a per-file dict field: each flag's default) and the
+    settings resolve it (a default that depends on other flags, such as --first_stages on --tasks)."""
     defaults = {}
     for f in dataclasses.fields(cls):
         if "per_file" in f.metadata:
@@ -366,7 +396,7 @@ def field_defaults(cls) -> dict:
             defaults[f.name] = f.default
         elif f.default_factory is not dataclasses.MISSING:
             defaults[f.name] = f.default_factory()
-    return defaults
+    return dataclasses.asdict(cls(**defaults))
 
 
 def resume_free_fields(cls) -> set[str]:
@@ -380,25 +410,38 @@ def data_paths(data_dir: str, data_files: dict, tasks: tuple[str, ...]) -> dict[
             for task in tasks for split in SPLITS}
 
 
-def prediction_paths(prediction_files: dict) -> dict[tuple[str, str], Path]:
-    """(task, split) -> where its leaderboard CSV goes."""
-    return {(task, split): Path(prediction_files.get(output_flag(task, split)) or DEFAULT_OUTPUTS[(task, split)])
-            for task in MULTITASK for split in ("dev", "test")}
+def prediction_paths(prediction_files: dict, tasks: tuple[str, ...] = MULTITASK) -> dict[tuple[str, str], Path]:
+    """(task, split) -> where its leaderboard CSV (SQuAD: predictions JSON) goes, for the run's tasks."""
+    return {(task, split): Path(prediction_files.get(output_flag(task, split)) or default_output(task, split))
+            for task in tasks for split in ("dev", "test")}
 
 
-def _task_list(enabled: bool, text: str, flag: str) -> set[str]:
-    """The tasks named in a comma-separated flag (none when its feature is off)."""
+def parse_tasks(text: str) -> tuple[str, ...]:
+    """'qa,sst' (or course aliases) -> the tasks in RUN_TASKS' order, each once: ('sst', 'qa')."""
+    named = {task_name(t, RUN_TASKS) for t in text.split(",") if t.strip()}
+    if not named:
+        raise ValueError(f"name at least one of {', '.join(RUN_TASKS)}")
+    return tuple(task for task in RUN_TASKS if task in named)
+
+
+def run_tasks(args: TrainingArguments) -> tuple[str, ...]:
+    """The run's tasks (--tasks), in RUN_TASKS' order."""
+    return tuple(args.tasks.split(","))
+
+
+def _task_list(enabled: bool, text: str, flag: str, tasks: tuple[str, ...]) -> set[str]:
+    """The tasks named in a comma-separated flag (none when its feature is off), each among the run's."""
     if not enabled:
         return set()
     try:
-        return {task_name(t) for t in text.split(",") if t.strip()}
+        return {task_name(t, tasks) for t in text.split(",") if t.strip()}
     except ValueError as err:
-        raise ValueError(f"--{flag}: {err}") from None
+        raise ValueError(f"--{flag}: {err} (the run's --tasks)") from None
 
 
 def regularized_tasks(args: TrainingArguments) -> set[str]:
     """The tasks --smart regularises (none without --smart)."""
-    return _task_list(args.smart, args.smart_tasks, "smart_tasks")
+    return _task_list(args.smart, args.smart_tasks, "smart_tasks", run_tasks(args))
 
 
 def smart_configs(args: TrainingArguments) -> dict[str, SmartConfig]:
@@ -407,11 +450,11 @@ def smart_configs(args: TrainingArguments) -> dict[str, SmartConfig]:
     base = dict(adv_weight=args.smart_adv_weight, bregman_weight=args.smart_bregman_weight,
                 noise_std=args.smart_noise_std, epsilon=args.smart_epsilon, step_size=args.smart_step_size,
                 ascent_steps=args.smart_ascent_steps, norm=args.smart_norm, norm_level=args.smart_norm_level)
-    per_task = {task: dict(base) for task in MULTITASK}
+    per_task = {task: dict(base) for task in run_tasks(args)}
     for override in args.smart_override:
         name, _, settings = override.partition(":")
         try:
-            task = task_name(name)
+            task = task_name(name, run_tasks(args))
         except ValueError:
             task = None
         if task is None or not settings:
@@ -430,7 +473,7 @@ def smart_configs(args: TrainingArguments) -> dict[str, SmartConfig]:
 
 def lnsr_tasks(args: TrainingArguments) -> set[str]:
     """The tasks --lnsr regularises (none without --lnsr)."""
-    return _task_list(args.lnsr, args.lnsr_tasks, "lnsr_tasks")
+    return _task_list(args.lnsr, args.lnsr_tasks, "lnsr_tasks", run_tasks(args))
 
 
 def lnsr_config(args: TrainingArguments, num_layers: int | None) -> LnsrConfig:

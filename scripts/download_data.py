@@ -1,11 +1,19 @@
 """Fetch the CS224N minBERT task files into --data_dir, checking each file's row count.
 
-    python scripts/download_data.py --data_dir data [--force]
+    python scripts/download_data.py --data_dir data [--force] [--squad]
 
-The files come from the course's public starter repository. Each is checked (UTF-8, number of
-data rows) before it is written, and written atomically, so an interrupted run never leaves a
-partial file under a course file name. Without network access the script says where the files
-must go and exits with status 1.
+The course files (SST, CFIMDB, Quora, STS: ids-sst-*.csv, ...) come from the course's public starter
+repository. With --squad the script also fetches SQuAD 2.0 (the qa task) from its official site,
+https://rajpurkar.github.io/SQuAD-explorer/dataset/: train-v2.0.json and dev-v2.0.json, written into
+--data_dir unchanged and read under those names (`--data_dir data`). The official test set is hidden
+(scored on CodaLab only), so there is no test-v2.0.json to fetch: with the official files, dev is the dev
+set and there is no test split (this project's offline protocol instead splits the official dev set by
+article into train / dev / test files under the same names).
+
+Each file is checked (course CSVs: UTF-8 and number of data rows; SQuAD: a v2.0 JSON file and its
+number of questions) before it is written, and written atomically, so an interrupted run never leaves a
+partial file under a data file name. Without network access the script says where the files must go
+and exits with status 1.
 """
 from __future__ import annotations
 
@@ -13,6 +21,7 @@ import argparse
 import csv
 import http.client
 import io
+import json
 import os
 import sys
 import tempfile
@@ -23,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script:
 from datasets import standard_paths  # noqa: E402
 
 SOURCE_URL = "https://raw.githubusercontent.com/gpoesia/minbert-default-final-project/HEAD/data/"
+SQUAD_URL = "https://rajpurkar.github.io/SQuAD-explorer/dataset/"
 
 # Data rows (header not counted) of the course files, counted on verified copies. The Quora train
 # and test files had no copy to count (the handout quotes 141,506 and 40,431 lines), so for them
@@ -33,6 +43,9 @@ EXPECTED_ROWS = {
     "quora-train.csv": None, "quora-dev.csv": 20214, "quora-test-student.csv": None,
     "sts-train.csv": 6040, "sts-dev.csv": 863, "sts-test-student.csv": 1725,
 }
+# Questions in the official SQuAD 2.0 files (--squad); the official test-v2.0.json is hidden.
+SQUAD_QUESTIONS = {"train-v2.0.json": 130319, "dev-v2.0.json": 11873}
+SQUAD_HIDDEN = "test-v2.0.json"
 
 
 class DownloadError(Exception):
@@ -51,6 +64,14 @@ def count_data_rows(content: bytes) -> int:
     return max(len(records) - 1, 0)
 
 
+def count_squad_questions(content: bytes) -> int:
+    """Questions of an official SQuAD 2.0 JSON file ({"version": "v2.0", "data": [articles]})."""
+    document = json.loads(content.decode("utf-8"))
+    if not isinstance(document, dict) or document.get("version") != "v2.0" or not isinstance(document.get("data"), list):
+        raise ValueError('expected {"version": "v2.0", "data": [articles]}')
+    return sum(len(paragraph["qas"]) for article in document["data"] for paragraph in article["paragraphs"])
+
+
 def write_atomically(path: Path, content: bytes) -> None:
     handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
     try:
@@ -62,14 +83,24 @@ def write_atomically(path: Path, content: bytes) -> None:
         raise
 
 
-def download(name: str, target: Path, base_url: str) -> int:
-    url = base_url + name
+def where_files_go(folder: Path) -> str:
+    return (f"place the course files in {folder}/ yourself: {', '.join(EXPECTED_ROWS)}; for SQuAD 2.0 (--squad), "
+            f"the official {' and '.join(SQUAD_QUESTIONS)} from {SQUAD_URL} unchanged (the official "
+            f"{SQUAD_HIDDEN} is hidden: dev is the dev set, and there is no test)")
+
+
+def fetch_or_explain(url: str, folder: Path) -> bytes:
     try:
-        content = fetch(url)
+        return fetch(url)
     except (OSError, http.client.HTTPException) as err:  # URLError, HTTPError and timeouts are OSErrors
         reason = getattr(err, "reason", None) or err
-        raise DownloadError(f"cannot download {url} ({reason}): offline or source unavailable; place the course "
-                            f"files in {target.parent}/ yourself: {', '.join(EXPECTED_ROWS)}") from None
+        raise DownloadError(f"cannot download {url} ({reason}): offline or source unavailable; "
+                            f"{where_files_go(folder)}") from None
+
+
+def download(name: str, target: Path, base_url: str) -> int:
+    url = base_url + name
+    content = fetch_or_explain(url, target.parent)
     try:
         rows = count_data_rows(content)
     except (UnicodeDecodeError, csv.Error) as err:
@@ -81,25 +112,51 @@ def download(name: str, target: Path, base_url: str) -> int:
     return rows
 
 
+def download_squad(name: str, target: Path, base_url: str) -> int:
+    """One official SQuAD 2.0 file, written unchanged once it parses and has its number of questions."""
+    url = base_url + name
+    content = fetch_or_explain(url, target.parent)
+    try:
+        questions = count_squad_questions(content)
+    except (UnicodeDecodeError, ValueError, KeyError, TypeError) as err:  # JSONDecodeError is a ValueError
+        raise DownloadError(f"{url}: not a SQuAD 2.0 JSON file ({err}); nothing written") from None
+    expected = SQUAD_QUESTIONS[name]
+    if questions != expected:
+        raise DownloadError(f"{url}: {questions} questions, expected {expected}; nothing written")
+    write_atomically(target, content)
+    return questions
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data_dir", type=Path, default=Path("data"))
     parser.add_argument("--force", action="store_true", help="download again files that are already there")
-    parser.add_argument("--base_url", default=SOURCE_URL, help="where the files are (a URL ending in /)")
+    parser.add_argument("--base_url", default=SOURCE_URL, help="where the course files are (a URL ending in /)")
+    parser.add_argument("--squad", action="store_true",
+                        help="also fetch the official SQuAD 2.0 train-v2.0.json and dev-v2.0.json (the qa task)")
+    parser.add_argument("--squad_url", default=SQUAD_URL, help="where the SQuAD 2.0 files are (a URL ending in /)")
     args = parser.parse_args(argv)
 
     args.data_dir.mkdir(parents=True, exist_ok=True)
-    targets = sorted({path.name: path for path in standard_paths(args.data_dir).values()}.items())
-    for name, target in targets:
+    # Every data file the loaders read (datasets.standard_paths): the course CSVs from the course's repository,
+    # SQuAD's official files (with --squad) from its site; the hidden official test file from nowhere.
+    paths = {path.name: path for path in standard_paths(args.data_dir).values()}
+    targets = [(name, paths[name], download, args.base_url, "rows") for name in sorted(EXPECTED_ROWS)]
+    if args.squad:
+        targets += [(name, paths.get(name, args.data_dir / name), download_squad, args.squad_url, "questions")
+                    for name in SQUAD_QUESTIONS]
+    for name, target, get, base_url, unit in targets:
         if target.exists() and not args.force:
             print(f"{target}: already present, kept (use --force to fetch again)")
             continue
         try:
-            rows = download(name, target, args.base_url)
+            count = get(name, target, base_url)
         except DownloadError as err:
             print(err, file=sys.stderr)
             return 1
-        print(f"{target}: {rows} rows")
+        print(f"{target}: {count} {unit}")
+    if args.squad:
+        print(f"SQuAD 2.0: no {SQUAD_HIDDEN} (the official test set is hidden); dev-v2.0.json is the dev set")
     return 0
 
 

@@ -102,7 +102,7 @@ def test_default_outputs_are_the_course_cli_paths():
         f"predictions/{task}-{split}-out.csv" for task in ("sst", "para", "sts") for split in ("dev", "test")
     }
     assert {task for task, _ in DEFAULT_OUTPUTS} == {"sst", "qqp", "sts"}
-    assert set(evaluation.LEADERBOARD_COLUMNS) == {"sst", "qqp", "sts", "cfimdb"}
+    assert set(evaluation.LEADERBOARD_COLUMNS) == {"sst", "qqp", "sts", "cfimdb", "qa"}
 
 
 def test_write_predictions_round_trip_keeps_order_and_values(tmp_path):

@@ -15,6 +15,7 @@ from checkpoint import atomic_save, read_checkpoint
 from conftest import DEMO
 from datasets import DataError, load_examples, standard_paths
 from evaluation import write_predictions
+from multitask_bert import load_multitask_model
 from tokenizer import BertTokenizer
 
 
@@ -128,7 +129,7 @@ def test_a_removed_tensor_is_named(tiny_checkpoint, tmp_path, capsys):
     del tensors["sentiment_head.bias"]
     atomic_save(prefix, tensors, {k: v for k, v in metadata.items() if k != "sha256"})
     with pytest.raises(CheckpointError, match="sentiment_head.bias"):
-        mc.load_multitask_model(prefix)
+        load_multitask_model(prefix)
 
 
 # -- the command lines ---------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from losses import (SIMILARITY_OBJECTIVES, CosineSimilarityObjective, CrossSimilarityObjective, ParaphraseObjective,
+                    SpanObjective,
                     SentimentObjective, cosent_loss, ordinal_cross_entropy, task_objectives)
 
 
@@ -91,7 +92,7 @@ def test_task_loss_per_task_and_objective():
 
 def test_task_objectives_per_pair_encoder():
     assert task_objectives(ALL_SBERT, "cosent") == {"sst": SentimentObjective(), "qqp": ParaphraseObjective(),
-                                                   "sts": CosineSimilarityObjective("cosent")}
+                                                   "sts": CosineSimilarityObjective("cosent"), "qa": SpanObjective()}
     assert task_objectives(ALL_CROSS, "cosine")["sts"] == CrossSimilarityObjective()
     assert task_objectives({"qqp": "cross", "sts": "hybrid"}, "cosent")["sts"] == CosineSimilarityObjective("cosent")
     with pytest.raises(ValueError, match="cross-encoder"):
@@ -103,7 +104,7 @@ def test_task_objectives_per_pair_encoder():
 def test_divergences_smart_compares_outputs_with():
     objectives = task_objectives(ALL_SBERT, "cosine")
     assert {task: o.divergence for task, o in objectives.items()} == {"sst": "categorical", "qqp": "bernoulli",
-                                                                      "sts": "squared"}
+                                                                      "sts": "squared", "qa": "span"}
     assert task_objectives(ALL_CROSS, "cosine")["sts"].divergence == "squared"
 
 

@@ -136,10 +136,26 @@ def test_divergences_are_sums_over_non_batch_dimensions():
     assert squared_error(a, b) == squared_error(a.squeeze(1), b.squeeze(1))
 
 
+SHAPES = {"categorical": (6, 3), "bernoulli": (6,), "squared": (6,), "span": (6, 5, 2)}  # what each task outputs
+
+
+def test_span_divergence_is_the_mean_of_the_start_and_end_divergences():
+    a, b = torch.randn(4, 7, 2, dtype=torch.float64), torch.randn(4, 7, 2, dtype=torch.float64)
+    start = symmetric_kl_categorical(a[..., 0], b[..., 0])
+    end = symmetric_kl_categorical(a[..., 1], b[..., 1])
+    assert DIVERGENCES["span"](a, b).item() == pytest.approx(((start + end) / 2).item(), rel=1e-12)
+
+
+def test_span_divergence_ignores_masked_padding():
+    a, b = torch.randn(2, 5, 2), torch.randn(2, 5, 2)
+    padded_a, padded_b = (torch.cat([x, torch.full((2, 3, 2), -1e4)], dim=1) for x in (a, b))  # 3 padding tokens
+    assert DIVERGENCES["span"](padded_a, padded_b).item() == pytest.approx(DIVERGENCES["span"](a, b).item(), rel=1e-6)
+
+
 @pytest.mark.parametrize("name", sorted(DIVERGENCES))
 def test_divergence_is_symmetric_and_zero_only_at_equality(name):
     divergence = DIVERGENCES[name]
-    shape = (6, 3) if name == "categorical" else (6,)
+    shape = SHAPES[name]
     a, b = torch.randn(shape, dtype=torch.float64), torch.randn(shape, dtype=torch.float64)
     assert divergence(a, b).item() == pytest.approx(divergence(b, a).item(), rel=1e-12)
     assert divergence(a, a).item() == 0.0
@@ -163,8 +179,7 @@ def test_divergences_stay_finite_for_saturated_logits():
 @pytest.mark.parametrize("name", sorted(DIVERGENCES))
 def test_half_precision_inputs_are_computed_in_float32(name, dtype):
     divergence = DIVERGENCES[name]
-    shape = (6, 3) if name == "categorical" else (6,)
-    a, b = torch.randn(shape).to(dtype), torch.randn(shape).to(dtype)
+    a, b = torch.randn(SHAPES[name]).to(dtype), torch.randn(SHAPES[name]).to(dtype)
     got = divergence(a, b)
     assert got.dtype == torch.float32
     assert torch.equal(got, divergence(a.float(), b.float()))

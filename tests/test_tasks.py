@@ -2,7 +2,7 @@
 import pytest
 
 from conftest import DEMO
-from tasks import (MULTITASK, SPLITS, TASKS, course_file_name, data_flag, default_output, output_flag, task_name)
+from tasks import (MULTITASK, RUN_TASKS, SPLITS, TASKS, course_file_name, data_flag, default_output, output_flag, task_name)
 
 COURSE_DATA_FLAGS = {"sst_train", "sst_dev", "sst_test", "para_train", "para_dev", "para_test",
                      "sts_train", "sts_dev", "sts_test"}
@@ -30,10 +30,12 @@ def test_cfimdb_is_a_task_only_where_allowed():
 
 
 def test_the_table():
-    assert MULTITASK == ("sst", "qqp", "sts") and set(TASKS) == {"sst", "qqp", "sts", "cfimdb"}
+    assert MULTITASK == ("sst", "qqp", "sts") and set(TASKS) == {"sst", "qqp", "sts", "cfimdb", "qa"}
     assert [TASKS[t].is_pair for t in ("sst", "qqp", "sts", "cfimdb")] == [False, True, True, False]
     assert {t: TASKS[t].label_column for t in TASKS} == {"sst": "sentiment", "qqp": "is_duplicate",
-                                                         "sts": "similarity", "cfimdb": "sentiment"}
+                                                         "sts": "similarity", "cfimdb": "sentiment", "qa": "answers"}
+    assert [t for t in TASKS if TASKS[t].is_extractive] == ["qa"] and RUN_TASKS == (*MULTITASK, "qa")
+    assert task_name("squad", RUN_TASKS) == "qa"
     assert {t: TASKS[t].leaderboard_column for t in MULTITASK} == {
         "sst": "Predicted_Sentiment", "qqp": "Predicted_Is_Paraphrase", "sts": "Predicted_Similarity"}
 
@@ -56,6 +58,8 @@ def test_course_flag_and_output_names():
     assert default_output("qqp", "dev") == "predictions/para-dev-out.csv"
     assert default_output("sst", "test") == "predictions/sst-test-out.csv"
     assert data_flag("cfimdb", "dev") == "cfimdb_dev"
+    assert [course_file_name("qa", s) for s in SPLITS] == ["train-v2.0.json", "dev-v2.0.json", "test-v2.0.json"]
+    assert data_flag("qa", "train") == "squad_train" and default_output("qa", "test") == "predictions/squad-test-out.json"
 
 
 def test_training_arguments_per_file_flags_are_those_of_the_table():
@@ -63,8 +67,11 @@ def test_training_arguments_per_file_flags_are_those_of_the_table():
     parser = build_parser(TrainingArguments)
     flags = {option[2:] for action in parser._actions for option in action.option_strings}
     per_file = {f for f in flags if f.endswith(("_train", "_dev", "_test", "_out"))}
-    assert per_file == COURSE_DATA_FLAGS | COURSE_OUTPUT_FLAGS
+    squad_flags = {"squad_train", "squad_dev", "squad_test", "squad_dev_out", "squad_test_out"}
+    assert per_file == COURSE_DATA_FLAGS | COURSE_OUTPUT_FLAGS | squad_flags
     defaults = parser.parse_args([])
+    assert (defaults.squad_dev_out, defaults.squad_test_out) == ("predictions/squad-dev-out.json",
+                                                                 "predictions/squad-test-out.json")
     assert {flag: getattr(defaults, flag) for flag in COURSE_OUTPUT_FLAGS} == {
         output_flag(t, s): default_output(t, s) for t in MULTITASK for s in ("dev", "test")}
     assert all(getattr(defaults, flag) is None for flag in COURSE_DATA_FLAGS)  # DATA_DIR/<course name>

@@ -92,7 +92,8 @@ def test_help_lists_every_group_and_exits_0(capsys):
     assert exit.value.code == 0
     text = capsys.readouterr().out
     for expected in ("course options", "model heads", "optimisation", "schedule", "SMART", "SimCSE",
-                     "--encoder_dropout", "--lr_schedule", "--warmup_ratio", "--para_train", "--sts_test_out"):
+                     "--encoder_dropout", "--lr_schedule", "--warmup_ratio", "--para_train", "--sts_test_out",
+                     "SQuAD 2.0", "--tasks", "--squad_train", "--squad_test_out", "--qa_doc_stride"):
         assert expected in text
 
 
@@ -107,7 +108,9 @@ def test_parsed_defaults_are_the_dataclass_defaults():
                                        "para_dev_out": "predictions/para-dev-out.csv",
                                        "para_test_out": "predictions/para-test-out.csv",
                                        "sts_dev_out": "predictions/sts-dev-out.csv",
-                                       "sts_test_out": "predictions/sts-test-out.csv"}
+                                       "sts_test_out": "predictions/sts-test-out.csv",
+                                       "squad_dev_out": "predictions/squad-dev-out.json",
+                                       "squad_test_out": "predictions/squad-test-out.json"}
     assert (parsed.hidden_dropout_prob, parsed.encoder_dropout, parsed.smart_momentum) == (0.3, None, None)
     assert (parsed.lr_schedule, parsed.warmup_ratio, parsed.weight_decay) == ("constant", 0.1, 0.0)
 
