@@ -106,23 +106,26 @@ def load_split(data_dir: str | Path, task: str, split: str) -> list[SentenceExam
 
 @dataclass
 class TaskData:
-    """One task's examples: train (None when the run does not train the task), dev and test."""
+    """One task's examples: train (None when the run does not train the task), dev and test (None: SQuAD
+    without a test file, as the official download has none)."""
     train: list | None
     dev: list
-    test: list
+    test: list | None
 
 
 def load_task_data(paths: dict[tuple[str, str], Path], tasks: Sequence[str], train_tasks: set[str],
-                   max_train_examples: int | None = None, seed: int = 0) -> dict[str, TaskData]:
+                   max_train_examples: int | None = None, seed: int = 0,
+                   without_test: set[str] = frozenset()) -> dict[str, TaskData]:
     """Every file the run needs, validated before any model is loaded: dev and test of each task in
-    `tasks`, train of those in `train_tasks` (subsampled to max_train_examples with `seed`)."""
+    `tasks` (no test for those in `without_test`), train of those in `train_tasks` (subsampled to
+    max_train_examples with `seed`)."""
     data = {}
     for task in tasks:
         train = None
         if task in train_tasks:
             train = subsample(load_examples(paths[(task, "train")], task, "train"), max_train_examples, seed)
-        data[task] = TaskData(train, load_examples(paths[(task, "dev")], task, "dev"),
-                              load_examples(paths[(task, "test")], task, "test"))
+        test = None if task in without_test else load_examples(paths[(task, "test")], task, "test")
+        data[task] = TaskData(train, load_examples(paths[(task, "dev")], task, "dev"), test)
     return data
 
 

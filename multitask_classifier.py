@@ -85,8 +85,14 @@ def load_inputs(args: TrainingArguments) -> tuple[list[Stage], dict, list[str], 
             smart_configs(args)  # bad SMART settings fail here
         with warnings.catch_warnings(record=True) as dropped:
             warnings.simplefilter("always", DataWarning)
-            data = load_task_data(data_paths(args.data_dir, args.data_files, tasks), tasks,
-                                  train_tasks(stages, tasks), args.max_train_examples, args.seed)
+            paths = data_paths(args.data_dir, args.data_files, tasks)
+            without_test = set()
+            if "qa" in tasks and not args.data_files.get("squad_test") and not paths[("qa", "test")].exists():
+                # The official SQuAD 2.0 download has no test file (its test set is hidden): dev only.
+                print(f"note: no {paths[('qa', 'test')]}: SQuAD's test set is not predicted (--squad_test FILE)")
+                without_test.add("qa")
+            data = load_task_data(paths, tasks, train_tasks(stages, tasks), args.max_train_examples, args.seed,
+                                  without_test)
         for warning in dropped:  # shown now, and again beside the CSVs they are missing from
             warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
         triplets = []
@@ -133,6 +139,8 @@ def write_leaderboard_files(trainer: Trainer, paths: dict, dev_scores: dict, run
     for split in ("dev", "test"):
         for task in trainer.tasks:
             if TASKS[task].is_extractive:
+                if split == "test" and trainer.data[task].test is None:
+                    continue  # no SQuAD test file (load_inputs said so)
                 answers = dev_scores[task] if split == "dev" else trainer.answer(trainer.data[task].test)
                 if trainer.distributed.is_main:
                     write_squad_predictions(paths[(task, split)], predictions(answers, trainer.qa_threshold))

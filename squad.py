@@ -253,6 +253,8 @@ def decode_answers(windows: QAWindows, logits: np.ndarray, n_best: int = 20,
                    max_answer_tokens: int = 30) -> dict[str, Answer]:
     """Each question's best span and no-answer margin from its windows' logits (N, T, 2) (start, end;
     positions past a window's length are ignored), as the module docstring says."""
+    if len(logits) != len(windows):
+        raise ValueError(f"{len(logits)} rows of logits for {len(windows)} windows")
     best: dict[int, tuple[float, str]] = {}
     null: dict[int, float] = {}
     for window, window_logits in zip(windows.windows, logits):
@@ -290,17 +292,22 @@ def write_squad_predictions(path: str | Path, predicted: dict[str, str]) -> None
 
 def best_threshold(answers: dict[str, Answer], examples: Sequence[QAExample]) -> float:
     """The tau with the highest F1 of predictions(answers, tau) on these labelled questions (the official
-    script's best_f1 search): questions sorted by margin answered one by one, starting from "no answer"
-    everywhere. Ties keep the lower tau; with no gain every margin exceeds tau (all "no answer")."""
-    by_margin = sorted(examples, key=lambda e: answers[e.id].margin)
-    if not by_margin:
+    script's best_f1 search): starting from "no answer" everywhere, tau rises through the margins, each step
+    answering every question of that margin (a tau answers equal margins all or none). Of equal F1 the lower
+    tau is kept; with no gain every margin exceeds tau (all "no answer")."""
+    if not examples:
         raise ValueError("no questions to choose a threshold on")
+    missing = [e.id for e in examples if e.id not in answers]
+    if missing:
+        raise ValueError(f"no answer for {len(missing)} question(s), e.g. {missing[0]}")
+    by_margin = sorted(examples, key=lambda e: answers[e.id].margin)
     score = best_score = sum(1.0 for e in examples if e.gold_texts == [""])  # all "": each unanswerable scores 1
     threshold = answers[by_margin[0].id].margin - 1.0
-    for example in by_margin:
+    for index, example in enumerate(by_margin):
         answer = answers[example.id]
         score += f1_score(answer.text, example.gold_texts) - f1_score("", example.gold_texts)
-        if score > best_score:
+        last_of_its_margin = index + 1 == len(by_margin) or answers[by_margin[index + 1].id].margin > answer.margin
+        if last_of_its_margin and score > best_score:
             best_score, threshold = score, answer.margin
     return threshold
 

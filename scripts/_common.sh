@@ -30,6 +30,17 @@ prediction_flags() {
          --para_dev_out "$dir/para-dev-out.csv" --para_test_out "$dir/para-test-out.csv" \
          --sts_dev_out "$dir/sts-dev-out.csv" --sts_test_out "$dir/sts-test-out.csv"
 }
+# SQuAD 2.0 (--tasks ...,qa): SQUAD_DIR holds train-v2.0.json, dev-v2.0.json and test-v2.0.json (default DATA_DIR, where
+# scripts/download_data.py puts the official files; the CPU protocol's are in ../shared/data/squad).
+SQUAD_DIR="${SQUAD_DIR:-$DATA_DIR}"
+# SQuAD's files and its two predictions JSONs (runs/NAME/predictions/squad-{dev,test}-out.json) for run NAME; without
+# a test-v2.0.json (the official test set is hidden) only dev is predicted.
+squad_flags() {
+    local dir="runs/$1/predictions"
+    echo --squad_train "$SQUAD_DIR/train-v2.0.json" --squad_dev "$SQUAD_DIR/dev-v2.0.json" \
+         --squad_dev_out "$dir/squad-dev-out.json" --squad_test_out "$dir/squad-test-out.json"
+    if [[ -f "$SQUAD_DIR/test-v2.0.json" ]]; then echo --squad_test "$SQUAD_DIR/test-v2.0.json"; fi
+}
 # Per-task baselines: each task fine-tuned alone into its own model (QQP 1 epoch, STS 3, SST 3).
 # Usage: single_task_runs PREFIX FLAGS...   (writes runs/PREFIX_single_{qqp,sts,sst}/)
 # TASKS (environment) picks some of them, e.g. TASKS="sts sst".

@@ -388,7 +388,7 @@ FACT_QUESTIONS = {
 @dataclass
 class Sentence:
     text: str
-    answers: dict[str, list[str]]  # fact -> answer variants, the first the shortest; each a substring of text
+    answers: dict[str, list[str]]  # fact -> answer variants, the canonical one first; each a substring of text
 
 
 def town_facts(rng: random.Random, town: str) -> dict:
@@ -461,8 +461,8 @@ def squad_questions(rng: random.Random, facts: dict, context: str, answers: dict
         return rng.choice(FACT_QUESTIONS[fact][1]).format(**{**facts, "town": town})
 
     def gold(variants: list[tuple[str, int]]) -> list[dict]:
-        # The shortest span first (the one windows are labelled with), then up to two more annotators'
-        # spans, as in the official dev file: often the same span again, sometimes a longer one.
+        # The canonical span first (the one windows are labelled with), then up to two more annotators'
+        # spans, as in the official dev file: often the same span again, sometimes another one.
         chosen = [variants[0]] + [rng.choice(variants) for _ in range(rng.choice([0, 0, 1, 2]))]
         return [{"text": text, "answer_start": start} for text, start in chosen]
 

@@ -10,10 +10,11 @@ import pytest
 import torch
 
 from schedules import build_schedule
-from training_args import TrainingArguments, adapter_config, build_parser, from_namespace
+from training_args import TrainingArguments, adapter_config, build_parser, from_namespace, run_tasks
 
 ROOT = Path(__file__).resolve().parents[1]
 SHORT = ["--max_train_examples", "16", "--max_length", "32", "--quiet"]
+SHORT_QA = ["--qa_max_length", "64", "--qa_doc_stride", "16"]
 RECIPES = {  # recipe -> (extra flags that keep it short, environment)
     "cpu_sbert.sh": (["--cycles", "1"], {}),
     "cpu_ss.sh": (["--cycles", "1"], {}),
@@ -23,7 +24,10 @@ RECIPES = {  # recipe -> (extra flags that keep it short, environment)
     "cpu_single_task.sh": ([], {"TASKS": "sts"}),
     "cpu_simcse_sbert.sh": (["--cycles", "1", "--simcse_max_examples", "16"], {}),
     "cpu_sss.sh": (["--cycles", "1", "--simcse_max_examples", "16"], {}),
+    "cpu_squad.sh": (["--first_stages", "qa", *SHORT_QA], {}),
+    "cpu_four_tasks.sh": (["--epochs", "1", *SHORT_QA], {}),
 }
+OUTPUTS = {"cpu_squad.sh": 2, "cpu_four_tasks.sh": 8}  # predictions files, when not the six CSVs
 pytestmark = pytest.mark.slow
 
 
@@ -40,8 +44,9 @@ def test_cpu_recipe_runs_on_the_demo_data(recipe):
         result = subprocess.run(["bash", str(ROOT / "scripts" / recipe), *SHORT, *flags], env=env,
                                 capture_output=True, text=True, timeout=600)
         assert result.returncode == 0, result.stderr[-2000:]
-        written = list((ROOT / "runs").glob(f"{name}*/predictions/*-out.csv"))
-        assert len(written) == 6 * (1 if "single" not in recipe else len(environment["TASKS"].split()))
+        written = list((ROOT / "runs").glob(f"{name}*/predictions/*-out.*"))
+        expected = OUTPUTS.get(recipe, 6) * (1 if "single" not in recipe else len(environment["TASKS"].split()))
+        assert len(written) == expected
     finally:
         for run in (ROOT / "runs").glob(f"{name}*"):
             shutil.rmtree(run, ignore_errors=True)
@@ -62,7 +67,7 @@ def test_gpu_recipe_is_a_valid_command_line(recipe):
         args = from_namespace(TrainingArguments, build_parser(TrainingArguments).parse_args(command[1:]))
         assert args.use_gpu and args.pretrained == "bert-base-uncased"
         build_schedule(args.schedule, args.first_stages, args.cycle, args.cycles, args.epochs,
-                       args.simcse_epochs if args.simcse_data else 0, args.mlm_epochs)
+                       args.simcse_epochs if args.simcse_data else 0, args.mlm_epochs, run_tasks(args))
         adapter_config(args)
 
 

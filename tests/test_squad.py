@@ -60,8 +60,9 @@ def test_token_f1_on_partial_overlap_by_hand():
     assert f1_score("the big red barn", ["red barn door"]) == pytest.approx(2 / 3)
     # precision 1, recall 1/4: F1 = 2 * 1 * 0.25 / 1.25
     assert f1_score("barn", ["big red barn door"]) == pytest.approx(0.4)
-    # tokens are counted as a multiset: red x2 vs x1, barn x1 vs x2 share 2 of 3
-    assert f1_score("red red barn", ["red barn barn"]) == pytest.approx(2 / 3)
+    # tokens are counted as a multiset: "red red" shares 2 tokens with "red red barn": P 1, R 2/3
+    assert f1_score("red red", ["red red barn"]) == pytest.approx(0.8)
+    assert f1_score("red red barn", ["red barn barn"]) == pytest.approx(2 / 3)  # red x2 vs x1, barn x1 vs x2
     assert f1_score("green", ["red barn"]) == 0.0
 
 
@@ -376,8 +377,8 @@ def test_decoding_keeps_the_best_span_over_a_questions_windows(two_windows):
     logits[0, position(first, "alice"), :] = 3.0  # "alice": 6 in window 0
     logits[1, position(second, "bob"), 0] = 5.0  # "bob built the blue house": 9 in window 1
     logits[1, position(second, "house"), 1] = 4.0
-    logits[0, 0] = 1.0  # [CLS] 2 in window 0
-    logits[1, 0] = 0.5  # [CLS] 1 in window 1: the no-answer score is the lower one
+    logits[0, 0] = 0.5  # [CLS] 1 in window 0: the no-answer score is the lower one
+    logits[1, 0] = 1.0  # [CLS] 2 in window 1
     answers = decode_answers(two_windows, logits)
     assert answers["q"] == Answer("bob built the blue house", pytest.approx(1.0 - 9.0))
     assert set(answers) == {"q", "r"}
@@ -470,11 +471,9 @@ def test_best_threshold_answers_nothing_when_answering_never_gains():
         best_threshold({}, [])
 
 
-@pytest.mark.xfail(strict=True, reason="squad.best_threshold scores questions with equal margins one by one, "
-                                       "though a threshold answers all of them or none (as the official script)")
 def test_best_threshold_with_equal_margins_chooses_a_reachable_score():
-    # a +1, b -1, c -1 all at margin 1.0: answering them together loses 1; best_threshold answers a "alone"
-    # (score 3 of 3) and returns tau = 1.0, which answers b and c too (F1 1/3 instead of 2/3).
+    # a +1, b -1, c -1 all at margin 1.0: a threshold answers the three together or none of them. Scored one by
+    # one (as the official script does) a "alone" would look best (3 of 3), and tau = 1.0 answers b and c too.
     examples, answers = threshold_case([("a", "paris", "paris", 1.0), ("b", None, "x", 1.0), ("c", None, "y", 1.0)])
     tau = best_threshold(answers, examples)
     assert squad_metrics(predictions(answers, tau), examples)["f1"] == best_f1_by_brute_force(answers, examples)
@@ -560,3 +559,12 @@ def test_download_squad_offline_says_where_the_files_go(course_files_present, mo
     message = capsys.readouterr().err.strip()
     assert "\n" not in message and "offline" in message and "rajpurkar.github.io/SQuAD-explorer" in message
     assert "train-v2.0.json" in message and "dev-v2.0.json" in message and "hidden" in message
+
+
+def test_decoding_and_threshold_refuse_inputs_that_do_not_match(tokenizer):
+    windows = QAWindows.build(load_squad(DEMO / "dev-v2.0.json", "dev")[:2], tokenizer, 64, 16)
+    with pytest.raises(ValueError, match="rows of logits"):
+        decode_answers(windows, np.zeros((len(windows) - 1, 64, 2), dtype=np.float32))
+    examples, answers = threshold_case([("a", "paris", "paris", 1.0), ("b", None, "x", 2.0)])
+    with pytest.raises(ValueError, match="no answer for 1 question"):
+        best_threshold({"a": answers["a"]}, examples)

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# SQuAD 2.0 alone on a GPU: bert-base-uncased fine-tuned on the span task for 2 epochs at lr 3e-5, batch 32 (Devlin
+# et al.'s SQuAD 2.0 settings: windows of 384 tokens sharing 128, answers of at most 30 tokens), the no-answer
+# threshold chosen on dev. With the official files in data/ (train-v2.0.json, dev-v2.0.json): bash scripts/gpu_squad.sh;
+# the official test set is hidden, so only dev is predicted unless data/test-v2.0.json (questions of your own) exists.
+# Extra flags are passed on. Output: runs/gpu_squad/ (runs/$RUN_NAME/ if set)
+set -euo pipefail
+source "$(dirname "$0")/_common.sh"
+cd "$ROOT"
+NAME=${RUN_NAME:-gpu_squad}
+$LAUNCH multitask_classifier.py "${GPU_FLAGS[@]}" --tasks qa --first_stages "qa*2" --lr 3e-5 \
+    --output_dir "runs/$NAME" $(squad_flags "$NAME") "$@"
