@@ -1,5 +1,6 @@
 """Markdown rows for RESULTS.md from finished runs: the model kept (best overall dev score) of each run,
 and mean ± sample std over the runs when more than one is given (e.g. the seeds of one configuration).
+Runs with SQuAD (--tasks ...,qa) get its columns too; a SQuAD-only run gets only them.
 
     python scripts/summarize_runs.py results/cpu_sbert results/cpu_sbert_seeds/cpu_sbert_s1 results/cpu_sbert_seeds/cpu_sbert_s2
 
@@ -20,6 +21,8 @@ from evaluation import overall_score  # noqa: E402
 
 COLUMNS = [("SST acc", "sst_acc"), ("SST F1 (w)", "sst_f1_weighted"), ("QQP acc", "qqp_acc"),
            ("QQP F1", "qqp_f1"), ("STS r", "sts_pearson"), ("overall", "overall")]
+QA_COLUMNS = [("SQuAD EM", "qa_em"), ("SQuAD F1", "qa_f1"), ("has-answer F1", "qa_has_answer_f1"),
+              ("no-answer F1", "qa_no_answer_f1"), ("F1 at τ = 0", "qa_f1_at_0")]
 
 
 def read_run(run: Path) -> dict:
@@ -31,13 +34,20 @@ def read_run(run: Path) -> dict:
         # score (never the pretrained row), which is what this reproduces.
         best = (json.loads((run / "best.json").read_text())["metrics"] if (run / "best.json").exists()
                 else max(history[1:], key=lambda record: record["overall"]))
-        each_task = each_task_best(history[1:])
+        three_tasks = "overall" in history[-1]
+        each_task = each_task_best(history[1:]) if three_tasks else "(not a three-task run)"
+        values = {key: best[key] for _, key in run_columns(best)}
     except (OSError, json.JSONDecodeError, KeyError, ValueError) as err:
         raise SystemExit(f"error: {run}: not a finished run ({err})") from None
-    return {**{key: best[key] for _, key in COLUMNS}, "best_after": f"stage {best['index'] + 1} ({best['stage']})",
-            "final_overall": history[-1]["overall"],
+    final_key = "overall" if three_tasks else "qa_f1"
+    return {**values, "best_after": f"stage {best['index'] + 1} ({best['stage']})", "final": history[-1][final_key],
             "train_minutes": sum(record.get("seconds", 0.0) for record in history[1:]) / 60,
             "each_task_best": each_task}
+
+
+def run_columns(record: dict) -> list[tuple[str, str]]:
+    """The columns a run's records have: the three tasks' (with the overall score) and SQuAD's."""
+    return (COLUMNS if "overall" in record else []) + (QA_COLUMNS if "qa_f1" in record else [])
 
 
 def each_task_best(stages: list[dict]) -> str:
@@ -56,20 +66,22 @@ def main(argv=None) -> int:
                         help="also print each task's best stage and their overall score, per run")
     args = parser.parse_args(argv)
     rows = {run.name: read_run(run) for run in args.runs}
-    print("| run | " + " | ".join(name for name, _ in COLUMNS) + " | best after | final overall | train min |")
-    print("|---" * (len(COLUMNS) + 4) + "|")
+    columns = [(name, key) for name, key in COLUMNS + QA_COLUMNS if all(key in row for row in rows.values())]
+    final = "final overall" if columns and columns[0] in COLUMNS else "final SQuAD F1"
+    print("| run | " + " | ".join(name for name, _ in columns) + f" | best after | {final} | train min |")
+    print("|---" * (len(columns) + 4) + "|")
     for name, row in rows.items():
-        cells = [f"{row[key]:.3f}" for _, key in COLUMNS]
+        cells = [f"{row[key]:.3f}" for _, key in columns]
         print(f"| {name} | " + " | ".join(cells)
-              + f" | {row['best_after']} | {row['final_overall']:.3f} | {row['train_minutes']:.1f} |")
+              + f" | {row['best_after']} | {row['final']:.3f} | {row['train_minutes']:.1f} |")
     if len(rows) > 1:
         cells = []
-        for key in [key for _, key in COLUMNS] + ["final_overall", "train_minutes"]:
+        for key in [key for _, key in columns] + ["final", "train_minutes"]:
             values = [row[key] for row in rows.values()]
             digits = 1 if key == "train_minutes" else 3
             cells.append(f"{statistics.mean(values):.{digits}f} ± {statistics.stdev(values):.{digits}f}")
-        print(f"| mean ± std ({len(rows)} runs) | " + " | ".join(cells[:len(COLUMNS)]) + " | — | "
-              + " | ".join(cells[len(COLUMNS):]) + " |")
+        print(f"| mean ± std ({len(rows)} runs) | " + " | ".join(cells[:len(columns)]) + " | — | "
+              + " | ".join(cells[len(columns):]) + " |")
     if args.each_task_best:
         for name, row in rows.items():
             print(f"{name}, each task at its best stage: {row['each_task_best']}")

@@ -55,3 +55,31 @@ def test_each_task_at_its_own_best_stage(tmp_path, capsys):
     assert capsys.readouterr().out.splitlines()[-1] == (
         "adapters, each task at its best stage: SST 0.400 (stage 2), QQP 0.800 (stage 2), STS 0.900 (stage 4): "
         "overall 0.7167")  # (0.40 + 0.80 + (0.90 + 1) / 2) / 3
+
+
+def qa_record(index, stage, f1, seconds):
+    return {"index": index, "stage": stage, "seconds": seconds, "qa_em": f1 - 0.1, "qa_f1": f1,
+            "qa_has_answer_f1": f1 - 0.2, "qa_no_answer_f1": f1 + 0.2, "qa_f1_at_0": f1 - 0.05}
+
+
+def test_a_squad_run_gets_the_squad_columns_and_a_four_task_run_both(tmp_path, capsys):
+    qa_only = tmp_path / "qa"
+    qa_only.mkdir()
+    history = [qa_record(0, "pretrained", 0.5, 600.0), qa_record(1, "qa", 0.6, 60.0), qa_record(2, "qa", 0.55, 60.0)]
+    (qa_only / "history.json").write_text(json.dumps(history))
+    (qa_only / "best.json").write_text(json.dumps({"metrics": history[1]}))
+    assert summarize_runs.main([str(qa_only)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == ("| run | SQuAD EM | SQuAD F1 | has-answer F1 | no-answer F1 | F1 at τ = 0 | best after | "
+                        "final SQuAD F1 | train min |")
+    assert lines[2] == "| qa | 0.500 | 0.600 | 0.400 | 0.800 | 0.550 | stage 2 (qa) | 0.550 | 2.0 |"
+    four = tmp_path / "four"
+    four.mkdir()
+    history = [{**record(0, "pretrained", 0.5, 0.2, 1.0), **qa_record(0, "pretrained", 0.5, 1.0)},
+               {**record(1, "multitask-1", 0.7, 0.45, 60.0), **qa_record(1, "multitask-1", 0.6, 60.0)}]
+    (four / "history.json").write_text(json.dumps(history))
+    (four / "best.json").write_text(json.dumps({"metrics": history[1]}))
+    assert summarize_runs.main([str(four)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("| run | SST acc |") and "| overall | SQuAD EM |" in lines[0]
+    assert lines[2].endswith("| 0.700 | 0.500 | 0.600 | 0.400 | 0.800 | 0.550 | stage 2 (multitask-1) | 0.700 | 1.0 |")
