@@ -7,5 +7,8 @@ set -euo pipefail
 source "$(dirname "$0")/_common.sh"
 cd "$ROOT"
 MEMBERS=()
-for scores in results/*/scores results/*/*/scores; do MEMBERS+=("$(dirname "$scores")"); done
+for scores in results/*/scores results/*/*/scores; do
+    # runs of the three tasks (a SQuAD-only run's scores hold no SST, QQP or STS)
+    if [[ -f "$scores/sst-dev.csv" ]]; then MEMBERS+=("$(dirname "$scores")"); fi
+done
 python ensemble.py "${MEMBERS[@]}" --select --output_dir "${OUTPUT_DIR:-runs/cpu_ensemble}" --data_dir "$DATA_DIR" "$@"
