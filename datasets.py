@@ -90,7 +90,8 @@ def load_pair_examples(path: str | Path, task: str, split: str) -> list[PairExam
             for example_id, (sentence1, sentence2), label in _load_rows(path, task, split)]
 
 
-def load_examples(path: str | Path, task: str, split: str) -> list[SentenceExample] | list[PairExample] | list[QAExample]:
+def load_examples(path: str | Path, task: str,
+                  split: str) -> list[SentenceExample] | list[PairExample] | list[QAExample]:
     """Read a data file of any task: sentences for sst / cfimdb, pairs for qqp / sts, SQuAD questions for qa."""
     if TASKS[task].is_extractive:
         return load_squad(path, split)

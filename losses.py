@@ -142,7 +142,8 @@ class SpanObjective:
         return logits.float()  # (B, T, 2)
 
 
-Objective = SentimentObjective | ParaphraseObjective | CosineSimilarityObjective | CrossSimilarityObjective | SpanObjective
+Objective = (SentimentObjective | ParaphraseObjective | CosineSimilarityObjective | CrossSimilarityObjective
+             | SpanObjective)
 
 
 def task_objectives(pair_encoders: dict[str, str], similarity_objective: str = "cosine",

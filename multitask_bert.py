@@ -156,7 +156,8 @@ class MultitaskBERT(nn.Module):
                 "similarity_objective": self.similarity_objective,
                 "sentiment_ordinal_weight": self.sentiment_ordinal_weight, "head_hidden": self.head_hidden,
                 "head_activation": self.head_activation,
-                "adapter": None if self.adapter is None else dataclasses.asdict(self.adapter), "tasks": list(self.tasks)}
+                "adapter": None if self.adapter is None else dataclasses.asdict(self.adapter),
+                "tasks": list(self.tasks)}
 
     def reads_pairs_jointly(self, task: str) -> bool:
         """Whether this task's batches hold each pair as one sequence (collate with cross_encoder=True)."""

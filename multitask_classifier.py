@@ -67,7 +67,8 @@ def load_inputs(args: TrainingArguments) -> tuple[list[Stage], dict, list[str], 
     """The schedule, every data file (and what was dropped from them) and the NLI triplets, all validated
     before any model is loaded."""
     tasks = run_tasks(args)
-    check_writable([args.output_dir, *(path.parent for path in prediction_paths(args.prediction_files, tasks).values())])
+    outputs = prediction_paths(args.prediction_files, tasks).values()
+    check_writable([args.output_dir, *(path.parent for path in outputs)])
     try:
         stages = build_schedule(args.schedule, args.first_stages, args.cycle, args.cycles, args.epochs,
                                 args.simcse_epochs if args.simcse_data else 0, args.mlm_epochs, tasks)
