@@ -18,7 +18,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from base_bert import CheckpointError
-from evaluation import new_file_mode
+from files import new_file_mode
 
 
 def _sha256(path: Path) -> str:

@@ -14,7 +14,6 @@ import json
 import math
 import os
 import re
-import tempfile
 import warnings
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
@@ -22,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from files import atomic_write_csv
 from tasks import MULTITASK, TASKS, class_range, default_output
 
 LEADERBOARD_COLUMNS = {name: task.leaderboard_column for name, task in TASKS.items()}
@@ -206,27 +206,7 @@ def write_predictions(path: str | os.PathLike, ids: Sequence, predictions: Seque
     repeated = [i for i, count in Counter(ids).items() if count > 1]
     if repeated:
         raise ValueError(f"{path}: repeated ids: {_first_few(repeated)}")
-    rows = [(i, _format_prediction(p, task)) for i, p in zip(ids, predictions)]
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.fchmod(fd, new_file_mode())  # mkstemp's 0600 would hide the file from other users
-        with os.fdopen(fd, "w", newline="") as handle:
-            writer = csv.writer(handle, lineterminator="\n")
-            writer.writerow(["id", column])
-            writer.writerows(rows)
-        os.replace(tmp_name, path)
-    except BaseException:
-        os.unlink(tmp_name)
-        raise
-
-
-def new_file_mode() -> int:
-    """The mode open() gives a new file under the current umask (mkstemp and safetensors use 0600)."""
-    mask = os.umask(0)
-    os.umask(mask)
-    return 0o666 & ~mask
+    atomic_write_csv(path, [("id", column), *((i, _format_prediction(p, task)) for i, p in zip(ids, predictions))])
 
 
 def _parse_value(text: str, task: str) -> int | float:

@@ -6,6 +6,8 @@ purpose (counted, with their lines), never silently.
 """
 from __future__ import annotations
 
+import csv
+import io
 import os
 import tempfile
 import warnings
@@ -46,12 +48,24 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        mask = os.umask(0)
-        os.umask(mask)
-        os.fchmod(fd, 0o666 & ~mask)  # mkstemp's 0600 would hide the file from other users
+        os.fchmod(fd, new_file_mode())  # mkstemp's 0600 would hide the file from other users
         with os.fdopen(fd, "w", encoding="utf-8", newline="") as handle:
             handle.write(text)
         os.replace(temporary, path)
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
+
+
+def atomic_write_csv(path: str | os.PathLike, rows) -> None:
+    """Rows (the header first) as a comma-separated file with "\n" line ends, written as atomic_write_text does."""
+    text = io.StringIO()
+    csv.writer(text, lineterminator="\n").writerows(rows)
+    atomic_write_text(path, text.getvalue())
+
+
+def new_file_mode() -> int:
+    """The mode open() gives a new file under the current umask (mkstemp and safetensors use 0600)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask

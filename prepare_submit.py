@@ -23,7 +23,8 @@ import zipfile
 from pathlib import Path
 
 from datasets import DataError, load_examples, show_data_warnings_on_one_line, standard_paths
-from evaluation import DEFAULT_OUTPUTS, PredictionsFileError, check_predictions_file, new_file_mode, unwritable_folder
+from evaluation import DEFAULT_OUTPUTS, PredictionsFileError, check_predictions_file, unwritable_folder
+from files import new_file_mode
 
 MINBERT_CODE_FILES = ("bert.py", "classifier.py", "optimizer.py")
 

@@ -14,7 +14,6 @@ floats are written with 9 significant digits, which float32 reads back exactly.
 from __future__ import annotations
 
 import csv
-import io
 import math
 import os
 from collections import Counter
@@ -23,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from files import atomic_write_text
+from files import atomic_write_csv
 from squad import Answer
 from tasks import TASKS
 
@@ -48,27 +47,15 @@ def write_scores(path: str | os.PathLike, ids: Sequence[str], scores: np.ndarray
     scores = np.asarray(scores, dtype=np.float64).reshape(len(ids), -1)
     if scores.shape[1] != len(SCORE_COLUMNS[task]):
         raise ValueError(f"{path}: {task} has {len(SCORE_COLUMNS[task])} score column(s), got {scores.shape[1]}")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.tmp")  # open() honours the umask, as the final file should
-    try:
-        with open(temporary, "w", newline="", encoding="utf-8") as handle:
-            writer = csv.writer(handle, lineterminator="\n")
-            writer.writerow(["id", *SCORE_COLUMNS[task]])
-            writer.writerows([str(i), *(f"{v:.9g}" for v in row)] for i, row in zip(ids, scores))
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+    atomic_write_csv(path, [["id", *SCORE_COLUMNS[task]],
+                            *([str(i), *(f"{v:.9g}" for v in row)] for i, row in zip(ids, scores))])
 
 
 def write_qa_scores(path: str | os.PathLike, answers: dict[str, Answer]) -> None:
     """SQuAD's scores: per question (in the order given) the no-answer margin, what a threshold or an ensemble
     decides answerability from, and the best non-empty span it would otherwise answer."""
-    rows = io.StringIO()
-    writer = csv.writer(rows, lineterminator="\n")
-    writer.writerow(["id", *QA_SCORE_COLUMNS])
-    writer.writerows([qid, f"{answer.margin:.9g}", answer.text] for qid, answer in answers.items())
-    atomic_write_text(path, rows.getvalue())
+    atomic_write_csv(path, [["id", *QA_SCORE_COLUMNS],
+                            *([qid, f"{answer.margin:.9g}", answer.text] for qid, answer in answers.items())])
 
 
 def read_scores(path: str | os.PathLike, task: str) -> tuple[list[str], np.ndarray]:
