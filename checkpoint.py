@@ -18,7 +18,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from base_bert import CheckpointError
-from files import new_file_mode
+from files import write_aside
 
 
 def _sha256(path: Path) -> str:
@@ -32,18 +32,16 @@ def _sha256(path: Path) -> str:
 def atomic_save(prefix: Path, tensors: dict[str, torch.Tensor], metadata: dict) -> None:
     """Write PREFIX.safetensors + PREFIX.json so that a kill at any moment leaves a complete checkpoint.
 
-    Both files are first written in full under .tmp names; the JSON (which records the weights' SHA-256)
+    Both files are first written in full under .tmp names (files.write_aside); the JSON (with the weights' SHA-256)
     is then moved into place, and the weights last. A kill between the two moves leaves the new JSON beside
     the old weights and the new weights under .tmp: read_checkpoint finishes that save. A kill before the
     first move leaves the previous checkpoint untouched.
     """
-    prefix.parent.mkdir(parents=True, exist_ok=True)
     weights, info = prefix.with_suffix(".safetensors"), prefix.with_suffix(".json")
-    pending_weights, pending_info = _pending(weights), _pending(info)
-    save_file({k: v.cpu() for k, v in tensors.items()}, str(pending_weights))
-    os.chmod(pending_weights, new_file_mode())  # safetensors writes 0600: a checkpoint others cannot read
-    pending_info.write_text(json.dumps({**metadata, "sha256": _sha256(pending_weights)}, indent=1, default=str),
-                            encoding="utf-8")
+    on_cpu = {k: v.cpu() for k, v in tensors.items()}
+    pending_weights = write_aside(weights, lambda path: save_file(on_cpu, str(path)), _pending(weights))
+    text = json.dumps({**metadata, "sha256": _sha256(pending_weights)}, indent=1, default=str)
+    pending_info = write_aside(info, lambda path: path.write_text(text, encoding="utf-8"), _pending(info))
     os.replace(pending_info, info)
     os.replace(pending_weights, weights)
 

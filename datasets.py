@@ -46,10 +46,9 @@ from torch.utils.data import DataLoader, Sampler
 from distributed import SINGLE_PROCESS, Distributed, cut_global_batches, global_batch_count, shard_batch
 from files import DataError, DataWarning, show_data_warnings_on_one_line  # noqa: F401 (the loaders' errors)
 from squad import QAExample, QAWindows, load_squad
-from tasks import SPLITS, TASKS, class_range, course_file_name
+from tasks import PAIR_TASKS, SPLITS, TASKS, class_range, course_file_name
 
 SENTENCE_TASKS = tuple(name for name, task in TASKS.items() if not (task.is_pair or task.is_extractive))  # sst, cfimdb
-PAIR_TASKS = tuple(name for name, task in TASKS.items() if task.is_pair)  # qqp, sts
 _WORD_OR_PUNCTUATION = re.compile(r"\w+|[^\w\s]")
 
 

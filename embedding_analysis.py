@@ -14,11 +14,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from sklearn.manifold import TSNE
 
 from datasets import in_file_order, make_dataloader
-from evaluation import pyplot, save_figure
 from multitask_bert import MultitaskBERT
+from plots import pyplot, save_figure
 from runtime import autocast, to_device
 
 MIN_TSNE_POINTS = 5  # t-SNE's perplexity must stay below the number of points
@@ -31,11 +30,11 @@ def sentence_embeddings(model: MultitaskBERT, task: str, examples: Sequence, tok
     """(N, H) float32: each single-sentence example's pooled embedding through `task`'s adapters (what the
     task's head reads of a single sentence), in the examples' order; `precision` a resolved one (runtime.py)."""
     model.eval()
+    model.set_adapter(task)
     loader = make_dataloader(list(examples), tokenizer, batch_size, shuffle=False, max_length=max_length)
     ids, parts = [], []
     for batch in loader:
         batch = to_device(batch, device)
-        model.select_task(task)
         with autocast(device, precision):
             pooled = model.encode_sentences(batch["input_ids"], batch["attention_mask"])  # (B, H)
         parts.append(pooled.float().cpu().numpy())
@@ -47,6 +46,8 @@ def tsne_points(embeddings: np.ndarray, seed: int = 0) -> np.ndarray:
     """(N, 2) t-SNE of the embeddings (PCA start, so that reruns and nearby models look alike)."""
     if len(embeddings) < MIN_TSNE_POINTS:
         raise ValueError(f"t-SNE needs at least {MIN_TSNE_POINTS} points, got {len(embeddings)}")
+    from sklearn.manifold import TSNE  # here, not at the top: importing scikit-learn takes seconds
+
     perplexity = min(30.0, (len(embeddings) - 1) / 3)
     return TSNE(n_components=2, init="pca", perplexity=perplexity, random_state=seed).fit_transform(embeddings)
 

@@ -1,16 +1,15 @@
-"""Metrics, leaderboard prediction files and result plots for the three multitask tasks.
+"""Metrics, leaderboard prediction files, the forgetting table and error counts for the three multitask tasks.
 
 Tasks: SST-5 sentiment (accuracy), Quora paraphrase detection (accuracy), STS-B similarity
 (Pearson r). The course leaderboard combines them as
     overall = ((pearson + 1) / 2 + sst_acc + paraphrase_acc) / 3
 so that the Pearson correlation is mapped from [-1, 1] onto [0, 1] before averaging.
 
-Everything here is pure (no model, no torch); matplotlib is imported inside the plot
-functions only, so importing this module stays cheap for training and tests.
+Everything here is pure (no model, no torch, no plotting), so importing this module stays cheap for training
+and tests; plots.py draws these numbers.
 """
 
 import csv
-import json
 import math
 import os
 import re
@@ -45,7 +44,7 @@ class PredictionsFileError(ValueError):
 # Metrics
 
 
-def _paired_arrays(predictions, labels) -> tuple[np.ndarray, np.ndarray]:
+def paired_arrays(predictions, labels) -> tuple[np.ndarray, np.ndarray]:
     pred = np.asarray(predictions, dtype=float).reshape(-1)
     gold = np.asarray(labels, dtype=float).reshape(-1)
     if pred.shape != gold.shape:
@@ -69,7 +68,7 @@ def sst_metrics(predictions, labels) -> dict[str, float]:
     The class set is the union of predicted and gold labels (scikit-learn's convention), so a
     class the model predicts but never occurs in the gold data drags the macro F1 down.
     """
-    pred, gold = _paired_arrays(predictions, labels)
+    pred, gold = paired_arrays(predictions, labels)
     classes = np.union1d(pred, gold)
     f1 = np.array([_f1_per_class(pred, gold, c) for c in classes])
     support = np.array([np.sum(gold == c) for c in classes])
@@ -82,7 +81,7 @@ def sst_metrics(predictions, labels) -> dict[str, float]:
 
 def paraphrase_metrics(predictions, labels) -> dict[str, float]:
     """Accuracy and F1 of the positive (is-paraphrase) class; inputs must be 0/1."""
-    pred, gold = _paired_arrays(predictions, labels)
+    pred, gold = paired_arrays(predictions, labels)
     for name, values in (("predictions", pred), ("labels", gold)):
         if not np.isin(values, (0.0, 1.0)).all():
             raise ValueError(f"paraphrase {name} must be 0 or 1 (threshold probabilities first)")
@@ -96,7 +95,7 @@ def sts_metrics(predictions, labels) -> dict[str, float]:
     does exactly that early in training, so it is reported as 0.0 (no linear relation)
     with a RuntimeWarning instead of NaN, which would poison the overall score.
     """
-    pred, gold = _paired_arrays(predictions, labels)
+    pred, gold = paired_arrays(predictions, labels)
     if np.ptp(pred) == 0 or np.ptp(gold) == 0:
         side = "predictions" if np.ptp(pred) == 0 else "labels"
         warnings.warn(f"STS {side} are constant; Pearson r reported as 0.0", RuntimeWarning, stacklevel=2)
@@ -176,20 +175,6 @@ def _first_few(items: Iterable[str], limit: int = 3) -> str:
     items = sorted(items)
     shown = ", ".join(items[:limit])
     return shown + (f" (+{len(items) - limit} more)" if len(items) > limit else "")
-
-
-def unwritable_folder(directory: str | os.PathLike) -> str | None:
-    """Why `directory` cannot be created or written ('<dir>: cannot write there, <path> is a file, not a
-    folder'), or None when it can: the command lines check their output folders before doing any work."""
-    directory = Path(directory)
-    existing = directory
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    if not existing.is_dir():
-        return f"{directory}: cannot write there, {existing} is a file, not a folder"
-    if not os.access(existing, os.W_OK | os.X_OK):
-        return f"{directory}: cannot write there, {existing} is not writable"
-    return None
 
 
 def write_predictions(path: str | os.PathLike, ids: Sequence, predictions: Sequence, task: str) -> None:
@@ -281,10 +266,10 @@ def check_predictions_file(
 
 
 # ---------------------------------------------------------------------------------------
-# Stage history: forgetting tables and plots
+# Stage history and errors: the numbers plots.py draws
 
 
-def _history_matrix(history: Sequence[Mapping]) -> tuple[list[str], list[str], np.ndarray]:
+def history_matrix(history: Sequence[Mapping]) -> tuple[list[str], list[str], np.ndarray]:
     """Row labels ('1. qqp', ...), column names and a (stages, metrics) matrix of dev metrics: HISTORY_METRICS,
     and SQuAD F1 when every entry has it.
 
@@ -313,7 +298,7 @@ def forgetting_table_markdown(history: Sequence[Mapping]) -> str:
 
     A forgetting of 0 means the final model is as good as the best stage on that metric.
     """
-    labels, names, matrix = _history_matrix(history)
+    labels, names, matrix = history_matrix(history)
     lines = ["| stage | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
     for label, row in zip(labels, matrix):
         lines.append(f"| {label} | " + " | ".join(f"{v:.4f}" for v in row) + " |")
@@ -322,115 +307,13 @@ def forgetting_table_markdown(history: Sequence[Mapping]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def save_figure(fig, path: str | os.PathLike) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    pyplot().close(fig)
-    return path
-
-
-def plot_forgetting_matrix(history: Sequence[Mapping], path: str | os.PathLike) -> Path:
-    """Heat map of dev metrics after each completed stage, values written in the cells."""
-    plt = pyplot()
-    labels, names, matrix = _history_matrix(history)
-    fig, ax = plt.subplots(figsize=(1.6 * matrix.shape[1] + 2, 0.6 * matrix.shape[0] + 1.5))
-    image = ax.imshow(matrix, cmap="viridis", vmin=min(0.0, matrix.min()), vmax=1.0, aspect="auto")
-    ax.set_xticks(range(matrix.shape[1]), names)
-    ax.set_yticks(range(matrix.shape[0]), labels)
-    ax.set_xlabel("dev metric")
-    ax.set_ylabel("after stage")
-    for row in range(matrix.shape[0]):
-        for col in range(matrix.shape[1]):
-            value = matrix[row, col]
-            ax.text(col, row, f"{value:.3f}", ha="center", va="center", color="white" if value < 0.6 else "black")
-    fig.colorbar(image, ax=ax)
-    ax.set_title("Dev performance after each training stage")
-    return save_figure(fig, path)
-
-
-def plot_training_curves(history: Sequence[Mapping], path: str | os.PathLike) -> Path:
-    """One panel per task: dev metric over history entries, plus train metric when logged
-    (keys 'train_sst_acc', 'train_qqp_acc', 'train_sts_pearson')."""
-    plt = pyplot()
-    labels, _, matrix = _history_matrix(history)
-    tasks = HISTORY_METRICS[:3]
-    fig, axes = plt.subplots(1, len(tasks), figsize=(5 * len(tasks), 4), sharex=True)
-    steps = np.arange(len(labels))
-    for col, (ax, (key, name)) in enumerate(zip(axes, tasks)):
-        ax.plot(steps, matrix[:, col], marker="o", label="dev")
-        train = [entry.get(f"train_{key}", np.nan) for entry in history]
-        if not np.all(np.isnan(np.asarray(train, dtype=float))):
-            ax.plot(steps, train, marker="s", linestyle="--", label="train")
-        ax.set_title(name)
-        ax.set_xticks(steps, labels, rotation=45, ha="right")
-        ax.grid(alpha=0.3)
-        ax.legend()
-    return save_figure(fig, path)
-
-
-def plot_error_analysis(
-    sst_pred, sst_gold, para_pred, para_gold, sts_pred, sts_gold, out_dir: str | os.PathLike
-) -> list[Path]:
-    """Write sst_error_histogram.png, qqp_confusion_matrix.png and sts_scatter.png."""
-    plt = pyplot()
-    out_dir = Path(out_dir)
-    sst_p, sst_g = _paired_arrays(sst_pred, sst_gold)
-    para_p, para_g = _paired_arrays(para_pred, para_gold)
-    sts_p, sts_g = _paired_arrays(sts_pred, sts_gold)
-    paths = []
-
-    fig, ax = plt.subplots(figsize=(6, 4))
-    ax.hist(sst_p - sst_g, bins=np.arange(-4.5, 5.5, 1.0), rwidth=0.85)
-    ax.set_xticks(range(-4, 5))
-    ax.set_xlabel("predicted − gold sentiment class")
-    ax.set_ylabel("examples")
-    ax.set_title(f"SST errors (acc {sst_metrics(sst_p, sst_g)['acc']:.3f})")
-    paths.append(save_figure(fig, out_dir / "sst_error_histogram.png"))
-
-    para = paraphrase_metrics(para_p, para_g)
-    qqp = error_counts(sst_p, sst_g, para_p, para_g, sts_p, sts_g)["qqp"]  # the counts error_analysis.py prints
-    confusion = np.array([[qqp["true_negatives"], qqp["false_positives"]],  # rows: gold, columns: predicted
-                          [qqp["false_negatives"], qqp["true_positives"]]])
-    fig, ax = plt.subplots(figsize=(4.5, 4))
-    ax.imshow(confusion, cmap="Blues")
-    for gold in range(2):
-        for pred in range(2):
-            ax.text(pred, gold, str(confusion[gold, pred]), ha="center", va="center",
-                    color="white" if confusion[gold, pred] > confusion.max() / 2 else "black")
-    ax.set_xticks([0, 1], ["not para", "para"])
-    ax.set_yticks([0, 1], ["not para", "para"])
-    ax.set_xlabel("predicted")
-    ax.set_ylabel("gold")
-    ax.set_title(f"QQP (acc {para['acc']:.3f}, F1 {para['f1']:.3f})")
-    paths.append(save_figure(fig, out_dir / "qqp_confusion_matrix.png"))
-
-    fig, ax = plt.subplots(figsize=(5, 5))
-    ax.scatter(sts_g, sts_p, s=6, alpha=0.4)
-    ax.set_xlabel("gold similarity")
-    ax.set_ylabel("predicted similarity")
-    ax.set_title(f"STS (Pearson r = {sts_metrics(sts_p, sts_g)['pearson']:.3f})")
-    paths.append(save_figure(fig, out_dir / "sts_scatter.png"))
-    return paths
-
-
 def error_counts(sst_pred, sst_gold, para_pred, para_gold, sts_pred, sts_gold) -> dict:
     """The counts the error-analysis plots draw, as numbers: SST examples per (predicted − gold) offset,
     the QQP confusion matrix with precision and recall of the duplicate class, and per gold STS bin
     ([0, 1), …, [4, 5]) the number of pairs, their mean prediction and mean absolute error."""
-    sst_p, sst_g = _paired_arrays(sst_pred, sst_gold)
-    para_p, para_g = _paired_arrays(para_pred, para_gold)
-    sts_p, sts_g = _paired_arrays(sts_pred, sts_gold)
+    sst_p, sst_g = paired_arrays(sst_pred, sst_gold)
+    para_p, para_g = paired_arrays(para_pred, para_gold)
+    sts_p, sts_g = paired_arrays(sts_pred, sts_gold)
     offsets = Counter((sst_p - sst_g).astype(int).tolist())
     paraphrase_metrics(para_p, para_g)  # validates the 0/1 values counted below
     true_pos = int(np.sum((para_p == 1) & (para_g == 1)))
@@ -453,21 +336,3 @@ def error_counts(sst_pred, sst_gold, para_pred, para_gold, sts_pred, sts_gold) -
         "sts_bins": bins,
         "sts_mean_prediction": float(sts_p.mean()), "sts_mean_gold": float(sts_g.mean()),
     }
-
-
-def write_run_reports(history: Sequence[Mapping], dev_predictions: Mapping, out_dir: str | os.PathLike) -> str:
-    """history.json, forgetting.md, the forgetting matrix, training curves and error-analysis plots of a
-    run in out_dir; dev_predictions maps each task to (ids, predictions, gold). Returns the forgetting table;
-    a run without all three of sst, qqp and sts gets only history.json and returns ""."""
-    out_dir = Path(out_dir)
-    (out_dir / "history.json").write_text(json.dumps(list(history), indent=1), encoding="utf-8")
-    evaluated = [record for record in history if "overall" in record]
-    if not evaluated:
-        return ""
-    table = forgetting_table_markdown(evaluated)
-    (out_dir / "forgetting.md").write_text(table, encoding="utf-8")
-    plot_forgetting_matrix(evaluated, out_dir / "forgetting_matrix.png")
-    plot_training_curves(evaluated, out_dir / "training_curves.png")
-    plot_error_analysis(*dev_predictions["sst"][1:], *dev_predictions["qqp"][1:], *dev_predictions["sts"][1:],
-                        out_dir)
-    return table

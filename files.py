@@ -3,6 +3,10 @@
 DataError is raised for a file that cannot be used (missing, malformed, inconsistent): the command lines
 print it as `error: <file>[:<line>]: <problem>` and exit with code 2. DataWarning reports rows dropped on
 purpose (counted, with their lines), never silently.
+
+Every whole-file write goes through atomic_write (or its text, bytes and CSV forms): the content is written
+under a temporary sibling and moved into place. A set of files saved together (checkpoint.py's weights and JSON)
+writes each with write_aside, atomic_write's first half, and moves them in the order its reader relies on.
 """
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ import io
 import os
 import tempfile
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -40,25 +45,64 @@ def show_data_warnings_on_one_line() -> None:
     warnings.formatwarning = format_warning
 
 
+def unwritable_folder(directory: str | os.PathLike) -> str | None:
+    """Why `directory` cannot be created or written ('<dir>: cannot write there, <path> is a file, not a
+    folder'), or None when it can: the command lines check their output folders before doing any work."""
+    directory = Path(directory)
+    existing = directory
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"{directory}: cannot write there, {existing} is a file, not a folder"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"{directory}: cannot write there, {existing} is not writable"
+    return None
 
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    """Write `text` to a temporary sibling and move it into place, so that a crash never leaves a truncated
-    file that looks complete; the file gets the mode open() would give it."""
+
+def atomic_write(path: str | os.PathLike, write: Callable[[Path], object]) -> None:
+    """Have `write(temporary)` write the whole file under a temporary sibling, then move it over `path`: a crash
+    or an error mid-write never leaves a truncated file that looks complete, and leaves an old file as it was."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    temporary = write_aside(path, write)
     try:
-        os.fchmod(fd, new_file_mode())  # mkstemp's 0600 would hide the file from other users
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as handle:
-            handle.write(text)
         os.replace(temporary, path)
     except BaseException:
-        Path(temporary).unlink(missing_ok=True)
+        temporary.unlink(missing_ok=True)
         raise
 
 
+def write_aside(path: str | os.PathLike, write: Callable[[Path], object], temporary: Path | None = None) -> Path:
+    """Have `write(temporary)` write the whole new content of `path` under a temporary sibling (a fresh name, or
+    `temporary`) and return that name, for the caller to move into place (os.replace); the file gets the mode
+    open() would give it. A failed write removes the partial file. A fixed `temporary` lets a reader find one
+    that a kill left behind (checkpoint.py finishes a save that way)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if temporary is None:
+        handle, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        os.close(handle)
+        temporary = Path(name)
+    try:
+        write(temporary)
+        os.chmod(temporary, new_file_mode())  # mkstemp and safetensors give 0600: a file other users cannot read
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+    return temporary
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    """`text` as UTF-8, line ends as they are, written as atomic_write does."""
+    atomic_write(path, lambda temporary: temporary.write_text(text, encoding="utf-8", newline=""))
+
+
+def atomic_write_bytes(path: str | os.PathLike, content: bytes) -> None:
+    """`content` unchanged, written as atomic_write does."""
+    atomic_write(path, lambda temporary: temporary.write_bytes(content))
+
+
 def atomic_write_csv(path: str | os.PathLike, rows) -> None:
-    """Rows (the header first) as a comma-separated file with "\n" line ends, written as atomic_write_text does."""
+    """Rows (the header first) as a comma-separated file with "\n" line ends, written as atomic_write does."""
     text = io.StringIO()
     csv.writer(text, lineterminator="\n").writerows(rows)
     atomic_write_text(path, text.getvalue())

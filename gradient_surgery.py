@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import random
+from dataclasses import dataclass
 
 import numpy as np
 from torch import Tensor
@@ -130,3 +131,17 @@ def combine_task_gradients(method: str, task_gradients: list[list[Tensor]], shar
     if method == "none":
         return [sum(parts) for parts in zip(*task_gradients)]
     raise ValueError(f"gradient surgery must be one of {GRADIENT_SURGERIES}, got {method!r}")
+
+
+@dataclass(frozen=True)
+class GradientSurgery:
+    """A surgery a multi-task step applies (pcgrad or cagrad, with CAGrad's radius c)."""
+    method: str
+    cagrad_c: float = 0.4
+
+    def __post_init__(self):
+        if self.method not in GRADIENT_SURGERIES[1:]:
+            raise ValueError(f"gradient surgery must be one of {GRADIENT_SURGERIES[1:]}, got {self.method!r}")
+
+    def combine(self, task_gradients: list[list[Tensor]], shared: list[bool], rng: random.Random) -> list[Tensor]:
+        return combine_task_gradients(self.method, task_gradients, shared, rng, self.cagrad_c)

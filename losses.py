@@ -37,6 +37,19 @@ def cosent_loss(cosine: Tensor, labels: Tensor, scale: float = 20.0) -> Tensor:
     return torch.logsumexp(torch.cat([differences.new_zeros(1), differences]), dim=0)
 
 
+def decision(task: str, scores: Tensor) -> Tensor:
+    """The prediction a task's scores decide: SST's argmax class (the lowest one on a tie), QQP's logit > 0, STS's
+    0-5 score as it is. The one rule behind a run's own CSVs (the objectives' decide) and an ensemble's members
+    (ensemble_scores.py, on their saved scores), so that a member predicts exactly what its CSVs hold."""
+    if task == "sst":
+        return scores.argmax(dim=-1)  # (B,)
+    if task == "qqp":
+        return (scores > 0).long()  # (B,)
+    if task == "sts":
+        return scores
+    raise ValueError(f"{task!r} has no per-example decision (SQuAD's answers are decoded per question: squad.py)")
+
+
 def ordinal_cross_entropy(logits: Tensor, labels: Tensor, weight: float) -> Tensor:
     """Cross entropy plus weight * sum_j p_j |y - j|, the probability mass placed j classes away from the
     label, weighted by that distance (AllBERT's ordinal cross entropy, seed 004 eq. 2); batch mean."""
@@ -63,7 +76,7 @@ class SentimentObjective:
         return logits.float()  # (B, 5)
 
     def decide(self, scores: Tensor) -> Tensor:
-        return scores.argmax(dim=-1)  # (B,)
+        return decision("sst", scores)
 
 
 @dataclass(frozen=True)
@@ -78,7 +91,7 @@ class ParaphraseObjective:
         return logits.float()  # (B,)
 
     def decide(self, scores: Tensor) -> Tensor:
-        return (scores > 0).long()  # (B,)
+        return decision("qqp", scores)
 
 
 @dataclass(frozen=True)
@@ -109,7 +122,7 @@ class CosineSimilarityObjective:
         return 2.5 * cosine + 2.5
 
     def decide(self, scores: Tensor) -> Tensor:
-        return scores
+        return decision("sts", scores)
 
 
 @dataclass(frozen=True)
@@ -124,7 +137,7 @@ class CrossSimilarityObjective:
         return 5 * torch.sigmoid(logits.float())
 
     def decide(self, scores: Tensor) -> Tensor:
-        return scores
+        return decision("sts", scores)
 
 
 @dataclass(frozen=True)

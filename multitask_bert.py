@@ -11,11 +11,16 @@
 With head_hidden > 0 each task's features first pass a dense layer of its own (linear -> activation ->
 dropout, a per-task copy of BERT's pooler as in AllBERT). Losses and decoding are in losses.py.
 
-SMART perturbs the embedding output, so the forward pass also comes in three parts:
+SMART perturbs the embedding output (and LNSR the encoder's layers), so the forward pass also comes in parts:
 
+    model.set_adapter(task)                          # the task's own adapters, if it has them (as peft's)
     inputs = model.encoder_inputs(task, batch)       # the (B, T) or, for SBERT pairs, (2B, T) encoder batch
-    embeddings = model.embed(inputs)                 # a tuple holding one (B, T, H) or (2B, T, H)
+    embeddings = model.embed(inputs)                 # (B, T, H) or (2B, T, H)
     outputs = model.outputs_from_embeddings(task, embeddings, inputs)
+
+forward() does all of it. Which adapters run is the model's state, which set_adapter sets (encoder_inputs has no
+side effect); a task's head refuses an encoding made with another task's adapters, so a forgotten set_adapter
+fails instead of mixing tasks.
 """
 from __future__ import annotations
 
@@ -34,11 +39,10 @@ from base_bert import BertConfig, CheckpointError
 from bert import BertModel
 from checkpoint import atomic_save, check_fields, read_checkpoint
 from losses import SIMILARITY_OBJECTIVES, task_objectives
-from tasks import MULTITASK, RUN_TASKS, TASKS, task_name
+from tasks import MULTITASK, PAIR_TASKS, RUN_TASKS, TASKS, task_name
 
 POOLINGS = ("mean", "cls")
 PAIR_ENCODERS = ("sbert", "cross", "hybrid")
-PAIR_TASKS = ("qqp", "sts")
 HEAD_ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "gelu": nn.GELU}
 PADDING_LOGIT = -1e4  # a span logit of padding: exp() of it is 0 in float32
 N_SENTIMENT_CLASSES = TASKS["sst"].num_classes
@@ -126,8 +130,8 @@ class MultitaskBERT(nn.Module):
         self.head_hidden, self.head_activation = head_hidden, head_activation
         self.objectives = task_objectives(self.pair_encoders, similarity_objective, sentiment_ordinal_weight)
         self.dropout = nn.Dropout(dropout)
-        reads_two = {task: self.pair_encoders[task] != "cross" for task in PAIR_TASKS}  # features from u and v
-        features = {"sst": hidden, "qqp": 3 * hidden if reads_two["qqp"] else hidden, "sts": hidden}
+        qqp_features = hidden if self.pair_encoders["qqp"] == "cross" else 3 * hidden  # [u, v, |u - v|] unless cross
+        features = {"sst": hidden, "qqp": qqp_features, "sts": hidden}
         features = {task: size for task, size in features.items() if task in self.tasks}
         if head_hidden:
             self.dense_heads = nn.ModuleDict({
@@ -139,17 +143,17 @@ class MultitaskBERT(nn.Module):
             self.sentiment_head = nn.Linear(features["sst"], N_SENTIMENT_CLASSES)
         if "qqp" in self.tasks:
             self.paraphrase_head = nn.Linear(features["qqp"], 1)
-        if "sts" in self.tasks and not reads_two["sts"]:
+        if "sts" in self.tasks and self.has_linear_head("sts"):
             self.similarity_head = nn.Linear(features["sts"], 1)
         if "qa" in self.tasks:
             self.span_head = nn.Linear(hidden, 2)  # start and end logit of every token
         self.adapter = AdapterConfig(**adapter) if isinstance(adapter, dict) else adapter
+        self.adapter_task: str | None = None  # whose per-task adapters run (set_adapter); None: the base model's
         if self.adapter is not None:
-            per_task = self.adapter.sharing == "per_task"
-            pals = add_adapters(bert, self.adapter, self.tasks if per_task else [SHARED_SET])
+            pals = add_adapters(bert, self.adapter, self.tasks if self.has_task_adapters() else [SHARED_SET])
             if pals is not None:
                 self.pals = pals
-            activate(self, None if per_task else SHARED_SET)  # per task: chosen by each task's forward
+            activate(self, None if self.has_task_adapters() else SHARED_SET)  # per task: set_adapter chooses
 
     def head_options(self) -> dict:
         return {"pooling": self.pooling, "dropout": self.dropout.p, "pair_encoder": self.pair_encoders,
@@ -158,6 +162,20 @@ class MultitaskBERT(nn.Module):
                 "head_activation": self.head_activation,
                 "adapter": None if self.adapter is None else dataclasses.asdict(self.adapter),
                 "tasks": list(self.tasks)}
+
+    def has_task_adapters(self) -> bool:
+        """Whether each task has adapters of its own, switched by set_adapter (shared ones always run)."""
+        return self.adapter is not None and self.adapter.sharing == "per_task"
+
+    def has_linear_head(self, task: str) -> bool:
+        """Whether the task's output comes from a linear head: every task's but STS's cosine of u and v, which
+        only a cross-encoded STS (one joint encoding, one logit) replaces."""
+        return task != "sts" or self.pair_encoders["sts"] == "cross"
+
+    def trains_with_frozen_encoder(self, task: str) -> bool:
+        """Whether the task has weights beside BERT's own (adapters, a dense head, a linear head): with BERT frozen
+        (--option pretrain) an STS cosine without them has nothing to train."""
+        return self.adapter is not None or self.head_hidden > 0 or self.has_linear_head(task)
 
     def reads_pairs_jointly(self, task: str) -> bool:
         """Whether this task's batches hold each pair as one sequence (collate with cross_encoder=True)."""
@@ -177,15 +195,17 @@ class MultitaskBERT(nn.Module):
         hidden = self.bert.encode(self.bert.embed(input_ids, token_type_ids), attention_mask)
         return self.pool(hidden, attention_mask)  # (B, H)
 
-    def select_task(self, task: str) -> None:
-        """Route the next encoder passes through the task's own adapters (nothing to do without per-task ones)."""
-        if self.adapter is not None and self.adapter.sharing == "per_task":
+    def set_adapter(self, task: str) -> None:
+        """Run the next encoder passes through the task's own adapters, as peft's set_adapter does (nothing to do
+        without per-task ones). forward() sets its task's; code that runs a task in parts (SMART, LNSR, sentence
+        embeddings) calls it first."""
+        if self.has_task_adapters():
             activate(self, task)
+            self.adapter_task = task
 
     def encoder_inputs(self, task: str, batch: dict) -> EncoderInputs:
-        """What the encoder reads for this task: SBERT pairs become both sides as one (2B, T) batch,
-        one encoder pass instead of two."""
-        self.select_task(task)  # every pass of this task (SMART's and the teacher's too) starts here
+        """What the encoder reads for this task (no side effect: set_adapter chooses the adapters): SBERT pairs
+        become both sides as one (2B, T) batch, one encoder pass instead of two."""
         if self.reads_pairs_jointly(task) and "input_ids" not in batch:
             batch = join_pairs(batch)
         if not (task in PAIR_TASKS and self.pair_encoders[task] == "sbert"):
@@ -195,12 +215,11 @@ class MultitaskBERT(nn.Module):
         mask = torch.cat([pad_to(batch["attention_mask_1"], length), pad_to(batch["attention_mask_2"], length)])
         return EncoderInputs(ids, mask, None)  # (2B, T) each
 
-    def embed(self, inputs: EncoderInputs) -> tuple[torch.Tensor, ...]:
-        return (self.bert.embed(inputs.input_ids, inputs.token_type_ids),)  # (B, T, H) or (2B, T, H)
+    def embed(self, inputs: EncoderInputs) -> torch.Tensor:
+        return self.bert.embed(inputs.input_ids, inputs.token_type_ids)  # (B, T, H) or (2B, T, H)
 
-    def outputs_from_embeddings(self, task: str, embeddings: tuple[torch.Tensor, ...],
-                                inputs: EncoderInputs) -> torch.Tensor:
-        return self.outputs_from_hidden(task, self.bert.encode(embeddings[0], inputs.attention_mask), inputs)
+    def outputs_from_embeddings(self, task: str, embeddings: torch.Tensor, inputs: EncoderInputs) -> torch.Tensor:
+        return self.outputs_from_hidden(task, self.bert.encode(embeddings, inputs.attention_mask), inputs)
 
     def features(self, task: str, features: torch.Tensor) -> torch.Tensor:
         """The task's own dense layer (head_hidden > 0), else the features as they are."""
@@ -208,6 +227,9 @@ class MultitaskBERT(nn.Module):
 
     def outputs_from_hidden(self, task: str, hidden: torch.Tensor, inputs: EncoderInputs) -> torch.Tensor:
         """The task's outputs from the encoder's last hidden states (B, T, H) or (2B, T, H)."""
+        if self.has_task_adapters() and self.adapter_task != task:
+            raise RuntimeError(f"{task}'s head on an encoding made with {self.adapter_task or 'no task'}'s adapters: "
+                               f"call set_adapter({task!r}) before running {task} in parts")
         mask = inputs.attention_mask
         if task == "qa":
             logits = self.span_head(hidden).float()  # (B, T, 2)
@@ -231,6 +253,7 @@ class MultitaskBERT(nn.Module):
         return F.cosine_similarity(u.float(), v.float(), dim=-1)  # (B,)
 
     def forward(self, task: str, batch: dict) -> torch.Tensor:
+        self.set_adapter(task)  # a whole pass (predictions, SMART's teacher) always runs its task's adapters
         inputs = self.encoder_inputs(task, batch)
         return self.outputs_from_embeddings(task, self.embed(inputs), inputs)
 

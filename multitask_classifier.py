@@ -21,21 +21,22 @@ from bert import BertModel
 from datasets import DataError, DataWarning, load_task_data, show_data_warnings_on_one_line, subsample
 from distributed import Distributed, data_parallel
 from embedding_analysis import MIN_TSNE_POINTS, plot_tsne, sentence_embeddings
-from evaluation import summarize_line, write_predictions, write_run_reports
+from evaluation import summarize_line, write_predictions
 from mlm import load_mlm_head
-from multitask_bert import MultitaskBERT, freeze_encoder, load_multitask_checkpoint
+from multitask_bert import MultitaskBERT, freeze_encoder
+from nli import load_nli_triplets
+from plots import write_run_reports
 from runtime import precision_notice, seed_everything
-from schedules import Stage, build_schedule, train_tasks
+from schedules import Stage, StageKind, build_schedule, train_tasks
 from scores import scores_path, write_qa_scores, write_scores
-from simcse import load_nli_triplets
 from squad import predictions, write_squad_predictions
 from tasks import MULTITASK, TASKS
 from tokenizer import BertTokenizer
 from trainer import Trainer, decide
-from training_state import resume_training
-from training_args import (TrainingArguments, UsageError, adapter_config, build_parser, check_max_length,
-                           check_writable, data_paths, from_namespace, lnsr_config, parse_tasks, prediction_paths,
-                           regularized_tasks, run_tasks, smart_configs)
+from training_state import check_resumable, read_training_state
+from training_args import (TrainingArguments, UsageError, adapter_config, build_parser, build_trainer,
+                           check_max_length, check_resume_arguments, check_writable, data_paths, from_namespace,
+                           lnsr_config, parse_tasks, prediction_paths, regularized_tasks, run_tasks, smart_configs)
 
 ROOT = Path(__file__).resolve().parent
 DEMO_SETTINGS = dict(data_dir=str(ROOT / "data" / "demo"), pretrained="minilm-l6", option="finetune",
@@ -72,7 +73,7 @@ def load_inputs(args: TrainingArguments) -> tuple[list[Stage], dict, list[str], 
     try:
         stages = build_schedule(args.schedule, args.first_stages, args.cycle, args.cycles, args.epochs,
                                 args.simcse_epochs if args.simcse_data else 0, args.mlm_epochs, tasks)
-        if any(stage.kind == "mlm" for stage in stages):
+        if any(stage.kind is StageKind.MLM for stage in stages):
             if not set(MULTITASK) & set(tasks):
                 raise ValueError("the mlm stage reads the training sentences of sst, qqp and sts; "
                                  "none of them is among --tasks")
@@ -126,7 +127,7 @@ def build_model(args: TrainingArguments, trains_sts: bool) -> MultitaskBERT:
     if args.option == "pretrain":
         freeze_encoder(model)
         # STS outputs a cosine of the frozen encoder's embeddings unless a head or adapters give it weights.
-        sts_trains = model.adapter is not None or model.head_hidden > 0 or model.pair_encoders["sts"] == "cross"
+        sts_trains = model.trains_with_frozen_encoder("sts")
         if trains_sts and not sts_trains:
             print("note: with --option pretrain the STS cosine has no trainable weights; "
                   "STS training steps change nothing")
@@ -168,9 +169,23 @@ def write_sst_tsne(trainer: Trainer, path: Path) -> None:
     if len(examples) < MIN_TSNE_POINTS:
         print(f"note: no {path.name}: t-SNE needs at least {MIN_TSNE_POINTS} SST dev sentences")
         return
+    config = trainer.config
     embeddings = sentence_embeddings(trainer.model, "sst", examples, trainer.tokenizer, trainer.device,
-                                     trainer.args.eval_batch_size, trainer.args.max_length, trainer.precision)
-    plot_tsne({"SST dev, best model": embeddings}, [e.label for e in examples], path, trainer.args.seed)
+                                     config.eval_batch_size, config.max_length, trainer.precision)
+    plot_tsne({"SST dev, best model": embeddings}, [e.label for e in examples], path, config.seed)
+
+
+def resume(trainer: Trainer, args: TrainingArguments, prefix: Path, stage_labels: list[str]) -> None:
+    """Continue from a stopped run's training state: refused, with the reason, when a setting that changes the
+    result differs or the saved state does not fit this run's processes, schedule or data."""
+    tensors, metadata = read_training_state(prefix)
+    check_resume_arguments(metadata["args"], args)
+    check_resumable(metadata, trainer.distributed.world_size, stage_labels, trainer.data_sha256)
+    try:
+        trainer.load_state_dict(tensors, metadata)
+    except (KeyError, IndexError, TypeError, ValueError, RuntimeError) as err:
+        raise CheckpointError(f"{prefix}: cannot resume with these flags; the checkpoint was saved by a "
+                              f"different model, optimizer or SMART setup ({type(err).__name__}: {err})") from None
 
 
 def run(args: TrainingArguments) -> Trainer:
@@ -189,7 +204,7 @@ def _run(args: TrainingArguments, distributed: Distributed, device) -> Trainer:
     seed_everything(args.seed)
     model = build_model(args, "sts" in train_tasks(stages, run_tasks(args))).to(device)
     mlm_head = None
-    if any(stage.kind == "mlm" for stage in stages):
+    if any(stage.kind is StageKind.MLM for stage in stages):
         mlm_head, found = load_mlm_head(args.pretrained, model.bert.config)
         mlm_head.to(device)
         print(f"mlm stage: the MLM head of {args.pretrained}" if found else
@@ -199,27 +214,25 @@ def _run(args: TrainingArguments, distributed: Distributed, device) -> Trainer:
         print(f"data parallel: {distributed.world_size} processes x batch {args.batch_size} x accumulation "
               f"{args.grad_accumulation_steps} = {distributed.world_size * args.batch_size * args.grad_accumulation_steps}"
               f" examples per update; learning rate {args.lr} (not scaled with the batch)")
-    trainer = Trainer(args, model, BertTokenizer.from_pretrained(args.pretrained), data, triplets, device, mlm_head,
-                      distributed)
+    trainer = build_trainer(args, model, BertTokenizer.from_pretrained(args.pretrained), data, triplets, device,
+                            mlm_head, distributed)
     if distributed.is_main:
         print(precision_notice(device, args.precision, smart=args.smart))
     if args.resume:
-        resume_training(trainer, output_dir / "last", stages)
-        print(f"resuming after stage {trainer.next_stage} of {len(stages)}")
+        resume(trainer, args, output_dir / "last", [stage.label for stage in stages])
+        print(f"resuming after stage {trainer.state.next_stage} of {len(stages)}")
     elif (output_dir / "metrics.jsonl").exists() and distributed.is_main:
         print(f"note: starting a fresh run in {output_dir}; its previous metrics.jsonl is replaced "
               "(use --resume to continue instead)")
         (output_dir / "metrics.jsonl").unlink()
     trainer.train(stages)
-    if trainer.next_stage == len(stages):
-        trainer.model, best = load_multitask_checkpoint(output_dir / "best", device)
-        # SQuAD's no-answer threshold is the one chosen on dev when the kept model was saved.
-        best_metrics, dev_predictions, dev_scores = trainer.evaluate_with_scores(
-            "dev", qa_threshold=best["metrics"].get("qa_threshold"))
+    if trainer.state.next_stage == len(stages):
+        # SQuAD's no-answer threshold is the one chosen on dev when the kept model was evaluated.
+        best_metrics, dev_predictions, dev_scores = trainer.use_kept_model()
         print("best model on dev: " + summarize_line(best_metrics))
         write_leaderboard_files(trainer, prediction_paths(args.prediction_files, trainer.tasks), dev_scores, output_dir)
         if distributed.is_main:
-            table = write_run_reports(trainer.history, dev_predictions, output_dir)
+            table = write_run_reports(trainer.state.history, dev_predictions, output_dir)
             if table:
                 print(table)
             write_sst_tsne(trainer, output_dir / "sst_tsne.png")

@@ -16,15 +16,13 @@ CSVs are stored as predictions/<name> whatever --predictions_dir is, the layout 
 """
 
 import argparse
-import os
 import sys
-import tempfile
 import zipfile
 from pathlib import Path
 
 from datasets import DataError, load_examples, show_data_warnings_on_one_line, standard_paths
-from evaluation import DEFAULT_OUTPUTS, PredictionsFileError, check_predictions_file, unwritable_folder
-from files import new_file_mode
+from evaluation import DEFAULT_OUTPUTS, PredictionsFileError, check_predictions_file
+from files import atomic_write, unwritable_folder
 
 MINBERT_CODE_FILES = ("bert.py", "classifier.py", "optimizer.py")
 
@@ -77,19 +75,15 @@ def build_submission(predictions_dir: Path, out: Path, part: str, data_dir: Path
     problem = unwritable_folder(out.parent)
     if problem:
         raise SubmissionError(problem)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
-    os.fchmod(fd, new_file_mode())  # mkstemp's 0600 would keep the zip from whoever submits it
-    os.close(fd)
-    try:
-        with zipfile.ZipFile(tmp_name, "w", compression=zipfile.ZIP_DEFLATED) as archive:
-            for source, arcname in members:
-                archive.write(source, arcname)
-        os.replace(tmp_name, out)
-    except BaseException:
-        os.unlink(tmp_name)
-        raise
+    atomic_write(out, lambda path: write_zip(path, members))
     return [arcname for _, arcname in members]
+
+
+def write_zip(path: Path, members: list[tuple[Path, str]]) -> None:
+    """A zip of the members, each (a file, its name in the zip)."""
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+        for source, arcname in members:
+            archive.write(source, arcname)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from enum import Enum
 
 from tasks import MULTITASK, RUN_TASKS, task_name
 
@@ -17,19 +18,27 @@ SCHEDULES = ("sequential", "annealed", "round_robin")
 LR_SCHEDULES = ("constant", "linear")
 
 
+class StageKind(Enum):
+    TASK = "task"            # one task's training set (or a fraction of it)
+    MLM = "mlm"              # masked-language-model training on the tasks' sentences
+    SIMCSE = "simcse"        # supervised SimCSE on NLI triplets
+    MULTITASK = "multitask"  # one annealed or round-robin epoch over every task of the run
+
+
 @dataclass(frozen=True)
 class Stage:
-    kind: str  # "task", "mlm", "simcse" or "multitask"
+    kind: StageKind
     task: str | None = None
     fraction: float = 1.0
     epoch: int = 1  # 1-based epoch within a multi-task schedule (annealing needs it)
 
     @property
     def label(self) -> str:
-        if self.kind in ("task", "mlm"):
-            name = self.task if self.kind == "task" else "mlm"
+        """The stage's name in logs, histories and checkpoints: 'qqp', 'qqp@0.03', 'mlm', 'simcse', 'multitask-2'."""
+        if self.kind in (StageKind.TASK, StageKind.MLM):
+            name = self.task if self.kind is StageKind.TASK else StageKind.MLM.value
             return name if self.fraction == 1.0 else f"{name}@{self.fraction:g}"
-        return self.kind if self.kind == "simcse" else f"multitask-{self.epoch}"
+        return self.kind.value if self.kind is StageKind.SIMCSE else f"multitask-{self.epoch}"
 
 
 def parse_stage_list(text: str, tasks: tuple[str, ...] = MULTITASK) -> list[Stage]:
@@ -40,7 +49,7 @@ def parse_stage_list(text: str, tasks: tuple[str, ...] = MULTITASK) -> list[Stag
         stage_text, _, count = token.partition("*")
         name, _, fraction = (part.strip() for part in stage_text.partition(":"))
         try:
-            task = None if name == "mlm" else task_name(name, RUN_TASKS)
+            task = None if name == StageKind.MLM.value else task_name(name, RUN_TASKS)
         except ValueError:
             raise ValueError(f"unknown stage {name!r} in {text!r}; use {', '.join(tasks)} or mlm "
                              "(optionally :fraction, *repeats)") from None
@@ -57,7 +66,7 @@ def parse_stage_list(text: str, tasks: tuple[str, ...] = MULTITASK) -> list[Stag
             raise ValueError(f"stage {token!r}: the repeat count must be >= 1")
         if not 0 < value <= 1:
             raise ValueError(f"stage {token!r}: the fraction must be in (0, 1]")
-        stages += [Stage("task", task, value) if task else Stage("mlm", fraction=value)] * repeat
+        stages += [Stage(StageKind.TASK, task, value) if task else Stage(StageKind.MLM, fraction=value)] * repeat
     return stages
 
 
@@ -67,11 +76,11 @@ def build_schedule(schedule: str, first_stages: str = "", cycle: str = "", cycle
     multi-task epochs (annealed, round_robin) of the run's `tasks`."""
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
-    stages = [Stage("mlm")] * mlm_epochs + [Stage("simcse")] * simcse_epochs
+    stages = [Stage(StageKind.MLM)] * mlm_epochs + [Stage(StageKind.SIMCSE)] * simcse_epochs
     if schedule == "sequential":
         stages += parse_stage_list(first_stages, tasks) + parse_stage_list(cycle, tasks) * cycles
     else:
-        stages += [Stage("multitask", epoch=e) for e in range(1, epochs + 1)]
+        stages += [Stage(StageKind.MULTITASK, epoch=e) for e in range(1, epochs + 1)]
     if not stages:
         raise ValueError("the schedule is empty: give first stages, a cycle with cycles >= 1, or epochs")
     return stages
@@ -101,10 +110,10 @@ def multitask_order(schedule: str, sizes: dict[str, int], epoch: int, epochs: in
 def train_tasks(stages: list[Stage], tasks: tuple[str, ...] = MULTITASK) -> set[str]:
     """The tasks of the run's `tasks` whose train sets a schedule reads (a multi-task epoch reads all of them,
     an mlm stage the sentences of sst, qqp and sts)."""
-    read = {s.task for s in stages if s.kind == "task"}
-    if any(s.kind == "multitask" for s in stages):
+    read = {s.task for s in stages if s.kind is StageKind.TASK}
+    if any(s.kind is StageKind.MULTITASK for s in stages):
         read |= set(tasks)
-    if any(s.kind == "mlm" for s in stages):
+    if any(s.kind is StageKind.MLM for s in stages):
         read |= set(MULTITASK) & set(tasks)
     return read
 
@@ -112,9 +121,9 @@ def train_tasks(stages: list[Stage], tasks: tuple[str, ...] = MULTITASK) -> set[
 def trained_heads(stages: list[Stage], tasks: tuple[str, ...] = MULTITASK) -> set[str]:
     """The tasks whose heads the stages train, whose dev scores pick the model a run keeps (a multi-task epoch
     trains every head of the run's `tasks`; SimCSE and MLM stages none)."""
-    if any(stage.kind == "multitask" for stage in stages):
+    if any(stage.kind is StageKind.MULTITASK for stage in stages):
         return set(tasks)
-    return {stage.task for stage in stages if stage.kind == "task"}
+    return {stage.task for stage in stages if stage.kind is StageKind.TASK}
 
 
 def learning_rate_factor(update: int, total_updates: int, schedule: str = "constant",

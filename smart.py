@@ -13,11 +13,12 @@ where x_i is the output of the embedding layer, l_s is the symmetric KL divergen
 (softmax or a single sigmoid logit) and the squared error for regressors. The inner max is
 approximated by projected gradient ascent on the perturbation, started from N(0, sigma^2) noise.
 
-Usage with a model that splits into `embed(task, batch)` and `outputs_from_embeddings(...)`:
+Usage with a model that splits into `embed(...)` and `outputs_from_embeddings(...)` (MultitaskBERT):
 
     regularizer = SmartRegularizer(model, SmartConfig())
+    model.set_adapter(task)                                                 # the task's own adapters, if any
     inputs = model.encoder_inputs(task, batch)
-    embeddings = model.embed(inputs)                                        # one (B, T, H) per sentence
+    embeddings = model.embed(inputs)                                        # (B, T, H); SBERT pairs (2B, T, H)
     forward_fn = lambda e: model.outputs_from_embeddings(task, e, inputs)
     outputs = forward_fn(embeddings)                                        # the one clean forward
     loss = task_loss(outputs) + regularizer.penalty(forward_fn, embeddings, outputs, "categorical",
@@ -42,7 +43,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-ForwardFn = Callable[[tuple[Tensor, ...]], Tensor]
+ForwardFn = Callable[[Tensor], Tensor]  # the model's outputs from (perturbed) embeddings
 
 
 def _at_least_float32(x: Tensor) -> Tensor:
@@ -113,6 +114,10 @@ def _divergence(name: str) -> Callable[[Tensor, Tensor], Tensor]:
     return DIVERGENCES[name]
 
 
+NORMS = ("inf", "l2")  # p of the perturbation ball and of the gradient normalisation
+NORM_LEVELS = ("token", "sentence")  # the slice a norm is taken over
+
+
 @dataclass
 class SmartConfig:
     """SMART hyperparameters; symbols as in Jiang et al. 2020. Defaults are the paper's."""
@@ -150,10 +155,10 @@ class SmartConfig:
                 raise ValueError(f"SmartConfig: {name} must be finite and > 0, got {value!r}")
         if isinstance(self.ascent_steps, bool) or not isinstance(self.ascent_steps, int) or self.ascent_steps < 1:
             raise ValueError(f"SmartConfig: ascent_steps must be an integer >= 1, got {self.ascent_steps!r}")
-        if self.norm not in ("inf", "l2"):
-            raise ValueError(f"SmartConfig: norm must be 'inf' or 'l2', got {self.norm!r}")
-        if self.norm_level not in ("token", "sentence"):
-            raise ValueError(f"SmartConfig: norm_level must be 'token' or 'sentence', got {self.norm_level!r}")
+        if self.norm not in NORMS:
+            raise ValueError(f"SmartConfig: norm must be one of {NORMS}, got {self.norm!r}")
+        if self.norm_level not in NORM_LEVELS:
+            raise ValueError(f"SmartConfig: norm_level must be one of {NORM_LEVELS}, got {self.norm_level!r}")
 
 
 def _norm_dims(x: Tensor, level: str) -> tuple[int, ...]:
@@ -179,47 +184,43 @@ def _project(delta: Tensor, config: SmartConfig) -> Tensor:
     return delta * (config.epsilon / norm.clamp_min(config.epsilon))  # shrinks only slices outside the ball
 
 
-def _perturb(embeddings: tuple[Tensor, ...], deltas: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
-    return tuple((e + d).to(e.dtype) for e, d in zip(embeddings, deltas))
+def _perturb(embeddings: Tensor, delta: Tensor) -> Tensor:
+    return (embeddings + delta).to(embeddings.dtype)
 
 
 def find_perturbation(
     forward_fn: ForwardFn,
-    embeddings: tuple[Tensor, ...],
+    embeddings: Tensor,
     clean_outputs: Tensor,
     divergence: str,
     config: SmartConfig,
-) -> tuple[Tensor, ...] | None:
+) -> Tensor | None:
     """Approximate argmax over the eps-ball of divergence(forward_fn(embeddings + delta), clean_outputs).
 
-    Starts from delta ~ N(0, sigma^2) per embedding tensor and takes K steps
-    delta <- project(delta + eta * g / ||g||), with g the gradient w.r.t. delta only (no parameter
-    gradients, no graph kept). Returns detached perturbations shaped like the embeddings (kept in at
-    least float32 so that steps of size ~eps survive), or None when an ascent gradient is not finite.
+    Starts from delta ~ N(0, sigma^2) and takes K steps delta <- project(delta + eta * g / ||g||), with g
+    the gradient w.r.t. delta only (no parameter gradients, no graph kept). Returns the detached
+    perturbation, shaped like the embeddings (kept in at least float32 so that steps of size ~eps
+    survive), or None when an ascent gradient is not finite.
     """
     divergence_fn = _divergence(divergence)
-    anchors = tuple(e.detach() for e in embeddings)
+    anchor = embeddings.detach()
     target = clean_outputs.detach()
-    deltas = tuple(
-        torch.randn_like(e, dtype=torch.promote_types(e.dtype, torch.float32)) * config.noise_std for e in anchors
-    )
+    delta = torch.randn_like(anchor, dtype=torch.promote_types(anchor.dtype, torch.float32)) * config.noise_std
     for _ in range(config.ascent_steps):
-        deltas = tuple(d.requires_grad_() for d in deltas)
+        delta.requires_grad_()
         with torch.enable_grad():
-            value = divergence_fn(forward_fn(_perturb(anchors, deltas)), target)
-            gradients = torch.autograd.grad(value, deltas)
-        if not torch.stack([torch.isfinite(g).all() for g in gradients]).all():
+            value = divergence_fn(forward_fn(_perturb(anchor, delta)), target)
+            (gradient,) = torch.autograd.grad(value, delta)
+        if not torch.isfinite(gradient).all():
             return None
         with torch.no_grad():
-            deltas = tuple(
-                _project(d + config.step_size * _normalise(g, config), config) for d, g in zip(deltas, gradients)
-            )
-    return deltas
+            delta = _project(delta + config.step_size * _normalise(gradient, config), config)
+    return delta
 
 
 def adversarial_regularizer(
     forward_fn: ForwardFn,
-    embeddings: tuple[Tensor, ...],
+    embeddings: Tensor,
     clean_outputs: Tensor,
     divergence: str,
     config: SmartConfig,
@@ -231,10 +232,10 @@ def adversarial_regularizer(
     so that a NaN never reaches the weights; the caller counts the skip.
     """
     skipped = (torch.zeros((), device=clean_outputs.device), True)
-    deltas = find_perturbation(forward_fn, embeddings, clean_outputs, divergence, config)
-    if deltas is None:
+    delta = find_perturbation(forward_fn, embeddings, clean_outputs, divergence, config)
+    if delta is None:
         return skipped
-    value = _divergence(divergence)(forward_fn(_perturb(embeddings, deltas)), clean_outputs)
+    value = _divergence(divergence)(forward_fn(_perturb(embeddings, delta)), clean_outputs)
     if not torch.isfinite(value):
         return skipped
     return value, False
@@ -328,7 +329,7 @@ class SmartRegularizer:
     def penalty(
         self,
         forward_fn: ForwardFn,
-        embeddings: tuple[Tensor, ...],
+        embeddings: Tensor,
         clean_outputs: Tensor,
         divergence: str,
         teacher_args: tuple = (),

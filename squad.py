@@ -47,6 +47,17 @@ NO_ANSWER = (0, 0)  # the gold (start, end) of a window without the answer: [CLS
 
 
 @dataclass(frozen=True)
+class QASettings:
+    """How SQuAD is read and answered (Devlin et al.'s defaults): windows of `max_length` tokens sharing
+    `doc_stride` with the one before; the `n_best` starts and ends of each window; spans of at most
+    `max_answer_tokens` tokens."""
+    max_length: int = 384
+    doc_stride: int = 128
+    n_best: int = 20
+    max_answer_tokens: int = 30
+
+
+@dataclass(frozen=True)
 class QAExample:
     id: str
     question: str

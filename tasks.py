@@ -51,6 +51,7 @@ TASKS: dict[str, Task] = {task.name: task for task in (
          file_names=("train-v2.0.json", "dev-v2.0.json", "test-v2.0.json")),
 )}
 MULTITASK = ("sst", "qqp", "sts")  # the three tasks of the multitask model, in the course's order
+PAIR_TASKS = tuple(name for name, task in TASKS.items() if task.is_pair)  # qqp, sts: each example is two sentences
 RUN_TASKS = (*MULTITASK, "qa")  # the tasks a multitask run may train (--tasks), in this order
 SPLITS = ("train", "dev", "test")
 _FILE_SPLITS = {"train": "train", "dev": "dev", "test": "test-student"}

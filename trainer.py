@@ -1,10 +1,13 @@
 """The training loop of MultitaskBERT: stages, optimisation steps with gradient accumulation, SMART,
-LNSR, gradient surgery, evaluation after every stage and logging.
+LNSR, gradient surgery, evaluation after every stage, logging, the model kept as best and the training state.
 
-    trainer = Trainer(args, model, tokenizer, data, triplets, device)   # args: a TrainingArguments
-    trainer.train(stages)                                                # schedules.build_schedule(...)
+    trainer = Trainer(model, tokenizer, data, device, LoopConfig(...), build_optimizer(model, lr), ...)
+    trainer.train(stages)                                   # schedules.build_schedule(...)
+    metrics, predictions, scores = trainer.use_kept_model()
 
-The training state saved after every stage, and --resume, are in training_state.py.
+training_args.build_trainer builds one from the command line's settings; the trainer never reads them.
+Trainer.state_dict / load_state_dict are the checkpoint --resume continues from (training_state.py writes
+and reads the files).
 """
 from __future__ import annotations
 
@@ -15,29 +18,32 @@ import math
 import random
 import time
 from contextlib import nullcontext
+from dataclasses import dataclass, field
 from functools import cached_property, partial
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
 from tqdm import tqdm
 
+from checkpoint import optimizer_state, read_checkpoint, restore_optimizer, restore_rng, rng_state
 from datasets import (TaskData, TokenizationCache, TokenizedExamples, predict_in_file_order, subsample,
                       subsample_indices, tokenized_dataloader)
 from distributed import SINGLE_PROCESS, Distributed, global_batch_count
 from evaluation import kept_model_score, overall_score, summarize_line, task_metrics
-from gradient_surgery import combine_task_gradients
+from gradient_surgery import GradientSurgery
 from lnsr import LnsrConfig, encode_with_noise_stability
 from mlm import IGNORED_LABEL, MaskedLanguageModelHead, mlm_batches, mlm_loss, task_sentences
-from multitask_bert import MultitaskBERT, save_multitask_model
+from multitask_bert import (MultitaskBERT, load_trained_tensors, model_metadata, save_multitask_model,
+                            trained_tensors)
 from optimizer import AdamW, weight_decay_groups
-from runtime import autocast, float32_exact, resolve_precision, scaled_step, to_device, use_tf32
-from schedules import Stage, learning_rate_factor, multitask_order, trained_heads
-from simcse import pairwise_contrastive_loss, supervised_simcse_loss, triplet_batches
+from runtime import autocast, float32_exact, scaled_step, to_device, use_tf32
+from schedules import Stage, StageKind, learning_rate_factor, multitask_order, trained_heads
+from simcse import triplet_batches
 from smart import BregmanTeacher, SmartRegularizer, bregman_momentum
-from squad import Answer, QAExample, QAWindows, best_threshold, decode_answers, qa_metrics
+from squad import Answer, QAExample, QASettings, QAWindows, best_threshold, decode_answers, qa_metrics
 from tasks import TASKS
-from training_args import TrainingArguments, lnsr_config, lnsr_tasks, regularized_tasks, smart_configs
 from training_state import save_training_state
 
 SUMMARY_KEYS = ("index", "stage", "train_loss", "seconds", "sst_acc", "qqp_acc", "sts_pearson", "overall", "qa_f1")
@@ -54,6 +60,7 @@ def compute_task_loss(model: MultitaskBERT, task: str, batch: dict, regularizer:
 
 def _task_loss(model: MultitaskBERT, task: str, batch: dict, regularizer: SmartRegularizer | None,
                lnsr: LnsrConfig | None) -> torch.Tensor:
+    model.set_adapter(task)  # the passes below run the encoder in parts, not through forward()
     inputs = model.encoder_inputs(task, batch)
     embeddings = model.embed(inputs)
 
@@ -64,7 +71,7 @@ def _task_loss(model: MultitaskBERT, task: str, batch: dict, regularizer: SmartR
         outputs = forward_fn(embeddings)
         loss = objective.loss(outputs, batch["labels"])
     else:  # the clean pass of LNSR is the task's forward
-        hidden, penalty = encode_with_noise_stability(model.bert.encoder, embeddings[0], inputs.attention_mask, lnsr)
+        hidden, penalty = encode_with_noise_stability(model.bert.encoder, embeddings, inputs.attention_mask, lnsr)
         outputs = model.outputs_from_hidden(task, hidden, inputs)
         loss = objective.loss(outputs, batch["labels"]) + penalty
     if regularizer is not None:
@@ -161,48 +168,102 @@ class RestartingLoaders:
             return next(self.iterators[task])
 
 
-class Trainer:
-    """Runs a schedule of stages; owns the model, optimizer, SMART state and checkpoints."""
+@dataclass(frozen=True)
+class LoopConfig:
+    """The training loop's own settings. The run's objects (optimizer, SMART and LNSR, the SimCSE loss, gradient
+    surgery) are built outside (training_args.build_trainer does it from the command line) and handed over."""
+    output_dir: Path
+    lr: float  # the base learning rate of task and mlm stages (each parameter group scales it)
+    seed: int = 11711
+    batch_size: int = 8
+    eval_batch_size: int = 64
+    max_length: int = 128
+    num_workers: int = 0
+    grad_accumulation_steps: int = 1
+    max_grad_norm: float = 0.0  # 0: no clipping
+    lr_schedule: str = "constant"  # schedules.LR_SCHEDULES
+    warmup_ratio: float = 0.1
+    schedule: str = "sequential"  # how multi-task epochs order their batches (schedules.multitask_order)
+    epochs: int = 10  # multi-task epochs in the run: annealed sampling's horizon
+    precision: str = "fp32"  # resolved (runtime.resolve_precision): fp32, bf16 or fp16 autocast
+    quiet: bool = False  # no progress bars
+    stop_after_stages: int | None = None  # stop, resumably, after this many stages
+    keep_stage_models: bool = False  # also save the model after every stage (OUTPUT_DIR/stage_N.*)
+    eval_train_examples: int = 0  # also score this many train examples per task after each stage
 
-    def __init__(self, args: TrainingArguments, model: MultitaskBERT, tokenizer, data: dict[str, TaskData],
-                 triplets: list, device: torch.device, mlm_head: MaskedLanguageModelHead | None = None,
-                 distributed: Distributed = SINGLE_PROCESS):
-        """`mlm_head`: given when the schedule has an mlm stage; it trains with the model, and only
-        the training state (for --resume) keeps it. `distributed`: this process's place under torchrun;
-        each rank trains on its slice of every batch and only rank 0 writes."""
-        self.args, self.model, self.tokenizer, self.data, self.triplets = args, model, tokenizer, data, triplets
-        self.data_sha256 = data_fingerprints(data, triplets)  # the data never changes during a run
-        self.device = device
+
+@dataclass
+class Regularization:
+    """SMART (a regularizer per task, sharing one Bregman teacher) and LNSR (a config per task)."""
+    smart: dict[str, SmartRegularizer] = field(default_factory=dict)
+    teacher: BregmanTeacher | None = None
+    teacher_momentum: float | None = None  # a fixed beta, or None for the SMART paper's schedule (bregman_momentum)
+    lnsr: dict[str, LnsrConfig] = field(default_factory=dict)
+
+
+@dataclass
+class SimcseStage:
+    """What a SimCSE stage trains on and how: NLI triplets, a loss of (anchor, positive, negative) embeddings
+    (simcse.py) and its own learning rate."""
+    triplets: list
+    loss: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+    lr: float
+
+
+@dataclass
+class TrainingState:
+    """Where a run stands between stages; with the tensors, what Trainer.state_dict saves for --resume."""
+    next_stage: int = 0
+    updates: int = 0  # optimizer steps taken; the learning rate and SMART's momentum follow it
+    best_score: float = -math.inf  # kept_model_score of the model kept so far
+    history: list[dict] = field(default_factory=list)  # one record per evaluation (index 0: the pretrained model)
+    skipped_updates: int = 0  # fp16 steps skipped for inf / NaN gradients
+
+
+@dataclass
+class KeptModel:
+    """The model kept as best, in memory: its trained tensors (on the CPU) and its dev evaluation, so the run's
+    final predictions need neither a reload nor another dev pass."""
+    tensors: dict[str, torch.Tensor]
+    metrics: dict
+    predictions: dict
+    scores: dict
+    qa_threshold: float
+
+
+class Trainer:
+    """Runs a schedule of stages; owns the model, the optimizer, SMART's state and the run's checkpoints."""
+
+    def __init__(self, model: MultitaskBERT, tokenizer, data: dict[str, TaskData], device: torch.device,
+                 config: LoopConfig, optimizer: AdamW, regularization: Regularization | None = None,
+                 simcse: SimcseStage | None = None, gradient_surgery: GradientSurgery | None = None,
+                 qa: QASettings = QASettings(), mlm_head: MaskedLanguageModelHead | None = None,
+                 distributed: Distributed = SINGLE_PROCESS, settings: dict | None = None):
+        """`optimizer`: over the model's (and the mlm head's) parameters (build_optimizer). `gradient_surgery`:
+        how multi-task epochs combine the tasks' gradients (None: one task per step). `mlm_head`: given when
+        the schedule has an mlm stage; it trains with the model, and only the training state keeps it.
+        `distributed`: this process's place under torchrun; each rank trains on its slice of every batch and
+        only rank 0 writes. `settings`: the run's settings as plain values, saved in every checkpoint."""
+        self.model, self.tokenizer, self.data, self.device, self.config = model, tokenizer, data, device, config
+        self.optimizer = optimizer
+        self.regularization = regularization or Regularization()
+        self.simcse, self.gradient_surgery, self.qa, self.mlm_head = simcse, gradient_surgery, qa, mlm_head
         self.distributed = distributed
-        self.quiet = args.quiet or not distributed.is_main
-        self.output_dir = Path(args.output_dir)
-        self.mlm_head = mlm_head
-        named = list(model.named_parameters())
-        if mlm_head is not None:
-            named += [(f"mlm_head.{name}", p) for name, p in mlm_head.named_parameters()]
-        num_layers = model.bert.config.num_hidden_layers
-        self.optimizer = AdamW(weight_decay_groups(named, args.weight_decay, args.layerwise_lr_decay, num_layers),
-                               lr=args.lr)
-        self.lnsr = {task: lnsr_config(args, num_layers) for task in lnsr_tasks(args)}
-        smart_tasks = regularized_tasks(args)
-        configs = smart_configs(args) if smart_tasks else {}
-        self.teacher = None
-        if any(configs[task].bregman_weight > 0 for task in smart_tasks):
-            self.teacher = BregmanTeacher(model, bregman_momentum(0, 1, args.smart_momentum))
-        self.regularizers = {task: SmartRegularizer(model, configs[task], self.teacher) for task in smart_tasks}
-        self.precision = resolve_precision(device, args.precision)
+        self.settings = settings or {}
+        self.triplets = simcse.triplets if simcse is not None else []
+        self.data_sha256 = data_fingerprints(data, self.triplets)  # the data never changes during a run
+        self.quiet = config.quiet or not distributed.is_main
+        self.output_dir = Path(config.output_dir)
+        self.precision = config.precision
         use_tf32(device)
         self.amp = autocast(device, self.precision)
         # fp16 (GPUs without bf16: T4, V100) underflows small gradients: the loss is scaled up before backward
         # and the gradients unscaled before clipping and the step; a step with inf / NaN gradients is skipped.
         self.scaler = torch.amp.GradScaler(device.type, enabled=self.precision == "fp16")
-        self.skipped_updates = 0  # fp16 steps skipped for inf / NaN gradients
-        self.history: list[dict] = []
-        self.best_score = -math.inf
-        self.next_stage = 0
-        self.updates = 0  # optimizer steps taken; the learning rate and SMART's momentum follow it
+        self.state = TrainingState()
+        self.kept: KeptModel | None = None  # the best model of this process's stages (a resumed run may have none)
         self.total_updates = 1
-        self.stage_lr = args.lr
+        self.stage_lr = config.lr
         self.tokenized = TokenizationCache(tokenizer)  # each split tokenised once per run
         self.tasks = tuple(data)  # the run's tasks, in tasks.RUN_TASKS' order
         self.qa_threshold = 0.0  # SQuAD's no-answer threshold, chosen on dev at every dev evaluation
@@ -218,7 +279,8 @@ class Trainer:
     def task_step(self, task: str, batch: dict, group_size: int) -> float:
         batch = to_device(batch, self.device)
         with self.amp:
-            loss = compute_task_loss(self.model, task, batch, self.regularizers.get(task), self.lnsr.get(task))
+            loss = compute_task_loss(self.model, task, batch, self.regularization.smart.get(task),
+                                     self.regularization.lnsr.get(task))
         if loss.requires_grad:  # not so for the SBERT cosine with --option pretrain: it has no trainable weight
             self.backward(loss, len(batch["labels"]), group_size)
         return loss.item()
@@ -229,10 +291,7 @@ class Trainer:
             embeddings = self.model.encode_sentences(batch["input_ids"], batch["attention_mask"])
             # Under torchrun every rank's triplets are in-batch negatives (gradients reach the local slice).
             anchor, positive, negative = (self.distributed.gather_with_grad(e) for e in embeddings.chunk(3))
-            if self.args.simcse_objective == "pairwise":
-                loss = pairwise_contrastive_loss(anchor, positive, negative, self.args.simcse_temperature)
-            else:
-                loss = supervised_simcse_loss(anchor, positive, negative, self.args.simcse_temperature)
+            loss = self.simcse.loss(anchor, positive, negative)
         # The loss is already the global batch's; the gradient average over ranks would divide it.
         self.scaler.scale(loss * self.distributed.world_size / group_size).backward()
         return loss.item()
@@ -245,8 +304,8 @@ class Trainer:
         return loss.item()
 
     def surgery_step(self, batches: list[tuple[str, dict]], group_size: int, rng: random.Random) -> float:
-        """One backward per task (a task's batches summed), then the tasks' gradients combined by
-        --gradient_surgery into .grad."""
+        """One backward per task (a task's batches summed), then the tasks' gradients combined by the gradient
+        surgery into .grad."""
         named = [(name, p) for name, p in self.model.named_parameters() if p.requires_grad]
         params = [p for _, p in named]
         accumulated = [p.grad for p in params]
@@ -257,8 +316,7 @@ class Trainer:
             losses += [self.task_step(task, batch, group_size) for name, batch in batches if name == task]
             gradients = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
             task_gradients.append(self.distributed.average_tensors(gradients))  # the surgery sees global gradients
-        combined = combine_task_gradients(self.args.gradient_surgery, task_gradients,
-                                          [self.model.is_shared(name) for name, _ in named], rng, self.args.cagrad_c)
+        combined = self.gradient_surgery.combine(task_gradients, [self.model.is_shared(name) for name, _ in named], rng)
         for p, previous, gradient in zip(params, accumulated, combined):
             p.grad = gradient if previous is None else previous + gradient
         return float(np.mean(losses))
@@ -269,22 +327,25 @@ class Trainer:
             if self.mlm_head is not None:
                 self.distributed.average_gradients(self.mlm_head.parameters())
         self.scaler.unscale_(self.optimizer)  # clipping and the step see the true gradients
-        if self.args.max_grad_norm > 0:
+        if self.config.max_grad_norm > 0:
             torch.nn.utils.clip_grad_norm_([p for g in self.optimizer.param_groups for p in g["params"]],
-                                           self.args.max_grad_norm)
-        factor = learning_rate_factor(self.updates, self.total_updates, self.args.lr_schedule, self.args.warmup_ratio)
+                                           self.config.max_grad_norm)
+        factor = learning_rate_factor(self.state.updates, self.total_updates, self.config.lr_schedule,
+                                      self.config.warmup_ratio)
         for group in self.optimizer.param_groups:
             group["lr"] = self.stage_lr * factor * group["lr_scale"]
         stepped = scaled_step(self.scaler, self.optimizer)
         self.optimizer.zero_grad(set_to_none=True)
         if not stepped:
             # Nothing moved: neither the teacher nor the schedules (learning rate, SMART's momentum) advance.
-            self.skipped_updates += 1
+            self.state.skipped_updates += 1
             return
-        if self.teacher is not None:
-            self.teacher.momentum = bregman_momentum(self.updates, self.total_updates, self.args.smart_momentum)
-            self.teacher.update(self.model)
-        self.updates += 1
+        teacher = self.regularization.teacher
+        if teacher is not None:
+            teacher.momentum = bregman_momentum(self.state.updates, self.total_updates,
+                                                self.regularization.teacher_momentum)
+            teacher.update(self.model)
+        self.state.updates += 1
 
     def run_steps(self, steps, total: int, description: str, gradients_reduced: bool = False) -> float:
         """Drive (step_fn, batch) pairs with gradient accumulation; returns the mean loss. Each loss is
@@ -292,7 +353,7 @@ class Trainer:
         Under torchrun gradients are averaged over ranks once per optimizer step, unless the step
         functions did it themselves (`gradients_reduced`: gradient surgery)."""
         self.model.train()
-        accumulation = self.args.grad_accumulation_steps
+        accumulation = self.config.grad_accumulation_steps
         losses = []
         bar = tqdm(steps, total=total, desc=description, leave=False, disable=self.quiet)
         for index, (step_fn, batch) in enumerate(bar):
@@ -308,8 +369,8 @@ class Trainer:
     def tokenized_split(self, task: str, examples: list) -> TokenizedExamples | QAWindows:
         """A split ready to batch, made on its first use only: tokenised examples, or SQuAD's windows."""
         if TASKS[task].is_extractive:
-            return self.tokenized.windows(examples, self.args.qa_max_length, self.args.qa_doc_stride)
-        return self.tokenized.get(examples, self.args.max_length, self.model.reads_pairs_jointly(task))
+            return self.tokenized.windows(examples, self.qa.max_length, self.qa.doc_stride)
+        return self.tokenized.get(examples, self.config.max_length, self.model.reads_pairs_jointly(task))
 
     def train_items(self, task: str) -> int:
         """What one epoch of the task trains on: its training examples, or for SQuAD its windows."""
@@ -321,26 +382,26 @@ class Trainer:
         train = self.tokenized_split(task, self.data[task].train)
         if size is not None:
             train = train.subset(subsample_indices(len(train), size, seed))
-        return tokenized_dataloader(train, self.args.batch_size, shuffle=True, seed=seed,
-                                    num_workers=self.args.num_workers, world_size=self.distributed.world_size,
+        return tokenized_dataloader(train, self.config.batch_size, shuffle=True, seed=seed,
+                                    num_workers=self.config.num_workers, world_size=self.distributed.world_size,
                                     rank=self.distributed.rank, pin_memory=self.device.type == "cuda")
 
     def batch_count(self, num_examples: int) -> int:
         """Steps over num_examples: global batches of batch_size per rank."""
-        return global_batch_count(num_examples, self.args.batch_size, self.distributed.world_size)
+        return global_batch_count(num_examples, self.config.batch_size, self.distributed.world_size)
 
     def stage_batches(self, stage: Stage) -> int:
         """How many batches the stage trains on."""
-        if stage.kind in ("task", "mlm"):
+        if stage.kind in (StageKind.TASK, StageKind.MLM):
             return self.batch_count(self.stage_size(stage))
-        if stage.kind == "simcse":
+        if stage.kind is StageKind.SIMCSE:
             return self.batch_count(len(self.triplets))
         total = sum(self.batch_count(self.train_items(t)) for t in self.tasks)
-        return math.ceil(total / len(self.tasks)) if self.args.gradient_surgery != "none" else total
+        return math.ceil(total / len(self.tasks)) if self.gradient_surgery is not None else total
 
     def stage_size(self, stage: Stage) -> int:
         """Examples (sentences for mlm, windows for qa) the stage trains on."""
-        available = len(self.sentences) if stage.kind == "mlm" else self.train_items(stage.task)
+        available = len(self.sentences) if stage.kind is StageKind.MLM else self.train_items(stage.task)
         return max(1, round(stage.fraction * available))
 
     @cached_property
@@ -349,20 +410,20 @@ class Trainer:
         return task_sentences(self.data)
 
     def run_stage(self, index: int, stage: Stage) -> float:
-        seed = self.args.seed + 1000 * index  # data order depends on the stage only: resumable
-        self.stage_lr = self.args.simcse_lr if stage.kind == "simcse" else self.args.lr
+        seed = self.config.seed + 1000 * index  # data order depends on the stage only: resumable
+        self.stage_lr = self.simcse.lr if stage.kind is StageKind.SIMCSE else self.config.lr
         description = f"stage {index + 1} {stage.label}"
-        if stage.kind == "task":
+        batch_size, max_length = self.config.batch_size, self.config.max_length
+        world_size, rank = self.distributed.world_size, self.distributed.rank
+        if stage.kind is StageKind.TASK:
             loader = self.train_loader(stage.task, seed, self.stage_size(stage))
             return self.run_steps(((partial(self.task_step, stage.task), b) for b in loader), len(loader), description)
-        if stage.kind == "simcse":
-            batches = triplet_batches(self.triplets, self.tokenizer, self.args.batch_size, seed, self.args.max_length,
-                                      self.distributed.world_size, self.distributed.rank)
+        if stage.kind is StageKind.SIMCSE:
+            batches = triplet_batches(self.triplets, self.tokenizer, batch_size, seed, max_length, world_size, rank)
             return self.run_steps(((self.simcse_step, b) for b in batches), self.stage_batches(stage), description)
-        if stage.kind == "mlm":
+        if stage.kind is StageKind.MLM:
             sentences = subsample(self.sentences, self.stage_size(stage), seed)
-            batches = mlm_batches(sentences, self.tokenizer, self.args.batch_size, seed, self.args.max_length,
-                                  self.distributed.world_size, self.distributed.rank)
+            batches = mlm_batches(sentences, self.tokenizer, batch_size, seed, max_length, world_size, rank)
             return self.run_steps(((self.mlm_step, b) for b in batches), self.stage_batches(stage), description)
         return self.run_multitask_epoch(stage, seed, description)
 
@@ -372,27 +433,27 @@ class Trainer:
         rng = random.Random(seed)
         steps = self.stage_batches(stage)
         sizes = {t: self.train_items(t) for t in self.tasks}
-        surgery = self.args.gradient_surgery != "none"
+        surgery = self.gradient_surgery
         per_step = len(self.tasks) if surgery else 1  # surgery: a batch of every task a step (round_robin: in turn)
-        order = multitask_order(self.args.schedule, sizes, stage.epoch, self.args.epochs, steps * per_step, rng)
+        order = multitask_order(self.config.schedule, sizes, stage.epoch, self.config.epochs, steps * per_step, rng)
         if surgery:
             step = partial(self.surgery_step, rng=rng)
             groups = (order[i * per_step:(i + 1) * per_step] for i in range(steps))
             pairs = ((step, [(t, batches.next(t)) for t in group]) for group in groups)
-            return self.run_steps(pairs, steps, f"{description} {self.args.gradient_surgery}", gradients_reduced=True)
+            return self.run_steps(pairs, steps, f"{description} {surgery.method}", gradients_reduced=True)
         return self.run_steps(((partial(self.task_step, t), batches.next(t)) for t in order), steps, description)
 
     # -- evaluation -------------------------------------------------------------------------------
     def predict(self, task: str, examples, scores: bool = False) -> tuple[list[str], np.ndarray]:
         examples = self.tokenized_split(task, examples)
-        return predict_examples(self.model, task, examples, self.tokenizer, self.device, self.args.eval_batch_size,
-                                self.args.max_length, self.precision, self.quiet, self.distributed, scores)
+        return predict_examples(self.model, task, examples, self.tokenizer, self.device, self.config.eval_batch_size,
+                                self.config.max_length, self.precision, self.quiet, self.distributed, scores)
 
     def answer(self, questions: list[QAExample]) -> dict[str, Answer]:
         """SQuAD questions' best spans and no-answer margins (predict_answers)."""
         return predict_answers(self.model, self.tokenized_split("qa", questions), self.device,
-                               self.args.eval_batch_size, self.precision, self.quiet, self.distributed,
-                               self.args.qa_n_best, self.args.qa_max_answer_tokens)
+                               self.config.eval_batch_size, self.precision, self.quiet, self.distributed,
+                               self.qa.n_best, self.qa.max_answer_tokens)
 
     def evaluate(self, split: str = "dev", limit: int | None = None) -> tuple[dict, dict]:
         """Metrics of every task on a split, and (ids, predictions, gold labels) per task."""
@@ -409,7 +470,7 @@ class Trainer:
             examples = getattr(data, split)
             if examples is None:
                 continue
-            examples = subsample(examples, limit, self.args.seed)
+            examples = subsample(examples, limit, self.config.seed)
             if TASKS[task].is_extractive:
                 answers = self.answer(examples)
                 if qa_threshold is not None:
@@ -430,43 +491,131 @@ class Trainer:
 
     # -- the whole run ----------------------------------------------------------------------------
     def train(self, stages: list[Stage]) -> None:
-        self.total_updates = sum(math.ceil(self.stage_batches(s) / self.args.grad_accumulation_steps) for s in stages)
+        state, config = self.state, self.config
+        self.total_updates = sum(math.ceil(self.stage_batches(s) / config.grad_accumulation_steps) for s in stages)
         kept_on = trained_heads(stages, self.tasks)  # the tasks whose dev scores pick the model kept as best
-        if self.next_stage == 0 and not self.history:
+        if state.next_stage == 0 and not state.history:
             start = time.time()
             dev, _ = self.evaluate("dev")
             self.log({"stage": "pretrained", "index": 0, "seconds": time.time() - start, **dev})
-        for index in range(self.next_stage, len(stages)):
-            if self.args.stop_after_stages is not None and index >= self.args.stop_after_stages:
+        for index in range(state.next_stage, len(stages)):
+            if config.stop_after_stages is not None and index >= config.stop_after_stages:
                 print(f"stopping after {index} stages (--stop_after_stages); continue with --resume")
                 return
             start = time.time()
             train_loss = self.run_stage(index, stages[index])
+            dev = self.evaluate_with_scores("dev")
             record = {"stage": stages[index].label, "index": index + 1, "train_loss": train_loss,
-                      "seconds": time.time() - start, **self.evaluate("dev")[0]}
+                      "seconds": time.time() - start, **dev[0]}
             if self.scaler.is_enabled():
-                record["fp16_skipped_updates"] = self.skipped_updates  # so far in the run
-            if self.args.eval_train_examples:
-                train_metrics, _ = self.evaluate("train", self.args.eval_train_examples)
+                record["fp16_skipped_updates"] = state.skipped_updates  # so far in the run
+            if config.eval_train_examples:
+                train_metrics, _ = self.evaluate("train", config.eval_train_examples)
                 record.update({f"train_{k}": v for k, v in train_metrics.items()})
             self.log(record)
-            saved = {"metrics": record, "args": dataclasses.asdict(self.args)}
+            saved = {"metrics": record, "args": self.settings}
             score = kept_model_score(record, kept_on)
-            if score > self.best_score:  # every rank holds the same gathered metrics
-                self.best_score = score
+            if score > state.best_score:  # every rank holds the same gathered metrics
+                state.best_score = score
+                self.kept = KeptModel({k: v.to("cpu", copy=True) for k, v in trained_tensors(self.model).items()},
+                                      *dev, qa_threshold=self.qa_threshold)
                 if self.distributed.is_main:
                     save_multitask_model(self.model, self.output_dir / "best", saved)
-            if self.args.keep_stage_models and self.distributed.is_main:
+            if config.keep_stage_models and self.distributed.is_main:
                 save_multitask_model(self.model, self.output_dir / f"stage_{index + 1}", saved)
-            self.next_stage = index + 1
-            save_training_state(self, self.output_dir / "last")
+            state.next_stage = index + 1
+            checkpoint = self.state_dict()
+            if checkpoint is not None:
+                save_training_state(self.output_dir / "last", *checkpoint)
         self.distributed.barrier()  # rank 0's files are complete before any rank reads them
 
+    def use_kept_model(self) -> tuple[dict, dict, dict]:
+        """Put the kept model's weights back into the model (the one the optimizer and teacher hold) and return
+        its dev metrics, predictions and scores, with SQuAD's threshold as it was chosen then. A run resumed
+        after its best stage has no copy in memory: it reads OUTPUT_DIR/best.* and evaluates dev again."""
+        if self.kept is None:
+            tensors, metadata = read_checkpoint(self.output_dir / "best")
+            load_trained_tensors(self.model, {k: v.to(self.device) for k, v in tensors.items()})
+            return self.evaluate_with_scores("dev", qa_threshold=metadata["metrics"].get("qa_threshold"))
+        load_trained_tensors(self.model, {k: v.to(self.device) for k, v in self.kept.tensors.items()})
+        self.qa_threshold = self.kept.qa_threshold
+        return self.kept.metrics, self.kept.predictions, self.kept.scores
+
     def log(self, record: dict) -> None:
-        self.history.append(record)
+        self.state.history.append(record)
         if not self.distributed.is_main:
             return
         print(summarize_line({k: record[k] for k in SUMMARY_KEYS if k in record}))
         self.output_dir.mkdir(parents=True, exist_ok=True)
         with open(self.output_dir / "metrics.jsonl", "a", encoding="utf-8") as handle:
             handle.write(json.dumps(record) + "\n")
+
+    # -- the training state (--resume) ------------------------------------------------------------
+    def state_dict(self) -> tuple[dict[str, torch.Tensor], dict] | None:
+        """Everything --resume needs after a finished stage, as tensors and plain values: the model (or what of
+        it trains), optimizer, SMART teacher, MLM head, every rank's RNG states, the TrainingState, the data's
+        fingerprints and the run's settings. Every rank calls it (each one's dropout generator is kept); rank 0
+        gets the checkpoint, the others None."""
+        rng_tensors, rng_info = rng_state()
+        ranks = self.distributed.gather_objects(rng_tensors)
+        if not self.distributed.is_main:
+            return None
+        for rank, rank_tensors in enumerate(ranks[1:], start=1):
+            rng_tensors.update({f"{name}.rank{rank}": tensor for name, tensor in rank_tensors.items()})
+        tensors = {f"model.{k}": v for k, v in trained_tensors(self.model).items()}
+        optimizer_tensors, optimizer_info = optimizer_state(self.optimizer)
+        tensors.update(optimizer_tensors)
+        tensors.update(rng_tensors)
+        teacher = self.regularization.teacher
+        if teacher is not None:
+            tensors.update({f"teacher.{k}": v.contiguous() for k, v in teacher.state_dict().items()})
+        if self.mlm_head is not None:
+            tensors.update({f"mlm_head.{k}": v.detach().contiguous() for k, v in self.mlm_head.state_dict().items()})
+        state = dataclasses.asdict(self.state)
+        return tensors, {
+            **model_metadata(self.model), "args": self.settings, "next_stage": state["next_stage"],
+            "history": state["history"], "best_score": state["best_score"], "updates": state["updates"],
+            "data_sha256": self.data_sha256, "world_size": self.distributed.world_size,
+            "optimizer": optimizer_info, "rng": rng_info,
+            "smart_skipped_steps": {t: r.skipped_steps for t, r in self.regularization.smart.items()},
+            # The fp16 gradient scaler's scale and growth counter (plain numbers; {} without fp16).
+            "grad_scaler": self.scaler.state_dict(), "skipped_updates": state["skipped_updates"]}
+
+    def load_state_dict(self, tensors: dict[str, torch.Tensor], metadata: dict) -> None:
+        """Continue from state_dict's checkpoint (training_state.read_training_state reads and checks it)."""
+        load_trained_tensors(self.model, {k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
+        restore_optimizer(self.optimizer, tensors, metadata["optimizer"])
+        teacher = self.regularization.teacher
+        if teacher is not None:
+            teacher.load_state_dict({k[8:]: v.to(self.device) for k, v in tensors.items() if k.startswith("teacher.")})
+        if self.mlm_head is not None:
+            self.mlm_head.load_state_dict({k[9:]: v for k, v in tensors.items() if k.startswith("mlm_head.")})
+        for task, skipped in metadata["smart_skipped_steps"].items():
+            if task in self.regularization.smart:
+                self.regularization.smart[task].skipped_steps = skipped
+        # A run saved before these fields existed, or in another precision (a resume on another GPU kind),
+        # starts a fresh scaler, as a run does.
+        if self.scaler.is_enabled() and metadata.get("grad_scaler"):
+            self.scaler.load_state_dict(metadata["grad_scaler"])
+        restore_rng(tensors, metadata["rng"])
+        if self.distributed.rank > 0:
+            suffix = f".rank{self.distributed.rank}"
+            restore_rng({name[:-len(suffix)]: tensor for name, tensor in tensors.items() if name.endswith(suffix)},
+                        metadata["rng"])
+        self.state = TrainingState(metadata["next_stage"], metadata["updates"], metadata["best_score"],
+                                   metadata["history"], metadata.get("skipped_updates", 0))
+        # A kill between a stage's log line and its checkpoint leaves a record the checkpoint does not
+        # have: the checkpoint's history is the truth.
+        if self.distributed.is_main:
+            (self.output_dir / "metrics.jsonl").write_text(
+                "".join(json.dumps(r) + "\n" for r in self.state.history), encoding="utf-8")
+
+
+def build_optimizer(model: MultitaskBERT, lr: float, weight_decay: float = 0.0, layerwise_lr_decay: float = 1.0,
+                    mlm_head: MaskedLanguageModelHead | None = None) -> AdamW:
+    """AdamW over the model's parameters (and the mlm head's), grouped by weight decay and layer-wise rate."""
+    named = list(model.named_parameters())
+    if mlm_head is not None:
+        named += [(f"mlm_head.{name}", p) for name, p in mlm_head.named_parameters()]
+    groups = weight_decay_groups(named, weight_decay, layerwise_lr_decay, model.bert.config.num_hidden_layers)
+    return AdamW(groups, lr=lr)

@@ -15,18 +15,30 @@ import argparse
 import dataclasses
 import math
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
+import torch
+
+from base_bert import CheckpointError
+from checkpoint import check_resume_settings
 from datasets import standard_paths
-from evaluation import unwritable_folder
+from distributed import SINGLE_PROCESS, Distributed
+from files import unwritable_folder
 from adapters import ADAPTERS as ADAPTER_KINDS
 from adapters import SHARINGS, TARGETS, AdapterConfig
-from gradient_surgery import GRADIENT_SURGERIES
+from gradient_surgery import GRADIENT_SURGERIES, GradientSurgery
 from lnsr import LnsrConfig
-from multitask_bert import HEAD_ACTIVATIONS, parse_pair_encoders
-from runtime import PRECISIONS, requested_precision
-from smart import SmartConfig
+from losses import SENTIMENT_OBJECTIVES, SIMILARITY_OBJECTIVES
+from mlm import MaskedLanguageModelHead
+from multitask_bert import HEAD_ACTIVATIONS, POOLINGS, MultitaskBERT, parse_pair_encoders
+from runtime import PRECISIONS, requested_precision, resolve_precision
+from schedules import LR_SCHEDULES, SCHEDULES
+from simcse import SIMCSE_OBJECTIVES
+from smart import NORM_LEVELS, NORMS, BregmanTeacher, SmartConfig, SmartRegularizer, bregman_momentum
+from squad import QASettings
 from tasks import MULTITASK, RUN_TASKS, SPLITS, course_file_name, data_flag, default_output, output_flag, task_name
+from trainer import LoopConfig, Regularization, SimcseStage, Trainer, build_optimizer
 
 COURSE = "course options (defaults unchanged)"
 RUN = "data, model and run"
@@ -38,6 +50,7 @@ SIMCSE = "SimCSE stage (before the tasks)"
 ADAPTERS = "adapters (parameter-efficient; with --option pretrain only adapters and heads train)"
 LNSR = "LNSR, layer-wise noise stability (Hua et al. 2021); defaults are AllBERT's for STS"
 QA = "SQuAD 2.0 question answering (--tasks ...,qa); defaults are Devlin et al.'s"
+OPTIONS = ("pretrain", "finetune")  # --option: BERT frozen or trained
 THREE_TASK_STAGES = ("qqp", "sts,sst,qqp:0.03")  # --first_stages, --cycle of the three tasks: the thesis's order
 
 
@@ -115,7 +128,7 @@ class TrainingArguments:
     seed: int = flag(11711, group=COURSE, type=int)
     epochs: int = flag(10, "epochs of the annealed / round_robin schedules", COURSE, type=int)
     option: str = flag("pretrain", "pretrain: BERT frozen, heads trained; finetune: everything trained", COURSE,
-                         choices=("pretrain", "finetune"))
+                         choices=OPTIONS)
     use_gpu: bool = flag(False, group=COURSE, resume_free=True, action="store_true")
     batch_size: int = flag(8, group=COURSE, type=int)
     hidden_dropout_prob: float = flag(0.3, "dropout before the task heads (BERT keeps its own, see "
@@ -145,16 +158,16 @@ class TrainingArguments:
     quiet: bool = flag(False, "no progress bars", resume_free=True, action="store_true")
 
     # Model heads.
-    pooling: str = flag("mean", group=HEADS, choices=("mean", "cls"))
+    pooling: str = flag("mean", group=HEADS, choices=POOLINGS)
     pair_encoder: str = flag("sbert", "how qqp and sts read a pair: sbert (sentences encoded apart), cross (one "
                                "joint encoding, segment ids 0/1, a linear head) or hybrid (the joint encoding, each "
                                "sentence mean-pooled apart; AllBERT's STS); one for both or per task, e.g. "
                                "qqp:cross,sts:hybrid", HEADS)
     similarity_objective: str = flag("cosine", "cosine: MSE(cos, label/5) (measured best); shifted: the "
                                        "handout's 2.5cos+2.5; cosent (sbert and hybrid STS)", HEADS,
-                                       choices=("cosine", "shifted", "cosent"))
+                                       choices=SIMILARITY_OBJECTIVES)
     sst_objective: str = flag("ce", "ce: cross entropy; ordinal: plus --ordinal_weight x the expected distance "
-                                "|y - j| of the predicted class (AllBERT)", HEADS, choices=("ce", "ordinal"))
+                                "|y - j| of the predicted class (AllBERT)", HEADS, choices=SENTIMENT_OBJECTIVES)
     ordinal_weight: float = flag(1.0, "lambda of --sst_objective ordinal", HEADS, type=float)
     head_hidden: int = flag(0, "a dense layer of this width (linear, activation, dropout) in each task's head "
                               "before its output (0: none)", HEADS, type=int)
@@ -184,7 +197,7 @@ class TrainingArguments:
                                   OPTIMISATION, type=float)
     lr_schedule: str = flag("constant", "constant (the course's) or linear: warm-up over --warmup_ratio of the "
                               "updates, then linear decay to 0 (the SMART paper's)", OPTIMISATION,
-                              choices=("constant", "linear"))
+                              choices=LR_SCHEDULES)
     warmup_ratio: float = flag(0.1, "share of the updates spent warming up (--lr_schedule linear)",
                                  OPTIMISATION, type=float)
     layerwise_lr_decay: float = flag(1.0, "layer l of L trains at lr x decay^(L - l), the embeddings at "
@@ -202,7 +215,7 @@ class TrainingArguments:
                              resume_free=True, action=argparse.BooleanOptionalAction)
 
     # Schedule.
-    schedule: str = flag("sequential", group=SCHEDULE, choices=("sequential", "annealed", "round_robin"))
+    schedule: str = flag("sequential", group=SCHEDULE, choices=SCHEDULES)
     first_stages: str | None = flag(None, "stages before the cycles, e.g. 'qqp' or 'sts*3' (task[:fraction][*repeats]; "
                                     f"default: {THREE_TASK_STAGES[0]!r} for the three tasks, else one epoch of each "
                                     "of --tasks)", SCHEDULE)
@@ -232,8 +245,8 @@ class TrainingArguments:
     smart_epsilon: float = flag(1e-5, "epsilon, radius of the ball", SMART, type=float)
     smart_step_size: float = flag(1e-3, "eta", SMART, type=float)
     smart_ascent_steps: int = flag(1, "K", SMART, type=int)
-    smart_norm: str = flag("inf", group=SMART, choices=("inf", "l2"))
-    smart_norm_level: str = flag("token", group=SMART, choices=("token", "sentence"))
+    smart_norm: str = flag("inf", group=SMART, choices=NORMS)
+    smart_norm_level: str = flag("token", group=SMART, choices=NORM_LEVELS)
     smart_override: list = flag([], "per-task setting, e.g. sst:adv_weight=10 (repeatable)", SMART,
                                   action="append", metavar="TASK:key=value,...")
 
@@ -256,7 +269,7 @@ class TrainingArguments:
     simcse_data: list = flag([], "NLI files (.jsonl, SentEval s1.*, SICK.txt, premise,positive,negative .csv)",
                              SIMCSE, resume_free=True, nargs="*")
     simcse_epochs: int = flag(1, group=SIMCSE, type=int)
-    simcse_objective: str = flag("supervised", group=SIMCSE, choices=("supervised", "pairwise"))
+    simcse_objective: str = flag("supervised", group=SIMCSE, choices=tuple(SIMCSE_OBJECTIVES))
     simcse_temperature: float = flag(0.05, "tau; logits scale = 1/tau", SIMCSE, type=float)
     simcse_lr: float = flag(2e-5, group=SIMCSE, type=float)
     simcse_max_examples: int | None = flag(None, group=SIMCSE, type=int)
@@ -323,7 +336,7 @@ class ClassifierArguments:
     seed: int = flag(11711, group=COURSE, type=int)
     epochs: int = flag(10, group=COURSE, type=int)
     option: str = flag("pretrain", "pretrain: BERT frozen, only the linear head trained; finetune: everything "
-                         "trained", COURSE, choices=("pretrain", "finetune"))
+                         "trained", COURSE, choices=OPTIONS)
     use_gpu: bool = flag(False, group=COURSE, action="store_true")
     batch_size: int = flag(8, "sst: 64, cfimdb: 8 can fit a 12GB GPU", COURSE, type=int)
     hidden_dropout_prob: float = flag(0.3, "dropout before the linear head (BERT keeps its own 0.1, as in the "
@@ -495,3 +508,56 @@ def adapter_config(args: TrainingArguments) -> AdapterConfig | None:
                              args.adapter_sharing, args.pal_size)
     except ValueError as err:
         raise ValueError(f"--adapter {args.adapter}: {err}") from None
+
+
+def check_resume_arguments(saved: dict, args: TrainingArguments) -> None:
+    """Refuse to resume a stopped run whose saved settings (`saved`, its checkpoint's args) differ from these in
+    a flag that changes the result (checkpoint.check_resume_settings), or in --cycles when the learning rate or
+    SMART's momentum follows the total number of updates."""
+    if args.lr_schedule != "constant" or (regularized_tasks(args) and args.smart_momentum is None):
+        if saved.get("cycles") != args.cycles:
+            raise CheckpointError(f"cannot resume: --cycles {saved.get('cycles')!r} -> {args.cycles!r} changes the "
+                                  "total number of updates, which the learning rate or SMART's momentum follows; "
+                                  f"resume with --cycles {saved.get('cycles')}")
+    check_resume_settings(saved, dataclasses.asdict(args), resume_free_fields(TrainingArguments),
+                          field_defaults(TrainingArguments))
+
+
+def loop_config(args: TrainingArguments, device: torch.device) -> LoopConfig:
+    """The training loop's settings; the precision resolved for the device."""
+    return LoopConfig(output_dir=Path(args.output_dir), lr=args.lr, seed=args.seed, batch_size=args.batch_size,
+                      eval_batch_size=args.eval_batch_size, max_length=args.max_length, num_workers=args.num_workers,
+                      grad_accumulation_steps=args.grad_accumulation_steps, max_grad_norm=args.max_grad_norm,
+                      lr_schedule=args.lr_schedule, warmup_ratio=args.warmup_ratio, schedule=args.schedule,
+                      epochs=args.epochs, precision=resolve_precision(device, args.precision), quiet=args.quiet,
+                      stop_after_stages=args.stop_after_stages, keep_stage_models=args.keep_stage_models,
+                      eval_train_examples=args.eval_train_examples)
+
+
+def regularization(args: TrainingArguments, model: MultitaskBERT) -> Regularization:
+    """SMART's regularizers (one Bregman teacher shared by every task that needs one) and LNSR's configs."""
+    tasks = regularized_tasks(args)
+    configs = smart_configs(args) if tasks else {}
+    teacher = None
+    if any(configs[task].bregman_weight > 0 for task in tasks):
+        teacher = BregmanTeacher(model, bregman_momentum(0, 1, args.smart_momentum))
+    num_layers = model.bert.config.num_hidden_layers
+    return Regularization(smart={task: SmartRegularizer(model, configs[task], teacher) for task in tasks},
+                          teacher=teacher, teacher_momentum=args.smart_momentum,
+                          lnsr={task: lnsr_config(args, num_layers) for task in lnsr_tasks(args)})
+
+
+def build_trainer(args: TrainingArguments, model: MultitaskBERT, tokenizer, data: dict, triplets: list,
+                  device: torch.device, mlm_head: MaskedLanguageModelHead | None = None,
+                  distributed: Distributed = SINGLE_PROCESS) -> Trainer:
+    """The run's Trainer, its objects built from the settings. Build it once the model is on its device and
+    the same on every rank (the SMART teacher copies the model's weights)."""
+    simcse = None
+    if triplets:
+        simcse = SimcseStage(triplets, partial(SIMCSE_OBJECTIVES[args.simcse_objective],
+                                               temperature=args.simcse_temperature), args.simcse_lr)
+    surgery = None if args.gradient_surgery == "none" else GradientSurgery(args.gradient_surgery, args.cagrad_c)
+    qa = QASettings(args.qa_max_length, args.qa_doc_stride, args.qa_n_best, args.qa_max_answer_tokens)
+    optimizer = build_optimizer(model, args.lr, args.weight_decay, args.layerwise_lr_decay, mlm_head)
+    return Trainer(model, tokenizer, data, device, loop_config(args, device), optimizer, regularization(args, model),
+                   simcse, surgery, qa, mlm_head, distributed, dataclasses.asdict(args))

@@ -3,6 +3,10 @@
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 DATA_DIR="${DATA_DIR:-$ROOT/data}"
 SEED="${SEED:-11711}"  # SEED and RUN_NAME (the folder under runs/) may be set in the environment
+# RUNS_DIR: the folder that holds the runs' folders (default runs; a relative path is under the repository, where
+# the recipes run). Each recipe writes runs/NAME/, its checkpoints and predictions, as $RUNS_DIR/NAME/; the tests
+# point it at a temporary folder.
+RUNS_DIR="${RUNS_DIR:-runs}"
 # LAUNCH runs the command line: python, or torchrun for data parallel on several GPUs, e.g.
 #   LAUNCH="torchrun --standalone --nproc_per_node 4" bash scripts/gpu_ss.sh   (batch 32 per GPU: 128 per update)
 LAUNCH="${LAUNCH:-python}"
@@ -23,9 +27,9 @@ CPU_FLAGS=(--pretrained minilm-l6 --option finetune --data_dir "$DATA_DIR" --see
 NLI_DIR="${NLI_DIR:-$ROOT/../shared/data/nli}"
 CPU_NLI_FILES=("$NLI_DIR/generative_nli/snli/dev.jsonl" "$NLI_DIR/snli_senteval/s1.test" "$NLI_DIR/generative_nli/mnli/dev.jsonl"
                "$NLI_DIR/generative_nli/anli/test.jsonl" "$NLI_DIR/sick/SICK.txt")
-# The six leaderboard CSVs of run NAME go to runs/NAME/predictions/ (not the shared predictions/).
+# The six leaderboard CSVs of run NAME go to $RUNS_DIR/NAME/predictions/ (not the shared predictions/).
 prediction_flags() {
-    local dir="runs/$1/predictions"
+    local dir="$RUNS_DIR/$1/predictions"
     echo --sst_dev_out "$dir/sst-dev-out.csv" --sst_test_out "$dir/sst-test-out.csv" \
          --para_dev_out "$dir/para-dev-out.csv" --para_test_out "$dir/para-test-out.csv" \
          --sts_dev_out "$dir/sts-dev-out.csv" --sts_test_out "$dir/sts-test-out.csv"
@@ -33,16 +37,16 @@ prediction_flags() {
 # SQuAD 2.0 (--tasks ...,qa): SQUAD_DIR holds train-v2.0.json, dev-v2.0.json and test-v2.0.json (default DATA_DIR, where
 # scripts/download_data.py puts the official files; the CPU protocol's are in ../shared/data/squad).
 SQUAD_DIR="${SQUAD_DIR:-$DATA_DIR}"
-# SQuAD's files and its two predictions JSONs (runs/NAME/predictions/squad-{dev,test}-out.json) for run NAME; without
-# a test-v2.0.json (the official test set is hidden) only dev is predicted.
+# SQuAD's files and its two predictions JSONs ($RUNS_DIR/NAME/predictions/squad-{dev,test}-out.json) for run NAME;
+# without a test-v2.0.json (the official test set is hidden) only dev is predicted.
 squad_flags() {
-    local dir="runs/$1/predictions"
+    local dir="$RUNS_DIR/$1/predictions"
     echo --squad_train "$SQUAD_DIR/train-v2.0.json" --squad_dev "$SQUAD_DIR/dev-v2.0.json" \
          --squad_dev_out "$dir/squad-dev-out.json" --squad_test_out "$dir/squad-test-out.json"
     if [[ -f "$SQUAD_DIR/test-v2.0.json" ]]; then echo --squad_test "$SQUAD_DIR/test-v2.0.json"; fi
 }
 # Per-task baselines: each task fine-tuned alone into its own model (QQP 1 epoch, STS 3, SST 3).
-# Usage: single_task_runs PREFIX FLAGS...   (writes runs/PREFIX_single_{qqp,sts,sst}/)
+# Usage: single_task_runs PREFIX FLAGS...   (writes $RUNS_DIR/PREFIX_single_{qqp,sts,sst}/)
 # TASKS (environment) picks some of them, e.g. TASKS="sts sst".
 single_task_runs() {
     local prefix=$1 stages name task
@@ -51,7 +55,7 @@ single_task_runs() {
     for task in ${TASKS:-qqp sts sst}; do
         stages=${epochs[$task]:?"TASKS: unknown task $task (use qqp, sts, sst)"}
         name="${prefix}_single_${task}"
-        $LAUNCH multitask_classifier.py "$@" --first_stages "$stages" --cycles 0 --output_dir "runs/$name" \
+        $LAUNCH multitask_classifier.py "$@" --first_stages "$stages" --cycles 0 --output_dir "$RUNS_DIR/$name" \
             $(prediction_flags "$name")
     done
 }

@@ -367,6 +367,7 @@ def smart_phase_fns(model, regularizer, batch, task="qqp") -> dict:
     (compute_task_loss) whatever the run's precision."""
     from smart import find_perturbation
     batch = {**batch, "labels": (batch["labels"] > 2.5).float()}
+    model.set_adapter(task)
     inputs = model.encoder_inputs(task, batch)
     objective = model.objectives[task]
 
@@ -435,10 +436,10 @@ def transformers_step_fn(args, device, smart: bool):
     def step():
         optimizer.zero_grad(set_to_none=True)
         with autocast(device, args.precision), float32_exact() if smart else nullcontext():
-            embeddings = (model.bert.embeddings.word_embeddings(ids),)
+            embeddings = model.bert.embeddings.word_embeddings(ids)
 
             def forward_fn(e):
-                return model.outputs_from_word_embeddings(e[0], mask)
+                return model.outputs_from_word_embeddings(e, mask)
             logits = forward_fn(embeddings)
             loss = F.binary_cross_entropy_with_logits(logits.float(), labels)
             if regularizer is not None:
@@ -774,10 +775,10 @@ def bench_data_parallel(args, device) -> dict:
 def bench_ensemble(args, device) -> dict:
     """What an ensemble costs at prediction time: one model's inference on the real dev and test files of
     --data_dir (the six leaderboard splits), against combining five members' saved scores of the same sizes
-    (ensemble.combine); the members' own inference is paid once, at the end of their runs."""
+    (ensemble_scores.combine); the members' own inference is paid once, at the end of their runs."""
     import numpy as np
     from datasets import load_split
-    from ensemble import combine
+    from ensemble_scores import combine
     from multitask_bert import MultitaskBERT
     from tasks import MULTITASK
     from trainer import predict_examples

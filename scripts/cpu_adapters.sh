@@ -9,4 +9,4 @@ cd "$ROOT"
 ADAPTER=${ADAPTER:-lora}
 NAME=${RUN_NAME:-cpu_$ADAPTER}
 $LAUNCH multitask_classifier.py "${CPU_FLAGS[@]}" --option pretrain --adapter "$ADAPTER" --lr 1e-3 --cycles 2 \
-    --output_dir "runs/$NAME" $(prediction_flags "$NAME") "$@"
+    --output_dir "$RUNS_DIR/$NAME" $(prediction_flags "$NAME") "$@"

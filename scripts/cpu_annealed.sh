@@ -5,4 +5,4 @@ set -euo pipefail
 source "$(dirname "$0")/_common.sh"
 cd "$ROOT"
 NAME=${RUN_NAME:-cpu_annealed}
-$LAUNCH multitask_classifier.py "${CPU_FLAGS[@]}" --schedule annealed --epochs 3 --output_dir "runs/$NAME" $(prediction_flags "$NAME") "$@"
+$LAUNCH multitask_classifier.py "${CPU_FLAGS[@]}" --schedule annealed --epochs 3 --output_dir "$RUNS_DIR/$NAME" $(prediction_flags "$NAME") "$@"

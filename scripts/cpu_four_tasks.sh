@@ -8,4 +8,4 @@ source "$(dirname "$0")/_common.sh"
 cd "$ROOT"
 NAME=${RUN_NAME:-cpu_four_tasks}
 $LAUNCH multitask_classifier.py "${CPU_FLAGS[@]}" --tasks sst,qqp,sts,qa --schedule annealed --epochs 2 \
-    --output_dir "runs/$NAME" $(prediction_flags "$NAME") $(squad_flags "$NAME") "$@"
+    --output_dir "$RUNS_DIR/$NAME" $(prediction_flags "$NAME") $(squad_flags "$NAME") "$@"

@@ -5,4 +5,4 @@ set -euo pipefail
 source "$(dirname "$0")/_common.sh"
 cd "$ROOT"
 NAME=${RUN_NAME:-cpu_simcse_sbert}
-$LAUNCH multitask_classifier.py "${CPU_FLAGS[@]}" --simcse_data "${CPU_NLI_FILES[@]}" --cycles 3 --output_dir "runs/$NAME" $(prediction_flags "$NAME") "$@"
+$LAUNCH multitask_classifier.py "${CPU_FLAGS[@]}" --simcse_data "${CPU_NLI_FILES[@]}" --cycles 3 --output_dir "$RUNS_DIR/$NAME" $(prediction_flags "$NAME") "$@"

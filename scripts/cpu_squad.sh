@@ -10,4 +10,4 @@ source "$(dirname "$0")/_common.sh"
 cd "$ROOT"
 NAME=${RUN_NAME:-cpu_squad}
 $LAUNCH multitask_classifier.py "${CPU_FLAGS[@]}" --tasks qa --first_stages "qa*2" --batch_size 16 \
-    --output_dir "runs/$NAME" $(squad_flags "$NAME") "$@"
+    --output_dir "$RUNS_DIR/$NAME" $(squad_flags "$NAME") "$@"

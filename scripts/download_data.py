@@ -22,14 +22,13 @@ import csv
 import http.client
 import io
 import json
-import os
 import sys
-import tempfile
 import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: make the repo's modules importable
 from datasets import standard_paths  # noqa: E402
+from files import atomic_write_bytes  # noqa: E402
 
 SOURCE_URL = "https://raw.githubusercontent.com/gpoesia/minbert-default-final-project/HEAD/data/"
 SQUAD_URL = "https://rajpurkar.github.io/SQuAD-explorer/dataset/"
@@ -72,17 +71,6 @@ def count_squad_questions(content: bytes) -> int:
     return sum(len(paragraph["qas"]) for article in document["data"] for paragraph in article["paragraphs"])
 
 
-def write_atomically(path: Path, content: bytes) -> None:
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
-    try:
-        with os.fdopen(handle, "wb") as file:
-            file.write(content)
-        os.replace(temporary, path)
-    except BaseException:
-        os.unlink(temporary)
-        raise
-
-
 def where_files_go(folder: Path) -> str:
     return (f"place the course files in {folder}/ yourself: {', '.join(EXPECTED_ROWS)}; for SQuAD 2.0 (--squad), "
             f"the official {' and '.join(SQUAD_QUESTIONS)} from {SQUAD_URL} unchanged (the official "
@@ -108,7 +96,7 @@ def download(name: str, target: Path, base_url: str) -> int:
     expected = EXPECTED_ROWS[name]
     if (expected is not None and rows != expected) or rows == 0:
         raise DownloadError(f"{url}: {rows} data rows, expected {expected or 'at least 1'}; nothing written")
-    write_atomically(target, content)
+    atomic_write_bytes(target, content)
     return rows
 
 
@@ -123,7 +111,7 @@ def download_squad(name: str, target: Path, base_url: str) -> int:
     expected = SQUAD_QUESTIONS[name]
     if questions != expected:
         raise DownloadError(f"{url}: {questions} questions, expected {expected}; nothing written")
-    write_atomically(target, content)
+    atomic_write_bytes(target, content)
     return questions
 
 

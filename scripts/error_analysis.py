@@ -14,8 +14,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: make the repo's modules importable
 from datasets import DataError, load_split, show_data_warnings_on_one_line  # noqa: E402
-from evaluation import (PredictionsFileError, check_predictions_file, error_counts, plot_error_analysis,  # noqa: E402
-                        unwritable_folder)
+from evaluation import PredictionsFileError, check_predictions_file, error_counts  # noqa: E402
+from files import unwritable_folder  # noqa: E402
+from plots import plot_error_analysis  # noqa: E402
 from tasks import MULTITASK, default_output  # noqa: E402
 
 

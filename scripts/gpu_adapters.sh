@@ -9,4 +9,4 @@ cd "$ROOT"
 ADAPTER=${ADAPTER:-dora}
 NAME=${RUN_NAME:-gpu_$ADAPTER}
 $LAUNCH multitask_classifier.py "${GPU_FLAGS[@]}" --option pretrain --adapter "$ADAPTER" --lr 1e-3 \
-    --output_dir "runs/$NAME" $(prediction_flags "$NAME") "$@"
+    --output_dir "$RUNS_DIR/$NAME" $(prediction_flags "$NAME") "$@"

@@ -7,4 +7,4 @@ set -euo pipefail
 source "$(dirname "$0")/_common.sh"
 cd "$ROOT"
 NAME=${RUN_NAME:-gpu_best}
-$LAUNCH multitask_classifier.py "${GPU_FLAGS[@]}" "${BEST_FLAGS[@]}" --output_dir "runs/$NAME" $(prediction_flags "$NAME") "$@"
+$LAUNCH multitask_classifier.py "${GPU_FLAGS[@]}" "${BEST_FLAGS[@]}" --output_dir "$RUNS_DIR/$NAME" $(prediction_flags "$NAME") "$@"

@@ -6,7 +6,7 @@
 set -uo pipefail  # not -e: every check runs and reports, a failing one does not hide the others
 source "$(dirname "$0")/_common.sh"
 cd "$ROOT"
-LOGS=runs/gpu_check
+LOGS="$RUNS_DIR/gpu_check"
 mkdir -p "$LOGS"
 python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" || {
     echo "gpu_check: no CUDA device visible to torch"; exit 2; }

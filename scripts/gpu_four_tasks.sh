@@ -7,4 +7,4 @@ source "$(dirname "$0")/_common.sh"
 cd "$ROOT"
 NAME=${RUN_NAME:-gpu_four_tasks}
 $LAUNCH multitask_classifier.py "${GPU_FLAGS[@]}" --tasks sst,qqp,sts,qa --schedule annealed --epochs 5 \
-    --output_dir "runs/$NAME" $(prediction_flags "$NAME") $(squad_flags "$NAME") "$@"
+    --output_dir "$RUNS_DIR/$NAME" $(prediction_flags "$NAME") $(squad_flags "$NAME") "$@"

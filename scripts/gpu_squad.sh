@@ -9,4 +9,4 @@ source "$(dirname "$0")/_common.sh"
 cd "$ROOT"
 NAME=${RUN_NAME:-gpu_squad}
 $LAUNCH multitask_classifier.py "${GPU_FLAGS[@]}" --tasks qa --first_stages "qa*2" --lr 3e-5 \
-    --output_dir "runs/$NAME" $(squad_flags "$NAME") "$@"
+    --output_dir "$RUNS_DIR/$NAME" $(squad_flags "$NAME") "$@"

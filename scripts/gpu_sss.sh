@@ -5,4 +5,4 @@ set -euo pipefail
 source "$(dirname "$0")/_common.sh"
 cd "$ROOT"
 NAME=${RUN_NAME:-gpu_sss}
-$LAUNCH multitask_classifier.py "${GPU_FLAGS[@]}" "${SMART_FLAGS[@]}" --simcse_data ${NLI_FILES:?set NLI_FILES to NLI files} --simcse_epochs 3 --output_dir "runs/$NAME" $(prediction_flags "$NAME") "$@"
+$LAUNCH multitask_classifier.py "${GPU_FLAGS[@]}" "${SMART_FLAGS[@]}" --simcse_data ${NLI_FILES:?set NLI_FILES to NLI files} --simcse_epochs 3 --output_dir "$RUNS_DIR/$NAME" $(prediction_flags "$NAME") "$@"

@@ -20,7 +20,7 @@ from base_bert import CheckpointError  # noqa: E402
 from bert import BertModel  # noqa: E402
 from datasets import DataError, load_split  # noqa: E402
 from embedding_analysis import plot_tsne, sentence_embeddings  # noqa: E402
-from evaluation import unwritable_folder  # noqa: E402
+from files import unwritable_folder  # noqa: E402
 from multitask_bert import MultitaskBERT, load_multitask_checkpoint  # noqa: E402
 from runtime import resolve_device  # noqa: E402
 from tokenizer import BertTokenizer  # noqa: E402

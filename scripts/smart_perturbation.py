@@ -46,6 +46,7 @@ def divergences(model: MultitaskBERT, task: str, batch: dict, epsilon: float, bf
     config = SmartConfig(epsilon=epsilon, noise_std=epsilon)
     with autocast(torch.device("cpu"), "bf16" if bf16 else "fp32"):
         model.eval()
+        model.set_adapter(task)
         inputs = model.encoder_inputs(task, batch)
         embeddings = model.embed(inputs)
 
@@ -53,9 +54,9 @@ def divergences(model: MultitaskBERT, task: str, batch: dict, epsilon: float, bf
             return model.outputs_from_embeddings(task, e, inputs)
 
         clean = forward(embeddings)
-        deltas = find_perturbation(forward, embeddings, clean, name, config)
+        delta = find_perturbation(forward, embeddings, clean, name, config)
         with torch.no_grad():
-            adversarial = divergence(forward(tuple(e + d for e, d in zip(embeddings, deltas))), clean).item()
+            adversarial = divergence(forward(embeddings + delta), clean).item()
             model.train()
             dropout = divergence(forward(embeddings), forward(embeddings)).item()
     return adversarial, dropout

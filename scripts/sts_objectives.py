@@ -27,10 +27,9 @@ from evaluation import sts_metrics  # noqa: E402
 from losses import SIMILARITY_OBJECTIVES  # noqa: E402
 from multitask_bert import MultitaskBERT  # noqa: E402
 from runtime import seed_everything  # noqa: E402
-from schedules import Stage  # noqa: E402
+from schedules import Stage, StageKind  # noqa: E402
 from tokenizer import BertTokenizer  # noqa: E402
-from trainer import Trainer  # noqa: E402
-from training_args import TrainingArguments  # noqa: E402
+from training_args import TrainingArguments, build_trainer  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -64,10 +63,10 @@ def main(argv=None) -> int:
         bert = BertModel.from_pretrained(options.pretrained)
         model = MultitaskBERT(bert, args.pooling, args.hidden_dropout_prob, similarity_objective=objective)
         data = {"sts": TaskData(train, dev, [])}
-        trainer = Trainer(args, model, tokenizer, data, [], torch.device("cpu"))
+        trainer = build_trainer(args, model, tokenizer, data, [], torch.device("cpu"))
         before = sts_metrics(trainer.predict("sts", dev)[1], gold)["pearson"]
         start = time.time()
-        trainer.run_stage(0, Stage("task", "sts"))
+        trainer.run_stage(0, Stage(StageKind.TASK, "sts"))
         after = sts_metrics(trainer.predict("sts", dev)[1], gold)["pearson"]
         print(json.dumps({"objective": objective, "pretrained": options.pretrained, "dev_pearson_before": before,
                           "dev_pearson_after_1_epoch": after, "train_seconds": time.time() - start,

@@ -51,6 +51,18 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
+@pytest.fixture
+def no_plots(monkeypatch):
+    """Whole runs without their figures: drawing and saving them (matplotlib, t-SNE) is most of a tiny run's time.
+    For tests of training, resuming and the CSVs; history.json and forgetting.md are still written. The figures
+    have their own tests (test_plots.py, test_embedding_analysis.py, test_end_to_end_with_smart)."""
+    import multitask_classifier
+    import plots
+    for name in ("plot_forgetting_matrix", "plot_training_curves", "plot_error_analysis"):
+        monkeypatch.setattr(plots, name, lambda *args, **kwargs: None)
+    monkeypatch.setattr(multitask_classifier, "write_sst_tsne", lambda *args, **kwargs: None)
+
+
 @pytest.fixture(scope="session")
 def tokenizer():
     from tokenizer import BertTokenizer

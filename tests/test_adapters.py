@@ -219,6 +219,24 @@ def test_training_one_task_leaves_another_tasks_outputs_bit_identical(kind, toke
     assert trained and all("qqp" in n or n.startswith("paraphrase_head.") for n in trained)
 
 
+def test_adapters_switch_only_by_set_adapter_and_a_forgotten_switch_is_refused(tokenizer):
+    from conftest import pair_batch, sentence_batch
+    model = adapted_multitask().eval()
+    randomise_adapters(model)
+    sentences = sentence_batch(tokenizer, 3)
+    inputs = model.encoder_inputs("sst", sentences)
+    with torch.no_grad():
+        with pytest.raises(RuntimeError, match=r"no task's adapters: call set_adapter\('sst'\)"):
+            model.outputs_from_embeddings("sst", model.embed(inputs), inputs)
+        expected = model("sst", sentences)  # forward sets its task's adapters itself
+        model.encoder_inputs("qqp", pair_batch(tokenizer, "qqp", 3))  # no side effect
+        assert torch.equal(model.outputs_from_embeddings("sst", model.embed(inputs), inputs), expected)
+        model.set_adapter("qqp")
+        with pytest.raises(RuntimeError, match="made with qqp's adapters"):
+            model.outputs_from_embeddings("sst", model.embed(inputs), inputs)
+        assert torch.equal(model("sst", sentences), expected)
+
+
 def test_shared_adapters_are_shared_and_per_task_ones_are_not():
     per_task, shared = adapted_multitask(), adapted_multitask(sharing="shared")
     name = "bert.encoder.layers.0.attention.qkv.adapters.{}.query.lora_A"

@@ -2,9 +2,12 @@
 The numbers themselves are measured on purpose-sized batches in BENCHMARKS.md, never asserted here."""
 import json
 import math
+import multiprocessing
+from functools import partial
 
 import pytest
 import torch
+import torch.multiprocessing
 
 import benchmark  # scripts/ is on pytest's pythonpath: a real import, as the memory probe pickles its worker by module name
 from conftest import DEMO
@@ -20,45 +23,94 @@ def run(tmp_path, *argv) -> dict:
     return {r["benchmark"]: r for r in map(json.loads, out.read_text().splitlines())}
 
 
-@pytest.fixture
-def tiny_config(tmp_path):
-    """A config.json of a 2-layer BERT of hidden size 32, for random weights of its shape (--config random:PATH)."""
-    path = tmp_path / "tiny" / "config.json"
+def random_config(folder, vocab_size: int) -> str:
+    """--config random:PATH of a 2-layer BERT of hidden size 32 with this vocabulary, its config.json in folder."""
+    path = folder / "config.json"
     path.parent.mkdir()
-    path.write_text(json.dumps({"vocab_size": 1100, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
-                                "intermediate_size": 128, "max_position_embeddings": 64}))
+    path.write_text(json.dumps({"vocab_size": vocab_size, "hidden_size": 32, "num_hidden_layers": 2,
+                                "num_attention_heads": 2, "intermediate_size": 128, "max_position_embeddings": 64}))
     return f"random:{path}"
 
 
-def test_every_benchmark_runs_in_float32_on_cpu(tmp_path):
-    results = run(tmp_path, "all", "--precision", "fp32", *TINY_STEPS)
+@pytest.fixture
+def tiny_config(tmp_path):
+    return random_config(tmp_path / "tiny", vocab_size=1100)
+
+
+@pytest.fixture
+def tiny_config_for_text(tmp_path):
+    """The tiny BERT with bert-base-uncased's vocabulary: the benchmarks that read real text (pipeline, ensemble)
+    tokenize it with the bundled minilm-l6 tokenizer, whose ids need that vocabulary."""
+    return random_config(tmp_path / "tiny-text", vocab_size=30522)
+
+
+@pytest.fixture
+def forkserver_workers(monkeypatch):
+    """The memory probes (smart, adapters, checkpointing) and the data-parallel ranks start as fresh interpreters
+    (spawn), each importing torch and torch._dynamo (AdamW imports it) again: 6-10 s apiece on 2 cores, eleven
+    of them in one run of every benchmark. Here they fork from a forkserver that imported those once: still
+    a process of their own (a peak resident size of the step alone; gloo ranks) and still pickled like spawn's.
+    The spawn path itself is test_memory_probe_of_bert_base_random_needs_no_download's."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["benchmark", "trainer", "distributed", "torch._dynamo"])
+    monkeypatch.setattr(multiprocessing, "get_context", lambda method=None: context)
+    monkeypatch.setattr(torch.multiprocessing, "spawn",
+                        partial(torch.multiprocessing.start_processes, start_method="forkserver"))
+
+
+def numbers(value):
+    """Every number in a JSON value, however deeply nested (booleans are not figures)."""
+    if isinstance(value, dict):
+        return [x for v in value.values() for x in numbers(v)]
+    if isinstance(value, list):
+        return [x for v in value for x in numbers(v)]
+    return [value] if isinstance(value, (int, float)) and not isinstance(value, bool) else []
+
+
+def test_every_benchmark_runs_under_bf16_autocast_on_cpu(tmp_path, tiny_config_for_text, forkserver_workers):
+    """Every benchmark kind end to end under --bf16 (emulated on a CPU without native bf16), on the tiny BERT and
+    one step of 2 x 8 tokens: what a kind reports, not how fast it is."""
+    results = run(tmp_path, "all", "--bf16", "--config", tiny_config_for_text, *TINY_STEPS)
     assert len(results) == len(benchmark.BENCHMARKS)
+    # --bf16 is --precision bf16, and the setup says so; bf16 needs no gradient scaler (fp16's: below).
+    assert all(r["setup"]["precision"] == "bf16" and "bf16 autocast" in r["setup"]["precision_notice"]
+               for r in results.values())
+    assert not any("fp16_skipped_steps" in r for r in results.values())
+    by_kind = dict(zip(benchmark.BENCHMARKS, results.values()))  # "all" runs them in that order
+    for kind, result in by_kind.items():  # times, sizes, memory, ratios: none negative, infinite or NaN
+        figures = numbers({k: v for k, v in result.items() if k != "setup"})
+        assert figures and all(math.isfinite(x) and x >= 0 for x in figures), kind
     ratios = [r[key] for r in results.values() for key in r if "ratio" in key or "speedup" in key]
-    assert len(ratios) == 8 and all(math.isfinite(x) and x > 0 for x in ratios)
-    assert all(r["setup"]["precision"] == "fp32" for r in results.values())
-    assert not any("fp16_skipped_steps" in r for r in results.values())  # no gradient scaler without fp16
-    pipeline = next(r for r in results.values() if "pipeline" in r["benchmark"])
-    assert pipeline["real_tokens"] > 0 and pipeline["tokens_per_second"] > 0
-    smart = next(r for r in results.values() if "SMART" in r["benchmark"])
+    assert len(ratios) == 8 and all(x > 0 for x in ratios)
+    assert all(t > 0 for r in results.values() for t in numbers(r.get("median_step_s", {})))
+    # On the CPU, training's attention dropout rules out the fused kernel: the math path runs.
+    assert by_kind["encoder"]["minbert_attention_kernel"] == "math"
+    assert set(by_kind["precision"]["median_step_s"]) == {"float32", "bf16_autocast"}
+    smart = by_kind["smart"]
     assert len(smart["smart_phase_s"]) == 5 and all(t > 0 for t in smart["smart_phase_s"].values())
-    adapters = next(r for r in results.values() if "adapters" in r["benchmark"])
+    assert smart["peak_step_memory_mib"]["smart"] > 0 and smart["peak_step_memory_mib"]["plain"] > 0
+    memory = by_kind["memory"]
+    assert set(memory["rows"]) == set(benchmark.MEMORY_ROWS) and memory["sixteen_bit"] == "bf16"
+    assert all(v > 0 for row in memory["rows"].values() for k, v in row.items() if k.startswith("step_peak"))
+    pipeline = by_kind["pipeline"]
+    assert pipeline["batches"] == 1 and pipeline["real_tokens"] > 0 and pipeline["tokens_per_second"] > 0
+    adapters = by_kind["adapters"]
+    assert set(adapters["trainable_parameters"]) == set(adapters["peak_step_memory_mib"]) == {
+        "full fine-tuning", "lora", "dora", "pals"}
     full, lora = adapters["trainable_parameters"]["full fine-tuning"], adapters["trainable_parameters"]["lora"]
     assert 0 < lora < full and adapters["checkpoint_mib"]["lora"] < adapters["checkpoint_mib"]["full fine-tuning"]
-    encoder = next(r for r in results.values() if "encoder" in r["benchmark"])
-    # On the CPU, training's attention dropout rules out the fused kernel: the math path runs.
-    assert encoder["minbert_attention_kernel"] == "math"
-    memory = next(r for r in results.values() if "memory" in r["benchmark"])
-    assert set(memory["rows"]) == set(benchmark.MEMORY_ROWS)
-    assert all(v > 0 for row in memory["rows"].values() for k, v in row.items() if k.startswith("step_peak"))
+    assert all(v > 0 for v in adapters["peak_step_memory_mib"].values())
+    assert set(by_kind["checkpointing"]["peak_step_memory_mib"]) == {"plain", "checkpointed"}
+    data_parallel = by_kind["data_parallel"]["figures"]
+    assert set(data_parallel) == {"1 process(es) x 1 thread(s)", "2 process(es) x 1 thread(s)"}
+    assert all(f["examples_per_s"] > 0 for f in data_parallel.values())
+    ensemble = by_kind["ensemble"]
+    assert len(ensemble["per_split_s"]) == 6 and ensemble["one_model_inference_s"] > 0
 
 
-def test_16_bit_autocast_is_what_the_setup_reports(tmp_path):
-    """One short 16-bit run per kind (emulated on a CPU without native bf16: slow, so the smallest benchmark):
-    --bf16 is --precision bf16, and fp16 steps go through a gradient scaler, as training's do."""
-    (encoder,) = run(tmp_path, "encoder", "--bf16", *TINY_STEPS).values()
-    assert encoder["setup"]["precision"] == "bf16" and "bf16 autocast" in encoder["setup"]["precision_notice"]
-    assert math.isfinite(encoder["speedup_minbert_vs_transformers"]) and "fp16_skipped_steps" not in encoder
-    (precision,) = run(tmp_path, "precision", "--precision", "fp16", *TINY_STEPS).values()
+def test_fp16_steps_go_through_a_gradient_scaler(tmp_path, tiny_config):
+    """As training's do: the precision benchmark reports the scaler's skipped steps (emulated fp16 on the CPU)."""
+    (precision,) = run(tmp_path, "precision", "--precision", "fp16", "--config", tiny_config, *TINY_STEPS).values()
     assert precision["sixteen_bit"] == "fp16" and set(precision["median_step_s"]) == {"float32", "fp16_autocast"}
     assert precision["setup"]["precision"] == "fp16" and precision["fp16_skipped_steps"] >= 0
     assert math.isfinite(precision["speedup_16bit_vs_float32"])

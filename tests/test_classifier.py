@@ -21,8 +21,8 @@ ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "data" / "demo"
 TINY = dict(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
             max_position_embeddings=16)
-QUICK_RUN = ["--pretrained", "minilm-l6", "--data_dir", str(DEMO), "--epochs", "1", "--max_train_examples", "32",
-             "--batch_size", "16", "--max_length", "32", "--quiet"]
+QUICK_RUN = ["--data_dir", str(DEMO), "--epochs", "1", "--max_train_examples", "32", "--batch_size", "16",
+             "--max_length", "32", "--quiet"]
 
 
 def one_step(option: str) -> tuple[BertSentimentClassifier, dict, dict]:
@@ -60,12 +60,14 @@ def test_course_defaults():
 
 
 @pytest.fixture(scope="module")
-def quick_runs(tmp_path_factory):
-    """Both options end to end on the demo data; returns (predictions dir, checkpoint dir)."""
+def quick_runs(tmp_path_factory, tiny_checkpoint):
+    """Both options end to end on the demo data; returns (predictions dir, checkpoint dir). The tiny random BERT
+    with minilm-l6's vocabulary: what is checked is the files and the checkpoint, not the model's skill, and
+    minilm-l6's six layers took 10 s of the two runs."""
     out = tmp_path_factory.mktemp("classifier")
     for option in ("pretrain", "finetune"):
-        code = main(QUICK_RUN + ["--option", option, "--predictions_dir", str(out / "predictions"),
-                                 "--output_dir", str(out / "runs")])
+        code = main(QUICK_RUN + ["--pretrained", str(tiny_checkpoint), "--option", option,
+                                 "--predictions_dir", str(out / "predictions"), "--output_dir", str(out / "runs")])
         assert code == 0
     return out / "predictions", out / "runs"
 

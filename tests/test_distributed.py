@@ -1,6 +1,7 @@
 """Data parallel training (distributed.py): sharded epochs, and two gloo processes on the CPU giving what
 one process gives on the concatenated batch — one optimizer step with and without SMART, the gathered
 SimCSE loss, and whole torchrun runs (with --resume). Deselect with -m "not distributed"."""
+import dataclasses
 import datetime
 import json
 import os
@@ -19,8 +20,10 @@ from safetensors.torch import load_file, save_file
 from conftest import DEMO, MAX_LENGTH, ROOT, demo_examples, deterministic_tiny_model, prediction_flags
 from datasets import LengthBucketSampler, collate_pairs, collate_sentences
 from distributed import SINGLE_PROCESS, Distributed, cut_global_batches, data_parallel, global_batch_count
+from gradient_surgery import GradientSurgery
 from mlm import mlm_batches
-from simcse import NLITriplet, supervised_simcse_loss, triplet_batches
+from nli import NLITriplet
+from simcse import supervised_simcse_loss, triplet_batches
 from tasks import MULTITASK
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -120,11 +123,11 @@ def _one_step(trainer, task: str, batches: dict) -> dict[str, torch.Tensor]:
         step()
     trainer.optimizer.step = recording_step
     if task in ("cagrad", "pcgrad"):
-        trainer.args.gradient_surgery = task
+        trainer.gradient_surgery = GradientSurgery(task)
         surgery = partial(trainer.surgery_step, rng=random.Random(0))
         trainer.run_steps([(surgery, list(batches.items()))], 1, "test", gradients_reduced=True)
     elif task == "accumulated":
-        trainer.args.grad_accumulation_steps = 2
+        trainer.config = dataclasses.replace(trainer.config, grad_accumulation_steps=2)
         trainer.run_steps([(partial(trainer.task_step, t), batches[t]) for t in ("sst", "sts")], 2, "test")
     else:
         trainer.run_steps([(partial(trainer.task_step, task), batches[task])], 1, "test")
@@ -138,37 +141,95 @@ def _batches(task: str, tokenizer, rank: int = 0, world_size: int = 1) -> dict:
 
 
 def _step_trainer(distributed, tmp_path, tokenizer, smart: bool):
-    from trainer import Trainer
-    from training_args import TrainingArguments
+    from training_args import TrainingArguments, build_trainer
     from datasets import TaskData
     args = TrainingArguments(option="finetune", batch_size=4, lr=1e-3, max_length=MAX_LENGTH, quiet=True,
                              output_dir=str(tmp_path / "run"), smart=smart)
     data = {t: TaskData(demo_examples(t, "train", 8), demo_examples(t, "dev", 4), None) for t in MULTITASK}
-    return Trainer(args, deterministic_tiny_model(), tokenizer, data, [], torch.device("cpu"), distributed=distributed)
+    return build_trainer(args, deterministic_tiny_model(), tokenizer, data, [], torch.device("cpu"),
+                         distributed=distributed)
 
 
-def _step_worker(rank, world_size, port, task, smart, tmp_path):
+STEP_CASES = [("sst", False), ("sts", False), ("sst", True), ("qqp", True), ("cagrad", False), ("pcgrad", False),
+              ("accumulated", True)]
+
+
+def _simcse_inputs() -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(0)
+    return {k: torch.randn(5, 16, generator=generator) for k in ("anchor", "positive", "negative")}
+
+
+def _step_case(distributed, rank, world_size, task, smart, folder, tokenizer):
+    trainer = _step_trainer(distributed, folder / f"step-{task}-{smart}", tokenizer, smart)  # its own output_dir
+    gradients = _one_step(trainer, task, _batches(task, tokenizer, rank, world_size))
+    weights = {n: p.detach().contiguous() for n, p in trainer.model.named_parameters()}
+    save_file({**{f"grad.{n}": g for n, g in gradients.items()}, **{f"weight.{n}": w for n, w in weights.items()}},
+              str(folder / f"step-{task}-{smart}.rank{rank}.safetensors"))
+
+
+def _simcse_case(distributed, rank, folder):
+    full = _simcse_inputs()
+    sizes = [3, 2]
+    start = sum(sizes[:rank])
+    local = {k: v[start:start + sizes[rank]].clone().requires_grad_() for k, v in full.items()}
+    gathered = [distributed.gather_with_grad(local[k]) for k in ("anchor", "positive", "negative")]
+    loss = supervised_simcse_loss(*gathered, temperature=0.05)
+    (loss * distributed.world_size).backward()  # as Trainer.simcse_step: the average over ranks divides it
+    save_file({"loss": loss.detach().reshape(1), **{f"grad.{k}": v.grad for k, v in local.items()}},
+              str(folder / f"simcse.rank{rank}.safetensors"))
+
+
+def _gradient_case(distributed, rank, folder):
+    both, only_rank0, neither = (torch.nn.Parameter(torch.zeros(2)) for _ in range(3))
+    both.grad = torch.full((2,), float(rank + 1))
+    if rank == 0:
+        only_rank0.grad = torch.full((2,), 4.0)
+    distributed.average_gradients([both, only_rank0, neither])
+    save_file({"both": both.grad, "only_rank0": only_rank0.grad, "neither": torch.tensor([neither.grad is None])},
+              str(folder / f"gradients.rank{rank}.safetensors"))
+
+
+def _every_case_worker(rank, world_size, port, folder):
+    """One rank of every two-process case below, one case after another in the same process group: a spawned
+    rank costs 10 s or more before its first step (importing torch and the trainer) on two busy cores. Each case
+    builds its own trainer, model and tensors, so the order changes nothing. A case that raises ends its rank,
+    and mp.spawn the other (a rank that carried on would wait forever in a collective the other never reaches)."""
     from tokenizer import BertTokenizer
     distributed = _join(rank, world_size, port)
     torch.randn_like = _shape_noise
     tokenizer = BertTokenizer.from_pretrained("minilm-l6")
-    trainer = _step_trainer(distributed, tmp_path, tokenizer, smart)
-    gradients = _one_step(trainer, task, _batches(task, tokenizer, rank, world_size))
-    weights = {n: p.detach().contiguous() for n, p in trainer.model.named_parameters()}
-    save_file({**{f"grad.{n}": g for n, g in gradients.items()}, **{f"weight.{n}": w for n, w in weights.items()}},
-              str(tmp_path / f"rank{rank}.safetensors"))
+    cases = [(f"step {task}, smart={smart}", partial(_step_case, distributed, rank, world_size, task, smart, folder,
+                                                     tokenizer)) for task, smart in STEP_CASES]
+    cases += [("simcse", partial(_simcse_case, distributed, rank, folder)),
+              ("gradient average", partial(_gradient_case, distributed, rank, folder))]
+    for name, case in cases:
+        try:
+            case()
+        except Exception as err:
+            raise RuntimeError(f"the two-process case '{name}' failed on rank {rank}") from err
     distributed.shutdown()
 
 
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    """The folder of what both ranks of every two-process case saved (NAME.rank{0,1}.safetensors), from one spawn."""
+    folder = tmp_path_factory.mktemp("two-ranks")
+    _spawn(_every_case_worker, folder)
+    return folder
+
+
+def _ranks(folder, name: str) -> list[dict[str, torch.Tensor]]:
+    return [load_file(str(folder / f"{name}.rank{rank}.safetensors")) for rank in range(2)]
+
+
 @pytest.mark.distributed
-@pytest.mark.parametrize("task,smart", [("sst", False), ("sts", False), ("sst", True), ("qqp", True),
-                                        ("cagrad", False), ("pcgrad", False), ("accumulated", True)])
-def test_two_processes_take_the_step_of_one_on_the_whole_batch(tmp_path, tokenizer, monkeypatch, task, smart):
-    _spawn(_step_worker, task, smart, tmp_path)
+@pytest.mark.parametrize("task,smart", STEP_CASES)
+def test_two_processes_take_the_step_of_one_on_the_whole_batch(two_ranks, tmp_path, tokenizer, monkeypatch, task,
+                                                               smart):
     monkeypatch.setattr(torch, "randn_like", _shape_noise)
     trainer = _step_trainer(SINGLE_PROCESS, tmp_path, tokenizer, smart)
     expected = _one_step(trainer, task, _batches(task, tokenizer))
-    ranks = [load_file(str(tmp_path / f"rank{rank}.safetensors")) for rank in range(2)]
+    ranks = _ranks(two_ranks, f"step-{task}-{smart}")
     assert ranks[0].keys() == ranks[1].keys() == {f"grad.{n}" for n in expected} | {
         f"weight.{n}" for n, _ in trainer.model.named_parameters()}
     for name, gradient in expected.items():
@@ -179,30 +240,12 @@ def test_two_processes_take_the_step_of_one_on_the_whole_batch(tmp_path, tokeniz
         torch.testing.assert_close(ranks[0][f"weight.{name}"], weight.detach(), rtol=0, atol=1e-6)
 
 
-def _simcse_worker(rank, world_size, port, tmp_path):
-    distributed = _join(rank, world_size, port)
-    full = load_file(str(tmp_path / "full.safetensors"))
-    sizes = [3, 2]
-    start = sum(sizes[:rank])
-    local = {k: v[start:start + sizes[rank]].clone().requires_grad_() for k, v in full.items()}
-    gathered = [distributed.gather_with_grad(local[k]) for k in ("anchor", "positive", "negative")]
-    loss = supervised_simcse_loss(*gathered, temperature=0.05)
-    (loss * distributed.world_size).backward()  # as Trainer.simcse_step: the average over ranks divides it
-    save_file({"loss": loss.detach().reshape(1), **{f"grad.{k}": v.grad for k, v in local.items()}},
-              str(tmp_path / f"rank{rank}.safetensors"))
-    distributed.shutdown()
-
-
 @pytest.mark.distributed
-def test_the_gathered_simcse_loss_is_the_loss_of_the_whole_batch(tmp_path):
-    generator = torch.Generator().manual_seed(0)
-    full = {k: torch.randn(5, 16, generator=generator) for k in ("anchor", "positive", "negative")}
-    save_file(full, str(tmp_path / "full.safetensors"))
-    _spawn(_simcse_worker, tmp_path)
-    leaves = {k: v.clone().requires_grad_() for k, v in full.items()}
+def test_the_gathered_simcse_loss_is_the_loss_of_the_whole_batch(two_ranks):
+    leaves = {k: v.clone().requires_grad_() for k, v in _simcse_inputs().items()}
     expected = supervised_simcse_loss(leaves["anchor"], leaves["positive"], leaves["negative"], 0.05)
     expected.backward()
-    ranks = [load_file(str(tmp_path / f"rank{rank}.safetensors")) for rank in range(2)]
+    ranks = _ranks(two_ranks, "simcse")
     for saved in ranks:
         torch.testing.assert_close(saved["loss"][0], expected.detach())
     for k, leaf in leaves.items():
@@ -211,23 +254,9 @@ def test_the_gathered_simcse_loss_is_the_loss_of_the_whole_batch(tmp_path):
         torch.testing.assert_close(torch.cat([ranks[0][f"grad.{k}"], ranks[1][f"grad.{k}"]]) / 2, leaf.grad)
 
 
-def _gradient_worker(rank, world_size, port, tmp_path):
-    distributed = _join(rank, world_size, port)
-    both, only_rank0, neither = (torch.nn.Parameter(torch.zeros(2)) for _ in range(3))
-    both.grad = torch.full((2,), float(rank + 1))
-    if rank == 0:
-        only_rank0.grad = torch.full((2,), 4.0)
-    distributed.average_gradients([both, only_rank0, neither])
-    save_file({"both": both.grad, "only_rank0": only_rank0.grad, "neither": torch.tensor([neither.grad is None])},
-              str(tmp_path / f"rank{rank}.safetensors"))
-    distributed.shutdown()
-
-
 @pytest.mark.distributed
-def test_gradient_average_keeps_absent_gradients_absent(tmp_path):
-    _spawn(_gradient_worker, tmp_path)
-    for rank in range(2):
-        saved = load_file(str(tmp_path / f"rank{rank}.safetensors"))
+def test_gradient_average_keeps_absent_gradients_absent(two_ranks):
+    for saved in _ranks(two_ranks, "gradients"):
         assert saved["both"].tolist() == [1.5, 1.5]
         assert saved["only_rank0"].tolist() == [2.0, 2.0]  # a zero on the rank without it
         assert saved["neither"].item()  # the optimizer skips it, as in one process
@@ -279,22 +308,68 @@ def dropout_free_checkpoint(tiny_checkpoint, tmp_path_factory):
     return directory
 
 
-def _run(tmp_path, name: str, checkpoint, processes: int, batch_size: int, *extra: str, returncode: int = 0):
-    """multitask_classifier.py on the demo data (torchrun when processes > 1); (output folder, stdout, stderr)."""
-    command = [sys.executable, "multitask_classifier.py"]
-    if processes > 1:
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}",
-                   "multitask_classifier.py"]
-    out = tmp_path / name
-    flags = ["--data_dir", str(DEMO), "--pretrained", str(checkpoint), "--option", "finetune", "--quiet",
-             "--batch_size", str(batch_size), "--lr", "1e-3", "--hidden_dropout_prob", "0", "--max_length", "32",
-             "--max_train_examples", "40", "--first_stages", "qqp", "--cycle", "sts,sst", "--cycles", "1",
-             "--output_dir", str(out / "run"), "--eval_batch_size", "16", *prediction_flags(out)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    result = subprocess.run(command + flags + list(extra), cwd=ROOT, env=env, capture_output=True, text=True,
-                            timeout=600)
-    assert result.returncode == returncode, result.stderr[-3000:]
-    return out, result.stdout, result.stderr
+def _multitask_flags(checkpoint, out, batch_size: int) -> list[str]:
+    """multitask_classifier.py on the demo data, its run in out/run and its six CSVs in out."""
+    return ["--data_dir", str(DEMO), "--pretrained", str(checkpoint), "--option", "finetune", "--quiet",
+            "--batch_size", str(batch_size), "--lr", "1e-3", "--hidden_dropout_prob", "0", "--max_length", "32",
+            "--max_train_examples", "40", "--first_stages", "qqp", "--cycle", "sts,sst", "--cycles", "1",
+            "--output_dir", str(out / "run"), "--eval_batch_size", "16", *prediction_flags(out)]
+
+
+def _part_one_flags(checkpoint, out, batch_size: int) -> list[str]:
+    """classifier.py (part one) on the demo data, its predictions in out/predictions."""
+    return ["--pretrained", str(checkpoint), "--data_dir", str(DEMO), "--epochs", "2", "--max_train_examples", "24",
+            "--batch_size", str(batch_size), "--lr", "1e-3", "--max_length", "32", "--hidden_dropout_prob", "0",
+            "--option", "finetune", "--quiet", "--output_dir", str(out), "--predictions_dir", str(out / "predictions")]
+
+
+def _launch(folder, processes: int, runs: list) -> dict[str, dict]:
+    """Runs ([name, script, argv]) one after another in one launch of `processes` processes (torchrun when more
+    than one) through tests/runs_in_one_launch.py; by name: every rank's exit code, and the ranks' stdout and
+    stderr joined."""
+    runs_file = folder / f"runs-{processes}.json"
+    runs_file.write_text(json.dumps(runs))
+    launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}"] if processes > 1 else []
+    result = subprocess.run([sys.executable, *launcher, str(ROOT / "tests" / "runs_in_one_launch.py"), str(runs_file)],
+                            cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
+                            timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    outcomes = {}
+    for name, _, _ in runs:
+        ranks = [json.loads((folder / f"{name}.rank{rank}.json").read_text()) for rank in range(processes)]
+        outcomes[name] = {"returncodes": [r["returncode"] for r in ranks],
+                          "stdout": "".join(r["stdout"] for r in ranks), "stderr": "".join(r["stderr"] for r in ranks)}
+    return outcomes
+
+
+@pytest.fixture(scope="module")
+def whole_runs(dropout_free_checkpoint, tmp_path_factory):
+    """Every whole run that the tests below compare, in two launches (a launch each took 10-25 s of interpreter
+    starts on two cores): the two-process runs under one torchrun, then the one-process runs, which include
+    resuming the two-process "parts" run. That run stops after stage 2 and resumes with other runs between
+    them, so that what carries it on is its checkpoint, not something left in the processes. Returns the
+    folder of the runs (each in folder/NAME) and their outcomes by name."""
+    folder = tmp_path_factory.mktemp("whole-runs")
+    checkpoint = dropout_free_checkpoint
+    two_processes = [
+        ["parts", "multitask_classifier",
+         [*_multitask_flags(checkpoint, folder / "parts", 4), "--stop_after_stages", "2"]],
+        ["two", "multitask_classifier", _multitask_flags(checkpoint, folder / "two", 4)],
+        ["part-one-two", "classifier", _part_one_flags(checkpoint, folder / "part-one-two", 4)],
+        ["parts-resumed", "multitask_classifier", [*_multitask_flags(checkpoint, folder / "parts", 4), "--resume"]]]
+    one_process = [
+        ["one", "multitask_classifier", _multitask_flags(checkpoint, folder / "one", 8)],
+        ["part-one-one", "classifier", _part_one_flags(checkpoint, folder / "part-one-one", 8)],
+        ["parts-resumed-by-one", "multitask_classifier",
+         [*_multitask_flags(checkpoint, folder / "parts", 4), "--resume"]]]
+    return folder, {**_launch(folder, 2, two_processes), **_launch(folder, 1, one_process)}
+
+
+def _output(runs: dict, name: str, returncode: int = 0) -> tuple[str, str]:
+    """A run's (stdout, stderr), once every rank of it has exited with returncode."""
+    run = runs[name]
+    assert set(run["returncodes"]) == {returncode}, (name, run["returncodes"], run["stderr"][-3000:])
+    return run["stdout"], run["stderr"]
 
 
 def _ids(out) -> dict[str, list[str]]:
@@ -306,9 +381,11 @@ def _trained_weights(out) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.distributed
-def test_torchrun_two_processes_train_the_model_of_one_with_the_whole_batch(tmp_path, dropout_free_checkpoint):
-    two, log, _ = _run(tmp_path, "two", dropout_free_checkpoint, 2, 4)
-    one, _, _ = _run(tmp_path, "one", dropout_free_checkpoint, 1, 8)
+def test_torchrun_two_processes_train_the_model_of_one_with_the_whole_batch(whole_runs):
+    folder, runs = whole_runs
+    log, _ = _output(runs, "two")
+    _output(runs, "one")
+    two, one = folder / "two", folder / "one"
     assert "data parallel: 2 processes x batch 4 x accumulation 1 = 8 examples per update" in log
     assert log.count("best model on dev") == 1  # rank 0 alone prints
     assert len(_ids(two)) == 6 and _ids(two) == _ids(one)  # every id once, in file order
@@ -321,32 +398,27 @@ def test_torchrun_two_processes_train_the_model_of_one_with_the_whole_batch(tmp_
 
 
 @pytest.mark.distributed
-def test_torchrun_resumes_a_stopped_run(tmp_path, dropout_free_checkpoint):
-    whole, _, _ = _run(tmp_path, "whole", dropout_free_checkpoint, 2, 4)
-    _run(tmp_path, "parts", dropout_free_checkpoint, 2, 4, "--stop_after_stages", "2")
-    parts, log, _ = _run(tmp_path, "parts", dropout_free_checkpoint, 2, 4, "--resume")
+def test_torchrun_resumes_a_stopped_run(whole_runs):
+    folder, runs = whole_runs
+    _output(runs, "parts")
+    _output(runs, "two")  # the same flags, not stopped
+    log, _ = _output(runs, "parts-resumed")
     assert "resuming after stage 2 of 3" in log
     for name in ("sst-dev-out.csv", "para-test-out.csv", "sts-dev-out.csv"):
-        assert (parts / name).read_text() == (whole / name).read_text(), name
-    _, _, error = _run(tmp_path, "parts", dropout_free_checkpoint, 1, 4, "--resume", returncode=2)
+        assert (folder / "parts" / name).read_text() == (folder / "two" / name).read_text(), name
+    _, error = _output(runs, "parts-resumed-by-one", returncode=2)
     assert "trained by 2 process(es), this one has 1" in error
 
 
 @pytest.mark.distributed
-def test_torchrun_trains_part_one_like_one_process_with_the_whole_batch(tmp_path, dropout_free_checkpoint):
-    def run(name: str, processes: int, batch_size: int) -> dict[str, str]:
-        launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}"] if processes > 1 else []
-        flags = ["--pretrained", str(dropout_free_checkpoint), "--data_dir", str(DEMO), "--epochs", "2",
-                 "--max_train_examples", "24", "--batch_size", str(batch_size), "--lr", "1e-3", "--max_length", "32",
-                 "--hidden_dropout_prob", "0", "--option", "finetune", "--quiet",
-                 "--output_dir", str(tmp_path / name), "--predictions_dir", str(tmp_path / name / "predictions")]
-        result = subprocess.run([sys.executable, *launcher, "classifier.py", *flags], cwd=ROOT, capture_output=True,
-                                text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
-        assert result.returncode == 0, result.stderr[-3000:]
-        assert sum("best dev acc" in line for line in result.stdout.splitlines()) == 1  # rank 0 alone prints
-        return {p.name: p.read_text() for p in sorted((tmp_path / name / "predictions").glob("*.csv"))}
-
-    two, one = run("two", 2, 4), run("one", 1, 8)
+def test_torchrun_trains_part_one_like_one_process_with_the_whole_batch(whole_runs):
+    folder, runs = whole_runs
+    predictions = {}
+    for name in ("part-one-two", "part-one-one"):
+        log, _ = _output(runs, name)
+        assert sum("best dev acc" in line for line in log.splitlines()) == 1  # rank 0 alone prints
+        predictions[name] = {p.name: p.read_text() for p in sorted((folder / name / "predictions").glob("*.csv"))}
+    two, one = predictions["part-one-two"], predictions["part-one-one"]
     assert len(two) == 4 and two.keys() == one.keys()
     for name, text in two.items():
         rows, expected = text.splitlines(), one[name].splitlines()

@@ -5,13 +5,15 @@ import numpy as np
 import pytest
 import torch
 
+import embedding_analysis
 import multitask_classifier
 import plot_embeddings
 from adapters import AdapterConfig
 from conftest import DEMO, demo_examples, prediction_flags, tiny_bert
 from datasets import collate_sentences
-from embedding_analysis import plot_tsne, sentence_embeddings, tsne_points
+from embedding_analysis import SST_CLASS_NAMES, plot_tsne, sentence_embeddings, tsne_points
 from multitask_bert import MultitaskBERT
+from plots import save_figure
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -40,15 +42,43 @@ def test_embeddings_go_through_the_tasks_own_adapter(tokenizer):
                                atol=1e-5)
 
 
-def test_tsne_plot_has_a_panel_per_model(tmp_path):
-    generator = np.random.default_rng(0)
-    labels = np.arange(30) % 5
-    panels = {"a": generator.normal(size=(30, 8)), "b": generator.normal(size=(30, 8)) + labels[:, None]}
-    path = plot_tsne(panels, labels, tmp_path / "t.png")
-    assert path.stat().st_size > 0
-    assert tsne_points(panels["a"]).shape == (30, 2)
+def test_tsne_keeps_well_separated_classes_apart():
+    labels = np.arange(40) % 5
+    centres = 20 * np.eye(5, 8)  # five classes far apart in 8-D, each a tight cloud
+    embeddings = centres[labels] + np.random.default_rng(0).normal(size=(40, 8))
+    points = tsne_points(embeddings)
+    assert points.shape == (40, 2)
+    assert all(labels[_nearest_other(points, i)] == labels[i] for i in range(40))  # every point beside its class
     with pytest.raises(ValueError, match="at least 5"):
-        tsne_points(panels["a"][:4])
+        tsne_points(embeddings[:4])
+
+
+def _nearest_other(points, index):
+    distances = np.linalg.norm(points - points[index], axis=1)
+    distances[index] = np.inf
+    return int(np.argmin(distances))
+
+
+def test_tsne_plot_has_a_panel_per_model_and_colours_each_point_by_its_class(tmp_path, monkeypatch):
+    rng = np.random.default_rng(0)
+    labels = rng.permutation(np.repeat(np.arange(5), [4, 5, 6, 7, 8]))  # unequal classes: a swapped one shows
+    panels = {"before": rng.normal(size=(30, 8)), "after": 20 * np.eye(5, 8)[labels] + rng.normal(size=(30, 8))}
+    figures = []
+
+    def keep_figure(fig, path):
+        figures.append(fig)
+        return save_figure(fig, path)
+    monkeypatch.setattr(embedding_analysis, "save_figure", keep_figure)
+    path = plot_tsne(panels, labels, tmp_path / "t.png")
+    assert path.read_bytes().startswith(b"\x89PNG")
+    axes = figures[0].axes
+    assert [ax.get_title() for ax in axes] == ["before", "after"]
+    assert [text.get_text() for text in axes[-1].get_legend().get_texts()] == list(SST_CLASS_NAMES)
+    for ax in axes:
+        assert [len(scatter.get_offsets()) for scatter in ax.collections] == [4, 5, 6, 7, 8]  # a scatter per class
+    plotted = np.concatenate([scatter.get_offsets() for scatter in axes[1].collections])
+    plotted_labels = np.repeat(np.arange(5), [4, 5, 6, 7, 8])
+    assert all(plotted_labels[_nearest_other(plotted, i)] == plotted_labels[i] for i in range(30))
 
 
 def test_stage_models_are_kept_and_plotted_side_by_side(tiny_checkpoint, tmp_path, capsys):

@@ -1,5 +1,6 @@
-"""ensemble.py and scores.py: votes and weighted means on hand-made scores, greedy selection, a one-member
-ensemble equal to its run, members that cannot be combined refused in one line."""
+"""ensemble.py, ensemble_scores.py and scores.py: votes and weighted means on hand-made scores, greedy selection
+(against a brute-force reference), a one-member ensemble equal to its run, members that cannot be combined refused
+in one line."""
 import json
 import shutil
 
@@ -8,11 +9,13 @@ import pytest
 
 import multitask_classifier
 from conftest import DEMO, prediction_flags
-from ensemble import class_probabilities, combine, greedy_selection, held_out_metric, main, member_predictions
+from ensemble import main
+from ensemble_scores import (METHODS, class_probabilities, combine, greedy_selection, held_out_metric,
+                             member_predictions, member_weights, metric)
 from scores import ScoresFileError, read_scores, scores_path, write_scores
 from tasks import MULTITASK
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = pytest.mark.usefixtures("one_thread", "no_plots")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -67,6 +70,83 @@ def test_greedy_selection_starts_from_the_best_member_and_keeps_only_what_helps(
     assert (combine("qqp", [[best, wrong_on_4, useless][i] for i in chosen], "mean") == gold).mean() > 4 / 6
 
 
+def test_member_predictions_are_the_runs_own_decision_ties_included():
+    logits = np.array([[1.0, 3.0, 3.0, 0.0, 3.0], [2.0, 2.0, 2.0, 2.0, 2.0]])
+    assert member_predictions("sst", logits).tolist() == [1, 0] == logits.argmax(axis=-1).tolist()  # the lowest tied
+    assert member_predictions("qqp", np.array([-0.5, 0.0, 0.5])).tolist() == [0, 0, 1]  # a logit of 0 is no paraphrase
+    similarities = np.array([0.0, 4.5])
+    assert np.array_equal(member_predictions("sts", similarities), similarities)
+
+
+def numpy_decision(task, scores):
+    """The decision rule as ensemble.py had it in numpy, before it used the runs' own (losses.decision)."""
+    return scores.argmax(axis=-1) if task == "sst" else (scores > 0).astype(np.int64) if task == "qqp" else scores
+
+
+def stacked_combine(task, members, method, weights=None):
+    """combine as it was before its running sums: the members stacked and averaged afresh, numpy's own decision."""
+    if task == "sts":
+        stacked = np.stack(members)
+        return stacked.mean(axis=0) if method == "mean" else np.average(stacked, axis=0, weights=weights)
+    probabilities = np.mean([class_probabilities(task, m) for m in members], axis=0)
+    if method == "mean":
+        return probabilities.argmax(axis=-1)
+    votes = np.zeros_like(probabilities)
+    for member in members:
+        votes[np.arange(len(member)), numpy_decision(task, member)] += 1
+    leading = votes == votes.max(axis=-1, keepdims=True)
+    return np.where(leading, probabilities, -np.inf).argmax(axis=-1)
+
+
+def brute_force_selection(task, members, gold, method):
+    """greedy_selection as it was: every candidate's trial ensemble recombined from all of its members."""
+    single = [metric(task, numpy_decision(task, m), gold) for m in members]
+    chosen = [int(np.argmax(single))]
+    best, best_size = single[chosen[0]], 1
+    for _ in range(2 * len(members) - 1):
+        trials = [metric(task, stacked_combine(task, [members[i] for i in chosen + [j]], method,
+                                               member_weights(method, chosen + [j], single)), gold)
+                  for j in range(len(members))]
+        chosen.append(int(np.argmax(trials)))
+        if max(trials) > best:
+            best, best_size = max(trials), len(chosen)
+    return chosen[:best_size]
+
+
+def random_members(task, seed, examples=12):
+    """Six members and the gold labels of a few examples, with ties everywhere: small integer logits (tied classes,
+    QQP logits of 0), accuracies over 12 examples, and a member repeated, which ties with its copy in every round."""
+    rng = np.random.default_rng(seed)
+    if task == "sts":
+        gold = rng.uniform(0, 5, examples)
+        members = [gold * rng.uniform(-0.3, 1) + rng.normal(0, 1.5, examples) for _ in range(5)]
+    else:
+        classes = 5 if task == "sst" else 2
+        gold = rng.integers(0, classes, examples)
+        shape = (examples, 5) if task == "sst" else (examples,)
+        members = [rng.integers(-1, 2, shape).astype(float) for _ in range(5)]
+    return members[:3] + [members[1]] + members[3:], gold
+
+
+@pytest.mark.parametrize("task,method", [(task, method) for task in MULTITASK
+                                         for method in ("vote", "mean", "weighted") if method in METHODS[task]])
+def test_greedy_selection_picks_what_the_brute_force_reference_picks(task, method):
+    for seed in range(20):
+        members, gold = random_members(task, seed)
+        assert greedy_selection(task, members, gold, method) == brute_force_selection(task, members, gold, method)
+
+
+@pytest.mark.parametrize("task,method", [(task, method) for task in MULTITASK
+                                         for method in ("vote", "mean", "weighted") if method in METHODS[task]])
+def test_combine_gives_the_bits_of_stacking_the_members(task, method):
+    rng = np.random.default_rng(3)
+    members = [rng.normal(size=(200, 5) if task == "sst" else 200) for _ in range(30)]
+    weights = list(rng.uniform(0, 1, 30))
+    for size in (1, 2, 9, 30):
+        expected = stacked_combine(task, members[:size], method, weights[:size])
+        assert np.array_equal(combine(task, members[:size], method, weights[:size]), expected)
+
+
 def test_held_out_figure_exposes_what_selection_on_dev_overfits():
     rng = np.random.default_rng(0)
     gold = rng.integers(0, 2, 200)
@@ -80,13 +160,13 @@ def test_held_out_figure_exposes_what_selection_on_dev_overfits():
 
 
 def test_held_out_figure_averages_both_ways_of_several_random_halvings(monkeypatch):
-    import ensemble
+    import ensemble_scores
     chosen_on = []
 
     def first_member(task, members, gold, method):
         chosen_on.append(len(gold))
         return [0]
-    monkeypatch.setattr(ensemble, "greedy_selection", first_member)
+    monkeypatch.setattr(ensemble_scores, "greedy_selection", first_member)
     rng = np.random.default_rng(1)
     held_out_metric("qqp", [rng.normal(size=11)], rng.integers(0, 2, 11), "vote", repeats=3)
     assert chosen_on == [5, 6] * 3  # each of three halvings chooses on one half, then on the other

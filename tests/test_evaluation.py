@@ -16,17 +16,12 @@ from evaluation import (
     overall_score,
     paraphrase_metrics,
     error_counts,
-    plot_error_analysis,
-    plot_forgetting_matrix,
-    plot_training_curves,
     read_predictions,
     sst_metrics,
     sts_metrics,
     summarize_line,
     write_predictions,
 )
-
-PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 HISTORY = [
     {"stage": "qqp", "sst_acc": 0.20, "qqp_acc": 0.80, "sts_pearson": 0.70, "train_qqp_acc": 0.85},
@@ -208,7 +203,7 @@ def test_check_missing_file(tmp_path):
         check_predictions_file(tmp_path / "nope.csv", ["a"], "sts")
 
 
-# --- forgetting table and plots ------------------------------------------------------------
+# --- forgetting table and error counts -----------------------------------------------------
 
 
 def test_forgetting_table_best_minus_final():
@@ -227,32 +222,6 @@ def test_forgetting_table_rejects_incomplete_history():
         forgetting_table_markdown([{"stage": "qqp", "sst_acc": 0.2, "qqp_acc": 0.8}])
     with pytest.raises(ValueError, match="empty"):
         forgetting_table_markdown([])
-
-
-def _assert_png(path):
-    data = path.read_bytes()
-    assert data.startswith(PNG_MAGIC) and len(data) > 1000
-
-
-def test_plot_forgetting_matrix_and_training_curves(tmp_path):
-    _assert_png(plot_forgetting_matrix(HISTORY, tmp_path / "plots" / "forgetting.png"))
-    _assert_png(plot_training_curves(HISTORY, tmp_path / "curves.png"))
-
-
-def test_plot_error_analysis_writes_three_pngs(tmp_path):
-    rng = np.random.default_rng(1)
-    sst_gold = rng.integers(0, 5, 50)
-    para_gold = rng.integers(0, 2, 50)
-    sts_gold = rng.uniform(0, 5, 50)
-    paths = plot_error_analysis(
-        np.clip(sst_gold + rng.integers(-1, 2, 50), 0, 4), sst_gold,
-        rng.integers(0, 2, 50), para_gold,
-        sts_gold + rng.normal(0, 0.5, 50), sts_gold,
-        tmp_path,
-    )
-    assert sorted(p.name for p in paths) == ["qqp_confusion_matrix.png", "sst_error_histogram.png", "sts_scatter.png"]
-    for path in paths:
-        _assert_png(path)
 
 
 def test_error_counts_by_hand():

@@ -19,6 +19,9 @@ from multitask_bert import load_multitask_model
 from tokenizer import BertTokenizer
 
 
+pytestmark = pytest.mark.usefixtures("no_plots")
+
+
 def quick_flags(checkpoint_dir, out, *extra) -> list[str]:
     flags = ["--data_dir", str(DEMO), "--pretrained", str(checkpoint_dir), "--option", "finetune", "--quiet",
              "--max_train_examples", "16", "--max_length", "32", "--batch_size", "8", "--first_stages", "sst",

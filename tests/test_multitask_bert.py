@@ -209,6 +209,18 @@ def test_which_tasks_read_pairs_jointly():
     assert [cross.reads_pairs_jointly(task) for task in ("sst", "qqp", "sts")] == [False, True, True]
 
 
+@pytest.mark.parametrize("heads", [dict(), dict(pair_encoder="hybrid"), dict(pair_encoder="cross"),
+                                   dict(head_hidden=8), dict(adapter=dict(kind="lora", rank=2))])
+def test_trains_with_frozen_encoder_says_whether_a_frozen_bert_leaves_sts_anything_to_train(tokenizer, heads):
+    from multitask_bert import freeze_encoder
+    from trainer import compute_task_loss
+    model = tiny_model(**heads)
+    freeze_encoder(model)
+    batch = pair_batch(tokenizer, "sts", 3, cross=model.reads_pairs_jointly("sts"))
+    assert model.trains_with_frozen_encoder("sts") == compute_task_loss(model, "sts", batch).requires_grad
+    assert all(model.trains_with_frozen_encoder(task) for task in ("sst", "qqp"))
+
+
 def test_encoder_inputs_stack_both_sbert_sides_into_one_batch(tokenizer):
     model = tiny_model()
     batch = pair_batch(tokenizer, "sts", 5)

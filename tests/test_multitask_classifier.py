@@ -15,7 +15,7 @@ from datasets import collate_pairs, collate_sentences
 from evaluation import check_predictions_file
 from multitask_bert import load_multitask_model
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = pytest.mark.usefixtures("one_thread", "no_plots")
 
 
 def run_flags(checkpoint, out, *extra) -> list[str]:

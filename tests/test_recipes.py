@@ -1,8 +1,9 @@
 """The CPU recipe scripts (the commands behind RESULTS.md's rows) run end to end on the demo data, each
-cut to a few examples: a recipe that no longer matches the command line fails here, not after hours."""
+cut to a few examples and on a tiny random BERT instead of minilm-l6 (slow): a recipe that no longer matches
+the command line fails here, not after hours.
+The GPU recipes' command lines parse, and every recipe's outputs go under RUNS_DIR (the tests': a tmp folder)."""
 import os
 import shlex
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -28,42 +29,63 @@ RECIPES = {  # recipe -> (extra flags that keep it short, environment)
     "cpu_four_tasks.sh": (["--epochs", "1", *SHORT_QA], {}),
 }
 OUTPUTS = {"cpu_squad.sh": 2, "cpu_four_tasks.sh": 8}  # predictions files, when not the six CSVs
-pytestmark = pytest.mark.slow
+# Every recipe that launches training (through $LAUNCH); cpu_ensemble.sh runs ensemble.py, gpu_check.sh the checks.
+TRAINING_RECIPES = sorted(p.name for p in (ROOT / "scripts").glob("[cg]pu_*.sh")
+                          if p.name not in ("cpu_ensemble.sh", "gpu_check.sh"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("recipe", sorted(RECIPES))
-def test_cpu_recipe_runs_on_the_demo_data(recipe):
+def test_cpu_recipe_runs_on_the_demo_data(recipe, tmp_path, tiny_checkpoint):
     flags, environment = RECIPES[recipe]
     if "simcse" in recipe or "sss" in recipe:
         if not (ROOT.parent / "shared" / "data" / "nli").is_dir():
             pytest.skip("the SimCSE recipes read ../shared/data/nli")
     name = f"test_recipe_{recipe.removesuffix('.sh')}"
     env = {**os.environ, "DATA_DIR": str(ROOT / "data" / "demo"), "RUN_NAME": name, "OMP_NUM_THREADS": "1",
-           **environment}
-    try:
-        result = subprocess.run(["bash", str(ROOT / "scripts" / recipe), *SHORT, *flags], env=env,
-                                capture_output=True, text=True, timeout=600)
-        assert result.returncode == 0, result.stderr[-2000:]
-        written = list((ROOT / "runs").glob(f"{name}*/predictions/*-out.*"))
-        expected = OUTPUTS.get(recipe, 6) * (1 if "single" not in recipe else len(environment["TASKS"].split()))
-        assert len(written) == expected
-    finally:
-        for run in (ROOT / "runs").glob(f"{name}*"):
-            shutil.rmtree(run, ignore_errors=True)
+           "RUNS_DIR": str(tmp_path), **environment}
+    # The last --pretrained wins: every stage, adapter and head of the recipe runs, on a model that costs nothing.
+    tiny = ["--pretrained", str(tiny_checkpoint)]
+    result = subprocess.run(["bash", str(ROOT / "scripts" / recipe), *SHORT, *tiny, *flags], env=env,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    written = list(tmp_path.glob(f"{name}*/predictions/*-out.*"))
+    expected = OUTPUTS.get(recipe, 6) * (1 if "single" not in recipe else len(environment["TASKS"].split()))
+    assert len(written) == expected
 
 
-@pytest.mark.parametrize("recipe", sorted(p.name for p in (ROOT / "scripts").glob("gpu_*.sh") if p.name != "gpu_check.sh"))
-def test_gpu_recipe_is_a_valid_command_line(recipe):
-    """No GPU here: the recipe runs with LAUNCH=echo, and every command it would launch must parse into
-    valid training arguments with a buildable schedule and adapter configuration."""
-    env = {**os.environ, "LAUNCH": "echo", "DATA_DIR": str(ROOT / "data" / "demo"), "RUN_NAME": "unused",
-           "NLI_FILES": "nli.jsonl"}  # gpu_sss.sh needs NLI files named; parsing does not read them
+def launched_commands(recipe: str, **environment: str) -> list[list[str]]:
+    """The command lines a recipe would launch, printed by LAUNCH=echo instead (nothing runs, no GPU needed)."""
+    env = {k: v for k, v in os.environ.items() if k != "RUNS_DIR"}  # the recipes' default unless given here
+    env.update(LAUNCH="echo", DATA_DIR=str(ROOT / "data" / "demo"), RUN_NAME="unused",
+               NLI_FILES="nli.jsonl", **environment)  # gpu_sss.sh needs NLI files named; parsing does not read them
     result = subprocess.run(["bash", str(ROOT / "scripts" / recipe)], env=env, capture_output=True, text=True,
                             timeout=60)
     assert result.returncode == 0, result.stderr[-2000:]
     commands = [shlex.split(line) for line in result.stdout.splitlines() if line.strip()]
     assert commands and all(command[0] == "multitask_classifier.py" for command in commands)
-    for command in commands:
+    return commands
+
+
+@pytest.mark.parametrize("recipe", TRAINING_RECIPES)
+def test_every_output_of_a_recipe_goes_under_runs_dir(recipe, tmp_path):
+    """RUNS_DIR moves the run folder and its predictions (the tests' runs write into a temporary folder);
+    without it they stay under runs/, as before the variable existed."""
+    for runs_dir, environment in (("runs", {}), (str(tmp_path), {"RUNS_DIR": str(tmp_path)})):
+        for command in launched_commands(recipe, **environment):
+            paths = {flag: value for flag, value in zip(command, command[1:])
+                     if flag == "--output_dir" or flag.startswith("--") and flag.endswith("_out")}
+            assert "--output_dir" in paths and any(flag.endswith("_out") for flag in paths)
+            run_folder = Path(paths.pop("--output_dir"))
+            assert run_folder.parent == Path(runs_dir) and run_folder.name.startswith("unused")  # RUN_NAME's
+            assert all(Path(path).parent == run_folder / "predictions" for path in paths.values()), paths
+
+
+@pytest.mark.parametrize("recipe", sorted(name for name in TRAINING_RECIPES if name.startswith("gpu_")))
+def test_gpu_recipe_is_a_valid_command_line(recipe):
+    """No GPU here: the recipe runs with LAUNCH=echo, and every command it would launch must parse into
+    valid training arguments with a buildable schedule and adapter configuration."""
+    for command in launched_commands(recipe):
         args = from_namespace(TrainingArguments, build_parser(TrainingArguments).parse_args(command[1:]))
         assert args.use_gpu and args.pretrained == "bert-base-uncased"
         build_schedule(args.schedule, args.first_stages, args.cycle, args.cycles, args.epochs,
@@ -71,6 +93,7 @@ def test_gpu_recipe_is_a_valid_command_line(recipe):
         adapter_config(args)
 
 
+@pytest.mark.slow
 def test_the_ensemble_recipe_combines_the_committed_scores(tmp_path):
     protocol = ROOT.parent / "shared" / "data" / "protocol"
     if not protocol.is_dir():
@@ -83,6 +106,7 @@ def test_the_ensemble_recipe_combines_the_committed_scores(tmp_path):
     assert len(list(tmp_path.glob("*-out.csv"))) == 6
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
 def test_gpu_check_refuses_a_machine_without_cuda_in_one_line():
     result = subprocess.run(["bash", "scripts/gpu_check.sh"], cwd=ROOT, capture_output=True, text=True)

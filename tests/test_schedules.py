@@ -4,21 +4,23 @@ from collections import Counter
 
 import pytest
 
-from schedules import (Stage, annealed_probabilities, build_schedule, learning_rate_factor, multitask_order,
-                       parse_stage_list, train_tasks, trained_heads)
+from schedules import (Stage, StageKind, annealed_probabilities, build_schedule, learning_rate_factor,
+                       multitask_order, parse_stage_list, train_tasks, trained_heads)
 
 
 def test_mlm_stages_parse_with_fractions_and_repeats():
     stages = parse_stage_list("mlm:0.5, mlm*2, qqp")
-    assert stages == [Stage("mlm", fraction=0.5), Stage("mlm"), Stage("mlm"), Stage("task", "qqp")]
+    assert stages == [Stage(StageKind.MLM, fraction=0.5), Stage(StageKind.MLM), Stage(StageKind.MLM),
+                      Stage(StageKind.TASK, "qqp")]
     assert [s.label for s in stages] == ["mlm@0.5", "mlm", "mlm", "qqp"]
 
 
 def test_parse_stage_list_fractions_repeats_and_aliases():
     stages = parse_stage_list("qqp, sts*2 ,quora:0.03,para:0.5*2, sst")
-    assert stages == [Stage("task", "qqp"), Stage("task", "sts"), Stage("task", "sts"),
-                      Stage("task", "qqp", 0.03), Stage("task", "qqp", 0.5), Stage("task", "qqp", 0.5),
-                      Stage("task", "sst")]
+    assert stages == [Stage(StageKind.TASK, "qqp"), Stage(StageKind.TASK, "sts"), Stage(StageKind.TASK, "sts"),
+                      Stage(StageKind.TASK, "qqp", 0.03), Stage(StageKind.TASK, "qqp", 0.5),
+                      Stage(StageKind.TASK, "qqp", 0.5),
+                      Stage(StageKind.TASK, "sst")]
     assert [s.label for s in stages[:4]] == ["qqp", "sts", "sts", "qqp@0.03"]
     assert parse_stage_list("") == []
 
@@ -36,8 +38,9 @@ def test_parse_stage_list_errors(text, problem):
 def test_build_schedule_sequential_simcse_and_multitask():
     assert [s.label for s in build_schedule("sequential", "qqp", "sts,sst:0.5", 2)] == \
         ["qqp", "sts", "sst@0.5", "sts", "sst@0.5"]
-    assert [s.kind for s in build_schedule("sequential", "", "sts", 1, simcse_epochs=2)] == ["simcse", "simcse", "task"]
-    assert build_schedule("annealed", epochs=3) == [Stage("multitask", epoch=e) for e in (1, 2, 3)]
+    kinds = [s.kind for s in build_schedule("sequential", "", "sts", 1, simcse_epochs=2)]
+    assert kinds == [StageKind.SIMCSE, StageKind.SIMCSE, StageKind.TASK]
+    assert build_schedule("annealed", epochs=3) == [Stage(StageKind.MULTITASK, epoch=e) for e in (1, 2, 3)]
     assert [s.label for s in build_schedule("annealed", epochs=2, simcse_epochs=1, mlm_epochs=1)] == \
         ["mlm", "simcse", "multitask-1", "multitask-2"]
     assert [s.label for s in build_schedule("round_robin", "qqp", "sts", 5, epochs=2, simcse_epochs=1)] == \
@@ -82,8 +85,8 @@ def test_multitask_order_annealed_draws_with_the_annealed_probabilities():
 def test_train_tasks_of_a_schedule():
     assert train_tasks(parse_stage_list("qqp,sts:0.5")) == {"qqp", "sts"}
     assert train_tasks(parse_stage_list("mlm:0.5,sts")) == {"sst", "qqp", "sts"}  # mlm reads every train set
-    assert train_tasks([Stage("simcse")]) == set()
-    assert train_tasks([Stage("simcse"), Stage("multitask", epoch=1)]) == {"sst", "qqp", "sts"}
+    assert train_tasks([Stage(StageKind.SIMCSE)]) == set()
+    assert train_tasks([Stage(StageKind.SIMCSE), Stage(StageKind.MULTITASK, epoch=1)]) == {"sst", "qqp", "sts"}
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -127,6 +130,6 @@ def test_unknown_learning_rate_schedule():
 def test_trained_heads_are_those_whose_heads_the_stages_train():
     assert trained_heads(parse_stage_list("sst*3")) == {"sst"}
     assert trained_heads(parse_stage_list("qqp,sts,sst,qqp:0.03")) == {"sst", "qqp", "sts"}
-    assert trained_heads([Stage("simcse"), *parse_stage_list("sts")]) == {"sts"}
-    assert trained_heads([Stage("mlm"), Stage("multitask", epoch=1)]) == {"sst", "qqp", "sts"}
-    assert trained_heads([Stage("simcse")]) == set()
+    assert trained_heads([Stage(StageKind.SIMCSE), *parse_stage_list("sts")]) == {"sts"}
+    assert trained_heads([Stage(StageKind.MLM), Stage(StageKind.MULTITASK, epoch=1)]) == {"sst", "qqp", "sts"}
+    assert trained_heads([Stage(StageKind.SIMCSE)]) == set()

@@ -29,7 +29,8 @@ TASK_DIVERGENCE = {"sentiment": "categorical", "paraphrase": "bernoulli", "simil
 
 class TinyMultitask(nn.Module):
     """Embedding -> per-token MLP -> dropout -> masked mean pool -> task head, split like MultitaskBERT
-    into embed / outputs_from_embeddings so SMART can perturb the embedding output."""
+    into embed / outputs_from_embeddings so SMART can perturb the embedding output; as there, both
+    sentences of a pair are one (2B, T, H) batch."""
 
     def __init__(self, dropout: float = 0.1):
         super().__init__()
@@ -42,8 +43,7 @@ class TinyMultitask(nn.Module):
         self.register_buffer("similarity_scale", torch.tensor(2.5))
 
     def embed(self, task, batch):
-        sentences = ("ids",) if task == "sentiment" else ("ids_1", "ids_2")
-        return tuple(self.embedding(batch[name]) for name in sentences)  # each (B, T, H)
+        return self.embedding(token_ids(task, batch))  # (B, T, H) or (2B, T, H)
 
     def _pool(self, embeddings, ids):
         hidden = self.dropout(embeddings + self.encoder(embeddings))  # (B, T, H)
@@ -51,16 +51,21 @@ class TinyMultitask(nn.Module):
         return (hidden * mask).sum(1) / mask.sum(1)  # (B, H)
 
     def outputs_from_embeddings(self, task, embeddings, batch):
+        pooled = self._pool(embeddings, token_ids(task, batch))
         if task == "sentiment":
-            return self.sentiment(self._pool(embeddings[0], batch["ids"]))  # (B, 3)
-        u = self._pool(embeddings[0], batch["ids_1"])
-        v = self._pool(embeddings[1], batch["ids_2"])
+            return self.sentiment(pooled)  # (B, 3)
+        u, v = pooled.chunk(2)  # (B, H) each
         if task == "paraphrase":
             return self.paraphrase(torch.cat([u, v, (u - v).abs()], dim=-1)).squeeze(-1)  # (B,)
         return F.cosine_similarity(u, v, dim=-1) * self.similarity_scale + self.similarity_scale  # (B,)
 
     def forward(self, task, batch):
         return self.outputs_from_embeddings(task, self.embed(task, batch), batch)
+
+
+def token_ids(task, batch):
+    """The (B, T) sentences, or both sides of the (B, T) pairs stacked as (2B, T)."""
+    return batch["ids"] if task == "sentiment" else torch.cat([batch["ids_1"], batch["ids_2"]])
 
 
 def make_batch(task, batch_size=4, length=5, seed=0):
@@ -237,22 +242,20 @@ def test_perturbation_stays_inside_the_epsilon_ball(norm, norm_level):
     config = SmartConfig(
         epsilon=epsilon, noise_std=1e-3, step_size=0.1, ascent_steps=3, norm=norm, norm_level=norm_level
     )
-    deltas = find_perturbation(forward_fn_for(model, "paraphrase", batch), embeddings, outputs, "bernoulli", config)
-    assert len(deltas) == 2
-    for delta, embedding, ids in zip(deltas, embeddings, (batch["ids_1"], batch["ids_2"])):
-        assert delta.shape == embedding.shape and not delta.requires_grad
-        if norm == "inf":
-            # The inf-ball is the same set at both levels: every entry within [-eps, eps].
-            sizes = delta.abs().flatten(1).amax(dim=1)  # (B,)
-        elif norm_level == "token":
-            # Padding tokens get no gradient and keep their random start, so only real tokens must hit the boundary.
-            sizes = delta.norm(dim=-1)[ids != 0]  # (real tokens,)
-            assert (delta.norm(dim=-1) <= epsilon * (1 + 1e-9)).all()
-        else:
-            sizes = delta.flatten(1).norm(dim=1)  # (B,)
-        assert (sizes <= epsilon * (1 + 1e-9)).all()
-        # The step is 100 eps long, so the projection must have pulled every slice back to the boundary.
-        torch.testing.assert_close(sizes, torch.full_like(sizes, epsilon), rtol=1e-9, atol=0)
+    delta = find_perturbation(forward_fn_for(model, "paraphrase", batch), embeddings, outputs, "bernoulli", config)
+    assert delta.shape == embeddings.shape and not delta.requires_grad
+    if norm == "inf":
+        # The inf-ball is the same set at both levels: every entry within [-eps, eps].
+        sizes = delta.abs().flatten(1).amax(dim=1)  # (2B,)
+    elif norm_level == "token":
+        # Padding tokens get no gradient and keep their random start, so only real tokens must hit the boundary.
+        sizes = delta.norm(dim=-1)[token_ids("paraphrase", batch) != 0]  # (real tokens,)
+        assert (delta.norm(dim=-1) <= epsilon * (1 + 1e-9)).all()
+    else:
+        sizes = delta.flatten(1).norm(dim=1)  # (2B,)
+    assert (sizes <= epsilon * (1 + 1e-9)).all()
+    # The step is 100 eps long, so the projection must have pulled every slice back to the boundary.
+    torch.testing.assert_close(sizes, torch.full_like(sizes, epsilon), rtol=1e-9, atol=0)
 
 
 class LinearScore(nn.Module):
@@ -263,7 +266,7 @@ class LinearScore(nn.Module):
         self.weight = nn.Parameter(weight)
 
     def forward(self, embeddings):
-        return embeddings[0].sum(dim=1) @ self.weight  # (B,)
+        return embeddings.sum(dim=1) @ self.weight  # (B,)
 
 
 @pytest.mark.parametrize("norm", ["inf", "l2"])
@@ -274,17 +277,17 @@ def test_one_ascent_step_reaches_the_worst_case_of_a_linear_model(norm, norm_lev
     # Entries of equal size but mixed sign, so one inf-normalised step saturates every coordinate.
     weight = torch.tensor([1.0, -1.0, 1.0, 1.0, -1.0, 1.0], dtype=torch.float64)
     model = LinearScore(weight)
-    embeddings = (torch.randn(3, length, HIDDEN, dtype=torch.float64),)
+    embeddings = torch.randn(3, length, HIDDEN, dtype=torch.float64)
     outputs = model(embeddings)
     config = SmartConfig(epsilon=epsilon, noise_std=1e-9, step_size=1.0, norm=norm, norm_level=norm_level)
-    deltas = find_perturbation(model, embeddings, outputs, "squared", config)
+    delta = find_perturbation(model, embeddings, outputs, "squared", config)
     worst_case = {
         ("inf", "token"): (length * epsilon * weight.abs().sum()) ** 2,
         ("inf", "sentence"): (length * epsilon * weight.abs().sum()) ** 2,
         ("l2", "token"): (length * epsilon * weight.norm()) ** 2,
         ("l2", "sentence"): length * epsilon**2 * weight.norm() ** 2,
     }[norm, norm_level]
-    reached = squared_error(model((embeddings[0] + deltas[0],)), outputs)
+    reached = squared_error(model(embeddings + delta), outputs)
     assert reached.item() == pytest.approx(worst_case.item(), rel=1e-6)
 
 
@@ -297,8 +300,8 @@ def ascent_setup(task):
     forward_fn = forward_fn_for(model, task, batch)
     divergence = DIVERGENCES[TASK_DIVERGENCE[task]]
 
-    def value(deltas):
-        return divergence(forward_fn(tuple(e + d for e, d in zip(embeddings, deltas))), outputs).item()
+    def value(delta):
+        return divergence(forward_fn(embeddings + delta), outputs).item()
 
     return forward_fn, embeddings, outputs, value
 
@@ -311,7 +314,7 @@ def test_each_ascent_step_increases_the_divergence(task):
     for steps in (1, 2, 3):
         config = SmartConfig(epsilon=1.0, noise_std=1e-3, step_size=1e-4, ascent_steps=steps)
         torch.manual_seed(1)  # the same random start every time
-        start = tuple(torch.randn_like(e) * config.noise_std for e in embeddings)
+        start = torch.randn_like(embeddings) * config.noise_std
         torch.manual_seed(1)
         values.append(value(find_perturbation(forward_fn, embeddings, outputs, TASK_DIVERGENCE[task], config)))
     assert value(start) < values[0] < values[1] < values[2]
@@ -323,7 +326,7 @@ def test_ascent_beats_random_corners_of_the_ball(task):
     epsilon = 1e-3
     config = SmartConfig(epsilon=epsilon, noise_std=1e-4, step_size=1e-2, ascent_steps=2)
     found = find_perturbation(forward_fn, embeddings, outputs, TASK_DIVERGENCE[task], config)
-    random_corners = [tuple(torch.randint_like(e, 2) * 2 * epsilon - epsilon for e in embeddings) for _ in range(20)]
+    random_corners = [torch.randint_like(embeddings, 2) * 2 * epsilon - epsilon for _ in range(20)]
     assert value(found) > max(value(corner) for corner in random_corners)
 
 
@@ -331,13 +334,13 @@ def test_ascent_direction_does_not_depend_on_the_gradient_scale():
     # Near the random start the gradient is tiny; normalisation must still give a full-length step.
     torch.manual_seed(0)
     weight = torch.randn(HIDDEN, dtype=torch.float64)
-    embeddings = (torch.randn(2, 3, HIDDEN, dtype=torch.float64),)
+    embeddings = torch.randn(2, 3, HIDDEN, dtype=torch.float64)
     config = SmartConfig(norm="l2", norm_level="sentence", epsilon=1e-3, noise_std=1e-9, step_size=1.0)
     found = {}
     for scale in (1.0, 1e-6):
         model = LinearScore(weight * scale)
         torch.manual_seed(1)
-        found[scale] = find_perturbation(model, embeddings, model(embeddings), "squared", config)[0]
+        found[scale] = find_perturbation(model, embeddings, model(embeddings), "squared", config)
     torch.testing.assert_close(found[1e-6], found[1.0], rtol=1e-6, atol=0)
 
 
@@ -614,6 +617,7 @@ def test_a_smart_step_computes_in_float32_under_autocast(dtype, tokenizer):
 def test_smart_refuses_to_run_under_autocast(tokenizer):
     model = deterministic_tiny_model().eval()
     batch = sentence_batch(tokenizer, 4)
+    model.set_adapter("sst")
     inputs = model.encoder_inputs("sst", batch)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         embeddings = model.embed(inputs)
@@ -637,6 +641,7 @@ def test_smoothness_term_of_a_real_model_survives_bf16_autocast(tokenizer, monke
     assert under_bf16 == float32
     assert 3 < float32[2e-5] / float32[1e-5] < 5
     with bf16:  # what the step computed before: the clean and perturbed passes in bf16
+        model.set_adapter("sst")
         inputs = model.encoder_inputs("sst", batch)
         embeddings = model.embed(inputs)
 

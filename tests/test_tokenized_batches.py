@@ -11,9 +11,9 @@ from conftest import MAX_LENGTH, demo_examples, deterministic_tiny_model
 from datasets import (LengthBucketSampler, PairExample, TaskData, TokenizationCache, TokenizedExamples, collate_pairs,
                       collate_sentences, example_lengths, make_dataloader, subsample, subsample_indices,
                       tokenized_dataloader)
-from schedules import Stage
-from trainer import Trainer, predict_examples
-from training_args import TrainingArguments
+from schedules import Stage, StageKind
+from trainer import predict_examples
+from training_args import TrainingArguments, build_trainer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -135,8 +135,8 @@ def test_the_trainer_tokenises_each_split_once_across_stages_and_evaluations(tmp
                            demo_examples(task, "test", 4)) for task in ("sst", "qqp", "sts")}
     args = TrainingArguments(option="finetune", schedule="round_robin", batch_size=4, max_length=MAX_LENGTH,
                              quiet=True, output_dir=str(tmp_path / "run"))
-    trainer = Trainer(args, deterministic_tiny_model(), counting, data, [], torch.device("cpu"))
-    stages = [Stage("task", "sst"), Stage("task", "qqp", fraction=0.5), Stage("multitask")]
+    trainer = build_trainer(args, deterministic_tiny_model(), counting, data, [], torch.device("cpu"))
+    stages = [Stage(StageKind.TASK, "sst"), Stage(StageKind.TASK, "qqp", fraction=0.5), Stage(StageKind.MULTITASK)]
 
     def one_round(first_index: int) -> None:
         for index, stage in enumerate(stages, first_index):

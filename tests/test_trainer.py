@@ -9,11 +9,12 @@ import pytest
 import torch
 
 from conftest import MAX_LENGTH, deterministic_tiny_model, demo_examples, pair_batch, sentence_batch, tiny_model
+from checkpoint import read_checkpoint
 from datasets import TaskData, collate_sentences, make_dataloader
 from gradient_surgery import cagrad_combine, pcgrad_combine
-from schedules import Stage, learning_rate_factor
+from schedules import Stage, StageKind, learning_rate_factor
 from trainer import RestartingLoaders, Trainer, compute_task_loss, predict_examples
-from training_args import TrainingArguments
+from training_args import TrainingArguments, build_trainer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -26,8 +27,8 @@ def demo_data(train: int = 16, dev: int = 8, test: int = 4) -> dict[str, TaskDat
 def make_trainer(tmp_path, tokenizer, model=None, data=None, **settings) -> Trainer:
     settings = {"option": "finetune", "batch_size": 4, "lr": 1e-3, "max_length": MAX_LENGTH, "quiet": True,
                 "output_dir": str(tmp_path / "run"), **settings}
-    return Trainer(TrainingArguments(**settings), model or deterministic_tiny_model(), tokenizer,
-                   data or demo_data(), [], torch.device("cpu"))
+    return build_trainer(TrainingArguments(**settings), model or deterministic_tiny_model(), tokenizer,
+                         data or demo_data(), [], torch.device("cpu"))
 
 
 def gradients(model) -> dict[str, torch.Tensor]:
@@ -175,7 +176,7 @@ def test_accumulation_takes_one_update_per_group(tmp_path, tokenizer):
     trainer = make_trainer(tmp_path, tokenizer, grad_accumulation_steps=3)
     batches = [sentence_batch(tokenizer, 2) for _ in range(7)]
     trainer.run_steps(((partial(trainer.task_step, "sst"), b) for b in batches), 7, "test")
-    assert trainer.updates == 3  # 3 + 3 + 1
+    assert trainer.state.updates == 3  # 3 + 3 + 1
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -199,9 +200,9 @@ def test_linear_schedule_sets_each_update_learning_rate(tmp_path, tokenizer, mon
     trainer = make_trainer(tmp_path, tokenizer, lr_schedule="linear", warmup_ratio=0.25,
                            grad_accumulation_steps=accumulation)
     rates = record_learning_rates(trainer, monkeypatch)
-    trainer.train([Stage("task", "sst"), Stage("task", "sst")])
+    trainer.train([Stage(StageKind.TASK, "sst"), Stage(StageKind.TASK, "sst")])
     total = 2 * math.ceil(4 / accumulation)
-    assert trainer.total_updates == total and trainer.updates == total
+    assert trainer.total_updates == total and trainer.state.updates == total
     expected = [1e-3 * learning_rate_factor(u, total, "linear", 0.25) for u in range(total)]
     assert [r[0] for r in rates] == pytest.approx(expected, rel=1e-12)
     assert all(len(set(r)) == 1 for r in rates)  # every parameter group
@@ -221,12 +222,12 @@ def test_constant_schedule_keeps_the_stage_learning_rate(tmp_path, tokenizer, mo
 
 def record_teacher_momentum(trainer, monkeypatch) -> list[float]:
     momenta = []
-    update = trainer.teacher.update
+    update = trainer.regularization.teacher.update
 
     def recording_update(model):
-        momenta.append(trainer.teacher.momentum)
+        momenta.append(trainer.regularization.teacher.momentum)
         return update(model)
-    monkeypatch.setattr(trainer.teacher, "update", recording_update)
+    monkeypatch.setattr(trainer.regularization.teacher, "update", recording_update)
     return momenta
 
 
@@ -235,7 +236,7 @@ def test_smart_teacher_momentum_is_099_for_the_first_tenth_of_the_run_then_0999(
     trainer = make_trainer(tmp_path, tokenizer, data=demo_data(train=40, dev=4, test=2), smart=True,
                            smart_tasks="sst")
     momenta = record_teacher_momentum(trainer, monkeypatch)
-    trainer.train([Stage("task", "sst"), Stage("task", "sst")])
+    trainer.train([Stage(StageKind.TASK, "sst"), Stage(StageKind.TASK, "sst")])
     assert trainer.total_updates == 20
     assert momenta == [0.99] * 2 + [0.999] * 18
 
@@ -243,10 +244,60 @@ def test_smart_teacher_momentum_is_099_for_the_first_tenth_of_the_run_then_0999(
 def test_a_fixed_smart_momentum_holds_for_the_whole_run(tmp_path, tokenizer, monkeypatch):
     trainer = make_trainer(tmp_path, tokenizer, data=demo_data(train=12, dev=4, test=2), smart=True,
                            smart_tasks="sst", smart_momentum=0.5)
-    assert trainer.teacher.momentum == 0.5
+    assert trainer.regularization.teacher.momentum == 0.5
     momenta = record_teacher_momentum(trainer, monkeypatch)
-    trainer.train([Stage("task", "sst")])
+    trainer.train([Stage(StageKind.TASK, "sst")])
     assert momenta == [0.5] * 3
+
+
+# ---------------------------------------------------------------------------------------------------
+# The model kept as best, and the training state
+
+
+def test_the_kept_model_comes_back_without_a_reload_or_another_dev_pass(tmp_path, tokenizer, monkeypatch):
+    trainer = make_trainer(tmp_path, tokenizer)
+    scores = iter([1.0, 0.0])  # the first stage is kept, the second is worse
+    monkeypatch.setattr("trainer.kept_model_score", lambda record, tasks: next(scores))
+    trainer.train([Stage(StageKind.TASK, "sst"), Stage(StageKind.TASK, "sst")])
+    kept_record = trainer.state.history[1]
+    live_parameters = [id(p) for p in trainer.model.parameters()]
+    saved, _ = read_checkpoint(tmp_path / "run" / "best")
+    assert not all(torch.equal(v, saved[k]) for k, v in trainer.model.state_dict().items())  # stage 2's weights
+
+    def no_evaluation(*args, **kwargs):
+        raise AssertionError("the kept model's dev evaluation is reused, not run again")
+    monkeypatch.setattr(trainer, "evaluate_with_scores", no_evaluation)
+    metrics, predictions, _ = trainer.use_kept_model()
+    assert all(torch.equal(v, saved[k]) for k, v in trainer.model.state_dict().items())
+    assert [id(p) for p in trainer.model.parameters()] == live_parameters  # the optimizer's parameters still
+    assert metrics == {k: v for k, v in kept_record.items() if k not in ("stage", "index", "train_loss", "seconds")}
+    monkeypatch.undo()
+    again, predictions_again, _ = trainer.evaluate_with_scores("dev")
+    assert again == metrics
+    assert all(np.array_equal(predictions[t][1], predictions_again[t][1]) for t in predictions)
+
+
+def test_a_resumed_run_without_its_kept_model_in_memory_reads_best_from_disk(tmp_path, tokenizer):
+    trainer = make_trainer(tmp_path, tokenizer)
+    trainer.train([Stage(StageKind.TASK, "sst")])
+    expected = trainer.use_kept_model()[0]
+    trainer.kept = None  # as after --resume past the best stage
+    with torch.no_grad():
+        for p in trainer.model.parameters():
+            p.add_(1.0)
+    assert trainer.use_kept_model()[0] == expected
+
+
+def test_state_dict_round_trip_restores_the_state_and_weights(tmp_path, tokenizer):
+    trainer = make_trainer(tmp_path, tokenizer, smart=True, smart_tasks="sst")
+    trainer.train([Stage(StageKind.TASK, "sst")])
+    tensors, metadata = trainer.state_dict()
+    fresh = make_trainer(tmp_path, tokenizer, smart=True, smart_tasks="sst")
+    fresh.load_state_dict(tensors, metadata)
+    assert fresh.state == trainer.state
+    assert all(torch.equal(p, q) for p, q in zip(fresh.model.parameters(), trainer.model.parameters()))
+    assert all(torch.equal(fresh.regularization.teacher.params[n], t)
+               for n, t in trainer.regularization.teacher.params.items())
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -326,17 +377,17 @@ def test_an_fp16_step_with_inf_gradients_moves_nothing(tmp_path, tokenizer):
     scaled_backward(trainer, tokenizer)
     next(p for p in trainer.model.parameters() if p.grad is not None).grad[0] = math.inf
     weights = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
-    teacher = {n: t.clone() for n, t in trainer.teacher.params.items()}
+    teacher = {n: t.clone() for n, t in trainer.regularization.teacher.params.items()}
     scale = trainer.scaler.get_scale()
     trainer.optimizer_step()
-    assert (trainer.updates, trainer.skipped_updates, trainer.scaler.get_scale()) == (0, 1, scale / 2)
+    assert (trainer.state.updates, trainer.state.skipped_updates, trainer.scaler.get_scale()) == (0, 1, scale / 2)
     assert all(torch.equal(p, weights[n]) for n, p in trainer.model.named_parameters())
-    assert all(torch.equal(t, teacher[n]) for n, t in trainer.teacher.params.items())
+    assert all(torch.equal(t, teacher[n]) for n, t in trainer.regularization.teacher.params.items())
     assert not trainer.optimizer.state
     scaled_backward(trainer, tokenizer)
     trainer.optimizer_step()
-    assert (trainer.updates, trainer.skipped_updates) == (1, 1)
-    assert not all(torch.equal(t, teacher[n]) for n, t in trainer.teacher.params.items())
+    assert (trainer.state.updates, trainer.state.skipped_updates) == (1, 1)
+    assert not all(torch.equal(t, teacher[n]) for n, t in trainer.regularization.teacher.params.items())
 
 
 def test_fp16_gradients_are_unscaled_before_clipping(tmp_path, tokenizer, monkeypatch):

@@ -71,15 +71,19 @@ def test_classifier_arguments_share_the_common_checks():
         ClassifierArguments(lr=math.nan)
     with pytest.raises(ValueError, match="--seed must be in"):
         ClassifierArguments(seed=2**32)
-    ClassifierArguments(seed=2**32 - 1)
+    assert ClassifierArguments(seed=2**32 - 1).seed == 2**32 - 1  # the largest seed numpy takes
 
 
 def test_valid_edge_values_are_accepted():
-    TrainingArguments(seed=0, hidden_dropout_prob=0.0, cycles=0, num_workers=0, smart_momentum=0.0, warmup_ratio=0.0)
-    TrainingArguments(seed=2**32 - 1, gradient_surgery="pcgrad", schedule="round_robin")
-    TrainingArguments(gradient_surgery="cagrad", schedule="annealed", cagrad_c=0.0, layerwise_lr_decay=1.0)
-    TrainingArguments(pair_encoder="quora:cross,sts:hybrid", lnsr=True, lnsr_layer=0, head_hidden=0)
-    TrainingArguments(simcse_data=["nli.csv"], option="finetune")
+    for settings in (dict(seed=0, hidden_dropout_prob=0.0, cycles=0, num_workers=0, smart_momentum=0.0,
+                          warmup_ratio=0.0),
+                     dict(seed=2**32 - 1, gradient_surgery="pcgrad", schedule="round_robin"),
+                     dict(gradient_surgery="cagrad", schedule="annealed", cagrad_c=0.0, layerwise_lr_decay=1.0),
+                     dict(pair_encoder="quora:cross,sts:hybrid", lnsr=True, lnsr_layer=0, head_hidden=0),
+                     dict(simcse_data=["nli.csv"], option="finetune")):
+        args = TrainingArguments(**settings)  # no ValueError
+        # Accepted as given: no edge value is clamped or replaced by a default on the way in.
+        assert {name: getattr(args, name) for name in settings} == settings
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -1,0 +1,54 @@
+"""Several command lines of multitask_classifier.py / classifier.py run one after another in one interpreter, for
+tests/test_distributed.py: every fresh launch costs its interpreters' start (importing torch: 5-10 s each on two
+busy cores, three per torchrun launch), so the runs that used to take a launch each share two.
+
+    python -m torch.distributed.run --standalone --nproc_per_node=2 tests/runs_in_one_launch.py RUNS.json
+    python tests/runs_in_one_launch.py RUNS.json
+
+RUNS.json: a list of [name, script, argv], script "multitask_classifier" or "classifier", run in that order. Each
+run's exit code and what this rank printed (stdout, stderr) go to NAME.rank<RANK>.json beside RUNS.json.
+
+Under torchrun the ranks keep one process group for all the runs (each run joins it as from_environment finds it
+already joined; it is left once, at the end): a group destroyed and made again in the same processes would
+rendezvous on the keys the first left in torchrun's store. A run that raises kills its rank, and torchrun the
+other, as a lone run would: a rank that carried on would wait forever in a collective the other never reaches.
+"""
+import contextlib
+import importlib
+import io
+import json
+import os
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def main(runs_file: str) -> int:
+    sys.path.insert(0, str(ROOT))  # the scripts' modules (this file's own folder is tests/)
+    import torch.distributed as dist
+    from distributed import Distributed
+    leave_group = Distributed.shutdown
+    Distributed.shutdown = lambda self: None  # how each run leaves the group; the ranks leave once, below
+    rank = os.environ.get("RANK", "0")
+    folder = Path(runs_file).parent
+    for name, script, argv in json.loads(Path(runs_file).read_text()):
+        stdout, stderr = io.StringIO(), io.StringIO()
+        try:
+            with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+                try:
+                    code = importlib.import_module(script).main(argv)
+                except SystemExit as exit:  # argparse's refusals
+                    code = exit.code
+        except BaseException:
+            print(f"{name} (rank {rank}) raised; what it had printed to stderr:\n{stderr.getvalue()}", file=sys.stderr)
+            raise
+        (folder / f"{name}.rank{rank}.json").write_text(json.dumps(
+            {"returncode": code, "stdout": stdout.getvalue(), "stderr": stderr.getvalue()}))
+    if dist.is_initialized():  # every run ended with data_parallel's barrier: no rank is still in a collective
+        leave_group(Distributed(int(rank), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"])))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))

@@ -1,0 +1,124 @@
+"""files.py's whole-file writes: a failure mid-write leaves the old file as it was, for every kind of writer."""
+import os
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+
+import checkpoint
+from checkpoint import atomic_save, read_checkpoint
+from files import (atomic_write, atomic_write_bytes, atomic_write_csv, atomic_write_text, unwritable_folder,
+                   write_aside)
+from prepare_submit import write_zip
+
+
+FULL_DISK = "No space left on device"
+
+
+def half_then_full_disk(real):
+    """Path.write_text / write_bytes that write half of their content, then fail as a full disk would."""
+    def write(self, data, *args, **kwargs):
+        real(self, data[: len(data) // 2], *args, **kwargs)
+        raise OSError(28, FULL_DISK)
+    return write
+
+
+def member_then_full_disk(real):
+    """ZipFile.write that stores its member, then fails before the archive is complete."""
+    def write(self, *args, **kwargs):
+        real(self, *args, **kwargs)
+        raise OSError(28, FULL_DISK)
+    return write
+
+
+def write_zip_of(path: Path, text: str) -> None:
+    """prepare_submit's zip of one file holding `text`, written as prepare_submit writes it."""
+    member = path.parent.parent / "member.txt"
+    member.write_text(text)
+    atomic_write(path, lambda target: write_zip(target, [(member, "member.txt")]))
+
+
+WRITERS = {  # kind: (write(path, text), where a full disk stops it mid-write)
+    "text": (atomic_write_text, (Path, "write_text", half_then_full_disk)),
+    "csv": (lambda path, text: atomic_write_csv(path, [("id", "text"), ("a", text)]),
+            (Path, "write_text", half_then_full_disk)),
+    "bytes": (lambda path, text: atomic_write_bytes(path, text.encode()), (Path, "write_bytes", half_then_full_disk)),
+    "zip": (write_zip_of, (zipfile.ZipFile, "write", member_then_full_disk)),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(WRITERS))
+def test_a_failure_mid_write_leaves_the_old_file_and_no_temporary(kind, tmp_path, monkeypatch):
+    write, (owner, method, failing) = WRITERS[kind]
+    path = tmp_path / "out" / "file"
+    write(path, "old")
+    old = path.read_bytes()
+    monkeypatch.setattr(owner, method, failing(getattr(owner, method)))
+    with pytest.raises(OSError, match=FULL_DISK):
+        write(path, "new content")
+    monkeypatch.undo()
+    assert path.read_bytes() == old
+    assert os.listdir(path.parent) == ["file"]
+
+
+def test_a_failed_move_leaves_the_old_file_and_no_temporary(tmp_path, monkeypatch):
+    path = tmp_path / "file.txt"
+    atomic_write_text(path, "old\n")
+
+    def full_disk(source, target):
+        raise OSError(28, FULL_DISK)
+    monkeypatch.setattr(os, "replace", full_disk)
+    with pytest.raises(OSError, match=FULL_DISK):
+        atomic_write_text(path, "new\n")
+    monkeypatch.undo()
+    assert path.read_text() == "old\n" and os.listdir(tmp_path) == ["file.txt"]
+
+
+def test_checkpoint_weights_failing_mid_write_leave_the_previous_checkpoint(tmp_path, monkeypatch):
+    atomic_save(tmp_path / "best", {"w": torch.zeros(2)}, {"n": 1})
+
+    def half_written(tensors, filename):
+        Path(filename).write_bytes(b"\x00" * 8)
+        raise OSError(28, FULL_DISK)
+    monkeypatch.setattr(checkpoint, "save_file", half_written)
+    with pytest.raises(OSError, match=FULL_DISK):
+        atomic_save(tmp_path / "best", {"w": torch.ones(2)}, {"n": 2})
+    monkeypatch.undo()
+    tensors, metadata = read_checkpoint(tmp_path / "best")
+    assert metadata["n"] == 1 and torch.equal(tensors["w"], torch.zeros(2))
+    assert sorted(os.listdir(tmp_path)) == ["best.json", "best.safetensors"]
+
+
+def test_checkpoint_json_failing_mid_write_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
+    atomic_save(tmp_path / "best", {"w": torch.zeros(2)}, {"n": 1})
+    monkeypatch.setattr(Path, "write_text", half_then_full_disk(Path.write_text))
+    with pytest.raises(OSError, match=FULL_DISK):
+        atomic_save(tmp_path / "best", {"w": torch.ones(2)}, {"n": 2})
+    monkeypatch.undo()
+    tensors, metadata = read_checkpoint(tmp_path / "best")
+    assert metadata["n"] == 1 and torch.equal(tensors["w"], torch.zeros(2))
+    assert not (tmp_path / "best.json.tmp").exists()
+
+
+def test_whole_files_get_the_mode_open_would_give(tmp_path):
+    previous = os.umask(0o022)
+    try:
+        atomic_write_bytes(tmp_path / "data.csv", b"id\tsentence\n")  # mkstemp alone would give 0600
+        atomic_write(tmp_path / "s.zip", lambda path: zipfile.ZipFile(path, "w").close())
+    finally:
+        os.umask(previous)
+    assert [(tmp_path / name).stat().st_mode & 0o777 for name in ("data.csv", "s.zip")] == [0o644, 0o644]
+
+
+def test_write_aside_writes_the_given_temporary_and_leaves_the_move_to_the_caller(tmp_path):
+    path = tmp_path / "sub" / "weights.safetensors"
+    temporary = write_aside(path, lambda target: target.write_bytes(b"new"), path.with_name("weights.tmp"))
+    assert temporary == path.with_name("weights.tmp") and temporary.read_bytes() == b"new" and not path.exists()
+
+
+def test_unwritable_folder_names_the_file_in_the_way(tmp_path):
+    (tmp_path / "a_file").write_text("")
+    assert unwritable_folder(tmp_path / "new" / "deeper") is None
+    assert unwritable_folder(tmp_path / "a_file" / "out") == (
+        f"{tmp_path / 'a_file' / 'out'}: cannot write there, {tmp_path / 'a_file'} is a file, not a folder")

@@ -1,0 +1,57 @@
+"""plots.py: the run's figures are PNGs, and write_run_reports writes them with the history and forgetting table."""
+import json
+
+import numpy as np
+
+from evaluation import forgetting_table_markdown
+from plots import plot_error_analysis, plot_forgetting_matrix, plot_training_curves, write_run_reports
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+HISTORY = [
+    {"stage": "qqp", "sst_acc": 0.20, "qqp_acc": 0.80, "sts_pearson": 0.70, "train_qqp_acc": 0.85},
+    {"stage": "sts", "sst_acc": 0.50, "qqp_acc": 0.75, "sts_pearson": 0.80, "train_sts_pearson": 0.9},
+    {"stage": "sst", "sst_acc": 0.45, "qqp_acc": 0.70, "sts_pearson": 0.85, "train_sst_acc": 0.6},
+]
+
+
+def _assert_png(path):
+    data = path.read_bytes()
+    assert data.startswith(PNG_MAGIC) and len(data) > 1000
+
+
+def _dev_predictions(size=50, seed=1):
+    """task -> (ids, predictions, gold), as a run's evaluation gives them: rough but not random predictions."""
+    rng = np.random.default_rng(seed)
+    sst_gold, para_gold, sts_gold = rng.integers(0, 5, size), rng.integers(0, 2, size), rng.uniform(0, 5, size)
+    predictions = {"sst": np.clip(sst_gold + rng.integers(-1, 2, size), 0, 4), "qqp": rng.integers(0, 2, size),
+                   "sts": sts_gold + rng.normal(0, 0.5, size)}
+    gold = {"sst": sst_gold, "qqp": para_gold, "sts": sts_gold}
+    return {task: ([str(i) for i in range(size)], predictions[task], gold[task]) for task in gold}
+
+
+def test_plot_forgetting_matrix_and_training_curves(tmp_path):
+    _assert_png(plot_forgetting_matrix(HISTORY, tmp_path / "plots" / "forgetting.png"))
+    _assert_png(plot_training_curves(HISTORY, tmp_path / "curves.png"))
+
+
+def test_plot_error_analysis_writes_three_pngs(tmp_path):
+    dev = _dev_predictions()
+    paths = plot_error_analysis(*dev["sst"][1:], *dev["qqp"][1:], *dev["sts"][1:], tmp_path)
+    assert sorted(p.name for p in paths) == ["qqp_confusion_matrix.png", "sst_error_histogram.png", "sts_scatter.png"]
+    for path in paths:
+        _assert_png(path)
+
+
+def test_run_reports_write_history_table_and_plots(tmp_path):
+    history = [{"stage": "pretrained"}, *({**entry, "overall": 0.5} for entry in HISTORY)]
+    table = write_run_reports(history, _dev_predictions(), tmp_path)
+    assert json.loads((tmp_path / "history.json").read_text()) == history
+    assert table == forgetting_table_markdown(history[1:]) == (tmp_path / "forgetting.md").read_text()
+    for name in ("forgetting_matrix", "training_curves", "sst_error_histogram", "qqp_confusion_matrix", "sts_scatter"):
+        _assert_png(tmp_path / f"{name}.png")
+
+
+def test_a_run_without_evaluated_stages_gets_only_its_history(tmp_path):
+    assert write_run_reports([{"stage": "pretrained"}], {}, tmp_path) == ""
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["history.json"]
