@@ -128,6 +128,7 @@ def test_precision_flags_resolve_per_device():
         benchmark.parse_args(["encoder", "--bf16", "--precision", "fp32"])
 
 
+@pytest.mark.slow  # a fresh interpreter and a bert-base step: the real spawn path, in the full suite
 def test_memory_probe_of_bert_base_random_needs_no_download(monkeypatch):
     """--config bert-base-random has random weights already: the CPU probe must not look it up as a checkpoint
     (it asked the hub for 'bert-base-random', which fails offline). A bert-base step of 1 x 8 tokens."""

@@ -4,14 +4,16 @@ import pytest
 
 import smart_perturbation
 import sts_objectives
-from conftest import DEMO
+from conftest import DEMO, tiny_model
+from multitask_bert import save_multitask_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def test_smart_perturbation_prints_a_row_per_task_epsilon_and_precision(capsys):
+def test_smart_perturbation_prints_a_row_per_task_epsilon_and_precision(capsys, tmp_path):
+    save_multitask_model(tiny_model(), tmp_path / "tiny", {})  # a trained model's checkpoint, at no cost
     assert smart_perturbation.main(["--data_dir", str(DEMO), "--batches", "1", "--batch_size", "4",
-                                    "--epsilons", "1e-3"]) == 0
+                                    "--epsilons", "1e-3", "--checkpoint", str(tmp_path / "tiny")]) == 0
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| s")]
     assert [row.split(" | ")[:3] for row in rows] == [
         ["| sst (categorical)", "0.001", "fp32"], ["| sst (categorical)", "0.001", "bf16"],

@@ -5,6 +5,7 @@ The GPU recipes' command lines parse, and every recipe's outputs go under RUNS_D
 import os
 import shlex
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -34,23 +35,43 @@ TRAINING_RECIPES = sorted(p.name for p in (ROOT / "scripts").glob("[cg]pu_*.sh")
                           if p.name not in ("cpu_ensemble.sh", "gpu_check.sh"))
 
 
+def needs_nli(recipe: str) -> bool:
+    return "simcse" in recipe or "sss" in recipe
+
+
+@pytest.fixture(scope="module")
+def recipe_runs(tmp_path_factory, tiny_checkpoint) -> dict:
+    """Every CPU recipe, run two at a time (each single-threaded: one per core): recipe -> (result, runs folder).
+    The SimCSE recipes read ../shared/data/nli; without it they are not run."""
+    runs = tmp_path_factory.mktemp("recipes")
+    nli = (ROOT.parent / "shared" / "data" / "nli").is_dir()
+
+    def run(recipe: str):
+        flags, environment = RECIPES[recipe]
+        runs_dir = runs / recipe.removesuffix(".sh")
+        env = {**os.environ, "DATA_DIR": str(ROOT / "data" / "demo"), "RUN_NAME": "test_recipe",
+               "OMP_NUM_THREADS": "1", "RUNS_DIR": str(runs_dir), **environment}
+        # The last --pretrained wins: every stage, adapter and head of the recipe runs, on a model that costs
+        # nothing.
+        tiny = ["--pretrained", str(tiny_checkpoint)]
+        result = subprocess.run(["bash", str(ROOT / "scripts" / recipe), *SHORT, *tiny, *flags], env=env,
+                                capture_output=True, text=True, timeout=600)
+        return result, runs_dir
+    chosen = [recipe for recipe in RECIPES if nli or not needs_nli(recipe)]
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return dict(zip(chosen, pool.map(run, chosen)))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("recipe", sorted(RECIPES))
-def test_cpu_recipe_runs_on_the_demo_data(recipe, tmp_path, tiny_checkpoint):
-    flags, environment = RECIPES[recipe]
-    if "simcse" in recipe or "sss" in recipe:
-        if not (ROOT.parent / "shared" / "data" / "nli").is_dir():
-            pytest.skip("the SimCSE recipes read ../shared/data/nli")
-    name = f"test_recipe_{recipe.removesuffix('.sh')}"
-    env = {**os.environ, "DATA_DIR": str(ROOT / "data" / "demo"), "RUN_NAME": name, "OMP_NUM_THREADS": "1",
-           "RUNS_DIR": str(tmp_path), **environment}
-    # The last --pretrained wins: every stage, adapter and head of the recipe runs, on a model that costs nothing.
-    tiny = ["--pretrained", str(tiny_checkpoint)]
-    result = subprocess.run(["bash", str(ROOT / "scripts" / recipe), *SHORT, *tiny, *flags], env=env,
-                            capture_output=True, text=True, timeout=600)
+def test_cpu_recipe_runs_on_the_demo_data(recipe, recipe_runs):
+    if recipe not in recipe_runs:
+        pytest.skip("the SimCSE recipes read ../shared/data/nli")
+    result, runs_dir = recipe_runs[recipe]
     assert result.returncode == 0, result.stderr[-2000:]
-    written = list(tmp_path.glob(f"{name}*/predictions/*-out.*"))
-    expected = OUTPUTS.get(recipe, 6) * (1 if "single" not in recipe else len(environment["TASKS"].split()))
+    written = list(runs_dir.glob("test_recipe*/predictions/*-out.*"))
+    tasks = RECIPES[recipe][1].get("TASKS", "").split()
+    expected = OUTPUTS.get(recipe, 6) * (1 if "single" not in recipe else len(tasks))
     assert len(written) == expected
 
 
