@@ -18,6 +18,10 @@ dev and the ensemble scored on the other half, both ways, averaged over five ran
 
 The dev metrics printed and written to OUTPUT_DIR/ensemble.json need the dev labels: --data_dir
 holds the course files (as for training).
+
+--score_train makes the ensemble a teacher: the chosen members' train scores (each run written with
+--score_train) combined into OUTPUT_DIR/scores/TASK-train.csv, which `multitask_classifier.py --distill
+OUTPUT_DIR` learns from (distillation.py).
 """
 from __future__ import annotations
 
@@ -27,10 +31,10 @@ import sys
 from pathlib import Path
 
 from datasets import DataError, show_data_warnings_on_one_line
-from ensemble_scores import HELD_OUT_REPEATS, METHODS, build_ensemble, dev_labels, load_members
+from ensemble_scores import HELD_OUT_REPEATS, METHODS, build_ensemble, dev_labels, ensemble_train_scores, load_members
 from evaluation import summarize_line, write_predictions
-from files import unwritable_folder
-from scores import ScoresFileError
+from files import atomic_write_text, unwritable_folder
+from scores import ScoresFileError, scores_path, write_scores
 from tasks import MULTITASK, default_output
 
 
@@ -43,6 +47,9 @@ def main(argv=None) -> int:
     parser.add_argument("--qqp", choices=METHODS["qqp"], default="vote")
     parser.add_argument("--sts", choices=METHODS["sts"], default="mean")
     parser.add_argument("--select", action="store_true", help="greedy forward selection of members per task on dev")
+    parser.add_argument("--score_train", action="store_true",
+                        help="also write the chosen members' combined train scores (OUTPUT_DIR/scores/TASK-train.csv; "
+                             "each member written with --score_train): a teacher for --distill")
     args = parser.parse_args(argv)
     show_data_warnings_on_one_line()
     problem = unwritable_folder(args.output_dir)
@@ -54,6 +61,7 @@ def main(argv=None) -> int:
         gold = dev_labels(args.data_dir, {t: members[0].scores[(t, "dev")][0] for t in MULTITASK})
         predictions, report = build_ensemble(members, gold, {"sst": args.sst, "qqp": args.qqp, "sts": args.sts},
                                              args.select)
+        train_scores = ensemble_train_scores(report) if args.score_train else {}
     except (ScoresFileError, DataError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -62,7 +70,9 @@ def main(argv=None) -> int:
         for (task, split), predicted in predictions.items():
             path = output_dir / Path(default_output(task, split)).name
             write_predictions(path, members[0].scores[(task, split)][0], predicted.tolist(), task)
-        (output_dir / "ensemble.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+        atomic_write_text(output_dir / "ensemble.json", json.dumps(report, indent=2) + "\n")
+        for task, (ids, scores) in train_scores.items():
+            write_scores(scores_path(output_dir, task, "train"), ids, scores, task)
     except OSError as err:
         print(f"error: {output_dir}: cannot write there ({err.strerror or err})", file=sys.stderr)
         return 2
@@ -78,7 +88,7 @@ def main(argv=None) -> int:
         print(f"held out (chosen on half of dev, scored on the other half, both ways, {HELD_OUT_REPEATS} random "
               f"halvings): {held_out}, "
               f"overall {report['held_out_overall']:.4f}")
-    print(f"wrote the six CSVs and ensemble.json to {output_dir}")
+    print(f"wrote the six CSVs and ensemble.json{' and the train scores' if train_scores else ''} to {output_dir}")
     return 0
 
 

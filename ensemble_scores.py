@@ -227,3 +227,40 @@ def build_ensemble(members: list[Member], gold: dict[str, np.ndarray], methods: 
     if select:
         report["held_out_overall"] = overall_score(*(report["tasks"][t]["held_out_dev"] for t in ("sst", "qqp", "sts")))
     return predictions, report
+
+
+# ---------------------------------------------------------------------------------------------------
+# The ensemble as a teacher (--score_train, read by distillation.py)
+
+
+def teacher_scores(task: str, members: list[np.ndarray], weights: list[float] | None = None) -> np.ndarray:
+    """The ensemble's soft scores, in the runs' score space: SST the log of the members' mean class probabilities
+    (their softmax is that mean), QQP the logit of the mean duplicate probability, STS the (weighted) mean score.
+    A teacher gives its mean probabilities whichever way the ensemble decides (a vote has no probability)."""
+    share = np.asarray(weights if weights is not None else [1.0] * len(members), dtype=np.float64)
+    share = share / share.sum()
+    if task == "sts":
+        return sum(w * scores for w, scores in zip(share, members))
+    mean = sum(w * class_probabilities(task, scores) for w, scores in zip(share, members))
+    mean = np.clip(mean, 1e-12, 1.0)  # a logit of a probability of 0 or 1 would be infinite
+    if task == "sst":
+        return np.log(mean)  # (N, 5)
+    return np.log(mean[:, 1]) - np.log(mean[:, 0])  # (N,)
+
+
+def ensemble_train_scores(report: dict) -> dict[str, tuple[list[str], np.ndarray]]:
+    """Per task, the train scores of the members build_ensemble chose, combined by teacher_scores: what a student
+    distils from. Every chosen member must have written them (--score_train) for the same examples."""
+    combined = {}
+    for task, info in report["tasks"].items():
+        paths = [scores_path(run, task, "train") for run in info["chosen"]]
+        missing = [path for path in paths if not path.is_file()]
+        if missing:
+            raise ScoresFileError(f"{missing[0]}: no train scores; rerun that member with --score_train")
+        loaded = [read_scores(path, task) for path in paths]
+        for path, (ids, _) in zip(paths[1:], loaded[1:]):
+            if ids != loaded[0][0]:
+                raise ScoresFileError(f"{path}: its ids differ from those of {paths[0]}; members must have scored "
+                                      "the same training examples")
+        combined[task] = (loaded[0][0], teacher_scores(task, [s for _, s in loaded], info["weights"]))
+    return combined

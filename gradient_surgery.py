@@ -16,7 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 from torch import Tensor
 
-GRADIENT_SURGERIES = ("none", "pcgrad", "cagrad")
+SURGERIES = ("pcgrad", "cagrad")
+GRADIENT_SURGERIES = ("none", *SURGERIES)  # --gradient_surgery: none sums the tasks' gradients, as one backward
 
 
 def _dot(a: list[Tensor], b: list[Tensor]) -> Tensor:
@@ -121,27 +122,18 @@ def cagrad_combine(task_gradients: list[list[Tensor]], shared: list[bool], c: fl
     return combined
 
 
-def combine_task_gradients(method: str, task_gradients: list[list[Tensor]], shared: list[bool],
-                           rng: random.Random, cagrad_c: float = 0.4) -> list[Tensor]:
-    """One gradient per parameter from the tasks' gradients, by `method` (one of GRADIENT_SURGERIES)."""
-    if method == "pcgrad":
-        return pcgrad_combine(task_gradients, shared, rng)
-    if method == "cagrad":
-        return cagrad_combine(task_gradients, shared, cagrad_c)
-    if method == "none":
-        return [sum(parts) for parts in zip(*task_gradients)]
-    raise ValueError(f"gradient surgery must be one of {GRADIENT_SURGERIES}, got {method!r}")
-
-
 @dataclass(frozen=True)
 class GradientSurgery:
-    """A surgery a multi-task step applies (pcgrad or cagrad, with CAGrad's radius c)."""
+    """How a multi-task step combines its tasks' gradients: `method` (one of SURGERIES), with CAGrad's radius c."""
     method: str
-    cagrad_c: float = 0.4
+    cagrad_c: float = 0.4  # the CAGrad authors' default
 
     def __post_init__(self):
-        if self.method not in GRADIENT_SURGERIES[1:]:
-            raise ValueError(f"gradient surgery must be one of {GRADIENT_SURGERIES[1:]}, got {self.method!r}")
+        if self.method not in SURGERIES:
+            raise ValueError(f"gradient surgery must be one of {SURGERIES}, got {self.method!r}")
 
     def combine(self, task_gradients: list[list[Tensor]], shared: list[bool], rng: random.Random) -> list[Tensor]:
-        return combine_task_gradients(self.method, task_gradients, shared, rng, self.cagrad_c)
+        """One gradient per parameter from the tasks' gradients (task_gradients[t][p])."""
+        if self.method == "pcgrad":
+            return pcgrad_combine(task_gradients, shared, rng)
+        return cagrad_combine(task_gradients, shared, self.cagrad_c)

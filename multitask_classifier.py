@@ -19,6 +19,7 @@ from pathlib import Path
 from base_bert import CheckpointError
 from bert import BertModel
 from datasets import DataError, DataWarning, load_task_data, show_data_warnings_on_one_line, subsample
+from distillation import DISTILLED_TASKS, load_teacher
 from distributed import Distributed, data_parallel
 from embedding_analysis import MIN_TSNE_POINTS, plot_tsne, sentence_embeddings
 from evaluation import summarize_line, write_predictions
@@ -64,9 +65,9 @@ def parse_args(argv=None) -> TrainingArguments:
         parser.error(str(err))
 
 
-def load_inputs(args: TrainingArguments) -> tuple[list[Stage], dict, list[str], list]:
-    """The schedule, every data file (and what was dropped from them) and the NLI triplets, all validated
-    before any model is loaded."""
+def load_inputs(args: TrainingArguments) -> tuple[list[Stage], dict, list[str], list, dict | None]:
+    """The schedule, every data file (and what was dropped from them), the NLI triplets and --distill's teacher
+    scores, all validated before any model is loaded."""
     tasks = run_tasks(args)
     outputs = prediction_paths(args.prediction_files, tasks).values()
     check_writable([args.output_dir, *(path.parent for path in outputs)])
@@ -105,9 +106,18 @@ def load_inputs(args: TrainingArguments) -> tuple[list[Stage], dict, list[str], 
                                  "triplets in these files")
             triplets = subsample(triplets, args.simcse_max_examples, args.seed)
             print(f"SimCSE: {len(triplets)} NLI triplets")
-    except ValueError as err:  # DataError too: its message names the file and line
+        teacher = None
+        if args.distill:
+            train_ids = {task: [e.id for e in data[task].train] for task in DISTILLED_TASKS
+                         if task in data and data[task].train is not None}
+            if not train_ids:
+                raise ValueError(f"--distill {args.distill}: the schedule trains none of {', '.join(DISTILLED_TASKS)}")
+            teacher = load_teacher(args.distill, train_ids)
+            print(f"distillation: the train scores of {args.distill} for {', '.join(teacher)} "
+                  f"(weight {args.distill_weight}, temperature {args.distill_temperature})")
+    except ValueError as err:  # DataError and ScoresFileError too: their messages name the file
         raise UsageError(str(err)) from None
-    return stages, data, [str(w.message) for w in dropped], triplets
+    return stages, data, [str(w.message) for w in dropped], triplets, teacher
 
 
 def build_model(args: TrainingArguments, trains_sts: bool) -> MultitaskBERT:
@@ -161,6 +171,19 @@ def write_leaderboard_files(trainer: Trainer, paths: dict, dev_scores: dict, run
                 print(f"wrote {paths[(task, split)]} ({len(ids)} rows)")
 
 
+def write_train_scores(trainer: Trainer, run_dir: Path) -> None:
+    """--score_train: the kept model's scores of every train split the run read (run_dir/scores/TASK-train.csv),
+    what --distill reads from a teacher."""
+    for task in trainer.tasks:
+        train = trainer.data[task].train
+        if task not in DISTILLED_TASKS or train is None:
+            continue
+        ids, scores = trainer.predict(task, train, scores=True)
+        if trainer.distributed.is_main:
+            write_scores(scores_path(run_dir, task, "train"), ids, scores, task)
+            print(f"wrote {scores_path(run_dir, task, 'train')} ({len(ids)} rows)")
+
+
 def write_sst_tsne(trainer: Trainer, path: Path) -> None:
     """The best model's SST dev embeddings in 2-D, coloured by gold label, beside the run's other plots."""
     if "sst" not in trainer.data:
@@ -196,7 +219,7 @@ def run(args: TrainingArguments) -> Trainer:
 
 
 def _run(args: TrainingArguments, distributed: Distributed, device) -> Trainer:
-    stages, data, dropped_rows, triplets = load_inputs(args)
+    stages, data, dropped_rows, triplets, teacher = load_inputs(args)
     output_dir = Path(args.output_dir)
     if args.resume and not any((output_dir / name).exists() for name in ("last.json", "last.safetensors")):
         raise UsageError(f"{output_dir}: nothing to resume yet (no checkpoint from a finished stage); "
@@ -215,7 +238,7 @@ def _run(args: TrainingArguments, distributed: Distributed, device) -> Trainer:
               f"{args.grad_accumulation_steps} = {distributed.world_size * args.batch_size * args.grad_accumulation_steps}"
               f" examples per update; learning rate {args.lr} (not scaled with the batch)")
     trainer = build_trainer(args, model, BertTokenizer.from_pretrained(args.pretrained), data, triplets, device,
-                            mlm_head, distributed)
+                            mlm_head, distributed, teacher)
     if distributed.is_main:
         print(precision_notice(device, args.precision, smart=args.smart))
     if args.resume:
@@ -231,6 +254,8 @@ def _run(args: TrainingArguments, distributed: Distributed, device) -> Trainer:
         best_metrics, dev_predictions, dev_scores = trainer.use_kept_model()
         print("best model on dev: " + summarize_line(best_metrics))
         write_leaderboard_files(trainer, prediction_paths(args.prediction_files, trainer.tasks), dev_scores, output_dir)
+        if args.score_train:
+            write_train_scores(trainer, output_dir)
         if distributed.is_main:
             table = write_run_reports(trainer.state.history, dev_predictions, output_dir)
             if table:

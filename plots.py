@@ -13,6 +13,7 @@ import numpy as np
 
 from evaluation import (HISTORY_METRICS, error_counts, forgetting_table_markdown, history_matrix, paired_arrays,
                         paraphrase_metrics, sst_metrics, sts_metrics)
+from files import atomic_write_text
 
 
 def pyplot():
@@ -124,12 +125,12 @@ def write_run_reports(history: Sequence[Mapping], dev_predictions: Mapping, out_
     run in out_dir; dev_predictions maps each task to (ids, predictions, gold). Returns the forgetting table;
     a run without all three of sst, qqp and sts gets only history.json and returns ""."""
     out_dir = Path(out_dir)
-    (out_dir / "history.json").write_text(json.dumps(list(history), indent=1), encoding="utf-8")
+    atomic_write_text(out_dir / "history.json", json.dumps(list(history), indent=1))
     evaluated = [record for record in history if "overall" in record]
     if not evaluated:
         return ""
     table = forgetting_table_markdown(evaluated)
-    (out_dir / "forgetting.md").write_text(table, encoding="utf-8")
+    atomic_write_text(out_dir / "forgetting.md", table)
     plot_forgetting_matrix(evaluated, out_dir / "forgetting_matrix.png")
     plot_training_curves(evaluated, out_dir / "training_curves.png")
     plot_error_analysis(*dev_predictions["sst"][1:], *dev_predictions["qqp"][1:], *dev_predictions["sts"][1:],

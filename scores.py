@@ -1,7 +1,9 @@
 """A finished run's raw dev and test outputs, saved beside its checkpoints so that an ensemble
-(ensemble.py) combines runs without running any model again.
+(ensemble.py) combines runs without running any model again; with --score_train also its train outputs, which
+distillation.py learns from.
 
     RUN/scores/{sst,qqp,sts}-{dev,test}.csv      one row per example, in the data file's order
+    RUN/scores/{sst,qqp,sts}-train.csv           --score_train (an ensemble's: the teacher it combines)
     sst  id,logit_0,...,logit_4     the five class logits
     qqp  id,logit                   the duplicate logit (its sign is the prediction)
     sts  id,score                   the 0-5 similarity the leaderboard CSV reports

@@ -30,6 +30,7 @@ from tqdm import tqdm
 from checkpoint import optimizer_state, read_checkpoint, restore_optimizer, restore_rng, rng_state
 from datasets import (TaskData, TokenizationCache, TokenizedExamples, predict_in_file_order, subsample,
                       subsample_indices, tokenized_dataloader)
+from distillation import Distillation
 from distributed import SINGLE_PROCESS, Distributed, global_batch_count
 from evaluation import kept_model_score, overall_score, summarize_line, task_metrics
 from gradient_surgery import GradientSurgery
@@ -50,16 +51,17 @@ SUMMARY_KEYS = ("index", "stage", "train_loss", "seconds", "sst_acc", "qqp_acc",
 
 
 def compute_task_loss(model: MultitaskBERT, task: str, batch: dict, regularizer: SmartRegularizer | None = None,
-                      lnsr: LnsrConfig | None = None) -> torch.Tensor:
-    """The task's loss on one batch, plus SMART's and LNSR's penalties when they are given.
+                      lnsr: LnsrConfig | None = None, distillation: Distillation | None = None) -> torch.Tensor:
+    """The task's loss on one batch (mixed with the teacher's scores under distillation), plus SMART's and
+    LNSR's penalties when they are given.
 
     With SMART the whole step runs in exact float32 whatever the run's autocast (smart.py says why)."""
     with float32_exact() if regularizer is not None else nullcontext():
-        return _task_loss(model, task, batch, regularizer, lnsr)
+        return _task_loss(model, task, batch, regularizer, lnsr, distillation)
 
 
 def _task_loss(model: MultitaskBERT, task: str, batch: dict, regularizer: SmartRegularizer | None,
-               lnsr: LnsrConfig | None) -> torch.Tensor:
+               lnsr: LnsrConfig | None, distillation: Distillation | None) -> torch.Tensor:
     model.set_adapter(task)  # the passes below run the encoder in parts, not through forward()
     inputs = model.encoder_inputs(task, batch)
     embeddings = model.embed(inputs)
@@ -67,13 +69,17 @@ def _task_loss(model: MultitaskBERT, task: str, batch: dict, regularizer: SmartR
     def forward_fn(e):
         return model.outputs_from_embeddings(task, e, inputs)
     objective = model.objectives[task]
+    penalty = None
     if lnsr is None:
         outputs = forward_fn(embeddings)
-        loss = objective.loss(outputs, batch["labels"])
     else:  # the clean pass of LNSR is the task's forward
         hidden, penalty = encode_with_noise_stability(model.bert.encoder, embeddings, inputs.attention_mask, lnsr)
         outputs = model.outputs_from_hidden(task, hidden, inputs)
-        loss = objective.loss(outputs, batch["labels"]) + penalty
+    loss = objective.loss(outputs, batch["labels"])
+    if distillation is not None:
+        loss = distillation.mix(task, loss, objective.score(outputs), batch["ids"])
+    if penalty is not None:
+        loss = loss + penalty
     if regularizer is not None:
         loss = loss + regularizer.penalty(forward_fn, embeddings, outputs, objective.divergence,
                                           teacher_args=(task, batch))
@@ -174,22 +180,22 @@ class LoopConfig:
     surgery) are built outside (training_args.build_trainer does it from the command line) and handed over."""
     output_dir: Path
     lr: float  # the base learning rate of task and mlm stages (each parameter group scales it)
-    seed: int = 11711
-    batch_size: int = 8
-    eval_batch_size: int = 64
-    max_length: int = 128
-    num_workers: int = 0
-    grad_accumulation_steps: int = 1
-    max_grad_norm: float = 0.0  # 0: no clipping
-    lr_schedule: str = "constant"  # schedules.LR_SCHEDULES
-    warmup_ratio: float = 0.1
-    schedule: str = "sequential"  # how multi-task epochs order their batches (schedules.multitask_order)
-    epochs: int = 10  # multi-task epochs in the run: annealed sampling's horizon
-    precision: str = "fp32"  # resolved (runtime.resolve_precision): fp32, bf16 or fp16 autocast
-    quiet: bool = False  # no progress bars
-    stop_after_stages: int | None = None  # stop, resumably, after this many stages
-    keep_stage_models: bool = False  # also save the model after every stage (OUTPUT_DIR/stage_N.*)
-    eval_train_examples: int = 0  # also score this many train examples per task after each stage
+    seed: int
+    batch_size: int
+    eval_batch_size: int
+    max_length: int
+    num_workers: int
+    grad_accumulation_steps: int
+    max_grad_norm: float  # 0: no clipping
+    lr_schedule: str  # schedules.LR_SCHEDULES
+    warmup_ratio: float
+    schedule: str  # how multi-task epochs order their batches (schedules.multitask_order)
+    epochs: int  # multi-task epochs in the run: annealed sampling's horizon
+    precision: str  # resolved (runtime.resolve_precision): fp32, bf16 or fp16 autocast
+    quiet: bool  # no progress bars
+    stop_after_stages: int | None  # stop, resumably, after this many stages
+    keep_stage_models: bool  # also save the model after every stage (OUTPUT_DIR/stage_N.*)
+    eval_train_examples: int  # also score this many train examples per task after each stage
 
 
 @dataclass
@@ -238,16 +244,19 @@ class Trainer:
                  config: LoopConfig, optimizer: AdamW, regularization: Regularization | None = None,
                  simcse: SimcseStage | None = None, gradient_surgery: GradientSurgery | None = None,
                  qa: QASettings = QASettings(), mlm_head: MaskedLanguageModelHead | None = None,
-                 distributed: Distributed = SINGLE_PROCESS, settings: dict | None = None):
+                 distributed: Distributed = SINGLE_PROCESS, settings: dict | None = None,
+                 distillation: Distillation | None = None):
         """`optimizer`: over the model's (and the mlm head's) parameters (build_optimizer). `gradient_surgery`:
         how multi-task epochs combine the tasks' gradients (None: one task per step). `mlm_head`: given when
         the schedule has an mlm stage; it trains with the model, and only the training state keeps it.
         `distributed`: this process's place under torchrun; each rank trains on its slice of every batch and
-        only rank 0 writes. `settings`: the run's settings as plain values, saved in every checkpoint."""
+        only rank 0 writes. `settings`: the run's settings as plain values, saved in every checkpoint.
+        `distillation`: a teacher's train scores that task steps mix into the gold loss."""
         self.model, self.tokenizer, self.data, self.device, self.config = model, tokenizer, data, device, config
         self.optimizer = optimizer
         self.regularization = regularization or Regularization()
         self.simcse, self.gradient_surgery, self.qa, self.mlm_head = simcse, gradient_surgery, qa, mlm_head
+        self.distillation = distillation
         self.distributed = distributed
         self.settings = settings or {}
         self.triplets = simcse.triplets if simcse is not None else []
@@ -280,7 +289,7 @@ class Trainer:
         batch = to_device(batch, self.device)
         with self.amp:
             loss = compute_task_loss(self.model, task, batch, self.regularization.smart.get(task),
-                                     self.regularization.lnsr.get(task))
+                                     self.regularization.lnsr.get(task), self.distillation)
         if loss.requires_grad:  # not so for the SBERT cosine with --option pretrain: it has no trainable weight
             self.backward(loss, len(batch["labels"]), group_size)
         return loss.item()
@@ -552,10 +561,11 @@ class Trainer:
 
     # -- the training state (--resume) ------------------------------------------------------------
     def state_dict(self) -> tuple[dict[str, torch.Tensor], dict] | None:
-        """Everything --resume needs after a finished stage, as tensors and plain values: the model (or what of
-        it trains), optimizer, SMART teacher, MLM head, every rank's RNG states, the TrainingState, the data's
-        fingerprints and the run's settings. Every rank calls it (each one's dropout generator is kept); rank 0
-        gets the checkpoint, the others None."""
+        """The checkpoint --resume continues from, as (tensors, plain values), on rank 0; None on the others. A
+        collective under torchrun: every rank must call it (each one's dropout generator is kept).
+
+        It holds the model (or what of it trains), optimizer, SMART teacher, MLM head, every rank's RNG states,
+        the TrainingState, the data's fingerprints and the run's settings."""
         rng_tensors, rng_info = rng_state()
         ranks = self.distributed.gather_objects(rng_tensors)
         if not self.distributed.is_main:

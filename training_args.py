@@ -6,8 +6,10 @@ stopped run and its --resume) and the `args` saved in checkpoints all read these
     parser = build_parser(TrainingArguments, description)
     args = from_namespace(TrainingArguments, parser.parse_args(argv))   # validated in __post_init__
 
-Library code receives the dataclass (or plain values taken from it), never the argparse Namespace.
-The course's per-file flags (--sst_train ... --sts_test_out) are generated from the task table.
+Library code receives plain values or the objects built from them, never the argparse Namespace:
+build_trainer builds multitask_classifier.py's run (the trainer's loop settings, optimizer, SMART and LNSR,
+SimCSE loss, gradient surgery, distillation) from TrainingArguments. The course's per-file flags (--sst_train
+... --sts_test_out) are generated from the task table.
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ import torch
 from base_bert import CheckpointError
 from checkpoint import check_resume_settings
 from datasets import standard_paths
+from distillation import Distillation, TeacherScores
 from distributed import SINGLE_PROCESS, Distributed
 from files import unwritable_folder
 from adapters import ADAPTERS as ADAPTER_KINDS
@@ -50,6 +53,7 @@ SIMCSE = "SimCSE stage (before the tasks)"
 ADAPTERS = "adapters (parameter-efficient; with --option pretrain only adapters and heads train)"
 LNSR = "LNSR, layer-wise noise stability (Hua et al. 2021); defaults are AllBERT's for STS"
 QA = "SQuAD 2.0 question answering (--tasks ...,qa); defaults are Devlin et al.'s"
+DISTILL = "distillation: a teacher's saved scores on the train splits as soft targets"
 OPTIONS = ("pretrain", "finetune")  # --option: BERT frozen or trained
 THREE_TASK_STAGES = ("qqp", "sts,sst,qqp:0.03")  # --first_stages, --cycle of the three tasks: the thesis's order
 
@@ -230,7 +234,7 @@ class TrainingArguments:
     gradient_surgery: str = flag("none", "annealed / round_robin: each step takes three batches (round_robin: one "
                                    "per task) and combines the tasks' shared-encoder gradients by pcgrad or cagrad; "
                                    "heads keep their own", SCHEDULE, choices=GRADIENT_SURGERIES)
-    cagrad_c: float = flag(0.4, "c of CAGrad, the radius around the mean gradient (the authors' default)",
+    cagrad_c: float = flag(GradientSurgery.cagrad_c, "c of CAGrad, the radius around the mean gradient (the authors' default)",
                              SCHEDULE, type=float)
 
     # SMART.
@@ -259,11 +263,21 @@ class TrainingArguments:
     lnsr_noise_std: float = flag(LnsrConfig.noise_std, "sigma (AllBERT: sigma^2 = 1e-5)", LNSR, type=float)
 
     # SQuAD.
-    qa_max_length: int = flag(384, "tokens per window: [CLS] question [SEP] context piece [SEP]", QA, type=int)
-    qa_doc_stride: int = flag(128, "tokens each window shares with the one before, when a context needs several "
+    qa_max_length: int = flag(QASettings.max_length, "tokens per window: [CLS] question [SEP] context piece [SEP]", QA, type=int)
+    qa_doc_stride: int = flag(QASettings.doc_stride, "tokens each window shares with the one before, when a context needs several "
                               "(transformers' stride)", QA, type=int)
-    qa_max_answer_tokens: int = flag(30, "longest answer span, in tokens", QA, type=int)
-    qa_n_best: int = flag(20, "start and end candidates per window", QA, type=int)
+    qa_max_answer_tokens: int = flag(QASettings.max_answer_tokens, "longest answer span, in tokens", QA, type=int)
+    qa_n_best: int = flag(QASettings.n_best, "start and end candidates per window", QA, type=int)
+
+    # Distillation.
+    distill: str | None = flag(None, "a teacher folder (an ensemble.py output or a run) whose "
+                               "scores/{sst,qqp,sts}-train.csv become soft targets of the trained tasks", DISTILL)
+    distill_weight: float = flag(0.5, "w: each task step trains on (1 - w) x gold loss + w x distillation loss",
+                                 DISTILL, type=float)
+    distill_temperature: float = flag(1.0, "T of SST's softened distributions (KL x T^2)", DISTILL, type=float)
+    score_train: bool = flag(False, "also write the kept model's scores of the train splits "
+                             "(OUTPUT_DIR/scores/TASK-train.csv): the run can then teach others (--distill)",
+                             DISTILL, resume_free=True, action="store_true")
 
     # SimCSE.
     simcse_data: list = flag([], "NLI files (.jsonl, SentEval s1.*, SICK.txt, premise,positive,negative .csv)",
@@ -325,6 +339,10 @@ class TrainingArguments:
             lnsr_tasks(self)
             lnsr_config(self, num_layers=None)  # LnsrConfig checks the weight, the noise and the layer
         regularized_tasks(self)  # SMART's and LNSR's tasks must be among the run's
+        _check(_finite(self.distill_weight) and 0 < self.distill_weight <= 1,
+               f"--distill_weight must be in (0, 1], got {self.distill_weight}")
+        _check(_finite(self.distill_temperature) and self.distill_temperature > 0,
+               f"--distill_temperature must be > 0, got {self.distill_temperature}")
         _check(not (self.simcse_data and self.option == "pretrain"),
                "the SimCSE stage trains the encoder, which --option pretrain freezes; use --option finetune")
 
@@ -549,9 +567,11 @@ def regularization(args: TrainingArguments, model: MultitaskBERT) -> Regularizat
 
 def build_trainer(args: TrainingArguments, model: MultitaskBERT, tokenizer, data: dict, triplets: list,
                   device: torch.device, mlm_head: MaskedLanguageModelHead | None = None,
-                  distributed: Distributed = SINGLE_PROCESS) -> Trainer:
+                  distributed: Distributed = SINGLE_PROCESS, teacher: dict[str, TeacherScores] | None = None
+                  ) -> Trainer:
     """The run's Trainer, its objects built from the settings. Build it once the model is on its device and
-    the same on every rank (the SMART teacher copies the model's weights)."""
+    the same on every rank (the SMART teacher copies the model's weights). `teacher`: --distill's scores
+    (distillation.load_teacher)."""
     simcse = None
     if triplets:
         simcse = SimcseStage(triplets, partial(SIMCSE_OBJECTIVES[args.simcse_objective],
@@ -559,5 +579,6 @@ def build_trainer(args: TrainingArguments, model: MultitaskBERT, tokenizer, data
     surgery = None if args.gradient_surgery == "none" else GradientSurgery(args.gradient_surgery, args.cagrad_c)
     qa = QASettings(args.qa_max_length, args.qa_doc_stride, args.qa_n_best, args.qa_max_answer_tokens)
     optimizer = build_optimizer(model, args.lr, args.weight_decay, args.layerwise_lr_decay, mlm_head)
+    distillation = Distillation(teacher, args.distill_weight, args.distill_temperature) if teacher else None
     return Trainer(model, tokenizer, data, device, loop_config(args, device), optimizer, regularization(args, model),
-                   simcse, surgery, qa, mlm_head, distributed, dataclasses.asdict(args))
+                   simcse, surgery, qa, mlm_head, distributed, dataclasses.asdict(args), distillation)

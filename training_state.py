@@ -4,7 +4,7 @@ trainer's (Trainer.state_dict / load_state_dict).
 
     save_training_state(output_dir / "last", *trainer.state_dict())
     tensors, metadata = read_training_state(output_dir / "last")
-    check_resumable(prefix, metadata, world_size, stage_labels, data_sha256)  # refused, with the reason
+    check_resumable(metadata, world_size, stage_labels, data_sha256)  # refused, with the reason
     trainer.load_state_dict(tensors, metadata)
 """
 from __future__ import annotations

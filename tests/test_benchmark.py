@@ -67,6 +67,16 @@ def numbers(value):
     return [value] if isinstance(value, (int, float)) and not isinstance(value, bool) else []
 
 
+def test_a_benchmark_runs_in_float32(tmp_path, tiny_config_for_text):
+    """BENCHMARKS.md's CPU figures are float32 ones (the smoke test below runs every kind in bf16): the encoder
+    comparison in float32, on the tiny BERT."""
+    (result,) = run(tmp_path, "encoder", "--precision", "fp32", "--config", tiny_config_for_text,
+                    *TINY_STEPS).values()
+    assert result["setup"]["precision"] == "fp32"
+    figures = numbers({k: v for k, v in result.items() if k != "setup"})
+    assert figures and all(math.isfinite(x) and x > 0 for x in figures if not isinstance(x, bool))
+
+
 def test_every_benchmark_runs_under_bf16_autocast_on_cpu(tmp_path, tiny_config_for_text, forkserver_workers):
     """Every benchmark kind end to end under --bf16 (emulated on a CPU without native bf16), on the tiny BERT and
     one step of 2 x 8 tokens: what a kind reports, not how fast it is."""

@@ -61,12 +61,12 @@ def test_course_defaults():
 
 @pytest.fixture(scope="module")
 def quick_runs(tmp_path_factory, tiny_checkpoint):
-    """Both options end to end on the demo data; returns (predictions dir, checkpoint dir). The tiny random BERT
-    with minilm-l6's vocabulary: what is checked is the files and the checkpoint, not the model's skill, and
-    minilm-l6's six layers took 10 s of the two runs."""
+    """Both options end to end on the demo data; returns (predictions dir, checkpoint dir). pretrain on the tiny
+    random BERT (minilm-l6's vocabulary: only the files are checked); finetune on minilm-l6, whose dev predictions
+    hold both classes, so that reproducing them from the checkpoint tests the checkpoint."""
     out = tmp_path_factory.mktemp("classifier")
-    for option in ("pretrain", "finetune"):
-        code = main(QUICK_RUN + ["--pretrained", str(tiny_checkpoint), "--option", option,
+    for option, pretrained in (("pretrain", str(tiny_checkpoint)), ("finetune", "minilm-l6")):
+        code = main(QUICK_RUN + ["--pretrained", pretrained, "--option", option,
                                  "--predictions_dir", str(out / "predictions"), "--output_dir", str(out / "runs")])
         assert code == 0
     return out / "predictions", out / "runs"
@@ -94,6 +94,7 @@ def test_best_checkpoint_reproduces_the_written_dev_predictions(quick_runs):
     examples = load_sentence_examples(DEMO / "ids-cfimdb-dev.csv", "cfimdb", "dev")
     ids, predicted = predict(model, examples, BertTokenizer.from_pretrained("minilm-l6"), torch.device("cpu"),
                              batch_size=64, max_length=32, quiet=True)
+    assert len(set(predicted.tolist())) == 2  # both classes: a wrong or untrained head could not match by chance
     assert dict(zip(ids, predicted.tolist())) == read_predictions(predictions_dir / "finetune-cfimdb-dev-out.csv", "sst")
 
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from gradient_surgery import cagrad_combine, cagrad_weights, combine_task_gradients, pcgrad_combine
+from gradient_surgery import GradientSurgery, cagrad_combine, cagrad_weights, pcgrad_combine
 
 
 def test_pcgrad_projects_conflicting_gradients_by_hand():
@@ -120,10 +120,12 @@ def test_cagrad_leaves_the_heads_their_plain_sum():
     assert torch.equal(combined[1], torch.tensor([2.0])) and torch.equal(combined[2], torch.tensor([3.0]))
 
 
-def test_combine_task_gradients_dispatches_and_rejects_an_unknown_method():
+def test_gradient_surgery_dispatches_and_rejects_an_unknown_method():
     g1, g2 = [torch.tensor([1.0, 0.0])], [torch.tensor([-1.0, 1.0])]
-    assert torch.equal(combine_task_gradients("none", [g1, g2], [True], random.Random(0))[0], torch.tensor([0.0, 1.0]))
-    assert torch.equal(combine_task_gradients("pcgrad", [g1, g2], [True], random.Random(0))[0],
+    assert torch.equal(GradientSurgery("pcgrad").combine([g1, g2], [True], random.Random(0))[0],
                        pcgrad_combine([g1, g2], [True], random.Random(0))[0])
-    with pytest.raises(ValueError, match="gradient surgery must be one of"):
-        combine_task_gradients("mgda", [g1, g2], [True], random.Random(0))
+    assert torch.equal(GradientSurgery("cagrad", 0.2).combine([g1, g2], [True], random.Random(0))[0],
+                       cagrad_combine([g1, g2], [True], 0.2)[0])
+    for method in ("mgda", "none"):  # none is no surgery: the trainer gets no GradientSurgery at all
+        with pytest.raises(ValueError, match="gradient surgery must be one of"):
+            GradientSurgery(method)

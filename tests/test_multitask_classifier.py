@@ -53,7 +53,8 @@ def assert_same_training_state(expected_run, got_run):
 
 @pytest.fixture(scope="module")
 def straight(tiny_checkpoint, tmp_path_factory):
-    """One uninterrupted default run (read-only for the tests that compare with it)."""
+    """One uninterrupted default run (read-only for the tests that compare with it). It draws its figures: a
+    module fixture is set up before the tests' function-scoped no_plots, and test_end_to_end_with_smart checks them."""
     out = tmp_path_factory.mktemp("straight")
     assert mc.main(run_flags(tiny_checkpoint, out)) == 0
     return out

@@ -8,10 +8,15 @@ import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
+from conftest import DEMO
+from datasets import load_examples
 from schedules import build_schedule
+from scores import SCORE_COLUMNS, scores_path, write_scores
+from tasks import MULTITASK, course_file_name
 from training_args import TrainingArguments, adapter_config, build_parser, from_namespace, run_tasks
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,6 +33,7 @@ RECIPES = {  # recipe -> (extra flags that keep it short, environment)
     "cpu_sss.sh": (["--cycles", "1", "--simcse_max_examples", "16"], {}),
     "cpu_squad.sh": (["--first_stages", "qa", *SHORT_QA], {}),
     "cpu_four_tasks.sh": (["--epochs", "1", *SHORT_QA], {}),
+    "cpu_distill.sh": (["--cycles", "1"], {}),  # TEACHER: made by recipe_runs
 }
 OUTPUTS = {"cpu_squad.sh": 2, "cpu_four_tasks.sh": 8}  # predictions files, when not the six CSVs
 # Every recipe that launches training (through $LAUNCH); cpu_ensemble.sh runs ensemble.py, gpu_check.sh the checks.
@@ -45,12 +51,17 @@ def recipe_runs(tmp_path_factory, tiny_checkpoint) -> dict:
     The SimCSE recipes read ../shared/data/nli; without it they are not run."""
     runs = tmp_path_factory.mktemp("recipes")
     nli = (ROOT.parent / "shared" / "data" / "nli").is_dir()
+    teacher = runs / "teacher"  # cpu_distill.sh's: scores of every demo training example
+    for task in MULTITASK:
+        ids = [e.id for e in load_examples(DEMO / course_file_name(task, "train"), task, "train")]
+        columns = len(SCORE_COLUMNS[task])
+        write_scores(scores_path(teacher, task, "train"), ids, np.linspace(0, 4, len(ids) * columns), task)
 
     def run(recipe: str):
         flags, environment = RECIPES[recipe]
         runs_dir = runs / recipe.removesuffix(".sh")
         env = {**os.environ, "DATA_DIR": str(ROOT / "data" / "demo"), "RUN_NAME": "test_recipe",
-               "OMP_NUM_THREADS": "1", "RUNS_DIR": str(runs_dir), **environment}
+               "OMP_NUM_THREADS": "1", "RUNS_DIR": str(runs_dir), "TEACHER": str(teacher), **environment}
         # The last --pretrained wins: every stage, adapter and head of the recipe runs, on a model that costs
         # nothing.
         tiny = ["--pretrained", str(tiny_checkpoint)]
@@ -79,7 +90,8 @@ def launched_commands(recipe: str, **environment: str) -> list[list[str]]:
     """The command lines a recipe would launch, printed by LAUNCH=echo instead (nothing runs, no GPU needed)."""
     env = {k: v for k, v in os.environ.items() if k != "RUNS_DIR"}  # the recipes' default unless given here
     env.update(LAUNCH="echo", DATA_DIR=str(ROOT / "data" / "demo"), RUN_NAME="unused",
-               NLI_FILES="nli.jsonl", **environment)  # gpu_sss.sh needs NLI files named; parsing does not read them
+               NLI_FILES="nli.jsonl", TEACHER="teacher",  # named for gpu_sss.sh and the distill recipes; not read
+               **environment)
     result = subprocess.run(["bash", str(ROOT / "scripts" / recipe)], env=env, capture_output=True, text=True,
                             timeout=60)
     assert result.returncode == 0, result.stderr[-2000:]

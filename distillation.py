@@ -1,0 +1,99 @@
+"""Knowledge distillation from saved scores: a teacher (an ensemble from ensemble.py, or any run written with
+--score_train) has left its outputs on the training examples in TEACHER/scores/{task}-train.csv (scores.py); a
+student trains on the mix (1 - w) * gold loss + w * distillation loss, with no teacher model in memory.
+
+    teacher = load_teacher("runs/ensemble", {"sst": sst_train_ids, ...})     # refuses scores that miss an id
+    distillation = Distillation(teacher, weight=0.5, temperature=2.0)
+    loss = distillation.mix("sst", gold_loss, student_scores, batch["ids"])
+
+The losses compare scores in the space the runs save them in (SST's 5 logits, QQP's logit, STS's 0-5 score), so
+a teacher is any folder of saved scores, whatever model or ensemble wrote them.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from scores import ScoresFileError, read_scores, scores_path
+
+DISTILLED_TASKS = ("sst", "qqp", "sts")  # the tasks whose saved scores a student can learn from
+
+
+def distillation_loss(task: str, student: Tensor, teacher: Tensor, temperature: float = 1.0) -> Tensor:
+    """How far a student's scores are from its teacher's, 0 where they agree.
+
+    sst: KL(teacher || student) of the softmaxes at temperature T, times T^2 so that the gradients keep their
+    size as T changes (Hinton et al. 2015). qqp: the KL of the two Bernoulli distributions, i.e. the binary cross
+    entropy on the teacher's probability minus that probability's entropy. sts: the squared error of the 0-5
+    scores over 25, the scale of the gold loss MSE(cos, label / 5)."""
+    student, teacher = student.float(), teacher.float()
+    if task == "sst":
+        log_student = F.log_softmax(student / temperature, dim=-1)  # (B, 5)
+        log_teacher = F.log_softmax(teacher / temperature, dim=-1)
+        return F.kl_div(log_student, log_teacher, log_target=True, reduction="batchmean") * temperature ** 2
+    if task == "qqp":
+        target = torch.sigmoid(teacher)  # (B,)
+        return (F.binary_cross_entropy_with_logits(student, target)
+                - F.binary_cross_entropy_with_logits(teacher, target))
+    if task == "sts":
+        return F.mse_loss(student, teacher) / 25
+    raise ValueError(f"no distillation loss for {task!r}; one of {DISTILLED_TASKS}")
+
+
+@dataclass(frozen=True)
+class TeacherScores:
+    """One task's teacher scores on the training examples, looked up by example id."""
+    rows: dict[str, int]
+    scores: np.ndarray  # (N, columns) as scores.py reads them
+
+    def of(self, ids: list[str]) -> Tensor:
+        return torch.from_numpy(self.scores[[self.rows[i] for i in ids]]).squeeze(-1)  # (B, 5) or (B,)
+
+
+def load_teacher(run_dir: str | Path, train_ids: dict[str, list[str]]) -> dict[str, TeacherScores]:
+    """The teacher's train scores of every task in `train_ids` (the student's training ids per task). A missing
+    file, or one that lacks an id the student trains on (another data set, or a teacher written with fewer
+    training examples), raises ScoresFileError naming the file."""
+    teacher = {}
+    for task, ids in train_ids.items():
+        path = scores_path(run_dir, task, "train")
+        if not path.is_file():
+            raise ScoresFileError(f"{path}: no train scores for --distill; write them with --score_train (a run) "
+                                  "or ensemble.py --score_train (an ensemble of such runs)")
+        teacher_ids, scores = read_scores(path, task)
+        rows = {i: row for row, i in enumerate(teacher_ids)}
+        missing = [i for i in ids if i not in rows]
+        if missing:
+            raise ScoresFileError(f"{path}: no teacher score for {len(missing)} of the {len(ids)} {task} training "
+                                  f"examples (e.g. id {missing[0]}); the teacher must have scored this training set")
+        teacher[task] = TeacherScores(rows, scores.reshape(len(teacher_ids), -1))
+    return teacher
+
+
+@dataclass(frozen=True)
+class Distillation:
+    """The teacher's scores and how a student's loss mixes them in: (1 - weight) * gold + weight * distillation."""
+    teacher: dict[str, TeacherScores]
+    weight: float = 0.5
+    temperature: float = 1.0
+
+    def __post_init__(self):
+        if not (math.isfinite(self.weight) and 0 < self.weight <= 1):
+            raise ValueError(f"the distillation weight must be in (0, 1], got {self.weight!r}")
+        if not (math.isfinite(self.temperature) and self.temperature > 0):
+            raise ValueError(f"the distillation temperature must be > 0, got {self.temperature!r}")
+
+    def mix(self, task: str, gold_loss: Tensor, student_scores: Tensor, ids: list[str]) -> Tensor:
+        """The task's training loss on a batch: gold and teacher mixed (the gold loss alone for a task the
+        teacher has no scores of)."""
+        if task not in self.teacher:
+            return gold_loss
+        target = self.teacher[task].of(ids).to(student_scores.device)
+        soft = distillation_loss(task, student_scores, target, self.temperature)
+        return (1 - self.weight) * gold_loss + self.weight * soft
