@@ -66,7 +66,7 @@ def test_training_arguments_per_file_flags_are_those_of_the_table():
     from training_args import TrainingArguments, build_parser
     parser = build_parser(TrainingArguments)
     flags = {option[2:] for action in parser._actions for option in action.option_strings}
-    per_file = {f for f in flags if f.endswith(("_train", "_dev", "_test", "_out"))}
+    per_file = {f for f in flags if f.endswith(("_train", "_dev", "_test", "_out"))} - {"score_train"}  # a switch
     squad_flags = {"squad_train", "squad_dev", "squad_test", "squad_dev_out", "squad_test_out"}
     assert per_file == COURSE_DATA_FLAGS | COURSE_OUTPUT_FLAGS | squad_flags
     defaults = parser.parse_args([])
