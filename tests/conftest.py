@@ -51,8 +51,7 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-@pytest.fixture
-def no_plots(monkeypatch):
+def skip_figures(monkeypatch) -> None:
     """Whole runs without their figures: drawing and saving them (matplotlib, t-SNE) is most of a tiny run's time.
     For tests of training, resuming and the CSVs; history.json and forgetting.md are still written. The figures
     have their own tests (test_plots.py, test_embedding_analysis.py, test_end_to_end_with_smart)."""
@@ -61,6 +60,12 @@ def no_plots(monkeypatch):
     for name in ("plot_forgetting_matrix", "plot_training_curves", "plot_error_analysis"):
         monkeypatch.setattr(plots, name, lambda *args, **kwargs: None)
     monkeypatch.setattr(multitask_classifier, "write_sst_tsne", lambda *args, **kwargs: None)
+
+
+@pytest.fixture
+def no_plots(monkeypatch):
+    """skip_figures for a test (a module-scoped fixture uses skip_figures in a pytest.MonkeyPatch.context())."""
+    skip_figures(monkeypatch)
 
 
 @pytest.fixture(scope="session")

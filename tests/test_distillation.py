@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 import ensemble
 import multitask_classifier as mc
-from conftest import DEMO, exit_code, prediction_flags
+from conftest import DEMO, exit_code, prediction_flags, skip_figures
 from distillation import Distillation, TeacherScores, distillation_loss, load_teacher
 from ensemble_scores import teacher_scores
 from scores import ScoresFileError, read_scores, scores_path, write_scores
@@ -108,7 +108,9 @@ def run_flags(checkpoint, out, *extra) -> list[str]:
 @pytest.fixture(scope="module")
 def teacher_run(tiny_checkpoint, tmp_path_factory):
     out = tmp_path_factory.mktemp("teacher")
-    assert mc.main(run_flags(tiny_checkpoint, out, "--score_train")) == 0
+    with pytest.MonkeyPatch.context() as patch:
+        skip_figures(patch)
+        assert mc.main(run_flags(tiny_checkpoint, out, "--score_train")) == 0
     return out / "run"
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import multitask_classifier
-from conftest import DEMO, prediction_flags
+from conftest import DEMO, prediction_flags, skip_figures
 from ensemble import main
 from ensemble_scores import (METHODS, class_probabilities, combine, greedy_selection, held_out_metric,
                              member_predictions, member_weights, metric)
@@ -207,7 +207,9 @@ def finished_run(tiny_checkpoint, tmp_path_factory):
     flags = ["--data_dir", str(DEMO), "--pretrained", str(tiny_checkpoint), "--option", "finetune", "--quiet",
              "--batch_size", "8", "--lr", "1e-3", "--max_length", "32", "--max_train_examples", "16",
              "--first_stages", "qqp,sts,sst", "--cycles", "0", "--output_dir", str(out / "run")]
-    assert multitask_classifier.main(flags + prediction_flags(out)) == 0
+    with pytest.MonkeyPatch.context() as patch:
+        skip_figures(patch)
+        assert multitask_classifier.main(flags + prediction_flags(out)) == 0
     return out
 
 
