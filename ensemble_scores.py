@@ -64,6 +64,12 @@ def member_predictions(task: str, scores: np.ndarray) -> np.ndarray:
     return decision(task, torch.from_numpy(scores)).numpy()
 
 
+def check_sts_weights(weights: list[float] | None, members: int) -> None:
+    """Dev-weighted STS needs one non-negative weight per member, and not all of them zero."""
+    if weights is None or len(weights) != members or min(weights) < 0 or sum(weights) <= 0:
+        raise ValueError("weighted STS needs one non-negative weight per member, not all zero")
+
+
 class _RunningCombination:
     """combine's sums over the members added so far, so that adding one more member, or trying one on top, costs
     O(N) however many are in: greedy selection tries every candidate in every round."""
@@ -102,8 +108,7 @@ class _RunningCombination:
         if self.task == "sts":
             if self.method == "mean":
                 return total / len(weights)
-            if sum(weights) <= 0:
-                raise ValueError("weighted STS needs one non-negative weight per member, not all zero")
+            check_sts_weights(weights, len(weights))
             return total / np.sum(weights)  # summed afresh, pairwise as np.average sums them: the same bits
         if self.method == "mean":
             return (total / len(weights)).argmax(axis=-1)
@@ -117,8 +122,8 @@ class _RunningCombination:
 def combine(task: str, members: list[np.ndarray], method: str, weights: list[float] | None = None) -> np.ndarray:
     """The ensemble's predictions from its members' scores (one array per member, repeats allowed)."""
     ensemble = _RunningCombination(task, method)
-    if method == "weighted" and (weights is None or len(weights) != len(members) or min(weights) < 0):
-        raise ValueError("weighted STS needs one non-negative weight per member, not all zero")
+    if method == "weighted":
+        check_sts_weights(weights, len(members))
     for scores, weight in zip(members, weights or [1.0] * len(members)):
         ensemble.add(ensemble.terms(scores, weight), weight)
     return ensemble.predictions()
@@ -237,6 +242,8 @@ def teacher_scores(task: str, members: list[np.ndarray], weights: list[float] | 
     """The ensemble's soft scores, in the runs' score space: SST the log of the members' mean class probabilities
     (their softmax is that mean), QQP the logit of the mean duplicate probability, STS the (weighted) mean score.
     A teacher gives its mean probabilities whichever way the ensemble decides (a vote has no probability)."""
+    if weights is not None:
+        check_sts_weights(weights, len(members))
     share = np.asarray(weights if weights is not None else [1.0] * len(members), dtype=np.float64)
     share = share / share.sum()
     if task == "sts":
