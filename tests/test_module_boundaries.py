@@ -11,7 +11,7 @@ MODULES = {path.stem: path for path in ROOT.glob("*.py")}
 # The command lines at the top level; scripts/*.py are command lines too.
 COMMAND_LINES = {"multitask_classifier", "classifier", "ensemble", "prepare_submit", "sanity_check", "optimizer_test"}
 ORACLES = {"transformers", "sentence_transformers", "peft"}
-ORACLE_USERS = {ROOT / "sanity_check.py", ROOT / "scripts" / "benchmark.py", ROOT / "scripts" / "qa_peer.py"}
+ORACLE_USERS = {ROOT / "sanity_check.py", ROOT / "scripts" / "benchmark.py"}
 
 
 def imported_modules(path: Path) -> set[str]:

@@ -1,12 +1,13 @@
-"""scripts/qa_peer.py (the transformers peer of the SQuAD 2.0 run) end to end on a tiny random BERT and a tiny
-SQuAD file: it trains, evaluates and writes every field; --compare_steps times both models on the same batches."""
+"""python scripts/benchmark.py qa_peer (the transformers peer of the SQuAD 2.0 run) end to end on a tiny random
+BERT and a tiny SQuAD file: it trains, evaluates and writes every field; --compare_steps times both models on the
+same batches."""
 import json
 
 import pytest
 
 transformers = pytest.importorskip("transformers")
 
-import qa_peer  # noqa: E402  (scripts/ is on pytest's pythonpath)
+import benchmark  # noqa: E402  (scripts/ is on pytest's pythonpath)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -57,7 +58,7 @@ def flags(tiny_checkpoint, squad_dir, out, *extra):
 
 def test_the_peer_trains_evaluates_and_writes_every_field(tiny_checkpoint, squad_dir, tmp_path, capsys):
     out = tmp_path / "peer.json"
-    assert qa_peer.main(flags(tiny_checkpoint, squad_dir, out)) == 0
+    assert benchmark.main(["qa_peer", *flags(tiny_checkpoint, squad_dir, out)]) == 0
     result = json.loads(out.read_text())
     assert result["settings"]["pad_to_max_length"] is True and result["settings"]["threads"] == 1
     assert result["train_questions"] == 9 and result["dev_questions"] == 6
@@ -78,7 +79,8 @@ def test_the_peer_trains_evaluates_and_writes_every_field(tiny_checkpoint, squad
 
 def test_compare_steps_times_both_models_on_the_same_batches(tiny_checkpoint, squad_dir, tmp_path):
     out = tmp_path / "steps.json"
-    assert qa_peer.main(flags(tiny_checkpoint, squad_dir, out, "--compare_steps", "2", "--no-pad_to_max_length")) == 0
+    argv = flags(tiny_checkpoint, squad_dir, out, "--compare_steps", "2", "--no-pad_to_max_length")
+    assert benchmark.main(["qa_peer", *argv]) == 0
     compare = json.loads(out.read_text())["compare_steps"]
     assert compare["timed_steps"] == 2 and len(compare["batch_tokens"]) == 2
     for side in ("transformers", "minbert"):
@@ -92,11 +94,11 @@ def test_both_models_give_the_same_loss_on_the_same_batch(tiny_checkpoint, squad
 
     import torch
     args = argparse.Namespace(data_dir=squad_dir, seed=0, max_length=48, doc_stride=16, batch_size=4)
-    windows = qa_peer.load_split(args, "train", tokenizer)
-    reference, _ = qa_peer.load_transformers_model(tiny_checkpoint, 0)
-    ours = qa_peer.minbert_span_model(tiny_checkpoint, reference)
+    windows = benchmark.qa_load_split(args, "train", tokenizer)
+    reference, _ = benchmark.qa_transformers_model(tiny_checkpoint, 0)
+    ours = benchmark.minbert_span_model(tiny_checkpoint, reference)
     reference.eval(), ours.eval()
     for pad_to in (None, 48):
-        batch = qa_peer.batch_of(windows, list(range(4)), pad_to)
+        batch = benchmark.qa_batch_of(windows, list(range(4)), pad_to)
         with torch.no_grad():
-            assert torch.allclose(qa_peer.transformers_loss(reference, batch), ours(batch), atol=1e-5)
+            assert torch.allclose(benchmark.qa_transformers_loss(reference, batch), ours(batch), atol=1e-5)
