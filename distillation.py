@@ -6,8 +6,9 @@ student trains on the mix (1 - w) * gold loss + w * distillation loss, with no t
     distillation = Distillation(teacher, weight=0.5, temperature=2.0)
     loss = distillation.mix("sst", gold_loss, student_scores, batch["ids"])
 
-The losses compare scores in the space the runs save them in (SST's 5 logits, QQP's logit, STS's 0-5 score), so
-a teacher is any folder of saved scores, whatever model or ensemble wrote them.
+The losses compare scores in the space the runs save them in (SST's 5 logits, QQP's logit, STS's 0-5 score,
+SQuAD's start and end logits of every window), so a teacher is any folder of saved scores, whatever model or
+ensemble wrote them. (ensemble.py combines no SQuAD scores: a SQuAD teacher is one run.)
 """
 from __future__ import annotations
 
@@ -20,9 +21,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from scores import ScoresFileError, read_scores, scores_path
+from multitask_bert import PADDING_LOGIT
+from scores import ScoresFileError, read_scores, read_span_logits, scores_path, span_logits_path
+from squad import QAWindows
 
-DISTILLED_TASKS = ("sst", "qqp", "sts")  # the tasks whose saved scores a student can learn from
+DISTILLED_TASKS = ("sst", "qqp", "sts", "qa")  # the tasks whose saved scores a student can learn from
 
 
 def distillation_loss(task: str, student: Tensor, teacher: Tensor, temperature: float = 1.0) -> Tensor:
@@ -31,7 +34,9 @@ def distillation_loss(task: str, student: Tensor, teacher: Tensor, temperature: 
     sst: KL(teacher || student) of the softmaxes at temperature T, times T^2 so that the gradients keep their
     size as T changes (Hinton et al. 2015). qqp: the KL of the two Bernoulli distributions, i.e. the binary cross
     entropy on the teacher's probability minus that probability's entropy. sts: the squared error of the 0-5
-    scores over 25, the scale of the gold loss MSE(cos, label / 5)."""
+    scores over 25, the scale of the gold loss MSE(cos, label / 5). qa: as sst for the start and for the end
+    distribution over a window's tokens (B, T, 2), averaged, as the gold loss averages its two cross entropies;
+    padding holds PADDING_LOGIT on both sides, so it weighs nothing."""
     student, teacher = student.float(), teacher.float()
     if task == "sst":
         log_student = F.log_softmax(student / temperature, dim=-1)  # (B, 5)
@@ -43,6 +48,11 @@ def distillation_loss(task: str, student: Tensor, teacher: Tensor, temperature: 
                 - F.binary_cross_entropy_with_logits(teacher, target))
     if task == "sts":
         return F.mse_loss(student, teacher) / 25
+    if task == "qa":
+        log_student = F.log_softmax(student / temperature, dim=1)  # (B, T, 2): over the tokens
+        log_teacher = F.log_softmax(teacher / temperature, dim=1)
+        kl = F.kl_div(log_student, log_teacher, log_target=True, reduction="sum") / (2 * len(student))
+        return kl * temperature ** 2
     raise ValueError(f"no distillation loss for {task!r}; one of {DISTILLED_TASKS}")
 
 
@@ -52,16 +62,49 @@ class TeacherScores:
     rows: dict[str, int]
     scores: np.ndarray  # (N, columns) as scores.py reads them
 
-    def of(self, ids: list[str]) -> Tensor:
-        return torch.from_numpy(self.scores[[self.rows[i] for i in ids]]).squeeze(-1)  # (B, 5) or (B,)
+    def of(self, ids: list[str], student: Tensor) -> Tensor:
+        """The scores of these examples, shaped as the student's."""
+        return torch.from_numpy(self.scores[[self.rows[i] for i in ids]]).squeeze(-1).to(student)  # (B, 5) or (B,)
 
 
-def load_teacher(run_dir: str | Path, train_ids: dict[str, list[str]]) -> dict[str, TeacherScores]:
-    """The teacher's train scores of every task in `train_ids` (the student's training ids per task). A missing
-    file, or one that lacks an id the student trains on (another data set, or a teacher written with fewer
-    training examples), raises ScoresFileError naming the file."""
+@dataclass(frozen=True)
+class TeacherSpans:
+    """SQuAD's teacher: each training window's start and end logits (its own length, (L, 2)), by window id."""
+    logits: dict[str, np.ndarray]
+    path: Path  # the file they came from, for the error messages
+
+    def of(self, ids: list[str], student: Tensor) -> Tensor:
+        """The windows' logits padded as the student's batch (B, T, 2), PADDING_LOGIT beyond each window."""
+        target = torch.full(student.shape, PADDING_LOGIT, dtype=torch.float32)
+        for row, i in enumerate(ids):
+            logits = self.logits[i]
+            target[row, :len(logits)] = torch.from_numpy(logits)
+        return target.to(student.device)
+
+    def check_windows(self, windows: QAWindows) -> None:
+        """Refuse a teacher whose windows are not the student's: the same ids and token counts (another
+        tokenizer, --qa_max_length or --qa_doc_stride cuts them differently), in one ScoresFileError line."""
+        for window, length in zip(windows, windows.lengths):
+            if window.id not in self.logits:
+                raise ScoresFileError(f"{self.path}: no teacher logits for the training window {window.id}; the "
+                                      "teacher must have cut this training set into the same windows")
+            if len(self.logits[window.id]) != length:
+                raise ScoresFileError(f"{self.path}: the teacher's window {window.id} has "
+                                      f"{len(self.logits[window.id])} tokens, this run's {length}: another "
+                                      "tokenizer or windowing; distil from a teacher with the student's")
+
+
+def load_teacher(run_dir: str | Path, train_ids: dict[str, list[str]],
+                 qa_windowing: tuple[int, int] | None = None) -> dict[str, TeacherScores | TeacherSpans]:
+    """The teacher's train scores of every task in `train_ids` (the student's training ids per task; SQuAD's
+    question ids). A missing file, or one that lacks an id the student trains on (another data set, or a teacher
+    written with fewer training examples), raises ScoresFileError naming the file; so does SQuAD's when its
+    (max_length, doc_stride) is not the student's `qa_windowing`."""
     teacher = {}
     for task, ids in train_ids.items():
+        if task == "qa":
+            teacher[task] = _load_teacher_spans(run_dir, ids, qa_windowing)
+            continue
         path = scores_path(run_dir, task, "train")
         if not path.is_file():
             raise ScoresFileError(f"{path}: no train scores for --distill; write them with --score_train (a run) "
@@ -76,10 +119,27 @@ def load_teacher(run_dir: str | Path, train_ids: dict[str, list[str]]) -> dict[s
     return teacher
 
 
+def _load_teacher_spans(run_dir: str | Path, question_ids: list[str],
+                        windowing: tuple[int, int] | None) -> TeacherSpans:
+    path = span_logits_path(run_dir)
+    if not path.is_file():
+        raise ScoresFileError(f"{path}: no SQuAD train logits for --distill; write them with --score_train")
+    spans = read_span_logits(path)
+    if windowing is not None and (spans.max_length, spans.doc_stride) != tuple(windowing):
+        raise ScoresFileError(f"{path}: windows of {spans.max_length} tokens with stride {spans.doc_stride}, this run "
+                              f"cuts {windowing[0]} with stride {windowing[1]} (--qa_max_length, --qa_doc_stride)")
+    scored = {i.rpartition("#")[0] for i in spans.ids}
+    missing = [i for i in question_ids if i not in scored]
+    if missing:
+        raise ScoresFileError(f"{path}: no teacher logits for {len(missing)} of the {len(question_ids)} qa training "
+                              f"questions (e.g. id {missing[0]}); the teacher must have scored this training set")
+    return TeacherSpans(dict(zip(spans.ids, spans.logits)), path)
+
+
 @dataclass(frozen=True)
 class Distillation:
     """The teacher's scores and how a student's loss mixes them in: (1 - weight) * gold + weight * distillation."""
-    teacher: dict[str, TeacherScores]
+    teacher: dict[str, TeacherScores | TeacherSpans]
     weight: float = 0.5
     temperature: float = 1.0
 
@@ -94,6 +154,6 @@ class Distillation:
         teacher has no scores of)."""
         if task not in self.teacher:
             return gold_loss
-        target = self.teacher[task].of(ids).to(student_scores.device)
+        target = self.teacher[task].of(ids, student_scores)
         soft = distillation_loss(task, student_scores, target, self.temperature)
         return (1 - self.weight) * gold_loss + self.weight * soft

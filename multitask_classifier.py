@@ -29,7 +29,7 @@ from nli import load_nli_triplets
 from plots import write_run_reports
 from runtime import precision_notice, seed_everything
 from schedules import Stage, StageKind, build_schedule, train_tasks
-from scores import scores_path, write_qa_scores, write_scores
+from scores import ScoresFileError, scores_path, span_logits_path, write_qa_scores, write_scores, write_span_logits
 from squad import predictions, write_squad_predictions
 from tasks import MULTITASK, TASKS
 from tokenizer import BertTokenizer
@@ -112,7 +112,7 @@ def load_inputs(args: TrainingArguments) -> tuple[list[Stage], dict, list[str], 
                          if task in data and data[task].train is not None}
             if not train_ids:
                 raise ValueError(f"--distill {args.distill}: the schedule trains none of {', '.join(DISTILLED_TASKS)}")
-            teacher = load_teacher(args.distill, train_ids)
+            teacher = load_teacher(args.distill, train_ids, (args.qa_max_length, args.qa_doc_stride))
             print(f"distillation: the train scores of {args.distill} for {', '.join(teacher)} "
                   f"(weight {args.distill_weight}, temperature {args.distill_temperature})")
     except ValueError as err:  # DataError and ScoresFileError too: their messages name the file
@@ -178,6 +178,12 @@ def write_train_scores(trainer: Trainer, run_dir: Path) -> None:
         train = trainer.data[task].train
         if task not in DISTILLED_TASKS or train is None:
             continue
+        if task == "qa":
+            ids, logits = trainer.span_logits(train)
+            if trainer.distributed.is_main:
+                write_span_logits(span_logits_path(run_dir), ids, logits, trainer.qa.max_length, trainer.qa.doc_stride)
+                print(f"wrote {span_logits_path(run_dir)} ({len(ids)} windows)")
+            continue
         ids, scores = trainer.predict(task, train, scores=True)
         if trainer.distributed.is_main:
             write_scores(scores_path(run_dir, task, "train"), ids, scores, task)
@@ -239,6 +245,11 @@ def _run(args: TrainingArguments, distributed: Distributed, device) -> Trainer:
               f" examples per update; learning rate {args.lr} (not scaled with the batch)")
     trainer = build_trainer(args, model, BertTokenizer.from_pretrained(args.pretrained), data, triplets, device,
                             mlm_head, distributed, teacher)
+    if teacher is not None and "qa" in teacher:
+        try:  # the teacher's SQuAD windows must be the student's, token for token
+            teacher["qa"].check_windows(trainer.tokenized_split("qa", data["qa"].train))
+        except ScoresFileError as err:
+            raise UsageError(str(err)) from None
     if distributed.is_main:
         print(precision_notice(device, args.precision, smart=args.smart))
     if args.resume:

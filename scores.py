@@ -4,6 +4,8 @@ distillation.py learns from.
 
     RUN/scores/{sst,qqp,sts}-{dev,test}.csv      one row per example, in the data file's order
     RUN/scores/{sst,qqp,sts}-train.csv           --score_train (an ensemble's: the teacher it combines)
+    RUN/scores/qa-train.safetensors              --score_train on SQuAD: every training window's start and end
+                                                 logits (span_logits_path; too many numbers for a CSV)
     sst  id,logit_0,...,logit_4     the five class logits
     qqp  id,logit                   the duplicate logit (its sign is the prediction)
     sts  id,score                   the 0-5 similarity the leaderboard CSV reports
@@ -16,15 +18,19 @@ floats are written with 9 significant digits, which float32 reads back exactly.
 from __future__ import annotations
 
 import csv
+import json
 import math
 import os
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from safetensors import SafetensorError, safe_open
+from safetensors.numpy import save
 
-from files import atomic_write_csv
+from files import atomic_write_bytes, atomic_write_csv
 from squad import Answer
 from tasks import TASKS
 
@@ -90,3 +96,54 @@ def read_scores(path: str | os.PathLike, task: str) -> tuple[list[str], np.ndarr
         raise ScoresFileError(f"{path}: repeated id {repeated[0]!r}")
     array = np.array(values, dtype=np.float64)
     return ids, array if task == "sst" else array[:, 0]
+
+
+# -- SQuAD's train scores: the start and end logits of every window ------------------------------------
+
+def span_logits_path(run_dir: str | os.PathLike) -> Path:
+    return Path(run_dir) / "scores" / "qa-train.safetensors"
+
+
+def write_span_logits(path: str | os.PathLike, ids: Sequence[str], logits: Sequence[np.ndarray], max_length: int,
+                      doc_stride: int) -> None:
+    """SQuAD windows' start and end logits, window `ids[i]`'s as `logits[i]` (its own length L_i, (L_i, 2)), in
+    safetensors: "logits" (sum L_i, 2) float32 and "lengths" (N,) int64, the window ids and the windowing
+    (max_length, doc_stride) as JSON in its metadata "windows". Atomic, as every write of the project."""
+    lengths = np.array([len(row) for row in logits], dtype=np.int64)
+    flat = np.concatenate([np.asarray(row, dtype=np.float32).reshape(-1, 2) for row in logits])  # (sum L_i, 2)
+    # One metadata key: safetensors writes several in no fixed order, and the file must be byte-reproducible.
+    windows = json.dumps({"ids": list(ids), "max_length": max_length, "doc_stride": doc_stride})
+    atomic_write_bytes(path, save({"logits": flat, "lengths": lengths}, metadata={"windows": windows}))
+
+
+@dataclass(frozen=True)
+class SpanLogits:
+    """A qa-train.safetensors file: window ids, each window's length and its (length, 2) logits."""
+    ids: list[str]
+    lengths: np.ndarray  # (N,)
+    logits: list[np.ndarray]  # N arrays (L_i, 2)
+    max_length: int
+    doc_stride: int
+
+
+def read_span_logits(path: str | os.PathLike) -> SpanLogits:
+    """write_span_logits' file, checked (tensors, lengths, ids, finite values); nothing is unpickled. Raises
+    ScoresFileError naming the file."""
+    path = Path(path)
+    try:
+        with safe_open(path, framework="np") as handle:
+            windows = json.loads((handle.metadata() or {})["windows"])
+            flat, lengths = handle.get_tensor("logits"), handle.get_tensor("lengths")
+        ids, max_length, doc_stride = windows["ids"], int(windows["max_length"]), int(windows["doc_stride"])
+    except FileNotFoundError:
+        raise ScoresFileError(f"{path}: no such scores file (a run writes it with --score_train)") from None
+    except (SafetensorError, OSError, KeyError, TypeError, ValueError) as err:
+        raise ScoresFileError(f"{path}: not a SQuAD train-logits file ({type(err).__name__}: {err})") from None
+    if (flat.ndim != 2 or flat.shape[1] != 2 or lengths.ndim != 1 or len(lengths) != len(ids)
+            or not isinstance(ids, list) or (lengths < 1).any() or int(lengths.sum()) != len(flat)):
+        raise ScoresFileError(f"{path}: the logits, lengths and window ids do not fit together")
+    if not np.isfinite(flat).all():
+        raise ScoresFileError(f"{path}: a logit that is not finite")
+    if len(set(ids)) != len(ids):
+        raise ScoresFileError(f"{path}: repeated window id {next(i for i, c in Counter(ids).items() if c > 1)!r}")
+    return SpanLogits(ids, lengths, np.split(flat, np.cumsum(lengths)[:-1]), max_length, doc_stride)

@@ -118,11 +118,12 @@ def predict_examples(model: MultitaskBERT, task: str, examples: list | Tokenized
 
 
 @torch.inference_mode()
-def predict_answers(model: MultitaskBERT, windows: QAWindows, device: torch.device, batch_size: int,
-                    precision: str = "fp32", quiet: bool = True, distributed: Distributed = SINGLE_PROCESS,
-                    n_best: int = 20, max_answer_tokens: int = 30) -> dict[str, Answer]:
-    """Every SQuAD question's best span and no-answer margin (squad.decode_answers) from the logits of all
-    of its windows; under torchrun each rank reads every world_size-th window and all ranks get every answer."""
+def predict_span_logits(model: MultitaskBERT, windows: QAWindows, device: torch.device, batch_size: int,
+                        precision: str = "fp32", quiet: bool = True,
+                        distributed: Distributed = SINGLE_PROCESS) -> tuple[list[str], np.ndarray]:
+    """The start and end logits of every SQuAD window, (window ids, (N, max_length, 2)) in the windows' order,
+    zero beyond each window's tokens; under torchrun each rank reads every world_size-th window and all ranks
+    get every window's."""
     model.eval()
 
     def predict_shard(shard: QAWindows) -> tuple[list[str], np.ndarray]:
@@ -135,7 +136,16 @@ def predict_answers(model: MultitaskBERT, windows: QAWindows, device: torch.devi
             logits.append(np.pad(values, ((0, 0), (0, windows.max_length - values.shape[1]), (0, 0))))
             ids += batch["ids"]
         return ids, np.concatenate(logits)  # (B, max_length, 2)
-    _, logits = predict_in_file_order(windows, predict_shard, distributed)
+    return predict_in_file_order(windows, predict_shard, distributed)
+
+
+@torch.inference_mode()
+def predict_answers(model: MultitaskBERT, windows: QAWindows, device: torch.device, batch_size: int,
+                    precision: str = "fp32", quiet: bool = True, distributed: Distributed = SINGLE_PROCESS,
+                    n_best: int = 20, max_answer_tokens: int = 30) -> dict[str, Answer]:
+    """Every SQuAD question's best span and no-answer margin (squad.decode_answers) from the logits of all
+    of its windows (predict_span_logits)."""
+    _, logits = predict_span_logits(model, windows, device, batch_size, precision, quiet, distributed)
     return decode_answers(windows, logits, n_best, max_answer_tokens)
 
 
@@ -463,6 +473,14 @@ class Trainer:
         return predict_answers(self.model, self.tokenized_split("qa", questions), self.device,
                                self.config.eval_batch_size, self.precision, self.quiet, self.distributed,
                                self.qa.n_best, self.qa.max_answer_tokens)
+
+    def span_logits(self, questions: list[QAExample]) -> tuple[list[str], list[np.ndarray]]:
+        """The window ids of SQuAD questions and each window's (length, 2) start and end logits
+        (predict_span_logits): what --score_train saves for --distill."""
+        windows = self.tokenized_split("qa", questions)
+        ids, logits = predict_span_logits(self.model, windows, self.device, self.config.eval_batch_size,
+                                          self.precision, self.quiet, self.distributed)
+        return ids, [row[:length] for row, length in zip(logits, windows.lengths)]
 
     def evaluate(self, split: str = "dev", limit: int | None = None) -> tuple[dict, dict]:
         """Metrics of every task on a split, and (ids, predictions, gold labels) per task."""

@@ -271,12 +271,15 @@ class TrainingArguments:
 
     # Distillation.
     distill: str | None = flag(None, "a teacher folder (an ensemble.py output or a run) whose "
-                               "scores/{sst,qqp,sts}-train.csv become soft targets of the trained tasks", DISTILL)
+                               "scores/{sst,qqp,sts}-train.csv (SQuAD: scores/qa-train.safetensors) become soft "
+                               "targets of the trained tasks", DISTILL)
     distill_weight: float = flag(0.5, "w: each task step trains on (1 - w) x gold loss + w x distillation loss",
                                  DISTILL, type=float)
-    distill_temperature: float = flag(1.0, "T of SST's softened distributions (KL x T^2)", DISTILL, type=float)
+    distill_temperature: float = flag(1.0, "T of SST's and SQuAD's softened distributions (KL x T^2)", DISTILL,
+                                      type=float)
     score_train: bool = flag(False, "also write the kept model's scores of the train splits "
-                             "(OUTPUT_DIR/scores/TASK-train.csv): the run can then teach others (--distill)",
+                             "(OUTPUT_DIR/scores/TASK-train.csv; SQuAD: every window's start and end logits, "
+                             "qa-train.safetensors): the run can then teach others (--distill)",
                              DISTILL, resume_free=True, action="store_true")
 
     # SimCSE.

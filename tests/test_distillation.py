@@ -1,7 +1,8 @@
 """distillation.py: the losses on hand-made tensors, the teacher's scores by id, and --score_train / --distill
-through the command line on the demo data with a tiny BERT."""
+through the command line on the demo data with a tiny BERT (SQuAD's window logits too)."""
 import json
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -11,9 +12,11 @@ import torch.nn.functional as F
 import ensemble
 import multitask_classifier as mc
 from conftest import DEMO, exit_code, prediction_flags, skip_figures
-from distillation import Distillation, TeacherScores, distillation_loss, load_teacher
+from distillation import Distillation, TeacherScores, TeacherSpans, distillation_loss, load_teacher
 from ensemble_scores import teacher_scores
-from scores import ScoresFileError, read_scores, scores_path, write_scores
+from multitask_bert import PADDING_LOGIT
+from scores import (ScoresFileError, read_scores, read_span_logits, scores_path, span_logits_path, write_scores,
+                    write_span_logits)
 
 pytestmark = pytest.mark.usefixtures("one_thread", "no_plots")
 
@@ -24,6 +27,10 @@ def random_scores(task: str, n: int = 6, seed: int = 0) -> torch.Tensor:
         return torch.randn(n, 5, generator=generator) * 2
     if task == "qqp":
         return torch.randn(n, generator=generator) * 3
+    if task == "qa":  # (B, T, 2) window logits; the first window is 4 tokens long, the rest padding
+        logits = torch.randn(n, 7, 2, generator=generator) * 3
+        logits[0, 4:] = PADDING_LOGIT
+        return logits
     return torch.rand(n, generator=generator) * 5
 
 
@@ -31,7 +38,7 @@ def random_scores(task: str, n: int = 6, seed: int = 0) -> torch.Tensor:
 # The losses
 
 
-@pytest.mark.parametrize("task", ["sst", "qqp", "sts"])
+@pytest.mark.parametrize("task", ["sst", "qqp", "sts", "qa"])
 def test_the_loss_is_zero_where_student_and_teacher_agree_and_positive_elsewhere(task):
     teacher = random_scores(task)
     assert distillation_loss(task, teacher.clone(), teacher, temperature=1.0).item() == pytest.approx(0, abs=1e-6)
@@ -61,7 +68,25 @@ def test_sts_is_the_squared_error_of_the_0_to_5_scores_on_the_gold_loss_scale():
     student, teacher = torch.tensor([1.0, 4.0]), torch.tensor([2.0, 2.0])
     assert distillation_loss("sts", student, teacher).item() == pytest.approx((1 + 4) / 2 / 25)
     with pytest.raises(ValueError, match="no distillation loss"):
-        distillation_loss("qa", student, teacher)
+        distillation_loss("mlm", student, teacher)
+
+
+def test_qa_is_the_mean_kl_of_the_start_and_end_distributions_and_padding_weighs_nothing():
+    teacher, student = random_scores("qa", n=2), random_scores("qa", n=2, seed=1)
+    student[0, 4:] = PADDING_LOGIT  # both windows padded alike
+    temperature = 2.0
+    expected = 0.0
+    for row in range(2):
+        for end in range(2):
+            p = torch.softmax(teacher[row, :, end] / temperature, -1)
+            q = torch.softmax(student[row, :, end] / temperature, -1)
+            expected += float((p * (p / q).log()).nansum()) / 4
+    loss = distillation_loss("qa", student, teacher, temperature)
+    assert loss.item() == pytest.approx(expected * temperature ** 2, rel=1e-5)
+    # The first window's padding has no probability on either side: scores there change nothing.
+    moved = student.clone()
+    moved[0, 4:] = PADDING_LOGIT - 5
+    assert distillation_loss("qa", moved, teacher, temperature).item() == pytest.approx(loss.item(), rel=1e-6)
 
 
 def test_mix_weighs_gold_and_teacher_and_leaves_other_tasks_alone():
@@ -83,7 +108,56 @@ def test_mix_weighs_gold_and_teacher_and_leaves_other_tasks_alone():
 def test_the_teacher_is_read_by_id_whatever_its_row_order(tmp_path):
     write_scores(scores_path(tmp_path, "sst", "train"), ["x", "y", "z"], np.arange(15.0).reshape(3, 5), "sst")
     teacher = load_teacher(tmp_path, {"sst": ["z", "x"]})
-    assert teacher["sst"].of(["z", "x"]).tolist() == [[10, 11, 12, 13, 14], [0, 1, 2, 3, 4]]
+    assert teacher["sst"].of(["z", "x"], torch.zeros(2, 5)).tolist() == [[10, 11, 12, 13, 14], [0, 1, 2, 3, 4]]
+
+
+def test_squad_window_logits_read_back_exact_and_are_padded_as_the_students_batch(tmp_path):
+    path = span_logits_path(tmp_path)
+    logits = [np.arange(6.0).reshape(3, 2), np.full((2, 2), -0.5), np.ones((4, 2))]
+    write_span_logits(path, ["q1#0", "q1#1", "q2#0"], logits, max_length=48, doc_stride=16)
+    spans = read_span_logits(path)
+    assert (spans.ids, spans.max_length, spans.doc_stride) == (["q1#0", "q1#1", "q2#0"], 48, 16)
+    assert all(np.array_equal(a, b) for a, b in zip(spans.logits, logits))
+    write_span_logits(tmp_path / "again.safetensors", spans.ids, spans.logits, 48, 16)
+    assert (tmp_path / "again.safetensors").read_bytes() == path.read_bytes()
+    teacher = load_teacher(tmp_path, {"qa": ["q2", "q1"]}, qa_windowing=(48, 16))["qa"]
+    target = teacher.of(["q1#1", "q1#0"], torch.zeros(2, 5, 2))  # a batch padded to 5 tokens
+    assert target[0, :2].tolist() == [[-0.5, -0.5]] * 2 and target[1, :3].tolist() == logits[0].tolist()
+    assert (target[0, 2:] == PADDING_LOGIT).all() and (target[1, 3:] == PADDING_LOGIT).all()
+
+
+def test_a_squad_teacher_whose_windows_are_cut_otherwise_is_refused(tmp_path):
+    """Same question ids and windowing flags, but another tokenizer: the token counts tell."""
+    teacher = TeacherSpans({"q1#0": np.zeros((5, 2)), "q1#1": np.zeros((4, 2))}, tmp_path / "qa-train.safetensors")
+    teacher.check_windows(Windows(["q1#0", "q1#1"], [5, 4]))
+    with pytest.raises(ScoresFileError, match="window q1#1 has 4 tokens, this run's 6: another tokenizer"):
+        teacher.check_windows(Windows(["q1#0", "q1#1"], [5, 6]))
+    with pytest.raises(ScoresFileError, match="no teacher logits for the training window q1#2"):
+        teacher.check_windows(Windows(["q1#0", "q1#1", "q1#2"], [5, 4, 3]))
+
+
+class Windows(list):
+    """What check_windows reads of squad.QAWindows: its windows' ids, in order, and their lengths."""
+    def __init__(self, ids, lengths):
+        super().__init__(SimpleNamespace(id=i) for i in ids)
+        self.lengths = lengths
+
+
+def test_squad_teachers_that_do_not_fit_are_refused(tmp_path):
+    with pytest.raises(ScoresFileError, match="no SQuAD train logits for --distill"):
+        load_teacher(tmp_path, {"qa": ["q1"]}, (48, 16))
+    path = span_logits_path(tmp_path)
+    write_span_logits(path, ["q1#0"], [np.zeros((3, 2))], max_length=48, doc_stride=16)
+    with pytest.raises(ScoresFileError, match="windows of 48 tokens with stride 16, this run cuts 64 with stride 16"):
+        load_teacher(tmp_path, {"qa": ["q1"]}, (64, 16))
+    with pytest.raises(ScoresFileError, match=r"no teacher logits for 1 of the 2 qa training questions \(e.g. id q2\)"):
+        load_teacher(tmp_path, {"qa": ["q1", "q2"]}, (48, 16))
+    path.write_bytes(path.read_bytes()[:-4])  # cut short
+    with pytest.raises(ScoresFileError, match="not a SQuAD train-logits file"):
+        load_teacher(tmp_path, {"qa": ["q1"]}, (48, 16))
+    write_span_logits(path, ["q1#0"], [np.array([[0.0, math.inf]])], 48, 16)
+    with pytest.raises(ScoresFileError, match="not finite"):
+        read_span_logits(path)
 
 
 def test_a_teacher_without_train_scores_or_missing_an_id_is_refused(tmp_path):
@@ -185,3 +259,36 @@ def test_ensemble_score_train_writes_a_teacher_a_student_learns_from(teacher_run
     assert ensemble.main([*members, "--output_dir", str(tmp_path / "ens2"), "--data_dir", str(DEMO),
                           "--score_train"]) == 2
     assert "no train scores; rerun that member with --score_train" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------------
+# SQuAD: a QA run's window logits teach another QA run
+
+
+def qa_flags(checkpoint, out, *extra) -> list[str]:
+    return ["--data_dir", str(DEMO), "--pretrained", str(checkpoint), "--option", "finetune", "--quiet",
+            "--tasks", "qa", "--max_train_examples", "16", "--max_length", "32", "--batch_size", "8", "--lr", "1e-3",
+            "--qa_max_length", "48", "--qa_doc_stride", "16", "--qa_max_answer_tokens", "8",
+            "--output_dir", str(out / "run"), "--squad_dev_out", str(out / "squad-dev.json"),
+            "--squad_test_out", str(out / "squad-test.json"), *extra]
+
+
+def test_a_qa_student_learns_from_a_qa_teachers_window_logits(tiny_checkpoint, tmp_path, capsys):
+    teacher, plain, student = tmp_path / "teacher", tmp_path / "plain", tmp_path / "student"
+    assert mc.main(qa_flags(tiny_checkpoint, teacher, "--score_train")) == 0
+    spans = read_span_logits(span_logits_path(teacher / "run"))
+    assert (spans.max_length, spans.doc_stride) == (48, 16) and len({i.rpartition("#")[0] for i in spans.ids}) == 16
+    assert len(spans.ids) > 16 and all(len(row) <= 48 for row in spans.logits)  # several windows per question
+    assert mc.main(qa_flags(tiny_checkpoint, plain)) == 0
+    assert mc.main(qa_flags(tiny_checkpoint, student, "--distill", str(teacher / "run"), "--distill_weight", "1")) == 0
+    assert "distillation: the train scores of" in capsys.readouterr().out
+    losses = [[r.get("train_loss") for r in json.loads((out / "run" / "history.json").read_text())]
+              for out in (plain, student)]
+    assert losses[0][1:] != losses[1][1:]  # the same run but for the loss
+    # Windows cut otherwise, or questions the teacher never read: one line, exit 2.
+    for extra, message in ((["--qa_doc_stride", "12"], "windows of 48 tokens with stride 16, this run cuts 48 with "
+                                                        "stride 12"),
+                           (["--max_train_examples", "32"], "no teacher logits for 16 of the 32 qa training questions")):
+        assert mc.main(qa_flags(tiny_checkpoint, tmp_path / "refused", "--distill", str(teacher / "run"), *extra)) == 2
+        error = capsys.readouterr().err.strip().splitlines()
+        assert len(error) == 1 and message in error[0]
