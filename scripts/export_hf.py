@@ -28,6 +28,7 @@ from safetensors.torch import save_file  # noqa: E402
 
 from adapters import SHARED_SET, merge_adapters  # noqa: E402
 from base_bert import CheckpointError, resolve_pretrained, to_hf_state_dict  # noqa: E402
+from files import atomic_write, atomic_write_text  # noqa: E402
 from multitask_bert import load_multitask_checkpoint  # noqa: E402
 from tasks import MULTITASK, task_name  # noqa: E402
 
@@ -56,27 +57,27 @@ def export(checkpoint: Path, out: Path, task: str | None = None, pretrained: str
         raise CheckpointError(f"{checkpoint}: does not say which pretrained model (tokenizer) it came from; "
                               "give --pretrained")
     out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(hf_config(bert.config.to_dict()), indent=2) + "\n")
-    save_file({k: v.contiguous() for k, v in to_hf_state_dict(bert.state_dict()).items()},
-              str(out / "model.safetensors"), metadata={"format": "pt"})
+    # Every file is written aside and moved into place (files.py): an interrupted export leaves no torn file.
+    atomic_write_text(out / "config.json", json.dumps(hf_config(bert.config.to_dict()), indent=2) + "\n")
+    weights = {k: v.contiguous() for k, v in to_hf_state_dict(bert.state_dict()).items()}
+    atomic_write(out / "model.safetensors", lambda temporary: save_file(weights, str(temporary), {"format": "pt"}))
     source = resolve_pretrained(pretrained)
     for name in TOKENIZER_FILES:
         if (source / name).is_file():
-            shutil.copy(source / name, out / name)
+            atomic_write(out / name, lambda temporary, name=name: shutil.copyfile(source / name, temporary))
     max_length = metadata.get("args", {}).get("max_length", 128)
-    (out / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": max_length,
-                                                               "do_lower_case": False}) + "\n")
-    (out / "modules.json").write_text(json.dumps([
+    atomic_write_text(out / "sentence_bert_config.json", json.dumps({"max_seq_length": max_length,
+                                                                     "do_lower_case": False}) + "\n")
+    atomic_write_text(out / "modules.json", json.dumps([
         {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
         {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]) + "\n")
-    (out / "1_Pooling").mkdir(exist_ok=True)
-    (out / "1_Pooling" / "config.json").write_text(json.dumps({
+    atomic_write_text(out / "1_Pooling" / "config.json", json.dumps({
         "word_embedding_dimension": bert.config.hidden_size, "pooling_mode_cls_token": model.pooling == "cls",
         "pooling_mode_mean_tokens": model.pooling == "mean", "pooling_mode_max_tokens": False,
         "pooling_mode_mean_sqrt_len_tokens": False}) + "\n")
     heads = {k: v.detach().contiguous() for k, v in model.state_dict().items() if not k.startswith(("bert.", "pals."))}
-    save_file(heads, str(out / "heads.safetensors"))
-    (out / "heads.json").write_text(json.dumps(model.head_options(), indent=2) + "\n")
+    atomic_write(out / "heads.safetensors", lambda temporary: save_file(heads, str(temporary)))
+    atomic_write_text(out / "heads.json", json.dumps(model.head_options(), indent=2) + "\n")
 
 
 def main(argv=None) -> int:

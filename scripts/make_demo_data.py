@@ -16,10 +16,16 @@ from __future__ import annotations
 import argparse
 import csv
 import hashlib
+import io
 import json
 import random
+import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from files import atomic_write_text  # noqa: E402
 
 SIZES = {"sst": (160, 40, 40), "cfimdb": (60, 20, 20), "quora": (160, 40, 40), "sts": (160, 40, 40)}
 SPLIT_NAMES = ("train", "dev", "test-student")
@@ -293,10 +299,11 @@ def split_stratified(rng: random.Random, groups: dict, sizes: tuple[int, int, in
 
 
 def write_tsv(path: Path, header: list[str], rows: list[list[str]]) -> None:
-    with open(path, "w", encoding="utf-8", newline="") as handle:
-        writer = csv.writer(handle, delimiter="\t", lineterminator="\n")
-        writer.writerow(header)
-        writer.writerows(rows)
+    text = io.StringIO()
+    writer = csv.writer(text, delimiter="\t", lineterminator="\n")
+    writer.writerow(header)
+    writer.writerows(rows)
+    atomic_write_text(path, text.getvalue())
 
 
 def write_sentence_task(out_dir: Path, prefix: str, splits: list[list]) -> None:
@@ -524,7 +531,7 @@ def write_squad(out_dir: Path, seed: int) -> None:
                 if split == "test":  # the official test file's layout: no answers
                     paragraph["qas"] = [{"question": qa["question"], "id": qa["id"]} for qa in paragraph["qas"]]
         text = json.dumps({"version": "v2.0", "data": articles}, ensure_ascii=False, indent=1)
-        (out_dir / f"{split}-v2.0.json").write_text(text + "\n", encoding="utf-8")
+        atomic_write_text(out_dir / f"{split}-v2.0.json", text + "\n")
 
 
 def main(argv: list[str] | None = None) -> None:
