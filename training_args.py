@@ -25,7 +25,7 @@ import torch
 from base_bert import CheckpointError
 from checkpoint import check_resume_settings
 from datasets import standard_paths
-from distillation import Distillation, TeacherScores
+from distillation import Distillation, TeacherScores, TeacherSpans
 from distributed import SINGLE_PROCESS, Distributed
 from files import unwritable_folder
 from adapters import ADAPTERS as ADAPTER_KINDS
@@ -570,7 +570,7 @@ def regularization(args: TrainingArguments, model: MultitaskBERT) -> Regularizat
 
 def build_trainer(args: TrainingArguments, model: MultitaskBERT, tokenizer, data: dict, triplets: list,
                   device: torch.device, mlm_head: MaskedLanguageModelHead | None = None,
-                  distributed: Distributed = SINGLE_PROCESS, teacher: dict[str, TeacherScores] | None = None
+                  distributed: Distributed = SINGLE_PROCESS, teacher: dict[str, TeacherScores | TeacherSpans] | None = None
                   ) -> Trainer:
     """The run's Trainer, its objects built from the settings. Build it once the model is on its device and
     the same on every rank (the SMART teacher copies the model's weights). `teacher`: --distill's scores
