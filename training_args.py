@@ -570,8 +570,8 @@ def regularization(args: TrainingArguments, model: MultitaskBERT) -> Regularizat
 
 def build_trainer(args: TrainingArguments, model: MultitaskBERT, tokenizer, data: dict, triplets: list,
                   device: torch.device, mlm_head: MaskedLanguageModelHead | None = None,
-                  distributed: Distributed = SINGLE_PROCESS, teacher: dict[str, TeacherScores | TeacherSpans] | None = None
-                  ) -> Trainer:
+                  distributed: Distributed = SINGLE_PROCESS,
+                  teacher: dict[str, TeacherScores | TeacherSpans] | None = None) -> Trainer:
     """The run's Trainer, its objects built from the settings. Build it once the model is on its device and
     the same on every rank (the SMART teacher copies the model's weights). `teacher`: --distill's scores
     (distillation.load_teacher)."""
