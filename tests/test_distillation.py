@@ -199,6 +199,19 @@ def test_score_train_writes_every_trained_split_and_reads_back_byte_exact(teache
     assert len(dev_ids) == 40 and dev_scores.shape == (40, 5)
 
 
+def test_a_finished_run_becomes_a_teacher_with_resume_and_score_train(teacher_run, tiny_checkpoint, tmp_path):
+    """--score_train may be added on --resume: a finished run then only scores its train splits, as if it had
+    been given the flag from the start."""
+    assert mc.main(run_flags(tiny_checkpoint, tmp_path)) == 0
+    history = (tmp_path / "run" / "history.json").read_bytes()
+    assert not scores_path(tmp_path / "run", "sst", "train").exists()
+    assert mc.main(run_flags(tiny_checkpoint, tmp_path, "--resume", "--score_train")) == 0
+    assert (tmp_path / "run" / "history.json").read_bytes() == history  # nothing trained again
+    for task in ("sst", "qqp", "sts"):
+        assert (scores_path(tmp_path / "run", task, "train").read_bytes()
+                == scores_path(teacher_run, task, "train").read_bytes())
+
+
 def test_a_distilled_run_trains_on_the_teachers_scores(teacher_run, tiny_checkpoint, tmp_path, capsys):
     plain, distilled = tmp_path / "plain", tmp_path / "distilled"
     assert mc.main(run_flags(tiny_checkpoint, plain)) == 0
