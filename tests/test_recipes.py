@@ -34,8 +34,9 @@ RECIPES = {  # recipe -> (extra flags that keep it short, environment)
     "cpu_squad.sh": (["--first_stages", "qa", *SHORT_QA], {}),
     "cpu_four_tasks.sh": (["--epochs", "1", *SHORT_QA], {}),
     "cpu_distill.sh": (["--cycles", "1"], {}),  # TEACHER: made by recipe_runs
+    "cpu_best_one_task.sh": ([], {"TASK": "qqp"}),
 }
-OUTPUTS = {"cpu_squad.sh": 2, "cpu_four_tasks.sh": 8}  # predictions files, when not the six CSVs
+OUTPUTS = {"cpu_squad.sh": 2, "cpu_four_tasks.sh": 8, "cpu_best_one_task.sh": 2}  # predictions files, when not the six CSVs
 # Every recipe that launches training (through $LAUNCH); cpu_ensemble.sh runs ensemble.py, gpu_check.sh the checks.
 TRAINING_RECIPES = sorted(p.name for p in (ROOT / "scripts").glob("[cg]pu_*.sh")
                           if p.name not in ("cpu_ensemble.sh", "gpu_check.sh"))
@@ -91,7 +92,7 @@ def launched_commands(recipe: str, **environment: str) -> list[list[str]]:
     env = {k: v for k, v in os.environ.items() if k != "RUNS_DIR"}  # the recipes' default unless given here
     env.update(LAUNCH="echo", DATA_DIR=str(ROOT / "data" / "demo"), RUN_NAME="unused",
                NLI_FILES="nli.jsonl", TEACHER="teacher",  # named for gpu_sss.sh and the distill recipes; not read
-               **environment)
+               TASK="sst", **environment)  # cpu_best_one_task.sh's
     result = subprocess.run(["bash", str(ROOT / "scripts" / recipe)], env=env, capture_output=True, text=True,
                             timeout=60)
     assert result.returncode == 0, result.stderr[-2000:]
