@@ -531,9 +531,10 @@ class Trainer:
                 return
             start = time.time()
             train_loss = self.run_stage(index, stages[index])
+            seconds = time.time() - start  # training only: the dev pass below is not train time
             dev = self.evaluate_with_scores("dev")
             record = {"stage": stages[index].label, "index": index + 1, "train_loss": train_loss,
-                      "seconds": time.time() - start, **dev[0]}
+                      "seconds": seconds, **dev[0]}
             if self.scaler.is_enabled():
                 record["fp16_skipped_updates"] = state.skipped_updates  # so far in the run
             if config.eval_train_examples:

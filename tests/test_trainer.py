@@ -277,6 +277,24 @@ def test_the_kept_model_comes_back_without_a_reload_or_another_dev_pass(tmp_path
     assert all(np.array_equal(predictions[t][1], predictions_again[t][1]) for t in predictions)
 
 
+def test_a_stage_records_its_training_seconds_without_the_dev_evaluation(tmp_path, tokenizer, monkeypatch):
+    """history's "seconds" is train time (RESULTS.md's train-time columns); the pretrained row's is its dev pass."""
+    clock = {"now": 0.0}
+    monkeypatch.setattr("trainer.time.time", lambda: clock["now"])
+    trainer = make_trainer(tmp_path, tokenizer)
+    train_stage, evaluate = trainer.run_stage, trainer.evaluate_with_scores
+
+    def slow(function, seconds):
+        def run(*args, **kwargs):
+            clock["now"] += seconds
+            return function(*args, **kwargs)
+        return run
+    monkeypatch.setattr(trainer, "run_stage", slow(train_stage, 3.0))
+    monkeypatch.setattr(trainer, "evaluate_with_scores", slow(evaluate, 100.0))
+    trainer.train([Stage(StageKind.TASK, "sst")])
+    assert [record["seconds"] for record in trainer.state.history] == [100.0, 3.0]
+
+
 def test_a_resumed_run_without_its_kept_model_in_memory_reads_best_from_disk(tmp_path, tokenizer):
     trainer = make_trainer(tmp_path, tokenizer)
     trainer.train([Stage(StageKind.TASK, "sst")])
