@@ -13,7 +13,7 @@ ensemble wrote them. (ensemble.py combines no SQuAD scores: a SQuAD teacher is o
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -138,22 +138,30 @@ def _load_teacher_spans(run_dir: str | Path, question_ids: list[str],
 
 @dataclass(frozen=True)
 class Distillation:
-    """The teacher's scores and how a student's loss mixes them in: (1 - weight) * gold + weight * distillation."""
+    """The teacher's scores and how a student's loss mixes them in: (1 - weight) * gold + weight * distillation,
+    with `weight` and `temperature` unless `per_task` gives a task its own (weight, temperature)."""
     teacher: dict[str, TeacherScores | TeacherSpans]
     weight: float = 0.5
     temperature: float = 1.0
+    per_task: dict[str, tuple[float, float]] = field(default_factory=dict)
 
     def __post_init__(self):
-        if not (math.isfinite(self.weight) and 0 < self.weight <= 1):
-            raise ValueError(f"the distillation weight must be in (0, 1], got {self.weight!r}")
-        if not (math.isfinite(self.temperature) and self.temperature > 0):
-            raise ValueError(f"the distillation temperature must be > 0, got {self.temperature!r}")
+        for weight, temperature in [(self.weight, self.temperature), *self.per_task.values()]:
+            if not (math.isfinite(weight) and 0 < weight <= 1):
+                raise ValueError(f"the distillation weight must be in (0, 1], got {weight!r}")
+            if not (math.isfinite(temperature) and temperature > 0):
+                raise ValueError(f"the distillation temperature must be > 0, got {temperature!r}")
+
+    def setting(self, task: str) -> tuple[float, float]:
+        """The task's (weight, temperature)."""
+        return self.per_task.get(task, (self.weight, self.temperature))
 
     def mix(self, task: str, gold_loss: Tensor, student_scores: Tensor, ids: list[str]) -> Tensor:
         """The task's training loss on a batch: gold and teacher mixed (the gold loss alone for a task the
         teacher has no scores of)."""
         if task not in self.teacher:
             return gold_loss
+        weight, temperature = self.setting(task)
         target = self.teacher[task].of(ids, student_scores)
-        soft = distillation_loss(task, student_scores, target, self.temperature)
-        return (1 - self.weight) * gold_loss + self.weight * soft
+        soft = distillation_loss(task, student_scores, target, temperature)
+        return (1 - weight) * gold_loss + weight * soft

@@ -36,8 +36,9 @@ from tokenizer import BertTokenizer
 from trainer import Trainer, decide
 from training_state import check_resumable, read_training_state
 from training_args import (TrainingArguments, UsageError, adapter_config, build_parser, build_trainer,
-                           check_max_length, check_resume_arguments, check_writable, data_paths, from_namespace,
-                           lnsr_config, parse_tasks, prediction_paths, regularized_tasks, run_tasks, smart_configs)
+                           check_max_length, check_resume_arguments, check_writable, data_paths, distill_settings,
+                           from_namespace, lnsr_config, parse_tasks, prediction_paths, regularized_tasks, run_tasks,
+                           smart_configs)
 
 ROOT = Path(__file__).resolve().parent
 DEMO_SETTINGS = dict(data_dir=str(ROOT / "data" / "demo"), pretrained="minilm-l6", option="finetune",
@@ -113,8 +114,10 @@ def load_inputs(args: TrainingArguments) -> tuple[list[Stage], dict, list[str], 
             if not train_ids:
                 raise ValueError(f"--distill {args.distill}: the schedule trains none of {', '.join(DISTILLED_TASKS)}")
             teacher = load_teacher(args.distill, train_ids, (args.qa_max_length, args.qa_doc_stride))
-            print(f"distillation: the train scores of {args.distill} for {', '.join(teacher)} "
-                  f"(weight {args.distill_weight}, temperature {args.distill_temperature})")
+            settings = distill_settings(args)
+            print(f"distillation: the train scores of {args.distill} for " + ", ".join(
+                f"{task} (weight {settings[task]['weight']}, temperature {settings[task]['temperature']})"
+                for task in teacher))
     except ValueError as err:  # DataError and ScoresFileError too: their messages name the file
         raise UsageError(str(err)) from None
     return stages, data, [str(w.message) for w in dropped], triplets, teacher

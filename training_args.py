@@ -277,6 +277,8 @@ class TrainingArguments:
                                  DISTILL, type=float)
     distill_temperature: float = flag(1.0, "T of SST's and SQuAD's softened distributions (KL x T^2)", DISTILL,
                                       type=float)
+    distill_override: list = flag([], "per-task setting, e.g. sst:weight=1 or sts:weight=0.3,temperature=2 "
+                                  "(repeatable)", DISTILL, action="append", metavar="TASK:key=value,...")
     score_train: bool = flag(False, "also write the kept model's scores of the train splits "
                              "(OUTPUT_DIR/scores/TASK-train.csv; SQuAD: every window's start and end logits, "
                              "qa-train.safetensors): the run can then teach others (--distill)",
@@ -342,10 +344,12 @@ class TrainingArguments:
             lnsr_tasks(self)
             lnsr_config(self, num_layers=None)  # LnsrConfig checks the weight, the noise and the layer
         regularized_tasks(self)  # SMART's and LNSR's tasks must be among the run's
-        _check(_finite(self.distill_weight) and 0 < self.distill_weight <= 1,
-               f"--distill_weight must be in (0, 1], got {self.distill_weight}")
-        _check(_finite(self.distill_temperature) and self.distill_temperature > 0,
-               f"--distill_temperature must be > 0, got {self.distill_temperature}")
+        for task, setting in distill_settings(self).items():
+            name = "" if not self.distill_override else f" ({task})"
+            _check(_finite(setting["weight"]) and 0 < setting["weight"] <= 1,
+                   f"--distill_weight must be in (0, 1], got {setting['weight']}{name}")
+            _check(_finite(setting["temperature"]) and setting["temperature"] > 0,
+                   f"--distill_temperature must be > 0, got {setting['temperature']}{name}")
         _check(not (self.simcse_data and self.option == "pretrain"),
                "the SimCSE stage trains the encoder, which --option pretrain freezes; use --option finetune")
 
@@ -484,25 +488,39 @@ def smart_configs(args: TrainingArguments) -> dict[str, SmartConfig]:
     base = dict(adv_weight=args.smart_adv_weight, bregman_weight=args.smart_bregman_weight,
                 noise_std=args.smart_noise_std, epsilon=args.smart_epsilon, step_size=args.smart_step_size,
                 ascent_steps=args.smart_ascent_steps, norm=args.smart_norm, norm_level=args.smart_norm_level)
-    per_task = {task: dict(base) for task in run_tasks(args)}
-    for override in args.smart_override:
+    per_task = task_overrides("smart_override", args.smart_override, base, run_tasks(args))
+    return {task: SmartConfig(**values) for task, values in per_task.items()}
+
+
+def distill_settings(args: TrainingArguments) -> dict[str, dict]:
+    """Distillation's weight and temperature per task: --distill_weight / --distill_temperature, then any
+    --distill_override TASK:key=value,... (a task's best weight differs: RESULTS.md, "Distillation")."""
+    base = dict(weight=args.distill_weight, temperature=args.distill_temperature)
+    return task_overrides("distill_override", args.distill_override, base, run_tasks(args))
+
+
+def task_overrides(flag: str, overrides: list[str], base: dict, tasks: tuple[str, ...]) -> dict[str, dict]:
+    """`base` for every task, then each --FLAG TASK:key=value[,key=value] applied to its task (each value of
+    its base value's type)."""
+    per_task = {task: dict(base) for task in tasks}
+    for override in overrides:
         name, _, settings = override.partition(":")
         try:
-            task = task_name(name, run_tasks(args))
+            task = task_name(name, tasks)
         except ValueError:
             task = None
         if task is None or not settings:
-            raise ValueError(f"--smart_override {override!r}: expected TASK:key=value[,key=value]")
+            raise ValueError(f"--{flag} {override!r}: expected TASK:key=value[,key=value]")
         for setting in settings.split(","):
             key, _, value = setting.partition("=")
             if key not in base:
-                raise ValueError(f"--smart_override {override!r}: unknown or shared setting {key!r}")
+                raise ValueError(f"--{flag} {override!r}: unknown or shared setting {key!r}")
             try:
                 per_task[task][key] = type(base[key])(value)
             except ValueError:
-                raise ValueError(f"--smart_override {override!r}: {key} must be a "
+                raise ValueError(f"--{flag} {override!r}: {key} must be a "
                                  f"{type(base[key]).__name__}, got {value!r}") from None
-    return {task: SmartConfig(**values) for task, values in per_task.items()}
+    return per_task
 
 
 def lnsr_tasks(args: TrainingArguments) -> set[str]:
@@ -582,6 +600,10 @@ def build_trainer(args: TrainingArguments, model: MultitaskBERT, tokenizer, data
     surgery = None if args.gradient_surgery == "none" else GradientSurgery(args.gradient_surgery, args.cagrad_c)
     qa = QASettings(args.qa_max_length, args.qa_doc_stride, args.qa_n_best, args.qa_max_answer_tokens)
     optimizer = build_optimizer(model, args.lr, args.weight_decay, args.layerwise_lr_decay, mlm_head)
-    distillation = Distillation(teacher, args.distill_weight, args.distill_temperature) if teacher else None
+    distillation = None
+    if teacher:
+        settings = distill_settings(args)
+        distillation = Distillation(teacher, args.distill_weight, args.distill_temperature,
+                                    {task: (s["weight"], s["temperature"]) for task, s in settings.items()})
     return Trainer(model, tokenizer, data, device, loop_config(args, device), optimizer, regularization(args, model),
                    simcse, surgery, qa, mlm_head, distributed, dataclasses.asdict(args), distillation)

@@ -99,6 +99,17 @@ def test_mix_weighs_gold_and_teacher_and_leaves_other_tasks_alone():
     for weight, temperature in ((0.0, 1.0), (1.5, 1.0), (0.5, 0.0), (math.nan, 1.0)):
         with pytest.raises(ValueError):
             Distillation({}, weight, temperature)
+        with pytest.raises(ValueError):
+            Distillation({}, per_task={"sst": (weight, temperature)})
+
+
+def test_a_task_may_have_its_own_weight_and_temperature():
+    teacher = TeacherScores({"a": 0}, np.array([[0.0, 0.0, 3.0, 0.0, 0.0]]))
+    student, gold = torch.zeros(1, 5), torch.tensor(0.7)
+    distillation = Distillation({"sst": teacher}, weight=0.5, temperature=1.0, per_task={"sst": (1.0, 2.0)})
+    expected = distillation_loss("sst", student, torch.tensor([[0.0, 0.0, 3.0, 0.0, 0.0]]), temperature=2.0)
+    assert distillation.mix("sst", gold, student, ["a"]).item() == pytest.approx(expected.item())  # no gold left
+    assert distillation.setting("qqp") == (0.5, 1.0)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -242,6 +253,22 @@ def test_teachers_that_cannot_teach_this_run_are_one_line_and_exit_2(teacher_run
     error = capsys.readouterr().err.strip().splitlines()
     assert len(error) == 1 and "no teacher score for 16 of the 32 sst training examples" in error[0]
     assert exit_code(run_flags(tiny_checkpoint, tmp_path, "--distill", str(teacher_run), "--distill_weight", "0")) == 2
+    for override in ("sst:weight=0", "sst:temperature=-1", "sst:alpha=1", "mlm:weight=1", "sst:weight=high"):
+        assert exit_code(run_flags(tiny_checkpoint, tmp_path, "--distill", str(teacher_run),
+                                   "--distill_override", override)) == 2, override
+
+
+def test_distill_override_gives_a_task_its_own_weight(teacher_run, tiny_checkpoint, tmp_path, capsys):
+    """The override reaches SST's steps (its loss changes) and the others keep the global setting."""
+    plain, overridden = tmp_path / "plain", tmp_path / "overridden"
+    assert mc.main(run_flags(tiny_checkpoint, plain, "--distill", str(teacher_run))) == 0
+    assert mc.main(run_flags(tiny_checkpoint, overridden, "--distill", str(teacher_run),
+                             "--distill_override", "sst:weight=1,temperature=2")) == 0
+    out = capsys.readouterr().out
+    assert "sst (weight 1.0, temperature 2.0), qqp (weight 0.5, temperature 1.0)" in out
+    losses = [{r["stage"]: r.get("train_loss") for r in json.loads((out / "run" / "history.json").read_text())}
+              for out in (plain, overridden)]
+    assert losses[0]["sst"] != losses[1]["sst"]
 
 
 def test_an_ensemble_teacher_averages_probabilities_in_the_score_space():
