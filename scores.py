@@ -118,9 +118,8 @@ def write_span_logits(path: str | os.PathLike, ids: Sequence[str], logits: Seque
 
 @dataclass(frozen=True)
 class SpanLogits:
-    """A qa-train.safetensors file: window ids, each window's length and its (length, 2) logits."""
+    """A qa-train.safetensors file: window ids and each window's (length, 2) logits."""
     ids: list[str]
-    lengths: np.ndarray  # (N,)
     logits: list[np.ndarray]  # N arrays (L_i, 2)
     max_length: int
     doc_stride: int
@@ -146,4 +145,4 @@ def read_span_logits(path: str | os.PathLike) -> SpanLogits:
         raise ScoresFileError(f"{path}: a logit that is not finite")
     if len(set(ids)) != len(ids):
         raise ScoresFileError(f"{path}: repeated window id {next(i for i, c in Counter(ids).items() if c > 1)!r}")
-    return SpanLogits(ids, lengths, np.split(flat, np.cumsum(lengths)[:-1]), max_length, doc_stride)
+    return SpanLogits(ids, np.split(flat, np.cumsum(lengths)[:-1]), max_length, doc_stride)
