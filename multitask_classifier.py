@@ -37,8 +37,8 @@ from trainer import Trainer, decide
 from training_state import check_resumable, read_training_state
 from training_args import (TrainingArguments, UsageError, adapter_config, build_parser, build_trainer,
                            check_max_length, check_resume_arguments, check_writable, data_paths, distill_settings,
-                           from_namespace, lnsr_config, parse_tasks, prediction_paths, regularized_tasks, run_tasks,
-                           smart_configs)
+                           distill_teachers, from_namespace, lnsr_config, parse_tasks, prediction_paths,
+                           regularized_tasks, run_tasks, smart_configs)
 
 ROOT = Path(__file__).resolve().parent
 DEMO_SETTINGS = dict(data_dir=str(ROOT / "data" / "demo"), pretrained="minilm-l6", option="finetune",
@@ -108,16 +108,21 @@ def load_inputs(args: TrainingArguments) -> tuple[list[Stage], dict, list[str], 
             triplets = subsample(triplets, args.simcse_max_examples, args.seed)
             print(f"SimCSE: {len(triplets)} NLI triplets")
         teacher = None
-        if args.distill:
+        teachers = distill_teachers(args)
+        if teachers:
             train_ids = {task: [e.id for e in data[task].train] for task in DISTILLED_TASKS
-                         if task in data and data[task].train is not None}
+                         if task in teachers and task in data and data[task].train is not None}
             if not train_ids:
-                raise ValueError(f"--distill {args.distill}: the schedule trains none of {', '.join(DISTILLED_TASKS)}")
-            teacher = load_teacher(args.distill, train_ids, (args.qa_max_length, args.qa_doc_stride))
+                raise ValueError(f"--distill {' '.join(sorted(set(teachers.values())))}: the schedule trains none "
+                                 f"of {', '.join(teachers)}")
+            teacher = {}
+            for folder in dict.fromkeys(teachers[task] for task in train_ids):  # each folder read once
+                taught = {task: ids for task, ids in train_ids.items() if teachers[task] == folder}
+                teacher |= load_teacher(folder, taught, (args.qa_max_length, args.qa_doc_stride))
             settings = distill_settings(args)
-            print(f"distillation: the train scores of {args.distill} for " + ", ".join(
-                f"{task} (weight {settings[task]['weight']}, temperature {settings[task]['temperature']})"
-                for task in teacher))
+            print("distillation: the train scores of " + ", ".join(
+                f"{task} from {settings[task]['teacher']} (weight {settings[task]['weight']}, temperature "
+                f"{settings[task]['temperature']})" for task in teacher))
     except ValueError as err:  # DataError and ScoresFileError too: their messages name the file
         raise UsageError(str(err)) from None
     return stages, data, [str(w.message) for w in dropped], triplets, teacher

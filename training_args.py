@@ -277,8 +277,8 @@ class TrainingArguments:
                                  DISTILL, type=float)
     distill_temperature: float = flag(1.0, "T of SST's and SQuAD's softened distributions (KL x T^2)", DISTILL,
                                       type=float)
-    distill_override: list = flag([], "per-task setting, e.g. sst:weight=1 or sts:weight=0.3,temperature=2 "
-                                  "(repeatable)", DISTILL, action="append", metavar="TASK:key=value,...")
+    distill_override: list = flag([], "per-task setting, e.g. sst:weight=1, sts:weight=0.3,temperature=2 or "
+                                  "qqp:teacher=runs/qqp_ensemble (that task's teacher folder; repeatable)", DISTILL, action="append", metavar="TASK:key=value,...")
     score_train: bool = flag(False, "also write the kept model's scores of the train splits "
                              "(OUTPUT_DIR/scores/TASK-train.csv; SQuAD: every window's start and end logits, "
                              "qa-train.safetensors): the run can then teach others (--distill)",
@@ -344,6 +344,9 @@ class TrainingArguments:
             lnsr_tasks(self)
             lnsr_config(self, num_layers=None)  # LnsrConfig checks the weight, the noise and the layer
         regularized_tasks(self)  # SMART's and LNSR's tasks must be among the run's
+        _check(not self.distill_override or distill_teachers(self),
+               "--distill_override sets how tasks learn from a teacher: name one with --distill DIR "
+               "(or TASK:teacher=DIR)")
         for task, setting in distill_settings(self).items():
             name = "" if not self.distill_override else f" ({task})"
             _check(_finite(setting["weight"]) and 0 < setting["weight"] <= 1,
@@ -493,10 +496,16 @@ def smart_configs(args: TrainingArguments) -> dict[str, SmartConfig]:
 
 
 def distill_settings(args: TrainingArguments) -> dict[str, dict]:
-    """Distillation's weight and temperature per task: --distill_weight / --distill_temperature, then any
-    --distill_override TASK:key=value,... (a task's best weight differs: RESULTS.md, "Distillation")."""
-    base = dict(weight=args.distill_weight, temperature=args.distill_temperature)
+    """Distillation's teacher folder, weight and temperature per task: --distill / --distill_weight /
+    --distill_temperature, then any --distill_override TASK:key=value,... (a task's best weight differs, and a
+    specialist may teach its task best: RESULTS.md, "Distillation"). teacher "" means the task has none."""
+    base = dict(teacher=args.distill or "", weight=args.distill_weight, temperature=args.distill_temperature)
     return task_overrides("distill_override", args.distill_override, base, run_tasks(args))
+
+
+def distill_teachers(args: TrainingArguments) -> dict[str, str]:
+    """The teacher folder of each task that has one."""
+    return {task: setting["teacher"] for task, setting in distill_settings(args).items() if setting["teacher"]}
 
 
 def task_overrides(flag: str, overrides: list[str], base: dict, tasks: tuple[str, ...]) -> dict[str, dict]:

@@ -265,10 +265,54 @@ def test_distill_override_gives_a_task_its_own_weight(teacher_run, tiny_checkpoi
     assert mc.main(run_flags(tiny_checkpoint, overridden, "--distill", str(teacher_run),
                              "--distill_override", "sst:weight=1,temperature=2")) == 0
     out = capsys.readouterr().out
-    assert "sst (weight 1.0, temperature 2.0), qqp (weight 0.5, temperature 1.0)" in out
+    assert (f"sst from {teacher_run} (weight 1.0, temperature 2.0), qqp from {teacher_run} (weight 0.5, "
+            "temperature 1.0)") in out
     losses = [{r["stage"]: r.get("train_loss") for r in json.loads((out / "run" / "history.json").read_text())}
               for out in (plain, overridden)]
     assert losses[0]["sst"] != losses[1]["sst"]
+
+
+@pytest.fixture(scope="module")
+def other_teacher_run(tiny_checkpoint, tmp_path_factory):
+    """A second teacher, trained at another learning rate."""
+    out = tmp_path_factory.mktemp("other_teacher")
+    with pytest.MonkeyPatch.context() as patch:
+        skip_figures(patch)
+        assert mc.main(run_flags(tiny_checkpoint, out, "--score_train", "--lr", "1e-3")) == 0
+    return out / "run"
+
+
+def test_each_task_may_learn_from_its_own_teacher(teacher_run, other_teacher_run, tiny_checkpoint, tmp_path,
+                                                  capsys):
+    """qqp:teacher=B over --distill A is the run that names A per task for sst and sts over --distill B; the
+    override is heard (the QQP loss differs from A's); a task without a teacher learns from gold alone."""
+    a, b = str(teacher_run), str(other_teacher_run)
+    runs = {"a_qqp_from_b": ["--distill", a, "--distill_override", "qqp:teacher=" + b],
+            "b_sst_sts_from_a": ["--distill", b, "--distill_override", "sst:teacher=" + a,
+                                 "--distill_override", "sts:teacher=" + a],
+            "a": ["--distill", a],
+            "qqp_only": ["--distill_override", "qqp:teacher=" + b],
+            "plain": []}
+    for name, flags in runs.items():
+        assert mc.main(run_flags(tiny_checkpoint, tmp_path / name, *flags)) == 0
+    assert capsys.readouterr().out.count(f"distillation: the train scores of qqp from {b} (weight 0.5") == 1
+    losses = {name: {r["stage"]: r.get("train_loss")
+                     for r in json.loads((tmp_path / name / "run" / "history.json").read_text())} for name in runs}
+    assert losses["a_qqp_from_b"] == losses["b_sst_sts_from_a"]
+    assert losses["a_qqp_from_b"]["qqp"] != losses["a"]["qqp"]
+    assert losses["qqp_only"]["sst"] == losses["plain"]["sst"] and losses["qqp_only"]["qqp"] != losses["plain"]["qqp"]
+
+
+def test_a_task_teacher_that_cannot_teach_and_an_override_without_a_teacher_exit_2(teacher_run, tiny_checkpoint,
+                                                                                   tmp_path, capsys):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert mc.main(run_flags(tiny_checkpoint, tmp_path, "--distill", str(teacher_run),
+                             "--distill_override", f"qqp:teacher={empty}")) == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and str(empty / "scores" / "qqp-train.csv") in error[0]
+    assert exit_code(run_flags(tiny_checkpoint, tmp_path, "--distill_override", "sst:weight=1")) == 2
+    assert "name one with --distill DIR" in capsys.readouterr().err
 
 
 def test_an_ensemble_teacher_averages_probabilities_in_the_score_space():
