@@ -21,7 +21,8 @@ holds the course files (as for training).
 
 --score_train makes the ensemble a teacher: the chosen members' train scores (each run written with
 --score_train) combined into OUTPUT_DIR/scores/TASK-train.csv, which `multitask_classifier.py --distill
-OUTPUT_DIR` learns from (distillation.py).
+OUTPUT_DIR` learns from (distillation.py). A run scores the train splits of the tasks it trained, so an
+ensemble of one task's specialists teaches that task alone (`--distill_override qqp:teacher=OUTPUT_DIR`).
 """
 from __future__ import annotations
 
@@ -88,7 +89,8 @@ def main(argv=None) -> int:
         print(f"held out (chosen on half of dev, scored on the other half, both ways, {HELD_OUT_REPEATS} random "
               f"halvings): {held_out}, "
               f"overall {report['held_out_overall']:.4f}")
-    print(f"wrote the six CSVs and ensemble.json{' and the train scores' if train_scores else ''} to {output_dir}")
+    taught = f" and the train scores of {', '.join(train_scores)}" if train_scores else ""
+    print(f"wrote the six CSVs and ensemble.json{taught} to {output_dir}")
     return 0
 
 

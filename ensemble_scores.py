@@ -257,11 +257,14 @@ def teacher_scores(task: str, members: list[np.ndarray], weights: list[float] | 
 
 def ensemble_train_scores(report: dict) -> dict[str, tuple[list[str], np.ndarray]]:
     """Per task, the train scores of the members build_ensemble chose, combined by teacher_scores: what a student
-    distils from. Every chosen member must have written them (--score_train) for the same examples."""
+    distils from. Every chosen member must have written them (--score_train) for the same examples; a task none
+    of them trained (and so scored: specialists of another task) is left out, the others are the teacher."""
     combined = {}
     for task, info in report["tasks"].items():
         paths = [scores_path(run, task, "train") for run in info["chosen"]]
         missing = [path for path in paths if not path.is_file()]
+        if len(missing) == len(paths):
+            continue
         if missing:
             raise ScoresFileError(f"{missing[0]}: no train scores; rerun that member with --score_train")
         loaded = [read_scores(path, task) for path in paths]
@@ -270,4 +273,7 @@ def ensemble_train_scores(report: dict) -> dict[str, tuple[list[str], np.ndarray
                 raise ScoresFileError(f"{path}: its ids differ from those of {paths[0]}; members must have scored "
                                       "the same training examples")
         combined[task] = (loaded[0][0], teacher_scores(task, [s for _, s in loaded], info["weights"]))
+    if not combined:
+        raise ScoresFileError(f"{scores_path(info['chosen'][0], task, 'train')}: no train scores of any task; "
+                              "rerun the members with --score_train")
     return combined

@@ -122,7 +122,7 @@ def load_inputs(args: TrainingArguments) -> tuple[list[Stage], dict, list[str], 
             settings = distill_settings(args)
             print("distillation: the train scores of " + ", ".join(
                 f"{task} from {settings[task]['teacher']} (weight {settings[task]['weight']}, temperature "
-                f"{settings[task]['temperature']})" for task in teacher))
+                f"{settings[task]['temperature']})" for task in train_ids))
     except ValueError as err:  # DataError and ScoresFileError too: their messages name the file
         raise UsageError(str(err)) from None
     return stages, data, [str(w.message) for w in dropped], triplets, teacher

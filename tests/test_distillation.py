@@ -2,6 +2,7 @@
 through the command line on the demo data with a tiny BERT (SQuAD's window logits too)."""
 import json
 import math
+import shutil
 from types import SimpleNamespace
 
 import numpy as np
@@ -337,12 +338,25 @@ def test_ensemble_score_train_writes_a_teacher_a_student_learns_from(teacher_run
     assert len(ids) == 16 and np.allclose(1 / (1 + np.exp(-scores)), np.mean(member_probabilities, axis=0), atol=1e-6)
     assert mc.main(run_flags(tiny_checkpoint, tmp_path / "student", "--distill", str(tmp_path / "ens"))) == 0
     capsys.readouterr()
-    # Members written without --score_train cannot teach.
-    for path in (other / "run" / "scores").glob("*-train.csv"):
-        path.unlink()
-    assert ensemble.main([*members, "--output_dir", str(tmp_path / "ens2"), "--data_dir", str(DEMO),
-                          "--score_train"]) == 2
-    assert "no train scores; rerun that member with --score_train" in capsys.readouterr().err
+    # A task no member scored (specialists of another task) is left out of the teacher; one that some members
+    # scored and others did not is refused, and so are members written without --score_train.
+    first = tmp_path / "first"
+    shutil.copytree(teacher_run / "scores", first / "scores")
+    members = [str(first), str(other / "run")]
+
+    def teacher_of(name: str) -> int:
+        return ensemble.main([*members, "--output_dir", str(tmp_path / name), "--data_dir", str(DEMO),
+                              "--score_train"])
+
+    for member in members:
+        scores_path(member, "sst", "train").unlink()
+    assert teacher_of("no_sst") == 0
+    assert sorted(p.name for p in (tmp_path / "no_sst" / "scores").iterdir()) == ["qqp-train.csv", "sts-train.csv"]
+    scores_path(other / "run", "qqp", "train").unlink()
+    assert teacher_of("half_qqp") == 2 and "qqp-train.csv: no train scores" in capsys.readouterr().err
+    for member, task in ((first, "qqp"), (first, "sts"), (other / "run", "sts")):
+        scores_path(member, task, "train").unlink()
+    assert teacher_of("none") == 2 and "no train scores of any task" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------------------------------------------
