@@ -7,6 +7,8 @@
 #   one run written with --score_train: self-distillation, the control that separates the ensemble's knowledge
 #     from the effect of soft labels.
 #   TEACHER=runs/teacher DATA_DIR=../shared/data/protocol bash scripts/cpu_distill.sh
+# A task may have its own weight or teacher: --distill_override sst:weight=1 --distill_override
+# qqp:teacher=results/cpu_distill/cpu_qqp_teacher (an ensemble of QQP specialists; RESULTS.md, "Distillation").
 # Extra flags are passed on (e.g. --distill_weight 0.7 --distill_temperature 2). Output: runs/cpu_distill/
 # (runs/$RUN_NAME/ if set)
 set -euo pipefail
