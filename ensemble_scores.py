@@ -274,6 +274,7 @@ def ensemble_train_scores(report: dict) -> dict[str, tuple[list[str], np.ndarray
                                       "the same training examples")
         combined[task] = (loaded[0][0], teacher_scores(task, [s for _, s in loaded], info["weights"]))
     if not combined:
-        raise ScoresFileError(f"{scores_path(info['chosen'][0], task, 'train')}: no train scores of any task; "
+        first_member = next(iter(report["tasks"].values()))["chosen"][0]
+        raise ScoresFileError(f"{scores_path(first_member, 'sst', 'train').parent}: no train scores of any task; "
                               "rerun the members with --score_train")
     return combined

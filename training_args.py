@@ -278,7 +278,8 @@ class TrainingArguments:
     distill_temperature: float = flag(1.0, "T of SST's and SQuAD's softened distributions (KL x T^2)", DISTILL,
                                       type=float)
     distill_override: list = flag([], "per-task setting, e.g. sst:weight=1, sts:weight=0.3,temperature=2 or "
-                                  "qqp:teacher=runs/qqp_ensemble (that task's teacher folder; repeatable)", DISTILL, action="append", metavar="TASK:key=value,...")
+                                  "qqp:teacher=runs/qqp_ensemble (that task's teacher folder; repeatable)", DISTILL,
+                                  action="append", metavar="TASK:key=value,...")
     score_train: bool = flag(False, "also write the kept model's scores of the train splits "
                              "(OUTPUT_DIR/scores/TASK-train.csv; SQuAD: every window's start and end logits, "
                              "qa-train.safetensors): the run can then teach others (--distill)",
