@@ -143,8 +143,9 @@ def _batches(task: str, tokenizer, rank: int = 0, world_size: int = 1) -> dict:
 def _step_trainer(distributed, tmp_path, tokenizer, smart: bool):
     from training_args import TrainingArguments, build_trainer
     from datasets import TaskData
+    # float32: the default (auto) is bf16 on a CPU with native bf16, and the steps are compared to float32 precision.
     args = TrainingArguments(option="finetune", batch_size=4, lr=1e-3, max_length=MAX_LENGTH, quiet=True,
-                             output_dir=str(tmp_path / "run"), smart=smart)
+                             precision="fp32", output_dir=str(tmp_path / "run"), smart=smart)
     data = {t: TaskData(demo_examples(t, "train", 8), demo_examples(t, "dev", 4), None) for t in MULTITASK}
     return build_trainer(args, deterministic_tiny_model(), tokenizer, data, [], torch.device("cpu"),
                          distributed=distributed)
@@ -309,8 +310,10 @@ def dropout_free_checkpoint(tiny_checkpoint, tmp_path_factory):
 
 
 def _multitask_flags(checkpoint, out, batch_size: int) -> list[str]:
-    """multitask_classifier.py on the demo data, its run in out/run and its six CSVs in out."""
+    """multitask_classifier.py on the demo data in float32 (the weights are compared to 1e-5), its run in out/run
+    and its six CSVs in out."""
     return ["--data_dir", str(DEMO), "--pretrained", str(checkpoint), "--option", "finetune", "--quiet",
+            "--precision", "fp32",
             "--batch_size", str(batch_size), "--lr", "1e-3", "--hidden_dropout_prob", "0", "--max_length", "32",
             "--max_train_examples", "40", "--first_stages", "qqp", "--cycle", "sts,sst", "--cycles", "1",
             "--output_dir", str(out / "run"), "--eval_batch_size", "16", *prediction_flags(out)]

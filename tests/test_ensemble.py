@@ -202,9 +202,10 @@ def test_bad_scores_files_are_named_with_their_problem(tmp_path, text, problem):
 
 @pytest.fixture(scope="module")
 def finished_run(tiny_checkpoint, tmp_path_factory):
-    """A short multitask run on the demo data: its output folder (with scores/) and its six CSVs."""
+    """A short multitask run on the demo data in float32: its output folder (with scores/) and its six CSVs."""
     out = tmp_path_factory.mktemp("member")
     flags = ["--data_dir", str(DEMO), "--pretrained", str(tiny_checkpoint), "--option", "finetune", "--quiet",
+             "--precision", "fp32",
              "--batch_size", "8", "--lr", "1e-3", "--max_length", "32", "--max_train_examples", "16",
              "--first_stages", "qqp,sts,sst", "--cycles", "0", "--output_dir", str(out / "run")]
     with pytest.MonkeyPatch.context() as patch:

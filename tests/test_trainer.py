@@ -25,8 +25,10 @@ def demo_data(train: int = 16, dev: int = 8, test: int = 4) -> dict[str, TaskDat
 
 
 def make_trainer(tmp_path, tokenizer, model=None, data=None, **settings) -> Trainer:
+    # float32 unless a test asks otherwise: the default (auto) is bf16 on a CPU with native bf16, and these tests
+    # compare gradients to float32 precision.
     settings = {"option": "finetune", "batch_size": 4, "lr": 1e-3, "max_length": MAX_LENGTH, "quiet": True,
-                "output_dir": str(tmp_path / "run"), **settings}
+                "precision": "fp32", "output_dir": str(tmp_path / "run"), **settings}
     return build_trainer(TrainingArguments(**settings), model or deterministic_tiny_model(), tokenizer,
                          data or demo_data(), [], torch.device("cpu"))
 
