@@ -29,7 +29,8 @@ from nli import load_nli_triplets
 from plots import write_run_reports
 from runtime import precision_notice, seed_everything
 from schedules import Stage, StageKind, build_schedule, train_tasks
-from scores import ScoresFileError, scores_path, span_logits_path, write_qa_scores, write_scores, write_span_logits
+from scores import (ScoresFileError, as_saved, scores_path, span_logits_path, write_qa_scores, write_scores,
+                    write_span_logits)
 from squad import predictions, write_squad_predictions
 from tasks import MULTITASK, TASKS
 from tokenizer import BertTokenizer
@@ -173,6 +174,7 @@ def write_leaderboard_files(trainer: Trainer, paths: dict, dev_scores: dict, run
             else:
                 ids, scores = trainer.predict(task, trainer.data[task].test, scores=True)
             if trainer.distributed.is_main:
+                scores = as_saved(scores)  # what an ensemble reads back, so that it decides the same CSVs
                 predicted = decide(trainer.model, task, scores)
                 write_predictions(paths[(task, split)], ids, predicted.tolist(), task)
                 write_scores(scores_path(run_dir, task, split), ids, scores, task)

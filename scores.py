@@ -12,8 +12,9 @@ distillation.py learns from.
     qa   id,no_answer_margin,answer SQuAD: no-answer score - best span score, and that span (squad.py)
 
 The scores are those of the best model, the one that wrote the run's leaderboard CSVs, so that
-decide(score) gives exactly the CSVs' predictions (losses.py). Plain CSV, nothing to unpickle;
-floats are written with 9 significant digits, which float32 reads back exactly.
+decide(score) gives exactly the CSVs' predictions (losses.py): the run decides from its scores as saved
+(`as_saved`), the values an ensemble reads back. Plain CSV, nothing to unpickle; floats are written with 9
+significant digits, which float32 reads back exactly.
 """
 from __future__ import annotations
 
@@ -49,6 +50,19 @@ def scores_path(run_dir: str | os.PathLike, task: str, split: str) -> Path:
     return Path(run_dir) / "scores" / f"{task}-{split}.csv"
 
 
+def _text(value: float) -> str:
+    return f"{value:.9g}"
+
+
+def as_saved(scores: np.ndarray) -> np.ndarray:
+    """The scores as a scores file holds them: float64 read back from their 9-digit text. A run decides its CSVs
+    from these, not from the model's float32, so a one-member ensemble writes the same CSVs: the float32 STS score
+    1.2917850017... rounds to "1.29179", but its text "1.291785" reads back as 1.2917849999... and rounds to
+    "1.29178"."""
+    scores = np.asarray(scores, dtype=np.float64)
+    return np.array([float(_text(v)) for v in scores.ravel()], dtype=np.float64).reshape(scores.shape)
+
+
 def write_scores(path: str | os.PathLike, ids: Sequence[str], scores: np.ndarray, task: str) -> None:
     """One row per id, in the order given; written to a temporary sibling and moved into place."""
     path = Path(path)
@@ -56,14 +70,14 @@ def write_scores(path: str | os.PathLike, ids: Sequence[str], scores: np.ndarray
     if scores.shape[1] != len(SCORE_COLUMNS[task]):
         raise ValueError(f"{path}: {task} has {len(SCORE_COLUMNS[task])} score column(s), got {scores.shape[1]}")
     atomic_write_csv(path, [["id", *SCORE_COLUMNS[task]],
-                            *([str(i), *(f"{v:.9g}" for v in row)] for i, row in zip(ids, scores))])
+                            *([str(i), *(_text(v) for v in row)] for i, row in zip(ids, scores))])
 
 
 def write_qa_scores(path: str | os.PathLike, answers: dict[str, Answer]) -> None:
     """SQuAD's scores: per question (in the order given) the no-answer margin, what a threshold or an ensemble
     decides answerability from, and the best non-empty span it would otherwise answer."""
     atomic_write_csv(path, [["id", *QA_SCORE_COLUMNS],
-                            *([qid, f"{answer.margin:.9g}", answer.text] for qid, answer in answers.items())])
+                            *([qid, _text(answer.margin), answer.text] for qid, answer in answers.items())])
 
 
 def read_scores(path: str | os.PathLike, task: str) -> tuple[list[str], np.ndarray]:

@@ -3,6 +3,7 @@
 in one line."""
 import json
 import shutil
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -12,7 +13,9 @@ from conftest import DEMO, prediction_flags, skip_figures
 from ensemble import main
 from ensemble_scores import (METHODS, class_probabilities, combine, greedy_selection, held_out_metric,
                              member_predictions, member_weights, metric)
-from scores import ScoresFileError, read_scores, scores_path, write_scores
+from evaluation import write_predictions
+from losses import CosineSimilarityObjective
+from scores import ScoresFileError, as_saved, read_scores, scores_path, write_scores
 from tasks import MULTITASK
 
 pytestmark = pytest.mark.usefixtures("one_thread", "no_plots")
@@ -185,6 +188,24 @@ def test_scores_round_trip_exactly_for_float32(tmp_path):
     assert read_scores(tmp_path / "q.csv", "qqp")[1].shape == (1,)
 
 
+def test_a_score_on_a_rounding_boundary_is_decided_as_saved(tmp_path):
+    # the float32 nearest to 1.291785: 6 digits of it give 1.29179, 6 digits of its 9-digit text read back 1.29178
+    score = np.float32(1.291785)
+    assert f"{float(score):.6g}" == "1.29179" and f"{float(f'{float(score):.9g}'):.6g}" == "1.29178"
+    write_scores(tmp_path / "s.csv", ["a"], np.array([score]), "sts")
+    assert np.array_equal(as_saved(np.array([score])), read_scores(tmp_path / "s.csv", "sts")[1])
+    # a run's leaderboard files: the CSV says what its saved score decides, as a one-member ensemble would
+    data = SimpleNamespace(test=["a test example"])
+    trainer = SimpleNamespace(tasks=("sts",), data={"sts": data}, distributed=SimpleNamespace(is_main=True),
+                              model=SimpleNamespace(objectives={"sts": CosineSimilarityObjective()}),
+                              predict=lambda task, examples, scores: (["t"], np.array([score])))
+    paths = {("sts", split): tmp_path / f"sts-{split}-out.csv" for split in ("dev", "test")}
+    multitask_classifier.write_leaderboard_files(trainer, paths, {"sts": (["d"], np.array([score]))}, tmp_path / "run")
+    for split, row in (("dev", "d"), ("test", "t")):
+        assert paths[("sts", split)].read_text().splitlines()[1] == f"{row},1.29178"
+        assert read_scores(scores_path(tmp_path / "run", "sts", split), "sts")[1].tolist() == [1.291785]
+
+
 @pytest.mark.parametrize("text,problem", [
     ("id,score\n", "no rows"), ("id,logit\na,1\n", "header"), ("id,score\na,1,2\n", "line 2: 3 fields"),
     ("id,score\na,x\n", "line 2: a score that is not a number"), ("id,score\na,nan\n", "not finite"),
@@ -214,15 +235,13 @@ def finished_run(tiny_checkpoint, tmp_path_factory):
     return out
 
 
-def test_a_run_saves_the_scores_its_predictions_were_decided_from(finished_run):
+def test_a_run_saves_the_scores_its_predictions_were_decided_from(finished_run, tmp_path):
     for task in MULTITASK:
         for split in ("dev", "test"):
             ids, scores = read_scores(scores_path(finished_run / "run", task, split), task)
             flag = {"sst": "sst", "qqp": "para", "sts": "sts"}[task]
-            rows = [line.split(",") for line in (finished_run / f"{flag}-{split}-out.csv").read_text().splitlines()[1:]]
-            assert ids == [r[0] for r in rows]
-            predicted = member_predictions(task, scores)
-            np.testing.assert_allclose(predicted, [float(r[1]) for r in rows], atol=5e-4)
+            write_predictions(tmp_path / "decided.csv", ids, member_predictions(task, scores).tolist(), task)
+            assert (tmp_path / "decided.csv").read_text() == (finished_run / f"{flag}-{split}-out.csv").read_text()
 
 
 def test_a_one_member_ensemble_writes_the_members_csvs(finished_run, tmp_path, capsys):
