@@ -4,7 +4,7 @@ student trains on the mix (1 - w) * gold loss + w * distillation loss, with no t
 
     teacher = load_teacher("runs/ensemble", {"sst": sst_train_ids, ...})     # refuses scores that miss an id
     distillation = Distillation(teacher, weight=0.5, temperature=2.0)
-    loss = distillation.mix("sst", gold_loss, student_scores, batch["ids"])
+    loss = distillation.mix("sst", gold_loss, objective, outputs, batch["ids"])
 
 The losses compare scores in the space the runs save them in (SST's 5 logits, QQP's logit, STS's 0-5 score,
 SQuAD's start and end logits of every window), so a teacher is any folder of saved scores, whatever model or
@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from losses import Objective
 from multitask_bert import PADDING_LOGIT
 from scores import ScoresFileError, read_scores, read_span_logits, scores_path, span_logits_path
 from squad import QAWindows
@@ -28,13 +29,15 @@ from squad import QAWindows
 DISTILLED_TASKS = ("sst", "qqp", "sts", "qa")  # the tasks whose saved scores a student can learn from
 
 
-def distillation_loss(task: str, student: Tensor, teacher: Tensor, temperature: float = 1.0) -> Tensor:
+def distillation_loss(task: str, student: Tensor, teacher: Tensor, temperature: float = 1.0,
+                      sts_scale: float = 5.0) -> Tensor:
     """How far a student's scores are from its teacher's, 0 where they agree.
 
     sst: KL(teacher || student) of the softmaxes at temperature T, times T^2 so that the gradients keep their
     size as T changes (Hinton et al. 2015). qqp: the KL of the two Bernoulli distributions, i.e. the binary cross
     entropy on the teacher's probability minus that probability's entropy. sts: the squared error of the 0-5
-    scores over 25, the scale of the gold loss MSE(cos, label / 5). qa: as sst for the start and for the end
+    scores over sts_scale^2, the scale of the gold loss: the score is sts_scale times what the gold loss fits
+    (5 cos against label / 5, so MSE(cos, teacher / 5); losses.py's score_scale). qa: as sst for the start and end
     distribution over a window's tokens (B, T, 2), averaged, as the gold loss averages its two cross entropies;
     padding holds PADDING_LOGIT on both sides, so it weighs nothing."""
     student, teacher = student.float(), teacher.float()
@@ -47,7 +50,7 @@ def distillation_loss(task: str, student: Tensor, teacher: Tensor, temperature: 
         return (F.binary_cross_entropy_with_logits(student, target)
                 - F.binary_cross_entropy_with_logits(teacher, target))
     if task == "sts":
-        return F.mse_loss(student, teacher) / 25
+        return F.mse_loss(student, teacher) / sts_scale ** 2
     if task == "qa":
         log_student = F.log_softmax(student / temperature, dim=1)  # (B, T, 2): over the tokens
         log_teacher = F.log_softmax(teacher / temperature, dim=1)
@@ -156,12 +159,17 @@ class Distillation:
         """The task's (weight, temperature)."""
         return self.per_task.get(task, (self.weight, self.temperature))
 
-    def mix(self, task: str, gold_loss: Tensor, student_scores: Tensor, ids: list[str]) -> Tensor:
-        """The task's training loss on a batch: gold and teacher mixed (the gold loss alone for a task the
-        teacher has no scores of)."""
+    def mix(self, task: str, gold_loss: Tensor, objective: Objective, outputs: Tensor, ids: list[str]) -> Tensor:
+        """The task's training loss on a batch of the model's `outputs` (losses.py): gold and teacher mixed (the
+        gold loss alone for a task the teacher has no scores of)."""
         if task not in self.teacher:
             return gold_loss
         weight, temperature = self.setting(task)
-        target = self.teacher[task].of(ids, student_scores)
-        soft = distillation_loss(task, student_scores, target, temperature)
+        if task == "sts":  # unclamped and on the gold loss's scale, whichever STS objective the run trains
+            student = objective.unclamped_score(outputs)
+            soft = distillation_loss(task, student, self.teacher[task].of(ids, student),
+                                     sts_scale=objective.score_scale)
+        else:
+            student = objective.score(outputs)
+            soft = distillation_loss(task, student, self.teacher[task].of(ids, student), temperature)
         return (1 - weight) * gold_loss + weight * soft

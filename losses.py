@@ -114,12 +114,25 @@ class CosineSimilarityObjective:
 
     def score(self, cosine: Tensor) -> Tensor:
         """The 0-5 similarity that predictions report."""
-        cosine = cosine.float()
         if self.name == "cosine":  # trained towards label / 5, so only [0, 1] is meaningful
-            return (5 * cosine).clamp(0, 5)
+            return self.unclamped_score(cosine).clamp(0, 5)
+        return self.unclamped_score(cosine)
+
+    def unclamped_score(self, cosine: Tensor) -> Tensor:
+        """The score before the prediction's clamp: what distillation compares with a teacher's 0-5 score, so
+        that a student whose cosine is below 0 is still pulled towards the teacher (a clamp passes no gradient)."""
+        cosine = cosine.float()
+        if self.name == "cosine":
+            return 5 * cosine
         # shifted is trained on 2.5 cos + 2.5; cosent ranks cosines anywhere in [-1, 1], and a clamp
         # would tie every negative cosine at 0, so both use the same monotone map onto [0, 5].
         return 2.5 * cosine + 2.5
+
+    @property
+    def score_scale(self) -> float:
+        """Score units per unit of the cosine's regression target: cosine fits cos to label / 5 (5); shifted fits
+        it to (label - 2.5) / 2.5 (2.5), and cosent, which ranks, is distilled on shifted's scale."""
+        return 5.0 if self.name == "cosine" else 2.5
 
     def decide(self, scores: Tensor) -> Tensor:
         return decision("sts", scores)
@@ -135,6 +148,11 @@ class CrossSimilarityObjective:
 
     def score(self, logits: Tensor) -> Tensor:
         return 5 * torch.sigmoid(logits.float())
+
+    def unclamped_score(self, logits: Tensor) -> Tensor:
+        return self.score(logits)  # already within [0, 5], with a gradient everywhere
+
+    score_scale = 5.0  # score units per unit of sigmoid(z), which the gold loss fits to label / 5
 
     def decide(self, scores: Tensor) -> Tensor:
         return decision("sts", scores)

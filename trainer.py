@@ -77,7 +77,7 @@ def _task_loss(model: MultitaskBERT, task: str, batch: dict, regularizer: SmartR
         outputs = model.outputs_from_hidden(task, hidden, inputs)
     loss = objective.loss(outputs, batch["labels"])
     if distillation is not None:
-        loss = distillation.mix(task, loss, objective.score(outputs), batch["ids"])
+        loss = distillation.mix(task, loss, objective, outputs, batch["ids"])
     if penalty is not None:
         loss = loss + penalty
     if regularizer is not None:

@@ -15,6 +15,8 @@ import multitask_classifier as mc
 from conftest import DEMO, exit_code, prediction_flags, skip_figures
 from distillation import Distillation, TeacherScores, TeacherSpans, distillation_loss, load_teacher
 from ensemble_scores import teacher_scores
+from losses import (SIMILARITY_OBJECTIVES, CosineSimilarityObjective, CrossSimilarityObjective,
+                    SentimentObjective)
 from multitask_bert import PADDING_LOGIT
 from scores import (ScoresFileError, read_scores, read_span_logits, scores_path, span_logits_path, write_scores,
                     write_span_logits)
@@ -90,13 +92,30 @@ def test_qa_is_the_mean_kl_of_the_start_and_end_distributions_and_padding_weighs
     assert distillation_loss("qa", moved, teacher, temperature).item() == pytest.approx(loss.item(), rel=1e-6)
 
 
+@pytest.mark.parametrize("name", SIMILARITY_OBJECTIVES)
+def test_sts_distillation_is_on_each_objectives_gold_scale_and_unclamped(name):
+    objective = CosineSimilarityObjective(name)
+    teacher = TeacherScores({"a": 0, "b": 1}, np.array([[1.0], [3.0]]))
+    cosine = torch.tensor([-0.4, 0.2], requires_grad=True)
+    loss = Distillation({"sts": teacher}, weight=1.0).mix("sts", torch.tensor(0.0), objective, cosine, ["a", "b"])
+    # the teacher's score put in place of the label of the regression the gold loss fits
+    targets = torch.tensor([1.0, 3.0]) / 5 if name == "cosine" else (torch.tensor([1.0, 3.0]) - 2.5) / 2.5
+    assert loss.item() == pytest.approx(F.mse_loss(cosine, targets).item(), rel=1e-6)
+    loss.backward()
+    assert cosine.grad[0] != 0  # a negative cosine (scored 0 by cosine's clamp) still learns from the teacher
+    cross = CrossSimilarityObjective()
+    logits = torch.tensor([-1.0, 2.0])
+    loss = Distillation({"sts": teacher}, weight=1.0).mix("sts", torch.tensor(0.0), cross, logits, ["a", "b"])
+    assert loss.item() == pytest.approx(cross.loss(logits, torch.tensor([1.0, 3.0])).item(), rel=1e-6)
+
+
 def test_mix_weighs_gold_and_teacher_and_leaves_other_tasks_alone():
     teacher = TeacherScores({"a": 1, "b": 0}, np.array([[3.0], [1.0]]))
     distillation = Distillation({"sts": teacher}, weight=0.25)
-    gold, student = torch.tensor(0.4), torch.tensor([3.0, 3.0])
-    expected = 0.75 * 0.4 + 0.25 * F.mse_loss(student, torch.tensor([1.0, 3.0])).item() / 25
-    assert distillation.mix("sts", gold, student, ["b", "a"]).item() == pytest.approx(expected)
-    assert distillation.mix("sst", gold, student, ["b", "a"]) is gold
+    gold, cosine, objective = torch.tensor(0.4), torch.tensor([0.6, 0.6]), CosineSimilarityObjective()
+    expected = 0.75 * 0.4 + 0.25 * F.mse_loss(5 * cosine, torch.tensor([1.0, 3.0])).item() / 25
+    assert distillation.mix("sts", gold, objective, cosine, ["b", "a"]).item() == pytest.approx(expected)
+    assert distillation.mix("sst", gold, SentimentObjective(), torch.zeros(2, 5), ["b", "a"]) is gold
     for weight, temperature in ((0.0, 1.0), (1.5, 1.0), (0.5, 0.0), (math.nan, 1.0)):
         with pytest.raises(ValueError):
             Distillation({}, weight, temperature)
@@ -109,7 +128,8 @@ def test_a_task_may_have_its_own_weight_and_temperature():
     student, gold = torch.zeros(1, 5), torch.tensor(0.7)
     distillation = Distillation({"sst": teacher}, weight=0.5, temperature=1.0, per_task={"sst": (1.0, 2.0)})
     expected = distillation_loss("sst", student, torch.tensor([[0.0, 0.0, 3.0, 0.0, 0.0]]), temperature=2.0)
-    assert distillation.mix("sst", gold, student, ["a"]).item() == pytest.approx(expected.item())  # no gold left
+    assert distillation.mix("sst", gold, SentimentObjective(), student, ["a"]).item() == pytest.approx(
+        expected.item())  # no gold left
     assert distillation.setting("qqp") == (0.5, 1.0)
 
 
