@@ -27,6 +27,7 @@ from scores import ScoresFileError, read_scores, read_span_logits, scores_path, 
 from squad import QAWindows
 
 DISTILLED_TASKS = ("sst", "qqp", "sts", "qa")  # the tasks whose saved scores a student can learn from
+SOFTENED_TASKS = ("sst", "qa")  # those whose distillation softens distributions at a temperature
 
 
 def distillation_loss(task: str, student: Tensor, teacher: Tensor, temperature: float = 1.0,

@@ -87,8 +87,15 @@ def read_scores(path: str | os.PathLike, task: str) -> tuple[list[str], np.ndarr
     if not path.is_file():
         raise ScoresFileError(f"{path}: no such scores file (a run writes RUN/scores/ when it finishes)")
     expected = ["id", *SCORE_COLUMNS[task]]
-    with open(path, newline="", encoding="utf-8") as handle:
-        rows = list(csv.reader(handle))
+    try:
+        with open(path, newline="", encoding="utf-8") as handle:
+            rows = list(csv.reader(handle))
+    except OSError as err:
+        raise ScoresFileError(f"{path}: cannot be read ({err.strerror or err})") from None
+    except UnicodeDecodeError as err:
+        raise ScoresFileError(f"{path}: not UTF-8 text (byte {err.start})") from None
+    except csv.Error as err:  # e.g. a field longer than the csv module's limit
+        raise ScoresFileError(f"{path}: not a scores CSV ({err})") from None
     if not rows or rows[0] != expected:
         raise ScoresFileError(f"{path}: header must be {','.join(expected)}")
     ids, values = [], []
@@ -152,8 +159,9 @@ def read_span_logits(path: str | os.PathLike) -> SpanLogits:
         raise ScoresFileError(f"{path}: no such scores file (a run writes it with --score_train)") from None
     except (SafetensorError, OSError, KeyError, TypeError, ValueError) as err:
         raise ScoresFileError(f"{path}: not a SQuAD train-logits file ({type(err).__name__}: {err})") from None
-    if (flat.ndim != 2 or flat.shape[1] != 2 or lengths.ndim != 1 or len(lengths) != len(ids)
-            or not isinstance(ids, list) or (lengths < 1).any() or int(lengths.sum()) != len(flat)):
+    if (flat.ndim != 2 or flat.shape[1] != 2 or lengths.ndim != 1 or not isinstance(ids, list)
+            or not all(isinstance(i, str) for i in ids) or len(lengths) != len(ids) or (lengths < 1).any()
+            or int(lengths.sum()) != len(flat)):
         raise ScoresFileError(f"{path}: the logits, lengths and window ids do not fit together")
     if not np.isfinite(flat).all():
         raise ScoresFileError(f"{path}: a logit that is not finite")

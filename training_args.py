@@ -25,7 +25,7 @@ import torch
 from base_bert import CheckpointError
 from checkpoint import check_resume_settings
 from datasets import standard_paths
-from distillation import Distillation, TeacherScores, TeacherSpans
+from distillation import SOFTENED_TASKS, Distillation, TeacherScores, TeacherSpans
 from distributed import SINGLE_PROCESS, Distributed
 from files import unwritable_folder
 from adapters import ADAPTERS as ADAPTER_KINDS
@@ -277,7 +277,7 @@ class TrainingArguments:
                                  DISTILL, type=float)
     distill_temperature: float = flag(1.0, "T of SST's and SQuAD's softened distributions (KL x T^2)", DISTILL,
                                       type=float)
-    distill_override: list = flag([], "per-task setting, e.g. sst:weight=1, sts:weight=0.3,temperature=2 or "
+    distill_override: list = flag([], "per-task setting, e.g. sst:weight=1,temperature=2, sts:weight=0.3 or "
                                   "qqp:teacher=runs/qqp_ensemble (that task's teacher folder; repeatable)", DISTILL,
                                   action="append", metavar="TASK:key=value,...")
     score_train: bool = flag(False, "also write the kept model's scores of the train splits "
@@ -354,6 +354,9 @@ class TrainingArguments:
                    f"--distill_weight must be in (0, 1], got {setting['weight']}{name}")
             _check(_finite(setting["temperature"]) and setting["temperature"] > 0,
                    f"--distill_temperature must be > 0, got {setting['temperature']}{name}")
+            _check(task in SOFTENED_TASKS or setting["temperature"] == self.distill_temperature,
+                   f"--distill_override {task}:temperature={setting['temperature']:g}: {task}'s distillation loss "
+                   f"has no temperature (only {' and '.join(SOFTENED_TASKS)} soften a distribution)")
         _check(not (self.simcse_data and self.option == "pretrain"),
                "the SimCSE stage trains the encoder, which --option pretrain freezes; use --option finetune")
 

@@ -190,6 +190,10 @@ def test_squad_teachers_that_do_not_fit_are_refused(tmp_path):
     write_span_logits(path, ["q1#0"], [np.array([[0.0, math.inf]])], 48, 16)
     with pytest.raises(ScoresFileError, match="not finite"):
         read_span_logits(path)
+    for ids in ([7], [["q1#0"]]):  # window ids that are not strings: a number, a list
+        write_span_logits(path, ids, [np.zeros((3, 2))], 48, 16)
+        with pytest.raises(ScoresFileError, match="window ids do not fit"):
+            read_span_logits(path)
 
 
 def test_a_teacher_without_train_scores_or_missing_an_id_is_refused(tmp_path):
@@ -334,6 +338,10 @@ def test_a_task_teacher_that_cannot_teach_and_an_override_without_a_teacher_exit
     assert len(error) == 1 and str(empty / "scores" / "qqp-train.csv") in error[0]
     assert exit_code(run_flags(tiny_checkpoint, tmp_path, "--distill_override", "sst:weight=1")) == 2
     assert "name one with --distill DIR" in capsys.readouterr().err
+    # QQP's and STS's losses soften nothing: a temperature for them would be printed and then ignored
+    assert exit_code(run_flags(tiny_checkpoint, tmp_path, "--distill", str(teacher_run),
+                               "--distill_override", "sts:weight=0.3,temperature=2")) == 2
+    assert "sts's distillation loss has no temperature" in capsys.readouterr().err
 
 
 def test_an_ensemble_teacher_averages_probabilities_in_the_score_space():

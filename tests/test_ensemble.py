@@ -217,6 +217,15 @@ def test_bad_scores_files_are_named_with_their_problem(tmp_path, text, problem):
         read_scores(tmp_path / "s.csv", "sts")
 
 
+@pytest.mark.parametrize("content,problem", [
+    (b"id,score\n\xe9,1\n", "not UTF-8 text"), (b"id,score\n" + b"a" * 200_000 + b",1\n", "not a scores CSV"),
+], ids=["latin-1", "a field over the csv module's limit"])
+def test_scores_files_that_are_not_utf8_csv_are_named_with_their_problem(tmp_path, content, problem):
+    (tmp_path / "s.csv").write_bytes(content)
+    with pytest.raises(ScoresFileError, match=f"s.csv: {problem}"):
+        read_scores(tmp_path / "s.csv", "sts")
+
+
 # ---------------------------------------------------------------------------------------------------
 # Whole runs
 
