@@ -12,6 +12,7 @@ ensemble wrote them. (ensemble.py combines no SQuAD scores: a SQuAD teacher is o
 """
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,6 +61,15 @@ def distillation_loss(task: str, student: Tensor, teacher: Tensor, temperature: 
     raise ValueError(f"no distillation loss for {task!r}; one of {DISTILLED_TASKS}")
 
 
+def _fingerprint(rows) -> str:
+    """SHA-256 of (id, array) rows, sorted by id."""
+    digest = hashlib.sha256()
+    for i, values in sorted(rows, key=lambda row: row[0]):
+        digest.update(f"{i}\0{values.dtype}{values.shape}\0".encode())
+        digest.update(np.ascontiguousarray(values).tobytes())
+    return digest.hexdigest()
+
+
 @dataclass(frozen=True)
 class TeacherScores:
     """One task's teacher scores on the training examples, looked up by example id."""
@@ -70,12 +80,19 @@ class TeacherScores:
         """The scores of these examples, shaped as the student's."""
         return torch.from_numpy(self.scores[[self.rows[i] for i in ids]]).squeeze(-1).to(student)  # (B, 5) or (B,)
 
+    def fingerprint(self) -> str:
+        """SHA-256 of the scores by id, whatever their row order: --resume refuses a teacher that changed."""
+        return _fingerprint((i, self.scores[row]) for i, row in self.rows.items())
+
 
 @dataclass(frozen=True)
 class TeacherSpans:
     """SQuAD's teacher: each training window's start and end logits (its own length, (L, 2)), by window id."""
     logits: dict[str, np.ndarray]
     path: Path  # the file they came from, for the error messages
+
+    def fingerprint(self) -> str:
+        return _fingerprint(self.logits.items())
 
     def of(self, ids: list[str], student: Tensor) -> Tensor:
         """The windows' logits padded as the student's batch (B, T, 2), PADDING_LOGIT beyond each window."""
@@ -155,6 +172,10 @@ class Distillation:
                 raise ValueError(f"the distillation weight must be in (0, 1], got {weight!r}")
             if not (math.isfinite(temperature) and temperature > 0):
                 raise ValueError(f"the distillation temperature must be > 0, got {temperature!r}")
+
+    def fingerprints(self) -> dict[str, str]:
+        """The teacher's scores of each task, as --resume compares them ("distill/TASK")."""
+        return {f"distill/{task}": teacher.fingerprint() for task, teacher in self.teacher.items()}
 
     def setting(self, task: str) -> tuple[float, float]:
         """The task's (weight, temperature)."""

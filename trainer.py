@@ -270,7 +270,9 @@ class Trainer:
         self.distributed = distributed
         self.settings = settings or {}
         self.triplets = simcse.triplets if simcse is not None else []
-        self.data_sha256 = data_fingerprints(data, self.triplets)  # the data never changes during a run
+        # the data and a teacher's scores never change during a run, nor between a stop and its --resume
+        self.data_sha256 = data_fingerprints(data, self.triplets) | (distillation.fingerprints() if distillation
+                                                                     else {})
         self.quiet = config.quiet or not distributed.is_main
         self.output_dir = Path(config.output_dir)
         self.precision = config.precision

@@ -37,7 +37,8 @@ def read_training_state(prefix: Path) -> tuple[dict[str, torch.Tensor], dict]:
 
 def check_resumable(metadata: dict, world_size: int, stage_labels: list[str], data_sha256: dict[str, str]) -> None:
     """Refuse a resume the saved state cannot continue: another number of processes, a schedule that the
-    stages already done do not begin, or data whose content changed."""
+    stages already done do not begin, or data whose content changed (a --distill teacher's scores included:
+    "distill/TASK")."""
     saved_world = metadata.get("world_size", 1)
     if saved_world != world_size:  # each rank's data slice and dropout stream would differ
         raise CheckpointError(f"cannot resume: the run was trained by {saved_world} process(es), this one has "

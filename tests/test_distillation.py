@@ -283,6 +283,22 @@ def test_teachers_that_cannot_teach_this_run_are_one_line_and_exit_2(teacher_run
                                    "--distill_override", override)) == 2, override
 
 
+def test_a_resume_refuses_a_teacher_whose_scores_changed(teacher_run, tiny_checkpoint, tmp_path, capsys):
+    teacher = tmp_path / "teacher"
+    shutil.copytree(teacher_run / "scores", teacher / "scores")
+    flags = run_flags(tiny_checkpoint, tmp_path, "--distill", str(teacher))
+    assert mc.main(flags + ["--stop_after_stages", "1"]) == 0
+    path = scores_path(teacher, "qqp", "train")
+    ids, scores = read_scores(path, "qqp")
+    write_scores(path, ids[::-1], scores[::-1], "qqp")  # the same scores in another order: the same teacher
+    assert mc.main(flags + ["--resume", "--stop_after_stages", "2"]) == 0
+    write_scores(path, ids, scores + 0.5, "qqp")
+    capsys.readouterr()
+    assert mc.main(flags + ["--resume"]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.count("\n") == 0 and "differs from the stopped run's (distill/qqp)" in error
+
+
 def test_distill_override_gives_a_task_its_own_weight(teacher_run, tiny_checkpoint, tmp_path, capsys):
     """The override reaches SST's steps (its loss changes) and the others keep the global setting."""
     plain, overridden = tmp_path / "plain", tmp_path / "overridden"
