@@ -12,6 +12,7 @@ import subprocess
 import sys
 from functools import partial
 
+import numpy as np
 import pytest
 import torch
 import torch.multiprocessing as mp
@@ -19,6 +20,7 @@ from safetensors.torch import load_file, save_file
 
 from conftest import DEMO, MAX_LENGTH, ROOT, demo_examples, deterministic_tiny_model, prediction_flags
 from datasets import LengthBucketSampler, collate_pairs, collate_sentences
+from distillation import Distillation, TeacherScores
 from distributed import SINGLE_PROCESS, Distributed, cut_global_batches, data_parallel, global_batch_count
 from gradient_surgery import GradientSurgery
 from mlm import mlm_batches
@@ -114,7 +116,8 @@ def _batch(task: str, examples, tokenizer):
 def _one_step(trainer, task: str, batches: dict) -> dict[str, torch.Tensor]:
     """Train one optimizer step through run_steps, on batches[task]; for task "cagrad" / "pcgrad" on one
     batch of each task combined by that gradient surgery; for "accumulated" on an SST and an STS batch
-    accumulated into one update. Returns the gradients the optimizer saw."""
+    accumulated into one update; for "distilled" on an SST batch mixed with a teacher's scores. Returns the
+    gradients the optimizer saw."""
     seen = {}
     step = trainer.optimizer.step
 
@@ -126,6 +129,11 @@ def _one_step(trainer, task: str, batches: dict) -> dict[str, torch.Tensor]:
         trainer.gradient_surgery = GradientSurgery(task)
         surgery = partial(trainer.surgery_step, rng=random.Random(0))
         trainer.run_steps([(surgery, list(batches.items()))], 1, "test", gradients_reduced=True)
+    elif task == "distilled":  # each rank looks its own examples' teacher scores up by id
+        examples = demo_examples("sst", "train", 7)
+        logits = np.random.default_rng(0).normal(size=(len(examples), 5))
+        trainer.distillation = Distillation({"sst": TeacherScores({e.id: i for i, e in enumerate(examples)}, logits)})
+        trainer.run_steps([(partial(trainer.task_step, "sst"), batches["sst"])], 1, "test")
     elif task == "accumulated":
         trainer.config = dataclasses.replace(trainer.config, grad_accumulation_steps=2)
         trainer.run_steps([(partial(trainer.task_step, t), batches[t]) for t in ("sst", "sts")], 2, "test")
@@ -136,7 +144,8 @@ def _one_step(trainer, task: str, batches: dict) -> dict[str, torch.Tensor]:
 
 def _batches(task: str, tokenizer, rank: int = 0, world_size: int = 1) -> dict:
     """7 training examples per task (slices of 4 and 3 on two ranks: the weighting by share matters)."""
-    tasks = {"cagrad": MULTITASK, "pcgrad": MULTITASK, "accumulated": ("sst", "sts")}.get(task, (task,))
+    tasks = {"cagrad": MULTITASK, "pcgrad": MULTITASK, "accumulated": ("sst", "sts"), "distilled": ("sst",)}.get(
+        task, (task,))
     return {t: _batch(t, demo_examples(t, "train", 7)[rank::world_size], tokenizer) for t in tasks}
 
 
@@ -152,7 +161,7 @@ def _step_trainer(distributed, tmp_path, tokenizer, smart: bool):
 
 
 STEP_CASES = [("sst", False), ("sts", False), ("sst", True), ("qqp", True), ("cagrad", False), ("pcgrad", False),
-              ("accumulated", True)]
+              ("accumulated", True), ("distilled", False)]
 
 
 def _simcse_inputs() -> dict[str, torch.Tensor]:
