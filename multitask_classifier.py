@@ -256,7 +256,7 @@ def _run(args: TrainingArguments, distributed: Distributed, device) -> Trainer:
     trainer = build_trainer(args, model, BertTokenizer.from_pretrained(args.pretrained), data, triplets, device,
                             mlm_head, distributed, teacher)
     if teacher is not None and "qa" in teacher:
-        try:  # the teacher's SQuAD windows must be the student's, token for token
+        try:  # the teacher's SQuAD windows must be the student's: the same ids and token counts
             teacher["qa"].check_windows(trainer.tokenized_split("qa", data["qa"].train))
         except ScoresFileError as err:
             raise UsageError(str(err)) from None
