@@ -1,6 +1,7 @@
 """Markdown rows for RESULTS.md from finished runs: the model kept (best overall dev score) of each run,
 and mean ± sample std over the runs when more than one is given (e.g. the seeds of one configuration).
-Runs with SQuAD (--tasks ...,qa) get its columns too; a SQuAD-only run gets only them.
+Runs with SQuAD (--tasks ...,qa) get its columns too; a SQuAD-only run gets only them, and a run of one task
+(scripts/cpu_best_one_task.sh) that task's.
 
     python scripts/summarize_runs.py results/cpu_sbert results/cpu_sbert_seeds/cpu_sbert_s1 results/cpu_sbert_seeds/cpu_sbert_s2
 
@@ -23,6 +24,9 @@ COLUMNS = [("SST acc", "sst_acc"), ("SST F1 (w)", "sst_f1_weighted"), ("QQP acc"
            ("QQP F1", "qqp_f1"), ("STS r", "sts_pearson"), ("overall", "overall")]
 QA_COLUMNS = [("SQuAD EM", "qa_em"), ("SQuAD F1", "qa_f1"), ("has-answer F1", "qa_has_answer_f1"),
               ("no-answer F1", "qa_no_answer_f1"), ("F1 at τ = 0", "qa_f1_at_0")]
+# The score of the "final" column: the first of these a run's records have.
+FINAL = [("overall", "overall"), ("SQuAD F1", "qa_f1"), ("SST acc", "sst_acc"), ("QQP acc", "qqp_acc"),
+         ("STS r", "sts_pearson")]
 
 
 def read_run(run: Path) -> dict:
@@ -39,15 +43,19 @@ def read_run(run: Path) -> dict:
         values = {key: best[key] for _, key in run_columns(best)}
     except (OSError, json.JSONDecodeError, KeyError, ValueError) as err:
         raise SystemExit(f"error: {run}: not a finished run ({err})") from None
-    final_key = "overall" if three_tasks else "qa_f1"
+    final_key = final_metric(best)[1]
     return {**values, "best_after": f"stage {best['index'] + 1} ({best['stage']})", "final": history[-1][final_key],
             "train_minutes": sum(record.get("seconds", 0.0) for record in history[1:]) / 60,
             "each_task_best": each_task}
 
 
 def run_columns(record: dict) -> list[tuple[str, str]]:
-    """The columns a run's records have: the three tasks' (with the overall score) and SQuAD's."""
-    return (COLUMNS if "overall" in record else []) + (QA_COLUMNS if "qa_f1" in record else [])
+    """The columns a run's records have: the three tasks' (with the overall score) or one task's, and SQuAD's."""
+    return [(name, key) for name, key in COLUMNS + QA_COLUMNS if key in record]
+
+
+def final_metric(record: dict) -> tuple[str, str]:
+    return next((name, key) for name, key in FINAL if key in record)
 
 
 def each_task_best(stages: list[dict]) -> str:
@@ -67,7 +75,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     rows = {run.name: read_run(run) for run in args.runs}
     columns = [(name, key) for name, key in COLUMNS + QA_COLUMNS if all(key in row for row in rows.values())]
-    final = "final overall" if columns and columns[0] in COLUMNS else "final SQuAD F1"
+    final = "final " + final_metric(dict.fromkeys(key for _, key in columns))[0]
     print("| run | " + " | ".join(name for name, _ in columns) + f" | best after | {final} | train min |")
     print("|---" * (len(columns) + 4) + "|")
     for name, row in rows.items():

@@ -30,6 +30,22 @@ def test_rows_and_mean_with_sample_std(tmp_path, capsys):
     assert lines[4].startswith("| mean ± std (2 runs) | 0.450 ± 0.071 | 0.400 ± 0.071 | 0.800 ± 0.000 |")
 
 
+def test_a_one_task_run_gets_its_tasks_columns(tmp_path, capsys):
+    """scripts/cpu_best_one_task.sh's runs: QQP alone, kept after its first rehearsal."""
+    history = [{"index": 0, "stage": "pretrained", "seconds": 99.0, "qqp_acc": 0.5, "qqp_f1": 0.4},
+               {"index": 1, "stage": "qqp", "seconds": 60.0, "qqp_acc": 0.81, "qqp_f1": 0.75},
+               {"index": 2, "stage": "qqp@0.03", "seconds": 6.0, "qqp_acc": 0.83, "qqp_f1": 0.77},
+               {"index": 3, "stage": "qqp@0.03", "seconds": 6.0, "qqp_acc": 0.82, "qqp_f1": 0.78}]
+    run = tmp_path / "qqp_alone"
+    run.mkdir()
+    (run / "history.json").write_text(json.dumps(history))
+    (run / "best.json").write_text(json.dumps({"metrics": history[2]}))
+    assert summarize_runs.main([str(run)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "| run | QQP acc | QQP F1 | best after | final QQP acc | train min |"
+    assert lines[2] == "| qqp_alone | 0.830 | 0.770 | stage 3 (qqp@0.03) | 0.820 | 1.2 |"
+
+
 def test_unfinished_run_is_a_one_line_error(tmp_path):
     with pytest.raises(SystemExit, match="empty: not a finished run"):
         summarize_runs.main([str(tmp_path / "empty")])
