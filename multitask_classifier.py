@@ -19,7 +19,7 @@ from pathlib import Path
 from base_bert import CheckpointError
 from bert import BertModel
 from datasets import DataError, DataWarning, load_task_data, show_data_warnings_on_one_line, subsample
-from distillation import DISTILLED_TASKS, load_teacher
+from distillation import DISTILLED_TASKS, SOFTENED_TASKS, load_teacher
 from distributed import Distributed, data_parallel
 from embedding_analysis import MIN_TSNE_POINTS, plot_tsne, sentence_embeddings
 from evaluation import summarize_line, write_predictions
@@ -122,8 +122,9 @@ def load_inputs(args: TrainingArguments) -> tuple[list[Stage], dict, list[str], 
                 teacher |= load_teacher(folder, taught, (args.qa_max_length, args.qa_doc_stride))
             settings = distill_settings(args)
             print("distillation: the train scores of " + ", ".join(
-                f"{task} from {settings[task]['teacher']} (weight {settings[task]['weight']}, temperature "
-                f"{settings[task]['temperature']})" for task in train_ids))
+                f"{task} from {settings[task]['teacher']} (weight {settings[task]['weight']}"
+                + (f", temperature {settings[task]['temperature']})" if task in SOFTENED_TASKS else ")")
+                for task in train_ids))
     except ValueError as err:  # DataError and ScoresFileError too: their messages name the file
         raise UsageError(str(err)) from None
     return stages, data, [str(w.message) for w in dropped], triplets, teacher
