@@ -81,8 +81,9 @@ def write_qa_scores(path: str | os.PathLike, answers: dict[str, Answer]) -> None
 
 
 def read_scores(path: str | os.PathLike, task: str) -> tuple[list[str], np.ndarray]:
-    """(ids, scores): scores (N, 5) for sst, (N,) for qqp and sts. Raises ScoresFileError on a missing file, a
-    wrong header, a short row, a value that is not a finite number, or a repeated id."""
+    """(ids, scores): scores (N, 5) for sst, (N,) for qqp and sts. Raises ScoresFileError on a missing or unreadable
+    file, one that is not a UTF-8 CSV, a wrong header, a short row, a value that is not a finite number, or a
+    repeated id."""
     path = Path(path)
     if not path.is_file():
         raise ScoresFileError(f"{path}: no such scores file (a run writes RUN/scores/ when it finishes)")
