@@ -45,6 +45,19 @@ def show_data_warnings_on_one_line() -> None:
     warnings.formatwarning = format_warning
 
 
+def read_input_bytes(path: str | os.PathLike) -> bytes:
+    """The whole content of an input file, refused (DataError) unless it is a regular file: reading a FIFO or a
+    device would wait for a writer forever, and a folder cannot be read."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(path, "file not found" if not path.exists()
+                        else "not a regular file (a folder, FIFO or device cannot be read as one)")
+    try:
+        return path.read_bytes()
+    except OSError as err:
+        raise DataError(path, f"cannot be read ({err.strerror or err})") from None
+
+
 def unwritable_folder(directory: str | os.PathLike) -> str | None:
     """Why `directory` cannot be created or written ('<dir>: cannot write there, <path> is a file, not a
     folder'), or None when it can: the command lines check their output folders before doing any work."""

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
-from files import DataError, DataWarning
+from files import DataError, DataWarning, read_input_bytes
 
 LABELS = ("entailment", "neutral", "contradiction")
 # The Hugging Face SNLI/MultiNLI datasets store labels as these integers, -1 for "no gold label".
@@ -53,10 +53,8 @@ class NLISourceCounts:
 
 
 def _read_text(path: Path) -> str:
-    if not path.is_file():
-        raise DataError(path, "no such file")
     try:
-        return path.read_text(encoding="utf-8")
+        return read_input_bytes(path).decode("utf-8")
     except UnicodeDecodeError as error:
         raise DataError(path, f"not UTF-8 text ({error.reason} at byte {error.start})") from None
 

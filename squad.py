@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from files import DataError, atomic_write_text
+from files import DataError, atomic_write_text, read_input_bytes
 
 MAX_QUESTION_TOKENS = 64  # longer questions are cut, as in Devlin et al.'s run_squad.py
 NO_ANSWER = (0, 0)  # the gold (start, end) of a window without the answer: [CLS]
@@ -83,11 +83,11 @@ def load_squad(path: str | Path, split: str) -> list[QAExample]:
     answers, a repeated id) is a DataError naming the file and the question id: nothing is dropped."""
     path = Path(path)
     try:
-        document = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise DataError(path, "file not found") from None
+        document = json.loads(read_input_bytes(path).decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise DataError(path, f"not a SQuAD JSON file ({err})") from None
+    except RecursionError:  # json's decoder recurses once per nested list or object
+        raise DataError(path, "not a SQuAD JSON file (nested too deeply to read)") from None
     if not isinstance(document, dict) or not isinstance(document.get("data"), list):
         raise DataError(path, 'not a SQuAD JSON file: expected {"version": ..., "data": [articles]}')
     examples, seen = [], set()
@@ -132,6 +132,9 @@ def _read_question(path: Path, qa, context: str, split: str, where: str) -> QAEx
         text, start = (answer.get("text"), answer.get("answer_start")) if isinstance(answer, dict) else (None, None)
         if not isinstance(text, str) or not text or not isinstance(start, int) or isinstance(start, bool):
             raise DataError(path, f"question {qid}: each answer needs a non-empty 'text' and an integer 'answer_start'")
+        if not 0 <= start <= len(context) - len(text):  # a slice would take a negative start from the end
+            raise DataError(path, f"question {qid}: answer_start {start} of {text!r} is outside its context "
+                                  f"({len(context)} characters)")
         if context[start:start + len(text)] != text:
             raise DataError(path, f"question {qid}: answer {text!r} is not at answer_start {start} of its context "
                                   f"(found {context[start:start + len(text)]!r})")

@@ -1,6 +1,7 @@
 """nli.py: NLI pairs from every supported source, triplets made from them, duplicates across sources dropped, and
 malformed files named with their line and problem."""
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -188,13 +189,17 @@ def test_bad_senteval_files(tmp_path):
         load_nli_pairs(directory, split="test")
     with pytest.raises(DataError, match="needs a split"):
         load_nli_pairs(directory)
-    with pytest.raises(DataError, match=r"s1\.train: no such file"):
+    with pytest.raises(DataError, match=r"s1\.train: file not found"):
         load_nli_pairs(directory, split="train")
 
 
 def test_missing_and_undecodable_files(tmp_path):
-    with pytest.raises(DataError, match="nope.jsonl: no such file"):
+    with pytest.raises(DataError, match="nope.jsonl: file not found"):
         load_nli_pairs(tmp_path / "nope.jsonl")
+    fifo = tmp_path / "fifo.jsonl"
+    os.mkfifo(fifo)  # read, it would wait for a writer forever
+    with pytest.raises(DataError, match="fifo.jsonl: not a regular file"):
+        load_nli_pairs(fifo)
     path = tmp_path / "latin1.jsonl"
     path.write_bytes('{"premise": "café"}\n'.encode("latin-1"))
     with pytest.raises(DataError, match="latin1.jsonl: not UTF-8 text"):

@@ -4,6 +4,7 @@ labels, span decoding and the no-answer threshold; the demo SQuAD files; downloa
 Real-data checks read ../shared/data/squad (the project's protocol split of the official dev set) and skip
 without it."""
 import json
+import os
 import re
 import urllib.error
 
@@ -171,6 +172,27 @@ def test_a_missing_context_names_its_paragraph(tmp_path):
 def test_an_answer_start_that_does_not_match_its_text(tmp_path):
     qa = good_question("q-off-by-one", answers=[{"text": "Bob", "answer_start": 1}])
     assert_data_error(write_squad(tmp_path, [qa]), "train", "q-off-by-one", "'Bob'", "answer_start 1", "'ob '")
+
+
+def test_an_answer_start_counted_from_the_end_of_the_context_is_refused(tmp_path):
+    # context[-5:-1] is "1901": a slice check alone would accept it and train the question as unanswerable
+    qa = good_question("q-negative", answers=[{"text": "1901", "answer_start": -5}])
+    assert_data_error(write_squad(tmp_path, [qa]), "train", "q-negative", "answer_start -5", "outside its context")
+    past_the_end = good_question("q-past", answers=[{"text": "1901.", "answer_start": len(CONTEXT) - 4}])
+    assert_data_error(write_squad(tmp_path, [past_the_end]), "dev", "q-past", "outside its context")
+
+
+def test_a_deeply_nested_file_is_a_data_error_not_a_recursion_error(tmp_path):
+    path = tmp_path / "nested.json"
+    path.write_text("[" * 100_000 + "]" * 100_000)
+    assert_data_error(path, "train", "nested too deeply")
+
+
+def test_a_fifo_or_a_folder_is_refused_without_reading_it(tmp_path):
+    fifo = tmp_path / "train-v2.0.json"
+    os.mkfifo(fifo)  # reading it would wait for a writer forever
+    assert_data_error(fifo, "train", "not a regular file")
+    assert_data_error(tmp_path, "train", "not a regular file")
 
 
 def test_an_answerable_question_needs_answers_and_an_unanswerable_one_none(tmp_path):
