@@ -175,6 +175,16 @@ def resolve_pretrained(name_or_path: str | os.PathLike) -> Path:
     return _download_from_hub(name)
 
 
+def pretrained_config(name_or_path: str | os.PathLike, **overrides) -> BertConfig:
+    """A pretrained model's config.json, read without its weights: the command lines check their flags against
+    it (positions, layers, vocabulary) before any model loads."""
+    directory = resolve_pretrained(name_or_path)
+    config_file = directory / "config.json"
+    if not config_file.is_file():
+        raise CheckpointError(f"{directory}: no config.json")
+    return BertConfig.from_json_file(config_file, **overrides)
+
+
 def find_weight_file(directory: Path) -> Path:
     for filename in WEIGHT_FILES:
         if (directory / filename).is_file():
@@ -306,10 +316,7 @@ class BertPreTrainedModel(nn.Module):
     def from_pretrained(cls, name_or_path: str | os.PathLike = "bert-base-uncased", **config_overrides):
         """Load pretrained BERT weights; `config_overrides` set e.g. hidden_dropout_prob."""
         directory = resolve_pretrained(name_or_path)
-        config_file = directory / "config.json"
-        if not config_file.is_file():
-            raise CheckpointError(f"{directory}: no config.json")
-        config = BertConfig.from_json_file(config_file, **config_overrides)
+        config = pretrained_config(name_or_path, **config_overrides)
         weight_file = find_weight_file(directory)
         model = cls(config)
         state = convert_hf_state_dict(load_state_dict_file(weight_file), config.num_hidden_layers)

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm import tqdm
 
-from base_bert import BertConfig, CheckpointError, resolve_pretrained
+from base_bert import BertConfig, CheckpointError, pretrained_config
 from bert import BertModel
 from checkpoint import atomic_save, read_checkpoint
 from datasets import (DataError, SentenceExample, TaskData, load_task_data, make_dataloader, predict_in_file_order,
@@ -215,9 +215,10 @@ def run(args: ClassifierArguments) -> dict[str, dict]:
 def _run(args: ClassifierArguments, distributed: Distributed, device: torch.device) -> dict[str, dict]:
     check_writable([args.output_dir, args.predictions_dir])
     data = load_data(args)  # every data file validated before the model loads
-    config = BertConfig.from_json_file(resolve_pretrained(args.pretrained) / "config.json")
+    config = pretrained_config(args.pretrained)
     check_max_length(args.max_length, config.max_position_embeddings, args.pretrained)
     tokenizer = BertTokenizer.from_pretrained(args.pretrained)
+    tokenizer.check_fits(config.vocab_size, args.pretrained)
     results = {}
     for task in TASKS:
         print(f"training {args.option} on {task}: {len(data[task].train)} train, {len(data[task].dev)} dev, "

@@ -16,7 +16,7 @@ import sys
 import warnings
 from pathlib import Path
 
-from base_bert import CheckpointError
+from base_bert import CheckpointError, pretrained_config
 from bert import BertModel
 from datasets import DataError, DataWarning, load_task_data, show_data_warnings_on_one_line, subsample
 from distillation import DISTILLED_TASKS, SOFTENED_TASKS, load_teacher
@@ -31,7 +31,7 @@ from runtime import precision_notice, seed_everything
 from schedules import Stage, StageKind, build_schedule, train_tasks
 from scores import (ScoresFileError, as_saved, scores_path, span_logits_path, write_qa_scores, write_scores,
                     write_span_logits)
-from squad import predictions, write_squad_predictions
+from squad import check_window_room, predictions, write_squad_predictions
 from tasks import MULTITASK, TASKS
 from tokenizer import BertTokenizer
 from trainer import Trainer, decide
@@ -130,17 +130,37 @@ def load_inputs(args: TrainingArguments) -> tuple[list[Stage], dict, list[str], 
     return stages, data, [str(w.message) for w in dropped], triplets, teacher
 
 
+def check_pretrained(args: TrainingArguments, data: dict) -> BertTokenizer:
+    """The pretrained model's tokenizer, and the flags and data that depend on the model checked against its
+    config.json before its weights load: the tokenizer against its embedding table, the text lengths against
+    its positions, SQuAD's windows against the longest question, LNSR's layer and the PALs' size against its
+    layers and heads."""
+    config = pretrained_config(args.pretrained)
+    tokenizer = BertTokenizer.from_pretrained(args.pretrained)
+    tokenizer.check_fits(config.vocab_size, args.pretrained)
+    check_max_length(args.max_length, config.max_position_embeddings, args.pretrained)
+    try:
+        if "qa" in data:
+            check_max_length(args.qa_max_length, config.max_position_embeddings, args.pretrained, "--qa_max_length")
+            for split in (data["qa"].train, data["qa"].dev, data["qa"].test):
+                if split is not None:
+                    check_window_room(split, tokenizer, args.qa_max_length, args.qa_doc_stride)
+        if args.lnsr:
+            lnsr_config(args, config.num_hidden_layers)
+        if args.adapter == "pals" and args.pal_size and args.pal_size % config.num_attention_heads:
+            raise ValueError(f"--pal_size {args.pal_size} is not a multiple of the {config.num_attention_heads} "
+                             f"attention heads of {args.pretrained}")
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+    return tokenizer
+
+
 def build_model(args: TrainingArguments, trains_sts: bool) -> MultitaskBERT:
-    """The pretrained encoder (its own dropout unless --encoder_dropout) with fresh task heads."""
+    """The pretrained encoder (its own dropout unless --encoder_dropout) with fresh task heads; check_pretrained
+    has checked the flags that depend on it."""
     overrides = {} if args.encoder_dropout is None else {"hidden_dropout_prob": args.encoder_dropout}
     bert = BertModel.from_pretrained(args.pretrained, **overrides)
-    check_max_length(args.max_length, bert.config.max_position_embeddings, args.pretrained)
     bert.encoder.gradient_checkpointing = args.gradient_checkpointing
-    if args.lnsr:
-        try:
-            lnsr_config(args, bert.config.num_hidden_layers)
-        except ValueError as err:
-            raise UsageError(str(err)) from None
     ordinal_weight = args.ordinal_weight if args.sst_objective == "ordinal" else 0.0
     model = MultitaskBERT(bert, args.pooling, args.hidden_dropout_prob, args.pair_encoder, args.similarity_objective,
                           ordinal_weight, args.head_hidden, args.head_activation, adapter_config(args), run_tasks(args))
@@ -237,6 +257,7 @@ def run(args: TrainingArguments) -> Trainer:
 
 def _run(args: TrainingArguments, distributed: Distributed, device) -> Trainer:
     stages, data, dropped_rows, triplets, teacher = load_inputs(args)
+    tokenizer = check_pretrained(args, data)
     output_dir = Path(args.output_dir)
     if args.resume and not any((output_dir / name).exists() for name in ("last.json", "last.safetensors")):
         raise UsageError(f"{output_dir}: nothing to resume yet (no checkpoint from a finished stage); "
@@ -254,7 +275,7 @@ def _run(args: TrainingArguments, distributed: Distributed, device) -> Trainer:
         print(f"data parallel: {distributed.world_size} processes x batch {args.batch_size} x accumulation "
               f"{args.grad_accumulation_steps} = {distributed.world_size * args.batch_size * args.grad_accumulation_steps}"
               f" examples per update; learning rate {args.lr} (not scaled with the batch)")
-    trainer = build_trainer(args, model, BertTokenizer.from_pretrained(args.pretrained), data, triplets, device,
+    trainer = build_trainer(args, model, tokenizer, data, triplets, device,
                             mlm_head, distributed, teacher)
     if teacher is not None and "qa" in teacher:
         try:  # the teacher's SQuAD windows must be the student's: the same ids and token counts

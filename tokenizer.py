@@ -22,6 +22,13 @@ from base_bert import CheckpointError, resolve_pretrained
 DEFAULT_MAX_LENGTH = 512
 
 
+def shortest_max_length(texts: int) -> int:
+    """The shortest truncation length that keeps a token of each of `texts` texts (1, or 2 for a pair encoded
+    jointly) beside the special tokens, [CLS] a [SEP] or [CLS] a [SEP] b [SEP]. Below it the Rust tokenizer cannot
+    cut and returns the texts whole, however long."""
+    return 2 * texts + 1
+
+
 class BertTokenizer:
     def __init__(self, backend: Tokenizer, model_max_length: int = DEFAULT_MAX_LENGTH):
         self.backend = backend
@@ -72,6 +79,13 @@ class BertTokenizer:
     def vocab_size(self) -> int:
         return self.backend.get_vocab_size()
 
+    def check_fits(self, vocab_size: int, model: str) -> None:
+        """Refuse a vocabulary larger than the model's embedding table (vocab_size rows): an id past its end
+        would fail in the middle of a run."""
+        if self.vocab_size > vocab_size:
+            raise CheckpointError(f"{model}: the tokenizer has {self.vocab_size} tokens but the model's embedding "
+                                  f"table has {vocab_size} rows (config.json vocab_size); they must come together")
+
     def tokenize(self, text: str) -> list[str]:
         return self.backend.encode(text, add_special_tokens=False).tokens
 
@@ -118,6 +132,9 @@ class BertTokenizer:
         if padding not in (False, True, "longest", "max_length", "do_not_pad"):
             raise ValueError(f"padding must be True, False, 'longest' or 'max_length', got {padding!r}")
         limit = max_length or self.model_max_length
+        if truncation and limit < shortest_max_length(1 if text_pair is None else 2):
+            raise ValueError(f"max_length {limit} cannot truncate: it must leave a token of each text beside the "
+                             f"special tokens (>= {shortest_max_length(1 if text_pair is None else 2)})")
         pad_to = {True: "longest", "longest": "longest", "max_length": limit}.get(padding)
         self._configure(limit if truncation else None, pad_to)
         encodings = self.backend.encode_batch(inputs)

@@ -41,6 +41,7 @@ from simcse import SIMCSE_OBJECTIVES
 from smart import NORM_LEVELS, NORMS, BregmanTeacher, SmartConfig, SmartRegularizer, bregman_momentum
 from squad import QASettings
 from tasks import MULTITASK, RUN_TASKS, SPLITS, course_file_name, data_flag, default_output, output_flag, task_name
+from tokenizer import shortest_max_length
 from trainer import LoopConfig, Regularization, SimcseStage, Trainer, build_optimizer
 
 COURSE = "course options (defaults unchanged)"
@@ -62,10 +63,10 @@ class UsageError(ValueError):
     """Settings or inputs that cannot work; the command lines print it as one line and exit with code 2."""
 
 
-def check_max_length(max_length: int, max_positions: int, pretrained: str) -> None:
+def check_max_length(max_length: int, max_positions: int, pretrained: str, flag: str = "--max_length") -> None:
     """A text longer than the model's position table would crash mid-run: refuse it before training."""
     if max_length > max_positions:
-        raise UsageError(f"--max_length {max_length} is longer than the {max_positions} positions of {pretrained}")
+        raise UsageError(f"{flag} {max_length} is longer than the {max_positions} positions of {pretrained}")
 
 
 def check_writable(directories) -> None:
@@ -110,10 +111,14 @@ def _finite(value: float) -> bool:
     return isinstance(value, (int, float)) and math.isfinite(value)
 
 
-def _check_common(args) -> None:
-    """Checks shared by both command lines' settings."""
-    for name in ("epochs", "batch_size", "eval_batch_size", "max_length"):
+def _check_common(args, texts_per_input: int) -> None:
+    """Checks shared by both command lines' settings; `texts_per_input`: 2 where a pair is encoded jointly."""
+    for name in ("epochs", "batch_size", "eval_batch_size"):
         _check(getattr(args, name) >= 1, f"--{name} must be >= 1, got {getattr(args, name)}")
+    shortest = shortest_max_length(texts_per_input)
+    _check(args.max_length >= shortest, f"--max_length must be >= {shortest}, got {args.max_length}: the tokenizer "
+           "cannot cut a text below its special tokens and a token of each " + ("sentence of a pair" if
+                                                                                texts_per_input == 2 else "text"))
     _check(args.max_train_examples is None or args.max_train_examples >= 1, "--max_train_examples must be >= 1")
     _check(_finite(args.lr) and args.lr > 0, f"--lr must be a finite number > 0, got {args.lr}")
     _check(_finite(args.hidden_dropout_prob) and 0 <= args.hidden_dropout_prob < 1,
@@ -295,7 +300,7 @@ class TrainingArguments:
     simcse_max_examples: int | None = flag(None, group=SIMCSE, type=int)
 
     def __post_init__(self):
-        _check_common(self)
+        _check_common(self, texts_per_input=2)  # QQP and STS may be encoded jointly (--pair_encoder cross, hybrid)
         self.precision = requested_precision(self.precision, self.bf16)
         try:
             self.tasks = ",".join(parse_tasks(self.tasks))
@@ -330,6 +335,7 @@ class TrainingArguments:
         _check(_finite(self.layerwise_lr_decay) and 0 < self.layerwise_lr_decay <= 1,
                f"--layerwise_lr_decay must be in (0, 1], got {self.layerwise_lr_decay}")
         _check(self.head_hidden >= 0, f"--head_hidden must be >= 0, got {self.head_hidden}")
+        _check(self.pal_size is None or self.pal_size >= 1, f"--pal_size must be >= 1, got {self.pal_size}")
         _check(_finite(self.ordinal_weight) and self.ordinal_weight >= 0, "--ordinal_weight must be finite and >= 0")
         try:
             encoders = parse_pair_encoders(self.pair_encoder)
@@ -389,7 +395,7 @@ class ClassifierArguments:
     quiet: bool = flag(False, "no progress bars", "model and run", action="store_true")
 
     def __post_init__(self):
-        _check_common(self)
+        _check_common(self, texts_per_input=1)
 
 
 class OneLineErrorParser(argparse.ArgumentParser):

@@ -12,7 +12,7 @@ import multitask_classifier as mc
 import prepare_submit
 from base_bert import CheckpointError
 from checkpoint import atomic_save, read_checkpoint
-from conftest import DEMO
+from conftest import DEMO, exit_code
 from datasets import DataError, load_examples, standard_paths
 from evaluation import write_predictions
 from multitask_bert import load_multitask_model
@@ -276,3 +276,60 @@ def test_dev_rows_without_a_label_are_named_in_the_end_of_run_summary(tiny_check
     out = capsys.readouterr().out
     assert "note: not in the predictions: " in out and "quora-dev.csv: dropped 1 row(s)" in out
     assert len((tmp_path / "para-dev.csv").read_text().splitlines()) == 1 + 39
+
+
+# -- flags that could not act, or were first checked once the model had loaded (issue 39) -------------------
+
+
+@pytest.mark.parametrize("length, shortest", [("1", 5), ("4", 5)])
+def test_a_max_length_the_tokenizer_cannot_cut_to_is_refused(tmp_path, capsys, model_must_not_load, length, shortest):
+    # below [CLS] a [SEP] b [SEP] the tokenizer returns texts whole: a 700-word sentence then crashed the encoder
+    assert exit_code(quick_flags("minilm-l6", tmp_path, "--max_length", length)) == 2
+    line = capsys.readouterr().err.strip()
+    assert f"--max_length must be >= {shortest}, got {length}" in line and "\n" not in line
+
+
+def test_the_classifier_max_length_needs_room_for_a_token_too(tmp_path, capsys, model_must_not_load):
+    import classifier
+    with pytest.raises(SystemExit) as exit:
+        classifier.main(["--data_dir", str(DEMO), "--max_length", "2", "--output_dir", str(tmp_path)])
+    assert exit.value.code == 2
+    assert "--max_length must be >= 3, got 2" in capsys.readouterr().err
+
+
+def test_the_tokenizer_refuses_a_length_it_cannot_truncate_to(tokenizer):
+    with pytest.raises(ValueError, match="max_length 2 cannot truncate"):
+        tokenizer(["word " * 700], truncation=True, max_length=2)
+    with pytest.raises(ValueError, match="max_length 4 cannot truncate"):
+        tokenizer(["a"], ["b"], truncation=True, max_length=4)
+    assert len(tokenizer(["word " * 700], truncation=True, max_length=3)["input_ids"][0]) == 3
+
+
+QA_FLAGS = ["--tasks", "qa", "--qa_doc_stride", "8", "--qa_max_answer_tokens", "8"]
+
+
+@pytest.mark.parametrize("extra, problem", [
+    (["--qa_max_length", "100"], "--qa_max_length 100 is longer than the 64 positions"),
+    (["--qa_max_length", "20"], "--qa_max_length 20 leaves"),  # the longest demo question leaves no room
+    (["--max_length", "100"], "--max_length 100 is longer than the 64 positions"),
+    (["--tasks", "sst", "--adapter", "pals", "--pal_size", "3"], "--pal_size 3 is not a multiple of the 2 attention"),
+    (["--tasks", "sts", "--lnsr", "--lnsr_layer", "2"], "--lnsr_layer 2 leaves no layer"),
+])
+def test_flags_that_depend_on_the_model_are_checked_before_it_loads(tiny_checkpoint, tmp_path, capsys,
+                                                                    model_must_not_load, extra, problem):
+    flags = quick_flags(tiny_checkpoint, tmp_path, *QA_FLAGS, "--first_stages", "qa", "--cycle", "")
+    if "--tasks" in extra:
+        flags = quick_flags(tiny_checkpoint, tmp_path, "--first_stages", extra[1], "--cycle", "")
+    assert mc.main(flags + extra) == 2
+    assert problem in one_error_line(capsys)
+
+
+def test_a_vocabulary_larger_than_the_embedding_table_is_refused_before_loading(tiny_checkpoint, tmp_path, capsys,
+                                                                                 model_must_not_load):
+    small = tmp_path / "small-vocabulary"
+    shutil.copytree(tiny_checkpoint, small)
+    config = json.loads((small / "config.json").read_text())
+    (small / "config.json").write_text(json.dumps({**config, "vocab_size": 1000}))
+    assert mc.main(quick_flags(small, tmp_path)) == 2
+    line = one_error_line(capsys)
+    assert "the tokenizer has 30522 tokens but the model's embedding table has 1000 rows" in line
