@@ -11,11 +11,13 @@ writes each with write_aside, atomic_write's first half, and moves them in the o
 from __future__ import annotations
 
 import csv
+import fcntl
 import io
 import os
 import tempfile
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -56,6 +58,34 @@ def read_input_bytes(path: str | os.PathLike) -> bytes:
         return path.read_bytes()
     except OSError as err:
         raise DataError(path, f"cannot be read ({err.strerror or err})") from None
+
+
+@contextmanager
+def locked_folder(directory: str | os.PathLike) -> Iterator[None]:
+    """Hold DIRECTORY/.lock while a command writes there: a second process writing in the same folder at once is
+    refused (DataError naming the lock) instead of interleaving its files with the first's. The lock is the
+    kernel's (flock), so a killed process leaves none behind."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    lock = directory / ".lock"
+    with open(lock, "a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise DataError(lock, "another process is writing in this folder now; wait for it to end or write "
+                                  "elsewhere") from None
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def remove_files(paths) -> list[Path]:
+    """Remove those of `paths` that exist (files only); returns them."""
+    removed = [Path(path) for path in paths if Path(path).is_file()]
+    for path in removed:
+        path.unlink()
+    return removed
 
 
 def unwritable_folder(directory: str | os.PathLike) -> str | None:

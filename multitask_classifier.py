@@ -12,8 +12,10 @@ the six leaderboard CSVs.
 """
 from __future__ import annotations
 
+import re
 import sys
 import warnings
+from contextlib import nullcontext
 from pathlib import Path
 
 from base_bert import CheckpointError, pretrained_config
@@ -23,6 +25,7 @@ from distillation import DISTILLED_TASKS, SOFTENED_TASKS, load_teacher
 from distributed import Distributed, data_parallel
 from embedding_analysis import MIN_TSNE_POINTS, plot_tsne, sentence_embeddings
 from evaluation import summarize_line, write_predictions
+from files import locked_folder, remove_files
 from mlm import load_mlm_head
 from multitask_bert import MultitaskBERT, freeze_encoder
 from nli import load_nli_triplets
@@ -32,7 +35,7 @@ from schedules import Stage, StageKind, build_schedule, train_tasks
 from scores import (ScoresFileError, as_saved, scores_path, span_logits_path, write_qa_scores, write_scores,
                     write_span_logits)
 from squad import check_window_room, predictions, write_squad_predictions
-from tasks import MULTITASK, TASKS
+from tasks import MULTITASK, RUN_TASKS, SPLITS, TASKS, default_output
 from tokenizer import BertTokenizer
 from trainer import Trainer, decide
 from training_state import check_resumable, read_training_state
@@ -155,6 +158,26 @@ def check_pretrained(args: TrainingArguments, data: dict) -> BertTokenizer:
     return tokenizer
 
 
+# What a run writes in its folder besides checkpoints and scores (trainer.py, plots.write_run_reports, write_sst_tsne).
+RUN_REPORTS = ("metrics.jsonl", "history.json", "forgetting.md", "forgetting_matrix.png", "training_curves.png",
+               "sst_error_histogram.png", "qqp_confusion_matrix.png", "sts_scatter.png", "sst_tsne.png")
+CHECKPOINT = re.compile(r"(last|best|stage_\d+)\.(json|safetensors)(\.tmp)?")
+
+
+def earlier_run_files(output_dir: Path, predictions: list[Path]) -> list[Path]:
+    """The files an earlier run may have left in OUTPUT_DIR: its checkpoints, reports, plots and scores/, and the
+    leaderboard files of any task in its predictions folders inside OUTPUT_DIR (a run of other tasks leaves some)."""
+    files = [output_dir / name for name in RUN_REPORTS]
+    files += [path for path in output_dir.glob("*") if CHECKPOINT.fullmatch(path.name)]
+    files += [scores_path(output_dir, task, split) for task in RUN_TASKS for split in SPLITS]
+    files.append(span_logits_path(output_dir))
+    folders = {output_dir / "predictions"} | {path.parent for path in predictions
+                                              if path.resolve().is_relative_to(output_dir.resolve())}
+    files += [folder / Path(default_output(task, split)).name for folder in folders
+              for task in RUN_TASKS for split in ("dev", "test")]
+    return files
+
+
 def build_model(args: TrainingArguments, trains_sts: bool) -> MultitaskBERT:
     """The pretrained encoder (its own dropout unless --encoder_dropout) with fresh task heads; check_pretrained
     has checked the flags that depend on it."""
@@ -257,56 +280,60 @@ def run(args: TrainingArguments) -> Trainer:
 
 def _run(args: TrainingArguments, distributed: Distributed, device) -> Trainer:
     stages, data, dropped_rows, triplets, teacher = load_inputs(args)
-    tokenizer = check_pretrained(args, data)
     output_dir = Path(args.output_dir)
     if args.resume and not any((output_dir / name).exists() for name in ("last.json", "last.safetensors")):
         raise UsageError(f"{output_dir}: nothing to resume yet (no checkpoint from a finished stage); "
                          "start without --resume")
-    seed_everything(args.seed)
-    model = build_model(args, "sts" in train_tasks(stages, run_tasks(args))).to(device)
-    mlm_head = None
-    if any(stage.kind is StageKind.MLM for stage in stages):
-        mlm_head, found = load_mlm_head(args.pretrained, model.bert.config)
-        mlm_head.to(device)
-        print(f"mlm stage: the MLM head of {args.pretrained}" if found else
-              f"mlm stage: {args.pretrained} has no MLM head; starting from a fresh one")
-    distributed.start_from_one_model([model, mlm_head], args.seed)
-    if distributed.enabled:
-        print(f"data parallel: {distributed.world_size} processes x batch {args.batch_size} x accumulation "
-              f"{args.grad_accumulation_steps} = {distributed.world_size * args.batch_size * args.grad_accumulation_steps}"
-              f" examples per update; learning rate {args.lr} (not scaled with the batch)")
-    trainer = build_trainer(args, model, tokenizer, data, triplets, device,
-                            mlm_head, distributed, teacher)
-    if teacher is not None and "qa" in teacher:
-        try:  # the teacher's SQuAD windows must be the student's: the same ids and token counts
-            teacher["qa"].check_windows(trainer.tokenized_split("qa", data["qa"].train))
-        except ScoresFileError as err:
-            raise UsageError(str(err)) from None
-    if distributed.is_main:
-        print(precision_notice(device, args.precision, smart=args.smart))
-    if args.resume:
-        resume(trainer, args, output_dir / "last", [stage.label for stage in stages])
-        print(f"resuming after stage {trainer.state.next_stage} of {len(stages)}")
-    elif (output_dir / "metrics.jsonl").exists() and distributed.is_main:
-        print(f"note: starting a fresh run in {output_dir}; its previous metrics.jsonl is replaced "
-              "(use --resume to continue instead)")
-        (output_dir / "metrics.jsonl").unlink()
-    trainer.train(stages)
-    if trainer.state.next_stage == len(stages):
-        # SQuAD's no-answer threshold is the one chosen on dev when the kept model was evaluated.
-        best_metrics, dev_predictions, dev_scores = trainer.use_kept_model()
-        print("best model on dev: " + summarize_line(best_metrics))
-        write_leaderboard_files(trainer, prediction_paths(args.prediction_files, trainer.tasks), dev_scores, output_dir)
-        if args.score_train:
-            write_train_scores(trainer, output_dir)
+    tokenizer = check_pretrained(args, data)
+    # One run at a time in a folder: a second would interleave its metrics and checkpoints with this one's.
+    with locked_folder(output_dir) if distributed.is_main else nullcontext():
+        seed_everything(args.seed)
+        model = build_model(args, "sts" in train_tasks(stages, run_tasks(args))).to(device)
+        mlm_head = None
+        if any(stage.kind is StageKind.MLM for stage in stages):
+            mlm_head, found = load_mlm_head(args.pretrained, model.bert.config)
+            mlm_head.to(device)
+            print(f"mlm stage: the MLM head of {args.pretrained}" if found else
+                  f"mlm stage: {args.pretrained} has no MLM head; starting from a fresh one")
+        distributed.start_from_one_model([model, mlm_head], args.seed)
+        if distributed.enabled:
+            print(f"data parallel: {distributed.world_size} processes x batch {args.batch_size} x accumulation "
+                  f"{args.grad_accumulation_steps} = {distributed.world_size * args.batch_size * args.grad_accumulation_steps}"
+                  f" examples per update; learning rate {args.lr} (not scaled with the batch)")
+        trainer = build_trainer(args, model, tokenizer, data, triplets, device,
+                                mlm_head, distributed, teacher)
+        if teacher is not None and "qa" in teacher:
+            try:  # the teacher's SQuAD windows must be the student's: the same ids and token counts
+                teacher["qa"].check_windows(trainer.tokenized_split("qa", data["qa"].train))
+            except ScoresFileError as err:
+                raise UsageError(str(err)) from None
         if distributed.is_main:
-            table = write_run_reports(trainer.state.history, dev_predictions, output_dir)
-            if table:
-                print(table)
-            write_sst_tsne(trainer, output_dir / "sst_tsne.png")
-        for message in dropped_rows:
-            print(f"note: not in the predictions: {message}")
-    return trainer
+            print(precision_notice(device, args.precision, smart=args.smart))
+        if args.resume:
+            resume(trainer, args, output_dir / "last", [stage.label for stage in stages])
+            print(f"resuming after stage {trainer.state.next_stage} of {len(stages)}")
+        elif distributed.is_main:
+            earlier = earlier_run_files(output_dir, list(prediction_paths(args.prediction_files, RUN_TASKS).values()))
+            removed = remove_files(earlier)
+            if removed:
+                print(f"note: starting a fresh run in {output_dir}; the earlier run's {len(removed)} files there "
+                      "(checkpoints, metrics, scores, plots, predictions) are removed (use --resume to continue instead)")
+        trainer.train(stages)
+        if trainer.state.next_stage == len(stages):
+            # SQuAD's no-answer threshold is the one chosen on dev when the kept model was evaluated.
+            best_metrics, dev_predictions, dev_scores = trainer.use_kept_model()
+            print("best model on dev: " + summarize_line(best_metrics))
+            write_leaderboard_files(trainer, prediction_paths(args.prediction_files, trainer.tasks), dev_scores, output_dir)
+            if args.score_train:
+                write_train_scores(trainer, output_dir)
+            if distributed.is_main:
+                table = write_run_reports(trainer.state.history, dev_predictions, output_dir)
+                if table:
+                    print(table)
+                write_sst_tsne(trainer, output_dir / "sst_tsne.png")
+            for message in dropped_rows:
+                print(f"note: not in the predictions: {message}")
+        return trainer
 
 
 def main(argv=None) -> int:
@@ -318,8 +345,13 @@ def main(argv=None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"\ninterrupted: every finished stage is saved in {Path(args.output_dir) / 'last'}.*; "
-              "rerun the same command with --resume to continue", file=sys.stderr)
+        last = Path(args.output_dir) / "last"
+        if last.with_suffix(".json").is_file():
+            print(f"\ninterrupted: every finished stage is saved in {last}.*; rerun the same command with --resume "
+                  "to continue", file=sys.stderr)
+        else:
+            print("\ninterrupted before the first stage was saved: there is nothing to resume; rerun the same command "
+                  "(without --resume) to start again", file=sys.stderr)
         return 130
     return 0
 

@@ -319,7 +319,9 @@ class TrainingArguments:
         _check(self.grad_accumulation_steps >= 1, "--grad_accumulation_steps must be >= 1")
         for name in ("cycles", "mlm_epochs", "simcse_epochs", "eval_train_examples", "num_workers"):
             _check(getattr(self, name) >= 0, f"--{name} must be >= 0, got {getattr(self, name)}")
-        _check(self.stop_after_stages is None or self.stop_after_stages >= 0, "--stop_after_stages must be >= 0")
+        # 0 would stop before the first checkpoint, leaving nothing that --resume could continue
+        _check(self.stop_after_stages is None or self.stop_after_stages >= 1,
+               f"--stop_after_stages must be >= 1, got {self.stop_after_stages}")
         _check(self.simcse_max_examples is None or self.simcse_max_examples >= 1, "--simcse_max_examples must be >= 1")
         _check(_finite(self.simcse_lr) and self.simcse_lr > 0, f"--simcse_lr must be > 0, got {self.simcse_lr}")
         _check(self.encoder_dropout is None or (_finite(self.encoder_dropout) and 0 <= self.encoder_dropout < 1),

@@ -144,12 +144,29 @@ def test_resume_before_any_checkpoint_says_to_start_without_it(tmp_path, capsys,
 
 
 def test_ctrl_c_says_how_to_continue(tiny_checkpoint, tmp_path, capsys, monkeypatch):
+    assert mc.main(quick_flags(tiny_checkpoint, tmp_path, "--stop_after_stages", "1")) == 0
+
+    def interrupted(self, stages):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(mc.Trainer, "train", interrupted)
+    capsys.readouterr()
+    assert mc.main(quick_flags(tiny_checkpoint, tmp_path, "--resume")) == 130
+    err = capsys.readouterr().err
+    assert "interrupted" in err and "rerun the same command with --resume" in err and "Traceback" not in err
+
+
+def test_ctrl_c_before_the_first_checkpoint_does_not_advise_resume(tiny_checkpoint, tmp_path, capsys, monkeypatch):
     def interrupted(self, stages):
         raise KeyboardInterrupt
     monkeypatch.setattr(mc.Trainer, "train", interrupted)
     assert mc.main(quick_flags(tiny_checkpoint, tmp_path)) == 130
     err = capsys.readouterr().err
-    assert "interrupted" in err and "--resume" in err and "Traceback" not in err
+    assert "there is nothing to resume" in err and "(without --resume)" in err and "Traceback" not in err
+
+
+def test_stop_after_zero_stages_is_refused_it_would_leave_nothing_to_resume(tmp_path, capsys):
+    assert exit_code(["--data_dir", str(DEMO), "--output_dir", str(tmp_path), "--stop_after_stages", "0"]) == 2
+    assert "--stop_after_stages must be >= 1, got 0" in capsys.readouterr().err
 
 
 def test_a_duplicate_stage_record_from_a_kill_is_dropped_on_resume(tiny_checkpoint, tmp_path):
@@ -333,3 +350,43 @@ def test_a_vocabulary_larger_than_the_embedding_table_is_refused_before_loading(
     assert mc.main(quick_flags(small, tmp_path)) == 2
     line = one_error_line(capsys)
     assert "the tokenizer has 30522 tokens but the model's embedding table has 1000 rows" in line
+
+
+# -- a run folder describes one run (issue 39) --------------------------------------------------------------
+
+
+def test_a_fresh_run_removes_what_an_earlier_run_left_and_nothing_else(tiny_checkpoint, tmp_path, capsys):
+    run = tmp_path / "run"
+    stale = [run / "scores" / "qqp-dev.csv", run / "scores" / "qa-train.safetensors", run / "best.json",
+             run / "stage_7.safetensors", run / "last.json.tmp", run / "sst_tsne.png", run / "forgetting.md",
+             run / "predictions" / "para-dev-out.csv", run / "predictions" / "squad-dev-out.json"]
+    kept = [run / "notes.txt", run / "scores" / "mine.csv", run / "stage_x.json"]  # not a run's names
+    for path in stale + kept:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("an earlier run's")
+    assert mc.main(quick_flags(tiny_checkpoint, tmp_path, "--stop_after_stages", "1")) == 0
+    assert "the earlier run's 9 files there" in capsys.readouterr().out
+    assert not any(path.exists() and path.read_text() == "an earlier run's" for path in stale)  # best.json: this run's
+    assert all(path.exists() for path in kept)
+    assert (run / "last.json").is_file() and (run / "best.json").is_file()
+
+
+def test_every_file_a_run_writes_is_one_a_fresh_run_would_remove(tiny_checkpoint, tmp_path):
+    run = tmp_path / "run"
+    flags = quick_flags(tiny_checkpoint, tmp_path, "--score_train", "--keep_stage_models")
+    for task in ("sst", "para", "sts"):
+        for split in ("dev", "test"):
+            flags += [f"--{task}_{split}_out", str(run / "predictions" / f"{task}-{split}-out.csv")]
+    assert mc.main(flags) == 0
+    written = {path for path in run.rglob("*") if path.is_file() and path.name != ".lock"}
+    predictions = [run / "predictions" / f"{t}-{s}-out.csv" for t in ("sst", "para", "sts") for s in ("dev", "test")]
+    assert written >= set(predictions) and any(path.parent.name == "scores" for path in written)
+    assert written <= set(mc.earlier_run_files(run, predictions))  # (the figures are skipped here: no_plots)
+
+
+def test_a_second_run_in_a_folder_in_use_is_refused(tiny_checkpoint, tmp_path, capsys, model_must_not_load):
+    from files import locked_folder
+    with locked_folder(tmp_path / "run"):
+        assert mc.main(quick_flags(tiny_checkpoint, tmp_path)) == 2
+    line = one_error_line(capsys)
+    assert f"{tmp_path / 'run' / '.lock'}: another process is writing in this folder now" in line
