@@ -1,4 +1,5 @@
-"""Metrics, leaderboard prediction files, the forgetting table and error counts for the three multitask tasks.
+"""Metrics, leaderboard prediction files, the forgetting table with its continual-learning figures, and error counts
+for the three multitask tasks.
 
 Tasks: SST-5 sentiment (accuracy), Quora paraphrase detection (accuracy), STS-B similarity
 (Pearson r). The course leaderboard combines them as
@@ -15,12 +16,14 @@ import os
 import re
 import warnings
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from files import atomic_write_csv
+from schedules import tasks_trained_by
 from tasks import MULTITASK, TASKS, class_range, default_output
 
 LEADERBOARD_COLUMNS = {name: task.leaderboard_column for name, task in TASKS.items()}
@@ -33,7 +36,18 @@ HISTORY_METRICS = (
     ("sts_pearson", "STS r"),
     ("overall", "overall"),
 )
-QA_HISTORY_METRIC = ("qa_f1", "SQuAD F1")  # a column of its own when every entry has it (--tasks ...,qa)
+# Columns of their own when every entry has them: the thesis' weighted F1s (histories written before QQP's was
+# computed lack it) and SQuAD's F1 (--tasks ...,qa).
+OPTIONAL_HISTORY_METRICS = (
+    ("sst_f1_weighted", "SST F1 (w)"),
+    ("qqp_f1_weighted", "QQP F1 (w)"),
+    ("qa_f1", "SQuAD F1"),
+)
+# The score of each task in the continual-learning figures (forgetting_measures): its own dev metric on its own
+# scale, accuracy for SST and QQP, Pearson r for STS (not the overall score's (r + 1) / 2), F1 for SQuAD.
+TASK_SCORES = {"sst": "sst_acc", "qqp": "qqp_acc", "sts": "sts_pearson", "qa": "qa_f1"}
+# The stage label of the history's first record: the model before any training (trainer.py).
+BEFORE_TRAINING = "pretrained"
 
 
 class PredictionsFileError(ValueError):
@@ -62,30 +76,32 @@ def _f1_per_class(pred: np.ndarray, gold: np.ndarray, cls: float) -> float:
     return 0.0 if predicted + actual == 0 else float(2 * true_pos / (predicted + actual))
 
 
-def sst_metrics(predictions, labels) -> dict[str, float]:
-    """Accuracy plus macro and support-weighted F1 over the classes seen in either input.
-
-    The class set is the union of predicted and gold labels (scikit-learn's convention), so a
-    class the model predicts but never occurs in the gold data drags the macro F1 down.
-    """
-    pred, gold = paired_arrays(predictions, labels)
+def _f1_macro_and_weighted(pred: np.ndarray, gold: np.ndarray) -> tuple[float, float]:
+    """Macro and support-weighted F1 over the classes seen in either input. The class set is the union of
+    predicted and gold labels (scikit-learn's convention), so a class the model predicts but never occurs in the
+    gold data drags the macro F1 down (its weight, a gold support of 0, keeps it out of the weighted F1)."""
     classes = np.union1d(pred, gold)
     f1 = np.array([_f1_per_class(pred, gold, c) for c in classes])
     support = np.array([np.sum(gold == c) for c in classes])
-    return {
-        "acc": float(np.mean(pred == gold)),
-        "f1_macro": float(np.mean(f1)),
-        "f1_weighted": float(np.sum(f1 * support) / support.sum()),
-    }
+    return float(np.mean(f1)), float(np.sum(f1 * support) / support.sum())
+
+
+def sst_metrics(predictions, labels) -> dict[str, float]:
+    """Accuracy plus macro and support-weighted F1 (the thesis' SST figures: accuracy and weighted F1)."""
+    pred, gold = paired_arrays(predictions, labels)
+    f1_macro, f1_weighted = _f1_macro_and_weighted(pred, gold)
+    return {"acc": float(np.mean(pred == gold)), "f1_macro": f1_macro, "f1_weighted": f1_weighted}
 
 
 def paraphrase_metrics(predictions, labels) -> dict[str, float]:
-    """Accuracy and F1 of the positive (is-paraphrase) class; inputs must be 0/1."""
+    """Accuracy, F1 of the positive (is-paraphrase) class, and the support-weighted F1 of both classes (the
+    thesis' QQP F1, as for SST); inputs must be 0/1."""
     pred, gold = paired_arrays(predictions, labels)
     for name, values in (("predictions", pred), ("labels", gold)):
         if not np.isin(values, (0.0, 1.0)).all():
             raise ValueError(f"paraphrase {name} must be 0 or 1 (threshold probabilities first)")
-    return {"acc": float(np.mean(pred == gold)), "f1": _f1_per_class(pred, gold, 1.0)}
+    return {"acc": float(np.mean(pred == gold)), "f1": _f1_per_class(pred, gold, 1.0),
+            "f1_weighted": _f1_macro_and_weighted(pred, gold)[1]}
 
 
 def sts_metrics(predictions, labels) -> dict[str, float]:
@@ -104,14 +120,14 @@ def sts_metrics(predictions, labels) -> dict[str, float]:
 
 
 def task_metrics(task: str, predictions, labels) -> dict[str, float]:
-    """The history's metric keys for one task: sst_acc, sst_f1_macro, sst_f1_weighted; qqp_acc, qqp_f1;
-    sts_pearson."""
+    """The history's metric keys for one task: sst_acc, sst_f1_macro, sst_f1_weighted; qqp_acc, qqp_f1,
+    qqp_f1_weighted; sts_pearson."""
     if task == "sst":
         m = sst_metrics(predictions, labels)
         return {"sst_acc": m["acc"], "sst_f1_macro": m["f1_macro"], "sst_f1_weighted": m["f1_weighted"]}
     if task == "qqp":
         m = paraphrase_metrics(predictions, labels)
-        return {"qqp_acc": m["acc"], "qqp_f1": m["f1"]}
+        return {"qqp_acc": m["acc"], "qqp_f1": m["f1"], "qqp_f1_weighted": m["f1_weighted"]}
     if task == "sts":
         return {"sts_pearson": sts_metrics(predictions, labels)["pearson"]}
     raise ValueError(f"unknown task {task!r}")
@@ -271,7 +287,7 @@ def check_predictions_file(
 
 def history_matrix(history: Sequence[Mapping]) -> tuple[list[str], list[str], np.ndarray]:
     """Row labels ('1. qqp', ...), column names and a (stages, metrics) matrix of dev metrics: HISTORY_METRICS,
-    and SQuAD F1 when every entry has it.
+    then each of OPTIONAL_HISTORY_METRICS that every entry has.
 
     'overall' is derived from the three task metrics when an entry does not carry it.
     """
@@ -287,14 +303,16 @@ def history_matrix(history: Sequence[Mapping]) -> tuple[list[str], list[str], np
         labels.append(f"{index}. {stage}")
         rows.append([entry["sst_acc"], entry["qqp_acc"], entry["sts_pearson"], overall])
     names = [name for _, name in HISTORY_METRICS]
-    if all(QA_HISTORY_METRIC[0] in entry for entry in history):
-        names.append(QA_HISTORY_METRIC[1])
-        rows = [row + [entry[QA_HISTORY_METRIC[0]]] for row, entry in zip(rows, history)]
+    for key, name in OPTIONAL_HISTORY_METRICS:
+        if all(key in entry for entry in history):
+            names.append(name)
+            rows = [row + [entry[key]] for row, entry in zip(rows, history)]
     return labels, names, np.array(rows, dtype=float)
 
 
 def forgetting_table_markdown(history: Sequence[Mapping]) -> str:
-    """Markdown table stage × metric, closed by a 'forgetting' row = best-ever minus final.
+    """Markdown table stage × metric, closed by a 'forgetting' row = best-ever minus final, then the
+    continual-learning figures of history_forgetting_measures where the schedule has them.
 
     A forgetting of 0 means the final model is as good as the best stage on that metric.
     """
@@ -304,7 +322,80 @@ def forgetting_table_markdown(history: Sequence[Mapping]) -> str:
         lines.append(f"| {label} | " + " | ".join(f"{v:.4f}" for v in row) + " |")
     forgetting = matrix.max(axis=0) - matrix[-1]
     lines.append("| forgetting (best − final) | " + " | ".join(f"{v:.4f}" for v in forgetting) + " |")
+    measures = history_forgetting_measures(history)
+    if measures is not None:
+        lines += ["", *measures.markdown_lines()]
     return "\n".join(lines) + "\n"
+
+
+@dataclass(frozen=True)
+class ForgettingMeasures:
+    """The standard continual-learning figures of a forgetting matrix R, R[l, i] = the score of task i after
+    stage l (rows in training order, T the last), over the *earlier* tasks: those a stage before T trained and
+    stage T did not (the tasks i < T of a schedule that trains each task once; a task trained several times is
+    measured from the last stage that trained it, s_i).
+
+    average_score: A_T, the mean over every task (columns) of its score after the last stage.
+    backward_transfer: BWT (Lopez-Paz & Ranzato 2017), the mean over the earlier tasks of R[T, i] - R[s_i, i]:
+        negative when later stages lowered what a task had reached when it was last trained.
+    forgetting: per earlier task, f_i (Chaudhry et al. 2018), the max over the rows before the last,
+        l < T, of R[l, i] - R[T, i]: how far the final model is below the task's best before it (negative
+        when the last stage raised the task above every earlier score).
+    """
+    tasks: tuple[str, ...]
+    average_score: float
+    backward_transfer: float
+    forgetting: dict[str, float]
+
+    @property
+    def average_forgetting(self) -> float:
+        return float(np.mean(list(self.forgetting.values())))
+
+    def markdown_lines(self) -> list[str]:
+        scores = ", ".join(TASK_SCORES[task] for task in self.tasks)
+        earlier = ", ".join(self.forgetting)
+        per_task = ", ".join(f"{task} {value:.4f}" for task, value in self.forgetting.items())
+        return [f"Continual-learning figures over the stages (task scores {scores}; the model before training is "
+                "not a row):",
+                f"- average score after the last stage: {self.average_score:.4f}",
+                f"- backward transfer (Lopez-Paz & Ranzato 2017) over {earlier}: {self.backward_transfer:.4f}",
+                f"- forgetting (Chaudhry et al. 2018): {per_task}; mean {self.average_forgetting:.4f}"]
+
+
+def forgetting_measures(scores, tasks: Sequence[str],
+                        trained: Sequence[Collection[str]]) -> ForgettingMeasures | None:
+    """ForgettingMeasures of the forgetting matrix `scores` (stages × tasks; row l: each task's score after
+    stage l), whose columns are `tasks` and whose stage l trained the tasks `trained[l]`.
+
+    None when no task is an earlier one (a single stage; a multi-task schedule, whose every stage trains every
+    task): without a task that later stages could take something from, BWT and forgetting are undefined.
+    """
+    matrix = np.asarray(scores, dtype=float)
+    if matrix.shape != (len(trained), len(tasks)):
+        raise ValueError(f"scores of shape {matrix.shape}, but {len(trained)} stages and {len(tasks)} tasks")
+    last = len(trained) - 1
+    last_trained = {task: max(l for l, stage in enumerate(trained) if task in stage)
+                    for task in tasks if any(task in stage for stage in trained)}
+    earlier = [i for i, task in enumerate(tasks) if task in last_trained and last_trained[task] < last]
+    if not earlier:
+        return None
+    final = matrix[last]
+    transfer = [final[i] - matrix[last_trained[tasks[i]], i] for i in earlier]
+    return ForgettingMeasures(
+        tasks=tuple(tasks), average_score=float(final.mean()), backward_transfer=float(np.mean(transfer)),
+        forgetting={tasks[i]: float(matrix[:last, i].max() - final[i]) for i in earlier})
+
+
+def history_forgetting_measures(history: Sequence[Mapping]) -> ForgettingMeasures | None:
+    """forgetting_measures of a run's history: one row per stage record (not the record of the model before
+    training: the rows l of Chaudhry et al.'s max are stages), a column per task whose TASK_SCORES key every row
+    has, each stage's trained tasks read from its label."""
+    stages = [record for record in history if record.get("stage") != BEFORE_TRAINING]
+    tasks = [task for task, key in TASK_SCORES.items() if stages and all(key in record for record in stages)]
+    if not tasks:
+        return None
+    scores = [[record[TASK_SCORES[task]] for task in tasks] for record in stages]
+    return forgetting_measures(scores, tasks, [tasks_trained_by(record["stage"], tasks) for record in stages])
 
 
 def error_counts(sst_pred, sst_gold, para_pred, para_gold, sts_pred, sts_gold) -> dict:

@@ -9,6 +9,7 @@ masked-language-model epoch on the three tasks' training sentences ('mlm:0.5,qqp
 from __future__ import annotations
 
 import random
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
 
@@ -124,6 +125,15 @@ def trained_heads(stages: list[Stage], tasks: tuple[str, ...] = MULTITASK) -> se
     if any(stage.kind is StageKind.MULTITASK for stage in stages):
         return set(tasks)
     return {stage.task for stage in stages if stage.kind is StageKind.TASK}
+
+
+def tasks_trained_by(label: str, tasks: Iterable[str]) -> set[str]:
+    """The tasks among `tasks` whose heads the stage named `label` (Stage.label, as a run's history records it)
+    trained: its own for a task stage ('qqp', 'qqp@0.03'), every one for a multi-task epoch ('multitask-2'), none
+    for 'mlm', 'simcse' or the history's record of the model before training."""
+    if label.startswith(StageKind.MULTITASK.value + "-"):
+        return set(tasks)
+    return {label.partition("@")[0]} & set(tasks)
 
 
 def learning_rate_factor(update: int, total_updates: int, schedule: str = "constant",

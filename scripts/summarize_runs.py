@@ -1,7 +1,9 @@
 """Markdown rows for RESULTS.md from finished runs: the model kept (best overall dev score) of each run,
 and mean ± sample std over the runs when more than one is given (e.g. the seeds of one configuration).
 Runs with SQuAD (--tasks ...,qa) get its columns too; a SQuAD-only run gets only them, and a run of one task
-(scripts/cpu_best_one_task.sh) that task's.
+(scripts/cpu_best_one_task.sh) that task's. Sequential runs also get the continual-learning figures of their
+stages (evaluation.ForgettingMeasures): the average task score after the last stage, backward transfer and the
+mean forgetting, with each earlier task's forgetting on a line of its own under the table.
 
     python scripts/summarize_runs.py results/cpu_sbert results/cpu_sbert_seeds/cpu_sbert_s1 results/cpu_sbert_seeds/cpu_sbert_s2
 
@@ -18,10 +20,14 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: make the repo's modules importable
-from evaluation import overall_score  # noqa: E402
+from evaluation import history_forgetting_measures, overall_score  # noqa: E402
 
 COLUMNS = [("SST acc", "sst_acc"), ("SST F1 (w)", "sst_f1_weighted"), ("QQP acc", "qqp_acc"),
-           ("QQP F1", "qqp_f1"), ("STS r", "sts_pearson"), ("overall", "overall")]
+           ("QQP F1", "qqp_f1"), ("QQP F1 (w)", "qqp_f1_weighted"), ("STS r", "sts_pearson"), ("overall", "overall")]
+# The continual-learning figures' columns, after the training minutes; a run whose schedule has none (a
+# multi-task or one-task run) leaves them out of the table.
+FORGETTING_COLUMNS = [("avg score after last stage", "average_score"), ("BWT", "backward_transfer"),
+                      ("mean forgetting", "average_forgetting")]
 QA_COLUMNS = [("SQuAD EM", "qa_em"), ("SQuAD F1", "qa_f1"), ("has-answer F1", "qa_has_answer_f1"),
               ("no-answer F1", "qa_no_answer_f1"), ("F1 at τ = 0", "qa_f1_at_0")]
 # The score of the "final" column: the first of these a run's records have.
@@ -30,7 +36,8 @@ FINAL = [("overall", "overall"), ("SQuAD F1", "qa_f1"), ("SST acc", "sst_acc"), 
 
 
 def read_run(run: Path) -> dict:
-    """The kept model's dev metrics, the stage it came from, and the run's training minutes."""
+    """The kept model's dev metrics, the stage it came from, the run's training minutes and, for a sequential run,
+    the continual-learning figures of its stages."""
     try:
         history = json.loads((run / "history.json").read_text())
         # Folders published without best.json hold runs made before runs kept the best score over the tasks
@@ -44,9 +51,12 @@ def read_run(run: Path) -> dict:
     except (OSError, json.JSONDecodeError, KeyError, ValueError) as err:
         raise SystemExit(f"error: {run}: not a finished run ({err})") from None
     final_key = final_metric(best)[1]
+    measures = history_forgetting_measures(history)
+    forgetting = {} if measures is None else {key: getattr(measures, key) for _, key in FORGETTING_COLUMNS}
     return {**values, "best_after": f"stage {best['index'] + 1} ({best['stage']})", "final": history[-1][final_key],
             "train_minutes": sum(record.get("seconds", 0.0) for record in history[1:]) / 60,
-            "each_task_best": each_task}
+            "each_task_best": each_task, **forgetting,
+            "forgetting": {} if measures is None else measures.forgetting}
 
 
 def run_columns(record: dict) -> list[tuple[str, str]]:
@@ -67,6 +77,10 @@ def each_task_best(stages: list[dict]) -> str:
     return ", ".join(parts) + f": overall {overall:.4f}"
 
 
+def digits(key: str) -> int:
+    return 1 if key == "train_minutes" else 3
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", type=Path, nargs="+", help="run folders (--output_dir of multitask_classifier.py)")
@@ -75,21 +89,27 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     rows = {run.name: read_run(run) for run in args.runs}
     columns = [(name, key) for name, key in COLUMNS + QA_COLUMNS if all(key in row for row in rows.values())]
+    after = [("train min", "train_minutes")] + [(name, key) for name, key in FORGETTING_COLUMNS
+                                                 if all(key in row for row in rows.values())]
     final = "final " + final_metric(dict.fromkeys(key for _, key in columns))[0]
-    print("| run | " + " | ".join(name for name, _ in columns) + f" | best after | {final} | train min |")
-    print("|---" * (len(columns) + 4) + "|")
+    print("| run | " + " | ".join(name for name, _ in columns) + f" | best after | {final} | "
+          + " | ".join(name for name, _ in after) + " |")
+    print("|---" * (len(columns) + len(after) + 3) + "|")
     for name, row in rows.items():
         cells = [f"{row[key]:.3f}" for _, key in columns]
-        print(f"| {name} | " + " | ".join(cells)
-              + f" | {row['best_after']} | {row['final']:.3f} | {row['train_minutes']:.1f} |")
+        print(f"| {name} | " + " | ".join(cells) + f" | {row['best_after']} | {row['final']:.3f} | "
+              + " | ".join(f"{row[key]:.{digits(key)}f}" for _, key in after) + " |")
     if len(rows) > 1:
         cells = []
-        for key in [key for _, key in columns] + ["final", "train_minutes"]:
+        for key in [key for _, key in columns] + ["final"] + [key for _, key in after]:
             values = [row[key] for row in rows.values()]
-            digits = 1 if key == "train_minutes" else 3
-            cells.append(f"{statistics.mean(values):.{digits}f} ± {statistics.stdev(values):.{digits}f}")
+            cells.append(f"{statistics.mean(values):.{digits(key)}f} ± {statistics.stdev(values):.{digits(key)}f}")
         print(f"| mean ± std ({len(rows)} runs) | " + " | ".join(cells[:len(columns)]) + " | — | "
               + " | ".join(cells[len(columns):]) + " |")
+    for name, row in rows.items():
+        if row["forgetting"]:
+            print(f"{name}, forgetting per earlier task (Chaudhry et al. 2018): "
+                  + ", ".join(f"{task} {value:.4f}" for task, value in row["forgetting"].items()))
     if args.each_task_best:
         for name, row in rows.items():
             print(f"{name}, each task at its best stage: {row['each_task_best']}")

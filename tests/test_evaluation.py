@@ -11,7 +11,9 @@ from evaluation import (
     DEFAULT_OUTPUTS,
     PredictionsFileError,
     check_predictions_file,
+    forgetting_measures,
     forgetting_table_markdown,
+    history_forgetting_measures,
     kept_model_score,
     overall_score,
     paraphrase_metrics,
@@ -52,9 +54,20 @@ def test_sst_f1_matches_sklearn_including_class_only_predicted():
 
 
 def test_paraphrase_metrics_hand_computed():
-    # TP 2, 3 predicted positives, 2 gold positives -> F1 = 2*2 / (3+2)
+    # TP 2, 3 predicted positives, 2 gold positives -> F1 = 2*2 / (3+2); class 0: TP 1, 1 predicted, 2 gold -> 2/3;
+    # weighted by the gold supports (2 each): (4/5 + 2/3) / 2
     metrics = paraphrase_metrics([1, 1, 1, 0], [1.0, 0.0, 1.0, 0.0])
-    assert metrics == pytest.approx({"acc": 3 / 4, "f1": 4 / 5})
+    assert metrics == pytest.approx({"acc": 3 / 4, "f1": 4 / 5, "f1_weighted": (4 / 5 + 2 / 3) / 2})
+
+
+def test_paraphrase_weighted_f1_matches_sklearn_and_sits_beside_sst_in_task_metrics():
+    sklearn_metrics = pytest.importorskip("sklearn.metrics")
+    rng = np.random.default_rng(1)
+    gold, pred = rng.integers(0, 2, size=300), rng.integers(0, 2, size=300)
+    assert paraphrase_metrics(pred, gold)["f1_weighted"] == pytest.approx(
+        sklearn_metrics.f1_score(gold, pred, average="weighted"))
+    assert paraphrase_metrics(pred, gold)["f1"] == pytest.approx(sklearn_metrics.f1_score(gold, pred))
+    assert list(evaluation.task_metrics("qqp", pred, gold)) == ["qqp_acc", "qqp_f1", "qqp_f1_weighted"]
 
 
 def test_paraphrase_metrics_rejects_probabilities():
@@ -210,11 +223,95 @@ def test_forgetting_table_best_minus_final():
     table = forgetting_table_markdown(HISTORY)
     lines = table.strip().splitlines()
     assert lines[0] == "| stage | SST acc | QQP acc | STS r | overall |"
-    assert len(lines) == 2 + len(HISTORY) + 1
     assert lines[2].startswith("| 1. qqp | 0.2000 | 0.8000 | 0.7000 |")
-    forgetting = [float(cell) for cell in lines[-1].strip("|").split("|")[1:]]
+    forgetting_row = lines[2 + len(HISTORY)]
+    assert forgetting_row.startswith("| forgetting (best − final) |")
+    forgetting = [float(cell) for cell in forgetting_row.strip("|").split("|")[1:]]
     overall = [overall_score(h["sst_acc"], h["qqp_acc"], h["sts_pearson"]) for h in HISTORY]
     assert forgetting == pytest.approx([0.50 - 0.45, 0.80 - 0.70, 0.0, max(overall) - overall[-1]], abs=1e-4)
+
+
+def test_forgetting_table_has_the_weighted_f1s_when_every_stage_has_them_and_the_continual_figures():
+    history = [{**entry, "sst_f1_weighted": entry["sst_acc"] - 0.1, "qqp_f1_weighted": entry["qqp_acc"] - 0.1}
+               for entry in HISTORY]
+    lines = forgetting_table_markdown(history).strip().splitlines()
+    assert lines[0] == "| stage | SST acc | QQP acc | STS r | overall | SST F1 (w) | QQP F1 (w) |"
+    assert lines[2].endswith("| 0.1000 | 0.7000 |")
+    # HISTORY trains qqp, sts, sst once each: the earlier tasks are qqp and sts (the figures' test below by hand).
+    assert lines[-4:] == [
+        "Continual-learning figures over the stages (task scores sst_acc, qqp_acc, sts_pearson; the model before "
+        "training is not a row):",
+        "- average score after the last stage: 0.6667",
+        "- backward transfer (Lopez-Paz & Ranzato 2017) over qqp, sts: -0.0250",
+        "- forgetting (Chaudhry et al. 2018): qqp 0.1000, sts -0.0500; mean 0.0250"]
+    older = [{key: value for key, value in entry.items() if key != "qqp_f1_weighted"} for entry in history]
+    assert forgetting_table_markdown(older).splitlines()[0].endswith("| overall | SST F1 (w) |")
+
+
+# --- continual-learning figures of the forgetting matrix -----------------------------------
+# Columns sst, qqp, sts; R[l, i] is task i's score after stage l.
+
+
+def test_forgetting_measures_of_each_task_trained_once():
+    scores = [[0.20, 0.80, 0.70],  # after qqp
+              [0.25, 0.75, 0.85],  # after sts
+              [0.50, 0.70, 0.80]]  # after sst: the last stage, so sst is not an earlier task
+    measures = forgetting_measures(scores, ("sst", "qqp", "sts"), [{"qqp"}, {"sts"}, {"sst"}])
+    assert measures.average_score == pytest.approx((0.50 + 0.70 + 0.80) / 3)
+    # BWT: qqp 0.70 - 0.80 (after stage 0), sts 0.80 - 0.85 (after stage 1)
+    assert measures.backward_transfer == pytest.approx((-0.10 - 0.05) / 2)
+    # f_i: qqp max(0.80, 0.75) - 0.70, sts max(0.70, 0.85) - 0.80
+    assert measures.forgetting == pytest.approx({"qqp": 0.10, "sts": 0.05})
+    assert list(measures.forgetting) == ["qqp", "sts"] and measures.average_forgetting == pytest.approx(0.075)
+
+
+def test_forgetting_measures_of_a_retrained_task_count_from_its_last_training():
+    scores = [[0.20, 0.84, 0.70],  # qqp: QQP's best
+              [0.20, 0.76, 0.85],  # sts
+              [0.50, 0.72, 0.78],  # sst: SST's last training
+              [0.45, 0.82, 0.80],  # qqp again: QQP's last training
+              [0.40, 0.79, 0.86]]  # sts again, the last stage
+    measures = forgetting_measures(scores, ("sst", "qqp", "sts"), [{"qqp"}, {"sts"}, {"sst"}, {"qqp"}, {"sts"}])
+    assert measures.average_score == pytest.approx((0.40 + 0.79 + 0.86) / 3)
+    # BWT from each task's last training: sst 0.40 - 0.50 (stage 2), qqp 0.79 - 0.82 (stage 3)
+    assert measures.backward_transfer == pytest.approx((-0.10 - 0.03) / 2)
+    # f_i from each task's best before the last stage, whenever it was: sst 0.50 - 0.40, qqp 0.84 - 0.79
+    assert measures.forgetting == pytest.approx({"sst": 0.10, "qqp": 0.05})
+
+
+def test_forgetting_measures_leave_out_a_task_no_stage_trained_but_keep_its_rows():
+    scores = [[0.22, 0.63, 0.81],  # simcse: trains no head
+              [0.23, 0.80, 0.75],  # qqp
+              [0.50, 0.78, 0.70]]  # sst
+    measures = forgetting_measures(scores, ("sst", "qqp", "sts"), [set(), {"qqp"}, {"sst"}])
+    assert measures.average_score == pytest.approx((0.50 + 0.78 + 0.70) / 3)
+    assert measures.backward_transfer == pytest.approx(0.78 - 0.80)
+    assert measures.forgetting == pytest.approx({"qqp": 0.80 - 0.78})  # STS fell, but no stage had trained it
+
+
+def test_forgetting_measures_are_undefined_without_an_earlier_task():
+    every_task = [{"sst", "qqp", "sts"}] * 2  # a multi-task schedule
+    assert forgetting_measures([[0.4, 0.8, 0.8], [0.5, 0.8, 0.8]], ("sst", "qqp", "sts"), every_task) is None
+    assert forgetting_measures([[0.4, 0.8, 0.8]], ("sst", "qqp", "sts"), [{"qqp"}]) is None
+    with pytest.raises(ValueError, match="shape"):
+        forgetting_measures([[0.4, 0.8]], ("sst", "qqp", "sts"), [{"qqp"}])
+
+
+def test_history_forgetting_measures_read_the_stage_labels_and_skip_the_pretrained_row():
+    def record(stage, sst, qqp, sts):
+        return {"stage": stage, "sst_acc": sst, "qqp_acc": qqp, "sts_pearson": sts, "overall": 0.0}
+
+    history = [record("pretrained", 0.90, 0.90, 0.90),  # above everything after it, yet no stage of R
+               record("qqp", 0.20, 0.80, 0.70), record("sts", 0.25, 0.75, 0.85), record("sst", 0.50, 0.70, 0.80),
+               record("qqp@0.03", 0.45, 0.78, 0.82)]
+    measures = history_forgetting_measures(history)
+    # Earlier tasks: sts (stage 1) and sst (stage 2); qqp@0.03 trains qqp last.
+    assert measures.backward_transfer == pytest.approx(((0.82 - 0.85) + (0.45 - 0.50)) / 2)
+    assert measures.forgetting == pytest.approx({"sst": 0.05, "sts": 0.03})
+    annealed = [record("pretrained", 0.2, 0.6, 0.8), record("multitask-1", 0.4, 0.8, 0.8),
+                record("multitask-2", 0.5, 0.8, 0.8)]
+    assert history_forgetting_measures(annealed) is None
+    assert "Continual-learning" not in forgetting_table_markdown(annealed)
 
 
 def test_forgetting_table_rejects_incomplete_history():

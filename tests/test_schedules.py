@@ -5,7 +5,7 @@ from collections import Counter
 import pytest
 
 from schedules import (Stage, StageKind, annealed_probabilities, build_schedule, learning_rate_factor,
-                       multitask_order, parse_stage_list, train_tasks, trained_heads)
+                       multitask_order, parse_stage_list, tasks_trained_by, train_tasks, trained_heads)
 
 
 def test_mlm_stages_parse_with_fractions_and_repeats():
@@ -133,3 +133,12 @@ def test_trained_heads_are_those_whose_heads_the_stages_train():
     assert trained_heads([Stage(StageKind.SIMCSE), *parse_stage_list("sts")]) == {"sts"}
     assert trained_heads([Stage(StageKind.MLM), Stage(StageKind.MULTITASK, epoch=1)]) == {"sst", "qqp", "sts"}
     assert trained_heads([Stage(StageKind.SIMCSE)]) == set()
+
+
+def test_tasks_trained_by_a_stage_label():
+    tasks = ("sst", "qqp", "sts")
+    assert tasks_trained_by("qqp", tasks) == {"qqp"} and tasks_trained_by("qqp@0.03", tasks) == {"qqp"}
+    assert tasks_trained_by("multitask-2", tasks) == {"sst", "qqp", "sts"}
+    for label in ("mlm", "mlm@0.5", "simcse", "pretrained", "qa"):
+        assert tasks_trained_by(label, tasks) == set()
+    assert {stage.label for stage in parse_stage_list("qqp,sts:0.5,mlm")} == {"qqp", "sts@0.5", "mlm"}

@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 
 import summarize_runs
+from evaluation import overall_score
 
 
 def record(index, stage, overall, sst, seconds):
@@ -25,9 +26,36 @@ def test_rows_and_mean_with_sample_std(tmp_path, capsys):
     runs = [make_run(tmp_path / "s1", 0.40), make_run(tmp_path / "s2", 0.50)]
     assert summarize_runs.main([str(r) for r in runs]) == 0
     lines = capsys.readouterr().out.splitlines()
-    # The pretrained row's seconds are evaluation, not training: 60 s + 120 s = 3.0 min.
-    assert lines[2] == "| s1 | 0.400 | 0.350 | 0.800 | 0.750 | 0.850 | 0.700 | stage 2 (qqp) | 0.600 | 3.0 |"
+    # The pretrained row's seconds are evaluation, not training: 60 s + 120 s = 3.0 min. Stages qqp then sst: QQP
+    # is the earlier task, unchanged by the SST stage (BWT and forgetting 0); after it (0.3 + 0.8 + 0.85) / 3.
+    assert lines[0].endswith("| best after | final overall | train min | avg score after last stage | BWT | "
+                             "mean forgetting |")
+    assert lines[2] == ("| s1 | 0.400 | 0.350 | 0.800 | 0.750 | 0.850 | 0.700 | stage 2 (qqp) | 0.600 | 3.0 | "
+                        "0.650 | 0.000 | 0.000 |")
     assert lines[4].startswith("| mean ± std (2 runs) | 0.450 ± 0.071 | 0.400 ± 0.071 | 0.800 ± 0.000 |")
+    assert lines[4].endswith("| 3.0 ± 0.0 | 0.650 ± 0.000 | 0.000 ± 0.000 | 0.000 ± 0.000 |")
+    assert lines[5] == "s1, forgetting per earlier task (Chaudhry et al. 2018): qqp 0.0000"
+
+
+def test_qqp_weighted_f1_and_the_continual_figures_of_a_sequential_run(tmp_path, capsys):
+    def stage(index, name, sst, qqp, sts):
+        return {"index": index, "stage": name, "seconds": 60.0, "sst_acc": sst, "sst_f1_weighted": sst - 0.01,
+                "qqp_acc": qqp, "qqp_f1": qqp - 0.1, "qqp_f1_weighted": qqp - 0.02, "sts_pearson": sts,
+                "overall": overall_score(sst, qqp, sts)}
+
+    history = [stage(0, "pretrained", 0.2, 0.6, 0.8), stage(1, "qqp", 0.2, 0.8, 0.7), stage(2, "sts", 0.25, 0.75, 0.85),
+               stage(3, "sst", 0.5, 0.7, 0.8)]
+    run = tmp_path / "sequential"
+    run.mkdir()
+    (run / "history.json").write_text(json.dumps(history))
+    (run / "best.json").write_text(json.dumps({"metrics": history[3]}))
+    assert summarize_runs.main([str(run)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("| run | SST acc | SST F1 (w) | QQP acc | QQP F1 | QQP F1 (w) | STS r | overall |")
+    # Earlier tasks qqp and sts: BWT ((0.70 - 0.80) + (0.80 - 0.85)) / 2; forgetting 0.10 and 0.05
+    assert lines[2] == ("| sequential | 0.500 | 0.490 | 0.700 | 0.600 | 0.680 | 0.800 | 0.700 | stage 4 (sst) | 0.700 | "
+                        "3.0 | 0.667 | -0.075 | 0.075 |")
+    assert lines[3] == "sequential, forgetting per earlier task (Chaudhry et al. 2018): qqp 0.1000, sts 0.0500"
 
 
 def test_a_one_task_run_gets_its_tasks_columns(tmp_path, capsys):

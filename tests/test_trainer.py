@@ -75,8 +75,8 @@ def test_predict_examples_answers_in_the_examples_order(tokenizer):
 def test_evaluate_reports_every_metric_under_the_internal_names(tmp_path, tokenizer):
     trainer = make_trainer(tmp_path, tokenizer)
     metrics, predictions = trainer.evaluate("dev")
-    assert set(metrics) == {"sst_acc", "sst_f1_macro", "sst_f1_weighted", "qqp_acc", "qqp_f1", "sts_pearson",
-                            "overall"}
+    assert set(metrics) == {"sst_acc", "sst_f1_macro", "sst_f1_weighted", "qqp_acc", "qqp_f1", "qqp_f1_weighted",
+                            "sts_pearson", "overall"}
     assert set(predictions) == {"sst", "qqp", "sts"}
     ids, predicted, gold = predictions["qqp"]
     assert ids == [e.id for e in demo_examples("qqp", "dev", 8)] and set(predicted) <= {0.0, 1.0}
