@@ -121,6 +121,9 @@ def load_teacher(run_dir: str | Path, train_ids: dict[str, list[str]],
     question ids). A missing file, or one that lacks an id the student trains on (another data set, or a teacher
     written with fewer training examples), raises ScoresFileError naming the file; so does SQuAD's when its
     (max_length, doc_stride) is not the student's `qa_windowing`."""
+    if not Path(run_dir).is_dir():
+        raise ScoresFileError(f"{run_dir}: not a folder; --distill names a teacher's folder (a run written with "
+                              "--score_train, or ensemble.py --score_train's output)")
     teacher = {}
     for task, ids in train_ids.items():
         if task == "qa":

@@ -40,6 +40,12 @@ SCORE_COLUMNS = {"sst": tuple(f"logit_{c}" for c in range(TASKS["sst"].num_class
 
 
 QA_SCORE_COLUMNS = ("no_answer_margin", "answer")
+# What each task's objective can take, as a model or an ensemble writes it. A logit (SST's, QQP's, SQuAD's start and
+# end) beyond +-1e4 is no trained model's (SQuAD's padding is -1e4, multitask_bert.PADDING_LOGIT) and overflows the
+# float32 losses that distil it; STS's score is the 0-5 similarity, give or take float32's rounding of a cosine.
+MAX_LOGIT = 1e4
+STS_RANGE = (0.0, 5.0)
+STS_ROUNDING = 1e-4
 
 
 class ScoresFileError(ValueError):
@@ -80,6 +86,17 @@ def write_qa_scores(path: str | os.PathLike, answers: dict[str, Answer]) -> None
                             *([qid, _text(answer.margin), answer.text] for qid, answer in answers.items())])
 
 
+def _out_of_range(task: str, numbers: list[float]) -> str | None:
+    """Why these scores of `task` are outside what its objective can take (MAX_LOGIT, STS_RANGE), or None."""
+    if task == "sts":
+        low, high = STS_RANGE
+        if not low - STS_ROUNDING <= numbers[0] <= high + STS_ROUNDING:
+            return f"STS score {numbers[0]:g} is outside {low:g}-{high:g}"
+    elif any(abs(v) > MAX_LOGIT for v in numbers):
+        return f"a logit beyond +-{MAX_LOGIT:g} ({max(numbers, key=abs):g}), which no trained model gives"
+    return None
+
+
 def read_scores(path: str | os.PathLike, task: str) -> tuple[list[str], np.ndarray]:
     """(ids, scores): scores (N, 5) for sst, (N,) for qqp and sts. Raises ScoresFileError on a missing or unreadable
     file, one that is not a UTF-8 CSV, a wrong header, a short row, a value that is not a finite number, or a
@@ -109,6 +126,9 @@ def read_scores(path: str | os.PathLike, task: str) -> tuple[list[str], np.ndarr
             raise ScoresFileError(f"{path}, line {line}: a score that is not a number") from None
         if not all(math.isfinite(v) for v in numbers):
             raise ScoresFileError(f"{path}, line {line}: a score that is not finite")
+        problem = _out_of_range(task, numbers)
+        if problem:
+            raise ScoresFileError(f"{path}, line {line}: {problem}")
         ids.append(row[0])
         values.append(numbers)
     if not ids:
@@ -160,12 +180,17 @@ def read_span_logits(path: str | os.PathLike) -> SpanLogits:
         raise ScoresFileError(f"{path}: no such scores file (a run writes it with --score_train)") from None
     except (SafetensorError, OSError, KeyError, TypeError, ValueError) as err:
         raise ScoresFileError(f"{path}: not a SQuAD train-logits file ({type(err).__name__}: {err})") from None
+    if lengths.dtype.kind not in "iu":  # window lengths count tokens: a float would split the logits anywhere
+        raise ScoresFileError(f"{path}: the window lengths must be integers, found {lengths.dtype}")
     if (flat.ndim != 2 or flat.shape[1] != 2 or lengths.ndim != 1 or not isinstance(ids, list)
             or not all(isinstance(i, str) for i in ids) or len(lengths) != len(ids) or (lengths < 1).any()
             or int(lengths.sum()) != len(flat)):
         raise ScoresFileError(f"{path}: the logits, lengths and window ids do not fit together")
     if not np.isfinite(flat).all():
         raise ScoresFileError(f"{path}: a logit that is not finite")
+    if (np.abs(flat) > MAX_LOGIT).any():
+        raise ScoresFileError(f"{path}: a logit beyond +-{MAX_LOGIT:g} ({flat.flat[np.abs(flat).argmax()]:g}), which "
+                              "no trained model gives")
     if len(set(ids)) != len(ids):
         raise ScoresFileError(f"{path}: repeated window id {next(i for i, c in Counter(ids).items() if c > 1)!r}")
     return SpanLogits(ids, np.split(flat, np.cumsum(lengths)[:-1]), max_length, doc_stride)

@@ -2,6 +2,7 @@
 through the command line on the demo data with a tiny BERT (SQuAD's window logits too)."""
 import json
 import math
+import re
 import shutil
 from types import SimpleNamespace
 
@@ -9,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from safetensors.numpy import save
 
 import ensemble
 import multitask_classifier as mc
@@ -194,6 +196,44 @@ def test_squad_teachers_that_do_not_fit_are_refused(tmp_path):
         write_span_logits(path, ids, [np.zeros((3, 2))], 48, 16)
         with pytest.raises(ScoresFileError, match="window ids do not fit"):
             read_span_logits(path)
+
+
+@pytest.mark.parametrize("task, rows, problem", [
+    ("sts", [6.5], "STS score 6.5 is outside 0-5"),
+    ("sts", [-1e20], "STS score -1e+20 is outside 0-5"),
+    ("qqp", [1e39], "a logit beyond +-10000 (1e+39)"),  # float32 inf: the loss was inf, exit 0
+    ("sst", [[0, 0, 0, 0, -2e4]], "a logit beyond +-10000 (-20000)"),
+])
+def test_teacher_scores_outside_what_the_objective_takes_are_refused(tmp_path, task, rows, problem):
+    path = scores_path(tmp_path, task, "train")
+    write_scores(path, ["a"], np.array(rows, dtype=np.float64), task)
+    with pytest.raises(ScoresFileError, match=re.escape(f"{path}, line 2: {problem}")):
+        load_teacher(tmp_path, {task: ["a"]})
+
+
+def test_sts_scores_at_the_ends_of_the_scale_are_read_with_float32_rounding(tmp_path):
+    path = scores_path(tmp_path, "sts", "train")
+    write_scores(path, ["a", "b"], np.array([5.00000024, 0.0]), "sts")  # 2.5 cos + 2.5 with cos 1 + 1e-7
+    assert read_scores(path, "sts")[1].tolist() == [5.00000024, 0.0]
+
+
+def test_squad_teacher_logits_out_of_range_or_lengths_that_are_not_integers_are_refused(tmp_path):
+    path = span_logits_path(tmp_path)
+    write_span_logits(path, ["q1#0"], [np.array([[0.0, 3e4], [0.0, 0.0]])], 48, 16)
+    with pytest.raises(ScoresFileError, match=r"a logit beyond \+-10000 \(30000\)"):
+        read_span_logits(path)
+    windows = json.dumps({"ids": ["q1#0"], "max_length": 48, "doc_stride": 16})
+    path.write_bytes(save({"logits": np.zeros((2, 2), np.float32), "lengths": np.array([2.0])},
+                          metadata={"windows": windows}))
+    with pytest.raises(ScoresFileError, match="the window lengths must be integers, found float64"):
+        read_span_logits(path)
+
+
+def test_a_distill_teacher_that_is_a_file_is_named_as_such(tmp_path):
+    teacher = tmp_path / "teacher.csv"
+    teacher.write_text("id,logit\n")
+    with pytest.raises(ScoresFileError, match="teacher.csv: not a folder; --distill names a teacher's folder"):
+        load_teacher(teacher, {"qqp": ["a"]})
 
 
 def test_a_teacher_without_train_scores_or_missing_an_id_is_refused(tmp_path):
