@@ -53,7 +53,7 @@ SMART = "SMART (Jiang et al. 2020); defaults are the paper's"
 SIMCSE = "SimCSE stage (before the tasks)"
 ADAPTERS = "adapters (parameter-efficient; with --option pretrain only adapters and heads train)"
 LNSR = "LNSR, layer-wise noise stability (Hua et al. 2021); defaults are AllBERT's for STS"
-QA = "SQuAD 2.0 question answering (--tasks ...,qa); defaults are Devlin et al.'s"
+QA = "SQuAD 2.0 question answering (--tasks ...,qa); defaults are those of the BERT repository's run_squad.py"
 DISTILL = "distillation: a teacher's saved scores on the train splits as soft targets"
 OPTIONS = ("pretrain", "finetune")  # --option: BERT frozen or trained
 THREE_TASK_STAGES = ("qqp", "sts,sst,qqp:0.03")  # --first_stages, --cycle of the three tasks: the thesis's order
@@ -173,7 +173,7 @@ class TrainingArguments:
                                "sentence mean-pooled apart; AllBERT's STS); one for both or per task, e.g. "
                                "qqp:cross,sts:hybrid", HEADS)
     similarity_objective: str = flag("cosine", "cosine: MSE(cos, label/5) (measured best); shifted: the "
-                                       "handout's 2.5cos+2.5; cosent (sbert and hybrid STS)", HEADS,
+                                       "thesis' 2.5cos+2.5; cosent (sbert and hybrid STS)", HEADS,
                                        choices=SIMILARITY_OBJECTIVES)
     sst_objective: str = flag("ce", "ce: cross entropy; ordinal: plus --ordinal_weight x the expected distance "
                                 "|y - j| of the predicted class (AllBERT)", HEADS, choices=SENTIMENT_OBJECTIVES)
@@ -247,8 +247,9 @@ class TrainingArguments:
     smart_tasks: str | None = flag(None, "default: every task of --tasks", group=SMART)
     smart_adv_weight: float = flag(1.0, "lambda_s", SMART, type=float)
     smart_bregman_weight: float = flag(1.0, "mu", SMART, type=float)
-    smart_momentum: float | None = flag(None, "beta of the Bregman teacher (default: the paper's 0.99 for the "
-                                          "first 10%% of updates, then 0.999; a number fixes it; 0: vanilla)",
+    smart_momentum: float | None = flag(None, "beta of the Bregman teacher (default: the SMART paper's 0.99 for "
+                                          "the first 10%% of the run's updates, then 0.999, where the thesis' code "
+                                          "restarts it every epoch; a number fixes it; 0: vanilla)",
                                           SMART, type=float)
     smart_noise_std: float = flag(1e-5, "sigma", SMART, type=float)
     smart_epsilon: float = flag(1e-5, "epsilon, radius of the ball", SMART, type=float)

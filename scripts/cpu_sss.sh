@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# CPU protocol, SMART-SBERT + SimCSE (SSS) on the offline NLI files
+# CPU protocol, SMART-SBERT + SimCSE (SSS) on the offline NLI files: one SimCSE epoch (the thesis' table 4.13: three
+# on SNLI, going on from the best), then the schedule of scripts/cpu_ss.sh, with its departures from the thesis
 # Extra flags are passed on (e.g. --max_train_examples 2000, --cycles 1). Output: runs/cpu_sss/ (runs/$RUN_NAME/ if set)
 set -euo pipefail
 source "$(dirname "$0")/_common.sh"

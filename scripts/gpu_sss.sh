@@ -1,5 +1,8 @@
 #!/usr/bin/env bash
-# SMART-SBERT + SimCSE (SSS): supervised SimCSE on NLI, then the SS schedule (thesis table 4.13). NLI_FILES: NLI paths
+# SMART-SBERT + SimCSE (SSS): 3 epochs of supervised SimCSE on NLI, then the SS schedule (the thesis' table 4.13).
+# NLI_FILES: NLI paths (the thesis used SNLI). It departs from the thesis where scripts/gpu_ss.sh does (batch 32,
+# lr 2e-5, the STS objective, SMART's projection and momentum schedule), and the schedule goes on from the last
+# SimCSE epoch, where the thesis goes on from the one with the best STS dev Pearson.
 # Extra flags are passed on (e.g. --max_train_examples 2000, --cycles 1). Output: runs/gpu_sss/ (runs/$RUN_NAME/ if set)
 set -euo pipefail
 source "$(dirname "$0")/_common.sh"

@@ -3,7 +3,7 @@
     python scripts/sts_objectives.py --data_dir ../shared/data/protocol [--pretrained minilm-l6]
 
 cosine:  MSE(cos(u, v), label / 5)            (sentence-transformers' CosineSimilarityLoss)
-shifted: MSE(cos(u, v), (label - 2.5) / 2.5)  (the handout's 2.5 cos + 2.5 against the 0-5 label)
+shifted: MSE(cos(u, v), (label - 2.5) / 2.5)  (the thesis' 2.5 cos + 2.5 against the 0-5 label)
 cosent:  CoSENT ranking loss on cos(u, v)
 Prints one JSON line per objective with dev Pearson before and after the epoch.
 """
