@@ -263,7 +263,8 @@ def resume(trainer: Trainer, args: TrainingArguments, prefix: Path, stage_labels
     result differs or the saved state does not fit this run's processes, schedule or data."""
     tensors, metadata = read_training_state(prefix)
     check_resume_arguments(metadata["args"], args)
-    check_resumable(metadata, trainer.distributed.world_size, stage_labels, trainer.data_sha256)
+    check_resumable(metadata, trainer.distributed.world_size, stage_labels, trainer.data_sha256,
+                    prefix.with_suffix(".json"))
     try:
         trainer.load_state_dict(tensors, metadata)
     except (KeyError, IndexError, TypeError, ValueError, RuntimeError) as err:

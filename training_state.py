@@ -9,6 +9,7 @@ trainer's (Trainer.state_dict / load_state_dict).
 """
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import torch
@@ -35,10 +36,12 @@ def read_training_state(prefix: Path) -> tuple[dict[str, torch.Tensor], dict]:
     return tensors, metadata
 
 
-def check_resumable(metadata: dict, world_size: int, stage_labels: list[str], data_sha256: dict[str, str]) -> None:
-    """Refuse a resume the saved state cannot continue: another number of processes, a schedule that the
-    stages already done do not begin, or data whose content changed (a --distill teacher's scores included:
-    "distill/TASK")."""
+def check_resumable(metadata: dict, world_size: int, stage_labels: list[str], data_sha256: dict[str, str],
+                    info: Path) -> None:
+    """Refuse a resume the saved state cannot continue: a state its own fields contradict (a hand-edited `info`,
+    check_consistent), another number of processes, a schedule that the stages already done do not begin, or data
+    whose content changed (a --distill teacher's scores included: "distill/TASK")."""
+    check_consistent(metadata, info)
     saved_world = metadata.get("world_size", 1)
     if saved_world != world_size:  # each rank's data slice and dropout stream would differ
         raise CheckpointError(f"cannot resume: the run was trained by {saved_world} process(es), this one has "
@@ -52,3 +55,40 @@ def check_resumable(metadata: dict, world_size: int, stage_labels: list[str], da
     if changed:  # a split only one of the two runs reads cannot have changed what was trained
         raise CheckpointError(f"cannot resume: the data files' content differs from the stopped run's "
                               f"({', '.join(changed)})")
+
+
+def check_consistent(metadata: dict, info: Path) -> None:
+    """Every field a resume reads, against the others (read_training_state has checked their types): the history's
+    records (the pretrained model's, then one per stage done, each with the first one's metrics, as numbers),
+    next_stage (the number of stages done), the best score (a score, or -inf) and the counters. A hand-edited
+    last.json would otherwise resume into stages rerun or skipped, or a kept model that no stage can beat."""
+    def refuse(problem: str):
+        raise CheckpointError(f"{info}: {problem}; the file was edited or damaged: resume from an intact copy or "
+                              "start again without --resume")
+    history = metadata["history"]
+    for position, record in enumerate(history):
+        if not isinstance(record, dict) or not isinstance(record.get("stage"), str) or record.get("index") != position:
+            refuse(f"history record {position} must be an object with a 'stage' name and 'index' {position}")
+        metrics = {k: v for k, v in record.items() if k not in ("stage", "index")}
+        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in metrics.values()):
+            refuse(f"history record {position} ({record['stage']}) holds a value that is not a number")
+        if position and not set(history[0]) <= set(record):
+            refuse(f"history record {position} ({record['stage']}) lacks metrics of the first record "
+                   f"({', '.join(sorted(set(history[0]) - set(record)))})")
+    if not history or history[0]["stage"] != "pretrained":
+        refuse("the history must begin with the pretrained model's record")
+    done = len(history) - 1
+    # A checkpoint follows a stage; more stages done than the schedule has is check_resumable's own refusal.
+    if metadata["next_stage"] != done or done < 1:
+        refuse(f"next_stage {metadata['next_stage']!r} does not follow the history's {done} stage(s) done")
+    best = metadata["best_score"]
+    if not (best == -math.inf or 0 <= best <= 1):  # -inf before any stage is kept; scores are means of [0, 1] metrics
+        refuse(f"best_score {best!r} is not a score in [0, 1]")
+    counters = [("updates", metadata["updates"], 0), ("skipped_updates", metadata.get("skipped_updates", 0), 0),
+                ("world_size", metadata.get("world_size", 1), 1)]
+    counters += [(f"smart_skipped_steps[{task!r}]", n, 0) for task, n in metadata["smart_skipped_steps"].items()]
+    for name, count, least in counters:
+        if not isinstance(count, int) or isinstance(count, bool) or count < least:
+            refuse(f"{name} must be a whole number >= {least}, found {count!r}")
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata["data_sha256"].items()):
+        refuse("data_sha256 must map names to hashes")

@@ -114,6 +114,21 @@ def test_non_finite_weights_are_refused_naming_the_tensor(tmp_path):
     (lambda m: {k: v for k, v in m.items() if k != "args"}, "field 'args' is missing"),
     (lambda m: {**m, "next_stage": "two"}, "field 'next_stage' must be int, found str"),
     (lambda m: {**m, "history": {}}, "field 'history' must be list"),
+    # issue 39: fields of the right type that contradict the others
+    (lambda m: {**m, "next_stage": 7}, "next_stage 7 does not follow the history's 1 stage(s) done"),
+    (lambda m: {**m, "next_stage": 0}, "next_stage 0 does not follow the history's 1 stage(s) done"),
+    (lambda m: {**m, "next_stage": -3}, "next_stage -3 does not follow"),
+    (lambda m: {**m, "history": m["history"][:1]}, "next_stage 1 does not follow the history's 0 stage(s) done"),
+    (lambda m: {**m, "history": [m["history"][0], "sst"]}, "history record 1 must be an object with a 'stage'"),
+    (lambda m: {**m, "history": [m["history"][0], {**m["history"][1], "index": 5}]}, "history record 1 must be"),
+    (lambda m: {**m, "history": [m["history"][0], {**m["history"][1], "sst_acc": "high"}]},
+     "history record 1 (sst) holds a value that is not a number"),
+    (lambda m: {**m, "history": [m["history"][0], {k: v for k, v in m["history"][1].items() if k != "sst_acc"}]},
+     "history record 1 (sst) lacks metrics of the first record (sst_acc)"),
+    (lambda m: {**m, "best_score": 3.5}, "best_score 3.5 is not a score in [0, 1]"),
+    (lambda m: {**m, "updates": -1}, "updates must be a whole number >= 0, found -1"),
+    (lambda m: {**m, "world_size": 0}, "world_size must be a whole number >= 1, found 0"),
+    (lambda m: {**m, "smart_skipped_steps": {"sst": 1.5}}, "smart_skipped_steps['sst'] must be a whole number"),
 ])
 def test_a_hand_edited_last_json_is_one_clear_line(tiny_checkpoint, tmp_path, capsys, edit, problem):
     assert mc.main(quick_flags(tiny_checkpoint, tmp_path, "--stop_after_stages", "1")) == 0
