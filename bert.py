@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -116,21 +117,55 @@ class BertLayer(nn.Module):
 
 
 class TokenLayout:
-    """Where the N real tokens of a padded (B, T) batch sit.
+    """Where the N real tokens of a right-padded (B, T) batch sit, decided on the host once per batch.
 
-    Every token-wise operation (projections, feed-forward, LayerNorm, dropout) runs on the packed
-    (N, H) real tokens only, so padding costs nothing there; attention alone needs the (B, T) grid.
-    Padding positions of the encoder output are zero.
+    Packed (the CPU's default, BENCHMARKS' 1.27x): every token-wise operation (projections, feed-forward,
+    LayerNorm, dropout) runs on the packed (N, H) real tokens only, so padding costs nothing there; attention
+    alone needs the (B, T) grid. Padded (CUDA's default): every operation runs on the whole (B*T, H) grid, so a
+    step's shapes depend on (B, T) alone (length buckets make them repeat: torch.compile and CUDA graphs reuse
+    them) and no kernel waits for a count of real tokens. Either way padding positions of the encoder output are
+    zero and the outputs of real tokens agree within float rounding.
+
+    Built from the rows' lengths as the host knows them (the collate's `lengths`), the layout reads nothing
+    back from the device. Without them a packed layout must read the mask back (one host sync per batch); a
+    padded one then attends through the mask even when no row is padded.
     """
 
-    def __init__(self, attention_mask: torch.Tensor):
+    def __init__(self, attention_mask: torch.Tensor, positions: torch.Tensor | None, padded: bool | None):
+        """`positions`: (N,) flat indices of the real tokens, or None to run on the whole grid; `padded`:
+        whether some row is padded (None: not known on the host)."""
         self.batch_size, self.seq_len = attention_mask.shape
+        self.positions = positions
+        # (B, 1, 1, T): padding keys are never attended. Without padding no mask at all: SDPA's flash kernel
+        # takes no mask, so any mask, even all True, rules it out.
+        self.key_mask = None if padded is False else attention_mask.bool()[:, None, None, :]
+        # (B, T, 1): zeroes the padding rows a grid computation leaves (packed ones are zero already)
+        self.real = attention_mask[..., None] if positions is None and padded is not False else None
+
+    @classmethod
+    def build(cls, attention_mask: torch.Tensor, lengths=None, pack: bool = True) -> "TokenLayout":
+        """The layout of a batch; `lengths`: each row's real-token count on the host (an int array or list), for
+        right-padded rows, or None to read them from the mask."""
+        batch_size, seq_len = attention_mask.shape
+        if lengths is not None:
+            lengths = np.asarray(lengths, dtype=np.int64)
+            if lengths.shape != (batch_size,) or lengths.min(initial=seq_len) < 0 or lengths.max(initial=0) > seq_len:
+                raise ValueError(f"lengths {lengths.tolist()} do not fit a ({batch_size}, {seq_len}) batch")
+            padded = bool((lengths < seq_len).any())
+            if not (pack and padded):
+                return cls(attention_mask, None, padded)
+            flat = np.flatnonzero(np.arange(seq_len) < lengths[:, None])  # (N,) on the host
+            return cls(attention_mask, torch.from_numpy(flat).to(attention_mask.device, non_blocking=True), True)
+        if not pack:
+            return cls(attention_mask, None, None)
         flat = attention_mask.reshape(-1).bool()  # (B*T,)
-        self.positions = None if bool(flat.all()) else flat.nonzero().squeeze(1)  # (N,) or None: no padding
+        if bool(flat.all()):  # reads the mask back: the host sync that host lengths avoid
+            return cls(attention_mask, None, False)
+        return cls(attention_mask, flat.nonzero().squeeze(1), True)
 
     def pack(self, grid: torch.Tensor) -> torch.Tensor:
         flat = grid.reshape(self.batch_size * self.seq_len, grid.shape[-1])  # (B*T, D)
-        return flat if self.positions is None else flat.index_select(0, self.positions)  # (N, D)
+        return flat if self.positions is None else flat.index_select(0, self.positions)  # (N, D) or (B*T, D)
 
     def unpack(self, tokens: torch.Tensor) -> torch.Tensor:
         if self.positions is not None:
@@ -138,6 +173,11 @@ class TokenLayout:
             grid = tokens.new_zeros(self.batch_size * self.seq_len, tokens.shape[-1])
             tokens = grid.index_copy_(0, self.positions, tokens)  # (B*T, D)
         return tokens.view(self.batch_size, self.seq_len, tokens.shape[-1])  # (B, T, D)
+
+    def output(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The encoder's (B, T, D) output of its tokens, zero at padding positions."""
+        grid = self.unpack(tokens)
+        return grid if self.real is None else grid * self.real.to(grid.dtype)
 
 
 class BertEncoder(nn.Module):
@@ -148,25 +188,42 @@ class BertEncoder(nn.Module):
         # memory for bert-large or long sequences, about one more forward of time. The dropout masks are
         # replayed, so outputs and gradients are unchanged.
         self.gradient_checkpointing = False
+        # Token-wise operations on the real tokens only (TokenLayout): the CPU's default; runtime.place_model
+        # turns it off on CUDA, where the padded grid keeps shapes static and no kernel waits on a token count.
+        self.pack_tokens = True
+
+    def layout(self, attention_mask: torch.Tensor, lengths=None) -> TokenLayout:
+        """This encoder's TokenLayout of a batch (`lengths`: the rows' real-token counts on the host, if known)."""
+        return TokenLayout.build(attention_mask, lengths, self.pack_tokens)
 
     def forward(self, hidden: torch.Tensor, attention_mask: torch.Tensor, start: int = 0, end: int | None = None,
-                layer_outputs: list | None = None) -> torch.Tensor:
+                layer_outputs: list | None = None, layout: TokenLayout | None = None) -> torch.Tensor:
         """Layers start .. end - 1 (all by default) on `hidden`, the input of layer `start` (the embedding
         output for 0); returns the last one's output (B, T, H). `layer_outputs`, when given, receives the
-        output (B, T, H) of every layer run (LNSR compares them)."""
-        layout = TokenLayout(attention_mask)
-        # (B, 1, 1, T): padding keys are never attended. Without padding (length bucketing makes that common) no
-        # mask at all: SDPA's flash kernel takes no mask, so any mask, even all True, rules it out.
-        key_mask = None if layout.positions is None else attention_mask.bool()[:, None, None, :]
+        output (B, T, H) of every layer run (LNSR compares them). `layout`: the batch's, built once for all of
+        its passes (SMART, LNSR); by default built here from the mask."""
+        layout = layout if layout is not None else self.layout(attention_mask)
+        return self.run_layers(hidden, layout, start, end, layer_outputs)
+
+    def run_layers(self, hidden: torch.Tensor, layout: TokenLayout, start: int = 0, end: int | None = None,
+                   layer_outputs: list | None = None) -> torch.Tensor:
+        """forward's work once the layout is known: no data-dependent step, so that it compiles as one graph."""
         tokens = layout.pack(hidden)  # (N, H)
         for layer in self.layers[start:end]:
             if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
-                tokens = checkpoint(layer, tokens, key_mask, layout, use_reentrant=False)
+                tokens = checkpoint(layer, tokens, layout.key_mask, layout, use_reentrant=False)
             else:
-                tokens = layer(tokens, key_mask, layout)
+                tokens = layer(tokens, layout.key_mask, layout)
             if layer_outputs is not None:
-                layer_outputs.append(layout.unpack(tokens))
-        return layout.unpack(tokens)  # (B, T, H)
+                layer_outputs.append(layout.output(tokens))
+        return layout.output(tokens)  # (B, T, H)
+
+    def compile_layers(self, mode: str | None = None, backend: str = "inductor") -> None:
+        """torch.compile the layers (forward and backward) as one graph, fullgraph: a graph break is an error, not
+        a silent slowdown. The module and its state dict keep their names (checkpoints are unchanged); the
+        layout stays eager, so a batch without host lengths (TokenLayout.build) still works. `mode`: torch's
+        (None, "reduce-overhead": CUDA graphs, "max-autotune")."""
+        self.run_layers = torch.compile(self.run_layers, fullgraph=True, mode=mode, backend=backend)
 
 
 class BertPooler(nn.Module):
@@ -191,8 +248,9 @@ class BertModel(BertPreTrainedModel):
     def embed(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
         return self.embeddings(input_ids, token_type_ids)  # (B, T, H)
 
-    def encode(self, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        return self.encoder(hidden, attention_mask)  # (B, T, H)
+    def encode(self, hidden: torch.Tensor, attention_mask: torch.Tensor,
+               layout: TokenLayout | None = None) -> torch.Tensor:
+        return self.encoder(hidden, attention_mask, layout=layout)  # (B, T, H)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                 token_type_ids: torch.Tensor | None = None) -> dict[str, torch.Tensor]:

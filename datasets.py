@@ -37,6 +37,7 @@ import re
 import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -45,6 +46,7 @@ from torch.utils.data import DataLoader, Sampler
 
 from distributed import SINGLE_PROCESS, Distributed, cut_global_batches, global_batch_count, shard_batch
 from files import DataError, DataWarning, show_data_warnings_on_one_line  # noqa: F401 (the loaders' errors)
+from runtime import bucket_length
 from squad import QAExample, QAWindows, load_squad
 from tasks import PAIR_TASKS, SPLITS, TASKS, class_range, course_file_name
 
@@ -251,6 +253,7 @@ def collate_sentences(examples: Sequence[SentenceExample], tokenizer, max_length
         "input_ids": encoding["input_ids"],  # (B, T)
         "attention_mask": encoding["attention_mask"],  # (B, T)
         "token_type_ids": encoding["token_type_ids"],  # (B, T)
+        "lengths": _row_lengths(encoding["attention_mask"]),  # (B,) on the host
         "labels": _labels(examples, torch.long),  # (B,) or None
         "ids": [e.id for e in examples],
     }
@@ -272,15 +275,22 @@ def collate_pairs(examples: Sequence[PairExample], tokenizer, max_length: int,
         batch["input_ids"] = encoding["input_ids"]  # (B, T)
         batch["attention_mask"] = encoding["attention_mask"]  # (B, T)
         batch["token_type_ids"] = encoding["token_type_ids"]  # (B, T)
+        batch["lengths"] = _row_lengths(encoding["attention_mask"])  # (B,) on the host
     else:
         for suffix, texts in (("_1", first), ("_2", second)):
             encoding = tokenizer(texts, padding=True, truncation=True, max_length=max_length, return_tensors="pt")
             batch["input_ids" + suffix] = encoding["input_ids"]  # (B, T_side)
             batch["attention_mask" + suffix] = encoding["attention_mask"]  # (B, T_side)
             batch["token_type_ids" + suffix] = encoding["token_type_ids"]  # (B, T_side)
+            batch["lengths" + suffix] = _row_lengths(encoding["attention_mask"])  # (B,) on the host
     batch["labels"] = _labels(examples, label_dtype)  # (B,) or None
     batch["ids"] = [e.id for e in examples]
     return batch
+
+
+def _row_lengths(attention_mask: torch.Tensor) -> np.ndarray:
+    """Each row's real tokens, read from a mask on the CPU (the tokenizer pads on the right)."""
+    return attention_mask.numpy().sum(axis=1)
 
 
 def _labels(examples: Sequence[SentenceExample] | Sequence[PairExample], dtype: torch.dtype) -> torch.Tensor | None:
@@ -332,18 +342,22 @@ class _TokenRuns:
     def subset(self, indices: np.ndarray) -> "_TokenRuns":
         return _TokenRuns(self.input_ids, self.token_type_ids, self.starts[indices], self.lengths[indices])
 
-    def padded(self, rows: np.ndarray, pad_token_id: int) -> dict[str, torch.Tensor]:
+    def padded(self, rows: np.ndarray, pad_token_id: int, pad_to_multiple_of: int | None = None,
+               max_length: int | None = None) -> dict:
         """input_ids / attention_mask / token_type_ids of `rows`, right-padded to the longest as the
-        tokenizer pads (padding=True): [PAD] ids, attention 0 and token type 0 on the padding."""
+        tokenizer pads (padding=True): [PAD] ids, attention 0 and token type 0 on the padding; with
+        `pad_to_multiple_of`, to that length's bucket (bucket_length). `lengths`: each row's real tokens, a
+        host-side array (MultitaskBERT builds the encoder's layout from it without reading the mask back)."""
         lengths = self.lengths[rows]  # (B,)
-        offsets = np.arange(lengths.max())  # (T,)
+        offsets = np.arange(bucket_length(int(lengths.max()), pad_to_multiple_of, max_length))  # (T,)
         real = offsets < lengths[:, None]  # (B, T); an unpadded encoding attends to all its tokens
         positions = np.where(real, self.starts[rows, None] + offsets, 0)  # (B, T) into the flat arrays
         input_ids = np.where(real, self.input_ids[positions], pad_token_id)  # (B, T)
         token_type_ids = np.where(real, self.token_type_ids[positions], 0)  # (B, T)
         return {"input_ids": torch.from_numpy(input_ids.astype(np.int64)),
                 "attention_mask": torch.from_numpy(real.astype(np.int64)),
-                "token_type_ids": torch.from_numpy(token_type_ids.astype(np.int64))}
+                "token_type_ids": torch.from_numpy(token_type_ids.astype(np.int64)),
+                "lengths": lengths.copy()}
 
 
 class TokenizedExamples(Sequence):
@@ -401,12 +415,13 @@ class TokenizedExamples(Sequence):
                                  [self.lengths[i] for i in kept], self.max_length, self.cross_encoder,
                                  self.pad_token_id, self.label_dtype)
 
-    def collate(self, indices: Sequence[int]) -> dict:
-        """The batch of the examples at `indices`: padded tensors, labels (None when unlabelled) and ids."""
+    def collate(self, indices: Sequence[int], pad_to_multiple_of: int | None = None) -> dict:
+        """The batch of the examples at `indices`: padded tensors (to a bucket of `pad_to_multiple_of` tokens
+        if given), each side's real-token `lengths` (on the host), labels (None when unlabelled) and ids."""
         rows = np.asarray(indices, dtype=np.int64)
         batch = {}
         for suffix, runs in self.sides.items():
-            for key, tensor in runs.padded(rows, self.pad_token_id).items():
+            for key, tensor in runs.padded(rows, self.pad_token_id, pad_to_multiple_of, self.max_length).items():
                 batch[key + suffix] = tensor  # (B, T) or (B, T_side)
         examples = [self.examples[i] for i in rows.tolist()]
         batch["labels"] = _labels(examples, self.label_dtype)  # (B,) or None
@@ -519,17 +534,21 @@ def make_dataloader(examples: Sequence[SentenceExample] | Sequence[PairExample],
 
 def tokenized_dataloader(tokenized: TokenizedExamples, batch_size: int, shuffle: bool, seed: int = 0,
                          num_workers: int = 0, world_size: int = 1, rank: int = 0,
-                         pin_memory: bool = False) -> DataLoader:
-    """make_dataloader over examples tokenised already: its batches only pad.
+                         pin_memory: bool = False, pad_to_multiple_of: int | None = None) -> DataLoader:
+    """make_dataloader over examples tokenised already (or SQuAD's QAWindows): its batches only pad.
 
     pin_memory=True (for CUDA) puts every batch in page-locked memory, so that runtime.to_device's
-    non_blocking copy to the GPU is asynchronous."""
+    non_blocking copy to the GPU is asynchronous. pad_to_multiple_of (CUDA: runtime.PAD_TO_MULTIPLE_OF) pads every
+    batch to a bucket length, so that batch shapes repeat (bucket_length)."""
     if not len(tokenized):
         raise ValueError("no examples to batch")
     sampler = LengthBucketSampler(tokenized.lengths, batch_size, shuffle, seed, world_size=world_size, rank=rank)
     # The loader's items are example indices; the collate pads the examples' tokens into a batch.
-    return DataLoader(range(len(tokenized)), batch_sampler=sampler, collate_fn=tokenized.collate,
+    collate = tokenized.collate if pad_to_multiple_of is None else partial(tokenized.collate,
+                                                                            pad_to_multiple_of=pad_to_multiple_of)
+    return DataLoader(range(len(tokenized)), batch_sampler=sampler, collate_fn=collate,
                       num_workers=num_workers, pin_memory=pin_memory)
+
 
 
 def in_file_order(examples: Sequence, batch_ids: Sequence[str], values) -> tuple[list[str], np.ndarray]:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from bert import BertEncoder
+from bert import BertEncoder, TokenLayout
 
 
 @dataclass(frozen=True)
@@ -52,20 +52,23 @@ def _set_random_state(state: tuple, device: torch.device) -> None:
 
 
 def encode_with_noise_stability(encoder: BertEncoder, embeddings: Tensor, attention_mask: Tensor,
-                                config: LnsrConfig) -> tuple[Tensor, Tensor]:
-    """The encoder's clean output (B, T, H) and lambda * R_LNSR for the batch (a scalar in float32)."""
+                                config: LnsrConfig, layout: TokenLayout | None = None) -> tuple[Tensor, Tensor]:
+    """The encoder's clean output (B, T, H) and lambda * R_LNSR for the batch (a scalar in float32); `layout`:
+    the batch's (built from the mask if not given), shared by the three passes."""
+    layout = layout if layout is not None else encoder.layout(attention_mask)
     if not config.layer < len(encoder.layers):
         raise ValueError(f"LNSR layer {config.layer} leaves no layer to measure in a {len(encoder.layers)}-layer "
                          f"encoder; use 0..{len(encoder.layers) - 1}")
-    injected = encoder(embeddings, attention_mask, end=config.layer)  # (B, T, H): output of layer b
+    injected = encoder(embeddings, attention_mask, end=config.layer, layout=layout)  # (B, T, H): output of layer b
     noise = torch.randn_like(injected, dtype=torch.float32) * config.noise_std
     replay = _random_state(injected.device)
     clean_outputs: list[Tensor] = []
-    hidden = encoder(injected, attention_mask, start=config.layer, layer_outputs=clean_outputs)
+    hidden = encoder(injected, attention_mask, start=config.layer, layer_outputs=clean_outputs, layout=layout)
     after = _random_state(injected.device)
     _set_random_state(replay, injected.device)  # the noisy pass draws the clean pass's dropout masks
     noisy_outputs: list[Tensor] = []
-    encoder(injected + noise.to(injected.dtype), attention_mask, start=config.layer, layer_outputs=noisy_outputs)
+    encoder(injected + noise.to(injected.dtype), attention_mask, start=config.layer, layer_outputs=noisy_outputs,
+            layout=layout)
     _set_random_state(after, injected.device)
     real_tokens = attention_mask.sum().clamp_min(1)
     # Padding positions are zero in both passes, so sums over (B, T, H) count real tokens only.

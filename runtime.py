@@ -16,6 +16,10 @@ import numpy as np
 import torch
 
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")  # --compile_mode: torch.compile's modes
+# CUDA batches are padded to a multiple of this many tokens (bucket_length): a few shapes that repeat, for
+# torch.compile and CUDA graphs, at a cost in padded tokens that BENCHMARKS.md measures.
+PAD_TO_MULTIPLE_OF = 32
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -58,11 +62,17 @@ def requested_precision(precision: str, bf16: bool | None) -> str:
 
 def scaled_step(scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer) -> bool:
     """optimizer.step() through the gradient scaler, then its update; False when the step was skipped for inf /
-    NaN gradients (update lowers the scale exactly then). A disabled scaler always steps."""
-    scale = scaler.get_scale()
+    NaN gradients (update lowers the scale exactly then). A disabled scaler always steps and reads nothing back.
+
+    The scale itself is never read: the scaler's step has already brought its inf / NaN flags to the host (it
+    decides there whether to step), so reading them again waits for nothing."""
+    if not scaler.is_enabled():
+        optimizer.step()
+        return True
     scaler.step(optimizer)
+    skipped = any(bool(found) for found in scaler._found_inf_per_device(optimizer).values())
     scaler.update()
-    return scaler.get_scale() >= scale
+    return not skipped
 
 
 def resolve_precision(device: torch.device, requested: str = "auto") -> str:
@@ -95,7 +105,7 @@ def precision_notice(device: torch.device, requested: str, smart: bool = False) 
     what = {"bf16": "bf16 autocast", "fp16": "fp16 autocast with a gradient scaler", "fp32": "float32"}[precision]
     line = f"precision: {what} ({why})"
     if smart and precision != "fp32":
-        line += "; SMART's steps run in float32 (smart.py)"
+        line += "; SMART's steps run in exact float32 (--smart_precision exact)"
     emulated = (precision == "bf16" and not native) or (precision == "fp16" and device.type == "cpu")
     if emulated:
         line += f"; warning: {precision} is emulated on {device_name(device)}, much slower than " + (
@@ -130,6 +140,30 @@ def float32_exact():
             yield
     finally:
         torch.set_float32_matmul_precision(previous)
+
+
+def bucket_length(longest: int, multiple: int | None, max_length: int | None = None) -> int:
+    """The length a batch whose longest row has `longest` tokens is padded to: that, or with `multiple` the next
+    multiple of it, capped at max_length (e.g. 32, 64, 96, 128 for 128), so that few shapes repeat."""
+    if multiple is None:
+        return longest
+    rounded = -(-longest // multiple) * multiple
+    return max(longest, min(rounded, max_length)) if max_length is not None else rounded
+
+
+def pad_to_multiple_of(device: torch.device, compiled: bool = False) -> int | None:
+    """How a run pads its batches: to buckets on CUDA or when compiled (shapes that repeat), else to each
+    batch's longest row (the CPU's packed layout skips padding anyway)."""
+    return PAD_TO_MULTIPLE_OF if device.type == "cuda" or compiled else None
+
+
+def place_encoder(encoder, device: torch.device, compile: bool = False, compile_mode: str = "default") -> None:
+    """How a BertEncoder computes on `device`: on the real tokens only (packed) on the CPU, where it measures
+    faster, and on the padded grid on CUDA, where shapes then depend on the batch's bucket alone and no kernel
+    waits for a token count (bert.TokenLayout); its layers compiled with torch.compile if asked."""
+    encoder.pack_tokens = device.type != "cuda"
+    if compile:
+        encoder.compile_layers(None if compile_mode == "default" else compile_mode)
 
 
 def seed_everything(seed: int) -> None:

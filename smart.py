@@ -25,11 +25,14 @@ Usage with a model that splits into `embed(...)` and `outputs_from_embeddings(..
                                                     teacher_args=(task, batch))
     loss.backward(); optimizer.step(); regularizer.teacher.update(model)
 
-All of it, the clean forward included, runs inside `runtime.float32_exact()` (no autocast, no TF32): the
-perturbation is of order epsilon = 1e-5 relative to embeddings of order 1, and bf16 (8-bit mantissa), fp16 and
-TF32 (11 bits) round x + delta back to x at the first matmul, which leaves R_s at rounding-noise level. The
-clean outputs must come from the same precision as the perturbed ones, or R_s measures the precision gap.
-penalty() refuses to run under autocast.
+Precision (SmartConfig.precision): by default the passes run in the run's own precision. The perturbation is
+of order epsilon = 1e-5 relative to embeddings of order 1, which bf16 (8-bit mantissa), fp16 and TF32 (11 bits)
+round away at the first matmul; but training runs with dropout on, and the disagreement of the clean and the
+perturbed passes' dropout masks dominates R_s and its gradient in every precision (measured: README,
+"Precision"). With precision "exact", all of it, the clean forward included, runs inside
+`runtime.float32_exact()` (no autocast, no TF32), which resolves the perturbation itself (the dropout-off case,
+scripts/smart_perturbation.py); the clean outputs then come from the same precision as the perturbed ones, or
+R_s would measure the precision gap, and penalty() refuses to run under autocast.
 
 Several regularizers of one model (one per task) share one BregmanTeacher; whoever steps the optimizer
 updates it once per step, with the momentum of `bregman_momentum`.
@@ -116,6 +119,7 @@ def _divergence(name: str) -> Callable[[Tensor, Tensor], Tensor]:
 
 NORMS = ("inf", "l2")  # p of the perturbation ball and of the gradient normalisation
 NORM_LEVELS = ("token", "sentence")  # the slice a norm is taken over
+PRECISIONS = ("run", "exact")  # where the passes compute: the run's precision, or exact float32
 
 
 @dataclass
@@ -141,6 +145,12 @@ class SmartConfig:
     """p of the ball and of the gradient normalisation: "inf" (the paper's) or "l2"."""
     norm_level: str = "token"
     """Which slice a norm is taken over: "token" (each (H,) vector) or "sentence" (each (T, H) block)."""
+    precision: str = "run"
+    """Where the passes compute: "run" (the run's precision: bf16 / fp16 autocast, or float32 with TF32 on CUDA)
+    or "exact" (float32 without autocast or TF32, runtime.float32_exact). Only exact float32 resolves a 1e-5
+    perturbation of order-1 embeddings; but in training dropout is on, and the clean and perturbed passes'
+    different masks move the outputs far more than the perturbation does, so the ascent direction, R_s and the
+    gradient agree between the two (README, "Precision"). Exact is for studies with dropout off."""
 
     def __post_init__(self) -> None:
         for name in ("adv_weight", "bregman_weight"):
@@ -159,6 +169,8 @@ class SmartConfig:
             raise ValueError(f"SmartConfig: norm must be one of {NORMS}, got {self.norm!r}")
         if self.norm_level not in NORM_LEVELS:
             raise ValueError(f"SmartConfig: norm_level must be one of {NORM_LEVELS}, got {self.norm_level!r}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"SmartConfig: precision must be one of {PRECISIONS}, got {self.precision!r}")
 
 
 def _norm_dims(x: Tensor, level: str) -> tuple[int, ...]:
@@ -188,6 +200,38 @@ def _perturb(embeddings: Tensor, delta: Tensor) -> Tensor:
     return (embeddings + delta).to(embeddings.dtype)
 
 
+def ascend(
+    forward_fn: ForwardFn,
+    embeddings: Tensor,
+    clean_outputs: Tensor,
+    divergence: str,
+    config: SmartConfig,
+) -> tuple[Tensor, Tensor]:
+    """Approximate argmax over the eps-ball of divergence(forward_fn(embeddings + delta), clean_outputs).
+
+    Starts from delta ~ N(0, sigma^2) and takes K steps delta <- project(delta + eta * g / ||g||), with g
+    the gradient w.r.t. delta only (no parameter gradients, no graph kept). Returns the detached
+    perturbation, shaped like the embeddings (kept in at least float32 so that steps of size ~eps
+    survive), and a 0-dim bool tensor on the device: whether every ascent gradient was finite (if not, the
+    perturbation is zero). Nothing is read back to the host: the flag is gathered on the device and read by the
+    caller once.
+    """
+    divergence_fn = _divergence(divergence)
+    anchor = embeddings.detach()
+    target = clean_outputs.detach()
+    delta = torch.randn_like(anchor, dtype=torch.promote_types(anchor.dtype, torch.float32)) * config.noise_std
+    finite = torch.ones((), dtype=torch.bool, device=anchor.device)
+    for _ in range(config.ascent_steps):
+        delta.requires_grad_()
+        with torch.enable_grad():
+            value = divergence_fn(forward_fn(_perturb(anchor, delta)), target)
+            (gradient,) = torch.autograd.grad(value, delta)
+        finite = finite & torch.isfinite(gradient).all()
+        with torch.no_grad():
+            delta = _project(delta + config.step_size * _normalise(gradient, config), config)
+    return torch.where(finite, delta, torch.zeros_like(delta)), finite
+
+
 def find_perturbation(
     forward_fn: ForwardFn,
     embeddings: Tensor,
@@ -195,27 +239,10 @@ def find_perturbation(
     divergence: str,
     config: SmartConfig,
 ) -> Tensor | None:
-    """Approximate argmax over the eps-ball of divergence(forward_fn(embeddings + delta), clean_outputs).
-
-    Starts from delta ~ N(0, sigma^2) and takes K steps delta <- project(delta + eta * g / ||g||), with g
-    the gradient w.r.t. delta only (no parameter gradients, no graph kept). Returns the detached
-    perturbation, shaped like the embeddings (kept in at least float32 so that steps of size ~eps
-    survive), or None when an ascent gradient is not finite.
-    """
-    divergence_fn = _divergence(divergence)
-    anchor = embeddings.detach()
-    target = clean_outputs.detach()
-    delta = torch.randn_like(anchor, dtype=torch.promote_types(anchor.dtype, torch.float32)) * config.noise_std
-    for _ in range(config.ascent_steps):
-        delta.requires_grad_()
-        with torch.enable_grad():
-            value = divergence_fn(forward_fn(_perturb(anchor, delta)), target)
-            (gradient,) = torch.autograd.grad(value, delta)
-        if not torch.isfinite(gradient).all():
-            return None
-        with torch.no_grad():
-            delta = _project(delta + config.step_size * _normalise(gradient, config), config)
-    return delta
+    """ascend's perturbation, or None when an ascent gradient is not finite (for analyses: it reads the flag back
+    to the host, which training never does)."""
+    delta, finite = ascend(forward_fn, embeddings, clean_outputs, divergence, config)
+    return delta if bool(finite) else None
 
 
 def adversarial_regularizer(
@@ -229,21 +256,22 @@ def adversarial_regularizer(
 
     Differentiable w.r.t. the weights through both the perturbed and the clean outputs (delta* itself
     is a constant). Returns (R_s, False), or (a constant 0, True) when the ascent or R_s is not finite,
-    so that a NaN never reaches the weights; the caller counts the skip.
+    so that a NaN never reaches the weights; the caller counts the skip. Deciding that is the SMART step's one
+    host sync: the finiteness of every ascent step and of R_s is gathered on the device and read once, after
+    the adversarial pass (a NaN in the perturbed pass would reach the weights through its backward even if
+    R_s were replaced by a zero on the device).
     """
-    skipped = (torch.zeros((), device=clean_outputs.device), True)
-    delta = find_perturbation(forward_fn, embeddings, clean_outputs, divergence, config)
-    if delta is None:
-        return skipped
+    delta, finite = ascend(forward_fn, embeddings, clean_outputs, divergence, config)
     value = _divergence(divergence)(forward_fn(_perturb(embeddings, delta)), clean_outputs)
-    if not torch.isfinite(value):
-        return skipped
+    if not bool(finite & torch.isfinite(value)):
+        return torch.zeros((), device=clean_outputs.device), True
     return value, False
 
 
 def bregman_momentum(update: int, total_updates: int, fixed: float | None = None) -> float:
     """beta for optimizer update `update` (0-based) of `total_updates`: `fixed` if given, else the SMART
-    paper's schedule (its appendix, and the thesis' code): 0.99 for the first 10% of updates, 0.999 after."""
+    paper's schedule (its appendix): 0.99 for the first 10% of the run's updates, 0.999 after. The thesis' code
+    restarts the schedule every epoch instead."""
     if fixed is not None:
         return fixed
     return 0.99 if update < 0.1 * total_updates else 0.999
@@ -341,9 +369,10 @@ class SmartRegularizer:
         teacher outputs are a fixed target. A skipped adversarial term adds 0 and bumps skipped_steps.
         """
         divergence_fn = _divergence(divergence)
-        if torch.is_autocast_enabled(clean_outputs.device.type):
-            raise RuntimeError("SMART's passes must run in float32: compute the clean forward and the penalty "
-                               "inside runtime.float32_exact() (autocast rounds the 1e-5 perturbation away)")
+        if self.config.precision == "exact" and torch.is_autocast_enabled(clean_outputs.device.type):
+            raise RuntimeError("SMART's passes must run in float32 with precision='exact': compute the clean forward "
+                               "and the penalty inside runtime.float32_exact() (autocast rounds the 1e-5 "
+                               "perturbation away)")
         total = torch.zeros((), device=clean_outputs.device)
         if self.config.adv_weight > 0:
             smoothness, skipped = adversarial_regularizer(

@@ -41,6 +41,7 @@ import numpy as np
 import torch
 
 from files import DataError, atomic_write_text, read_input_bytes
+from runtime import bucket_length
 
 MAX_QUESTION_TOKENS = 64  # longer questions are cut, as in Devlin et al.'s run_squad.py
 NO_ANSWER = (0, 0)  # the gold (start, end) of a window without the answer: [CLS]
@@ -202,10 +203,12 @@ class QAWindows(Sequence):
         return QAWindows(self.examples, [self.windows[i] for i in indices], self.pad_token_id, self.max_length,
                          self.doc_stride, self.labelled)
 
-    def collate(self, indices: Sequence[int]) -> dict:
-        """Padded input_ids / attention_mask / token_type_ids (B, T), labels (B, 2) or None, and window ids."""
+    def collate(self, indices: Sequence[int], pad_to_multiple_of: int | None = None) -> dict:
+        """Padded input_ids / attention_mask / token_type_ids (B, T) (T a bucket of `pad_to_multiple_of` tokens if
+        given), each row's real-token `lengths` (on the host), labels (B, 2) or None, and window ids."""
         windows = [self.windows[i] for i in indices]
-        length = max(len(w.input_ids) for w in windows)
+        lengths = np.array([len(w.input_ids) for w in windows], dtype=np.int64)  # (B,)
+        length = bucket_length(int(lengths.max()), pad_to_multiple_of, self.max_length)
         input_ids = torch.full((len(windows), length), self.pad_token_id, dtype=torch.long)  # (B, T)
         attention_mask = torch.zeros_like(input_ids)
         token_type_ids = torch.zeros_like(input_ids)
@@ -215,7 +218,7 @@ class QAWindows(Sequence):
             token_type_ids[row, window.context_start:len(window.input_ids)] = 1  # the piece and its [SEP]
         labels = torch.tensor([w.label for w in windows], dtype=torch.long) if self.labelled else None  # (B, 2)
         return {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids,
-                "labels": labels, "ids": [w.id for w in windows]}
+                "lengths": lengths, "labels": labels, "ids": [w.id for w in windows]}
 
     def __len__(self) -> int:
         return len(self.windows)

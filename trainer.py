@@ -39,7 +39,7 @@ from mlm import IGNORED_LABEL, MaskedLanguageModelHead, mlm_batches, mlm_loss, t
 from multitask_bert import (MultitaskBERT, load_trained_tensors, model_metadata, save_multitask_model,
                             trained_tensors)
 from optimizer import AdamW, weight_decay_groups
-from runtime import autocast, float32_exact, scaled_step, to_device, use_tf32
+from runtime import autocast, float32_exact, pad_to_multiple_of, scaled_step, to_device, use_tf32
 from schedules import Stage, StageKind, learning_rate_factor, multitask_order, trained_heads
 from simcse import triplet_batches
 from smart import BregmanTeacher, SmartRegularizer, bregman_momentum
@@ -47,7 +47,8 @@ from squad import Answer, QAExample, QASettings, QAWindows, best_threshold, deco
 from tasks import TASKS
 from training_state import save_training_state
 
-SUMMARY_KEYS = ("index", "stage", "train_loss", "seconds", "sst_acc", "qqp_acc", "sts_pearson", "overall", "qa_f1")
+SUMMARY_KEYS = ("index", "stage", "train_loss", "seconds", "sst_acc", "sst_f1_weighted", "qqp_acc", "qqp_f1_weighted",
+                "sts_pearson", "overall", "qa_f1")
 
 
 def compute_task_loss(model: MultitaskBERT, task: str, batch: dict, regularizer: SmartRegularizer | None = None,
@@ -55,8 +56,10 @@ def compute_task_loss(model: MultitaskBERT, task: str, batch: dict, regularizer:
     """The task's loss on one batch (mixed with the teacher's scores under distillation), plus SMART's and
     LNSR's penalties when they are given.
 
-    With SMART the whole step runs in exact float32 whatever the run's autocast (smart.py says why)."""
-    with float32_exact() if regularizer is not None else nullcontext():
+    With SMART at precision "exact" the whole step runs in exact float32 whatever the run's autocast (smart.py
+    says when that matters)."""
+    exact = regularizer is not None and regularizer.config.precision == "exact"
+    with float32_exact() if exact else nullcontext():
         return _task_loss(model, task, batch, regularizer, lnsr, distillation)
 
 
@@ -73,7 +76,8 @@ def _task_loss(model: MultitaskBERT, task: str, batch: dict, regularizer: SmartR
     if lnsr is None:
         outputs = forward_fn(embeddings)
     else:  # the clean pass of LNSR is the task's forward
-        hidden, penalty = encode_with_noise_stability(model.bert.encoder, embeddings, inputs.attention_mask, lnsr)
+        hidden, penalty = encode_with_noise_stability(model.bert.encoder, embeddings, inputs.attention_mask, lnsr,
+                                                      inputs.layout)
         outputs = model.outputs_from_hidden(task, hidden, inputs)
     loss = objective.loss(outputs, batch["labels"])
     if distillation is not None:
@@ -105,7 +109,8 @@ def predict_examples(model: MultitaskBERT, task: str, examples: list | Tokenized
                          f"{examples.cross_encoder}, but predicting needs {max_length} and {cross_encoder}")
 
     def predict_shard(shard: TokenizedExamples) -> tuple[list[str], np.ndarray]:
-        loader = tokenized_dataloader(shard, batch_size, shuffle=False, pin_memory=device.type == "cuda")
+        loader = tokenized_dataloader(shard, batch_size, shuffle=False, pin_memory=device.type == "cuda",
+                                      pad_to_multiple_of=pad_to_multiple_of(device))
         ids, outputs = [], []
         for batch in tqdm(loader, desc=f"predict {task}", leave=False, disable=quiet):
             batch = to_device(batch, device)
@@ -127,7 +132,8 @@ def predict_span_logits(model: MultitaskBERT, windows: QAWindows, device: torch.
     model.eval()
 
     def predict_shard(shard: QAWindows) -> tuple[list[str], np.ndarray]:
-        loader = tokenized_dataloader(shard, batch_size, shuffle=False, pin_memory=device.type == "cuda")
+        loader = tokenized_dataloader(shard, batch_size, shuffle=False, pin_memory=device.type == "cuda",
+                                      pad_to_multiple_of=pad_to_multiple_of(device))
         ids, logits = [], []
         for batch in tqdm(loader, desc="predict qa", leave=False, disable=quiet):
             batch = to_device(batch, device)
@@ -163,6 +169,52 @@ def data_fingerprints(data: dict[str, TaskData], triplets: list) -> dict[str, st
         parts["simcse/train"] = triplets
     return {name: hashlib.sha256("".join(map(repr, examples)).encode()).hexdigest()
             for name, examples in parts.items()}
+
+
+class TrainingDiverged(RuntimeError):
+    """A loss that is not finite: the run stops there rather than train every later stage on NaN."""
+
+
+class StageLosses:
+    """A stage's losses, kept on the device: adding one reads nothing back, so the device runs ahead of the host.
+    The host reads them (read_recent, read_mean) only every logging_steps updates and at the stage's end, and
+    then also learns whether some loss was not finite, and at which update the first one was."""
+
+    def __init__(self, device: torch.device):
+        self.total = torch.zeros((), dtype=torch.float64, device=device)
+        self.recent = torch.zeros((), dtype=torch.float64, device=device)
+        self.first_nonfinite = torch.full((), -1, dtype=torch.int64, device=device)  # an update, or -1
+        self.count = self.recent_count = 0
+
+    def add(self, loss: torch.Tensor, update: int) -> None:
+        """One micro-step's loss (a 0-dim tensor on the device), taken during optimizer update `update` (0-based)."""
+        loss = loss.to(torch.float64)
+        self.total += loss
+        self.recent += loss
+        self.count += 1
+        self.recent_count += 1
+        self.first_nonfinite.masked_fill_((self.first_nonfinite < 0) & ~torch.isfinite(loss), update)
+
+    def read_recent(self, where: str) -> float:
+        """The mean loss since the last read_recent (a host sync); TrainingDiverged if a loss was not finite."""
+        self.check(where)
+        mean = self.recent.item() / max(self.recent_count, 1)
+        self.recent.zero_()
+        self.recent_count = 0
+        return mean
+
+    def read_mean(self, where: str) -> float:
+        """The mean loss of the stage (a host sync; NaN for a stage of no step); TrainingDiverged as read_recent."""
+        if not self.count:
+            return float("nan")
+        self.check(where)
+        return self.total.item() / self.count
+
+    def check(self, where: str) -> None:
+        update = int(self.first_nonfinite)
+        if update >= 0:
+            raise TrainingDiverged(f"training diverged in {where}: the loss of update {update + 1} of the run is not "
+                                   "finite; nothing after the last finished stage is saved. Lower --lr and rerun")
 
 
 class RestartingLoaders:
@@ -205,7 +257,9 @@ class LoopConfig:
     quiet: bool  # no progress bars
     stop_after_stages: int | None  # stop, resumably, after this many stages
     keep_stage_models: bool  # also save the model after every stage (OUTPUT_DIR/stage_N.*)
+    pad_to_multiple_of: int | None  # batches padded to length buckets (runtime.pad_to_multiple_of), or None
     eval_train_examples: int  # also score this many train examples per task after each stage
+    logging_steps: int = 50  # the host reads the losses (progress bar, divergence check) every this many updates
 
 
 @dataclass
@@ -304,7 +358,7 @@ class Trainer:
                                      self.regularization.lnsr.get(task), self.distillation)
         if loss.requires_grad:  # not so for the SBERT cosine with --option pretrain: it has no trainable weight
             self.backward(loss, len(batch["labels"]), group_size)
-        return loss.item()
+        return loss.detach()
 
     def simcse_step(self, batch: dict, group_size: int) -> float:
         batch = to_device(batch, self.device)
@@ -315,16 +369,16 @@ class Trainer:
             loss = self.simcse.loss(anchor, positive, negative)
         # The loss is already the global batch's; the gradient average over ranks would divide it.
         self.scaler.scale(loss * self.distributed.world_size / group_size).backward()
-        return loss.item()
+        return loss.detach()
 
     def mlm_step(self, batch: dict, group_size: int) -> float:
         batch = to_device(batch, self.device)
         with self.amp:
             loss = mlm_loss(self.model.bert, self.mlm_head, batch)
         self.backward(loss, int((batch["labels"] != IGNORED_LABEL).sum()), group_size)
-        return loss.item()
+        return loss.detach()
 
-    def surgery_step(self, batches: list[tuple[str, dict]], group_size: int, rng: random.Random) -> float:
+    def surgery_step(self, batches: list[tuple[str, dict]], group_size: int, rng: random.Random) -> torch.Tensor:
         """One backward per task (a task's batches summed), then the tasks' gradients combined by the gradient
         surgery into .grad."""
         named = [(name, p) for name, p in self.model.named_parameters() if p.requires_grad]
@@ -340,7 +394,7 @@ class Trainer:
         combined = self.gradient_surgery.combine(task_gradients, [self.model.is_shared(name) for name, _ in named], rng)
         for p, previous, gradient in zip(params, accumulated, combined):
             p.grad = gradient if previous is None else previous + gradient
-        return float(np.mean(losses))
+        return torch.stack(losses).mean()
 
     def optimizer_step(self, gradients_reduced: bool = False) -> None:
         if not gradients_reduced:
@@ -372,19 +426,22 @@ class Trainer:
         """Drive (step_fn, batch) pairs with gradient accumulation; returns the mean loss. Each loss is
         divided by the size of its accumulation group, the last (possibly shorter) one included.
         Under torchrun gradients are averaged over ranks once per optimizer step, unless the step
-        functions did it themselves (`gradients_reduced`: gradient surgery)."""
+        functions did it themselves (`gradients_reduced`: gradient surgery).
+
+        The losses stay on the device (StageLosses): the host reads them every logging_steps updates and at the
+        end of the stage, so no step waits for the device to finish."""
         self.model.train()
         accumulation = self.config.grad_accumulation_steps
-        losses = []
+        losses = StageLosses(self.device)
         bar = tqdm(steps, total=total, desc=description, leave=False, disable=self.quiet)
         for index, (step_fn, batch) in enumerate(bar):
             group_size = min(accumulation, total - (index - index % accumulation))
-            losses.append(step_fn(batch, group_size))
+            losses.add(step_fn(batch, group_size), self.state.updates)
             if (index + 1) % accumulation == 0 or index + 1 == total:
                 self.optimizer_step(gradients_reduced)
-            if (index + 1) % 20 == 0:
-                bar.set_postfix(loss=f"{np.mean(losses[-20:]):.4f}")
-        return float(np.mean(losses)) if losses else float("nan")
+                if self.state.updates % self.config.logging_steps == 0:
+                    bar.set_postfix(loss=f"{losses.read_recent(description):.4f}")
+        return losses.read_mean(description)
 
     # -- stages -----------------------------------------------------------------------------------
     def tokenized_split(self, task: str, examples: list) -> TokenizedExamples | QAWindows:
@@ -405,7 +462,8 @@ class Trainer:
             train = train.subset(subsample_indices(len(train), size, seed))
         return tokenized_dataloader(train, self.config.batch_size, shuffle=True, seed=seed,
                                     num_workers=self.config.num_workers, world_size=self.distributed.world_size,
-                                    rank=self.distributed.rank, pin_memory=self.device.type == "cuda")
+                                    rank=self.distributed.rank, pin_memory=self.device.type == "cuda",
+                                    pad_to_multiple_of=self.config.pad_to_multiple_of)
 
     def batch_count(self, num_examples: int) -> int:
         """Steps over num_examples: global batches of batch_size per rank."""

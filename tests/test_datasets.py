@@ -298,8 +298,9 @@ def test_collate_pairs_encodes_each_side_separately_or_jointly():
     assert "input_ids" not in separate
 
     joint = collate_pairs(examples, FakeTokenizer(), max_length=32, label_dtype=torch.float32, cross_encoder=True)
-    assert set(joint) == {"input_ids", "attention_mask", "token_type_ids", "labels", "ids"}
+    assert set(joint) == {"input_ids", "attention_mask", "token_type_ids", "lengths", "labels", "ids"}
     assert joint["input_ids"].shape == (2, 7)  # [CLS] x y z [SEP] p [SEP]
+    assert joint["lengths"].tolist() == [7, 6] and separate["lengths_2"].tolist() == [3, 4]
     assert joint["token_type_ids"][0].tolist() == [0, 0, 0, 0, 0, 1, 1]
     assert joint["attention_mask"][1].tolist() == [1, 1, 1, 1, 1, 1, 0]
 

@@ -593,25 +593,30 @@ def smoothness_term(model, task, batch, epsilon, context, monkeypatch) -> float:
     monkeypatch.setattr(smart, "adversarial_regularizer", recording)
     torch.manual_seed(0)  # the same random start everywhere
     with context:
-        compute_task_loss(model, task, batch, SmartRegularizer(model, SmartConfig(epsilon=epsilon, noise_std=epsilon)))
+        compute_task_loss(model, task, batch, SmartRegularizer(model, SmartConfig(epsilon=epsilon, noise_std=epsilon,
+                                                                                  precision="exact")))
     monkeypatch.undo()
     return seen[0]
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_a_smart_step_computes_in_float32_under_autocast(dtype, tokenizer):
-    """The trainer's task step under bf16 (L4) or fp16 (T4) autocast: with SMART, loss and penalty are exactly
-    the float32 ones; the ascent gradient is a float32 one, so fp16 cannot underflow it."""
+    """The trainer's task step under bf16 (L4) or fp16 (T4) autocast: with SMART at precision exact, loss and
+    penalty are exactly the float32 ones; the ascent gradient is a float32 one, so fp16 cannot underflow it. At
+    the run's precision (the default) the same step computes under the autocast."""
     from trainer import compute_task_loss
     model = deterministic_tiny_model().eval()
     batch = sentence_batch(tokenizer, 8)
-    regularizer = SmartRegularizer(model, SmartConfig())
-    values = []
-    for context in (nullcontext(), torch.autocast("cpu", dtype=dtype)):
-        torch.manual_seed(0)
-        with context:
-            values.append(compute_task_loss(model, "sst", batch, regularizer).item())
-    assert values[0] == values[1]
+    values = {}
+    for precision in ("exact", "run"):
+        regularizer = SmartRegularizer(model, SmartConfig(precision=precision))
+        for name, context in (("fp32", nullcontext()), ("autocast", torch.autocast("cpu", dtype=dtype))):
+            torch.manual_seed(0)
+            with context:
+                values[precision, name] = compute_task_loss(model, "sst", batch, regularizer).item()
+    assert values["exact", "fp32"] == values["exact", "autocast"] == values["run", "fp32"]
+    assert values["run", "autocast"] != values["run", "fp32"]
+    assert values["run", "autocast"] == pytest.approx(values["run", "fp32"], rel=0.05)
 
 
 def test_smart_refuses_to_run_under_autocast(tokenizer):
@@ -623,7 +628,7 @@ def test_smart_refuses_to_run_under_autocast(tokenizer):
         embeddings = model.embed(inputs)
         outputs = model.outputs_from_embeddings("sst", embeddings, inputs)
         with pytest.raises(RuntimeError, match="float32"):
-            SmartRegularizer(model, SmartConfig()).penalty(
+            SmartRegularizer(model, SmartConfig(precision="exact")).penalty(
                 lambda e: model.outputs_from_embeddings("sst", e, inputs), embeddings, outputs, "categorical")
 
 

@@ -3,6 +3,7 @@ of tokenising every batch (collate_sentences / collate_pairs), tensor for tensor
 trainer must not call the tokenizer again for later stages, epochs or evaluations."""
 from functools import partial
 
+import numpy as np
 import pytest
 import torch
 from torch.utils.data import DataLoader
@@ -42,6 +43,8 @@ def assert_same_batches(actual_loader, expected_loader, epochs: int = 2) -> None
             for key, value in want.items():
                 if torch.is_tensor(value):
                     assert got[key].dtype == value.dtype and torch.equal(got[key], value), key
+                elif isinstance(value, np.ndarray):
+                    assert got[key].dtype == value.dtype and np.array_equal(got[key], value), key
                 else:
                     assert got[key] == value, key
 
@@ -74,7 +77,10 @@ def test_truncation_at_a_small_max_length_is_the_tokenizers(tokenizer):
         batch = TokenizedExamples.tokenize(pairs, tokenizer, 12, cross_encoder).collate([0, 1, 2, 3])
         expected = collate_pairs(pairs, tokenizer, 12, cross_encoder=cross_encoder)
         for key, value in expected.items():
-            assert torch.equal(batch[key], value) if torch.is_tensor(value) else batch[key] == value, key
+            if isinstance(value, np.ndarray):
+                assert np.array_equal(batch[key], value), key
+            else:
+                assert torch.equal(batch[key], value) if torch.is_tensor(value) else batch[key] == value, key
         suffix = "" if cross_encoder else "_1"
         assert batch["input_ids" + suffix].shape[1] == 12
 

@@ -1,0 +1,244 @@
+"""The training step at the hardware's pace, checked on the CPU: no host sync in a plain step and one at most in a
+SMART step (the layout comes from the collate's host lengths, losses stay on the device), packed and padded layouts
+that agree, length buckets, a compiled encoder equal to the eager one without graph breaks, and a run that stops at
+its first non-finite loss."""
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import multitask_classifier as mc
+from conftest import DEMO, MAX_LENGTH, deterministic_tiny_model, demo_examples, prediction_flags, skip_figures, tiny_bert
+from datasets import TokenizedExamples, tokenized_dataloader
+from runtime import bucket_length
+from test_trainer import make_trainer
+from trainer import StageLosses, TrainingDiverged
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+# What makes the host wait for the device: a value read back, or a count only the device knows.
+SYNC_OPS = ("aten::_local_scalar_dense", "aten::item", "aten::nonzero", "aten::is_nonzero")
+
+
+class HostSyncs(TorchDispatchMode):
+    """Counts the operators that read a device value back to the host (on the CPU: the ones that would)."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func._schema.name
+        if name in SYNC_OPS:
+            self.seen.append(name)
+        return func(*args, **(kwargs or {}))
+
+
+def count_syncs(fn) -> list[str]:
+    with HostSyncs() as syncs:
+        fn()
+    return syncs.seen
+
+
+def batch_of(tokenizer, task: str, n: int = 6, pad_to_multiple_of: int | None = None, cross: bool = False) -> dict:
+    examples = TokenizedExamples.tokenize(demo_examples(task, "train", n), tokenizer, MAX_LENGTH, cross)
+    return examples.collate(range(n), pad_to_multiple_of)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The layout: from the host's lengths, packed or on the padded grid
+
+
+@pytest.mark.parametrize("pack", [True, False])
+@pytest.mark.parametrize("task", ["sst", "qqp"])
+def test_a_forward_and_backward_read_nothing_back_when_the_batch_brings_its_lengths(tokenizer, task, pack):
+    model = deterministic_tiny_model()
+    model.bert.encoder.pack_tokens = pack
+    batch = batch_of(tokenizer, task)
+    assert count_syncs(lambda: model(task, batch).sum().backward()) == []
+    without_lengths = {k: v for k, v in batch.items() if not k.startswith("lengths")}
+    # Without host lengths the packed layout must ask the device where the real tokens are; the grid need not.
+    assert bool(count_syncs(lambda: model(task, without_lengths))) == pack
+
+
+@pytest.mark.parametrize("task", ["sst", "qqp", "sts"])
+def test_packed_padded_and_bucketed_batches_give_the_same_outputs_and_gradients(tokenizer, task):
+    results = {}
+    for pack in (True, False):
+        for multiple in (None, 32):
+            model = deterministic_tiny_model()
+            model.bert.encoder.pack_tokens = pack
+            batch = batch_of(tokenizer, task, pad_to_multiple_of=multiple)
+            outputs = model(task, batch)
+            outputs.float().pow(2).sum().backward()
+            results[pack, multiple] = outputs.detach(), {n: p.grad for n, p in model.named_parameters()
+                                                         if p.grad is not None}
+    reference_outputs, reference_grads = results[True, None]
+    for outputs, grads in results.values():
+        torch.testing.assert_close(outputs, reference_outputs, rtol=1e-5, atol=1e-6)
+        for name, grad in reference_grads.items():
+            torch.testing.assert_close(grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_padding_positions_of_the_encoder_output_are_zero_on_both_layouts(tokenizer):
+    batch = batch_of(tokenizer, "sst", pad_to_multiple_of=32)
+    for pack in (True, False):
+        bert = tiny_bert()
+        bert.encoder.pack_tokens = pack
+        layout = bert.encoder.layout(batch["attention_mask"], batch["lengths"])
+        hidden = bert.encode(bert.embed(batch["input_ids"]), batch["attention_mask"], layout)
+        padding = batch["attention_mask"] == 0
+        assert padding.any() and hidden[padding].abs().max() == 0
+
+
+def test_lengths_that_do_not_fit_the_batch_are_refused(tokenizer):
+    batch = batch_of(tokenizer, "sst", 3)
+    encoder = tiny_bert().encoder
+    for lengths in ([1, 2], [1, 2, batch["input_ids"].shape[1] + 1], [-1, 2, 3]):
+        with pytest.raises(ValueError, match="do not fit"):
+            encoder.layout(batch["attention_mask"], lengths)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Length buckets
+
+
+def test_bucket_lengths_are_multiples_capped_at_max_length():
+    assert [bucket_length(n, 32, 128) for n in (1, 32, 33, 100, 128)] == [32, 32, 64, 128, 128]
+    assert bucket_length(90, 32, 100) == 96 and bucket_length(97, 32, 100) == 100
+    assert bucket_length(17, None, 128) == 17
+
+
+def test_bucketed_loaders_pad_to_few_shapes_and_keep_the_tokens(tokenizer):
+    examples = TokenizedExamples.tokenize(demo_examples("qqp", "train", 64), tokenizer, 48)
+    widths = set()
+    for plain, bucketed in zip(tokenized_dataloader(examples, 8, shuffle=False),
+                               tokenized_dataloader(examples, 8, shuffle=False, pad_to_multiple_of=16)):
+        for side in ("_1", "_2"):
+            width = plain["input_ids" + side].shape[1]
+            widths.add(bucketed["input_ids" + side].shape[1])
+            assert bucketed["input_ids" + side].shape[1] == bucket_length(width, 16, 48)
+            assert torch.equal(bucketed["input_ids" + side][:, :width], plain["input_ids" + side])
+            assert not bucketed["attention_mask" + side][:, width:].any()
+            assert np.array_equal(bucketed["lengths" + side], plain["lengths" + side])
+    assert widths <= {16, 32, 48}
+
+
+# ---------------------------------------------------------------------------------------------------
+# The trainer's step: host syncs and the losses
+
+
+def first_batch(trainer, task: str) -> dict:
+    return next(iter(trainer.train_loader(task, seed=0)))
+
+
+@pytest.mark.parametrize("task", ["sst", "qqp", "sts"])
+def test_a_plain_training_step_waits_for_the_device_nowhere(tmp_path, tokenizer, task):
+    trainer = make_trainer(tmp_path, tokenizer, max_grad_norm=1.0, weight_decay=0.01)
+    batch = first_batch(trainer, task)
+    trainer.model.train()
+    trainer.task_step(task, batch, 1)
+    trainer.optimizer_step()  # the optimizer's state exists from here on
+
+    def step():
+        loss = trainer.task_step(task, batch, 1)
+        trainer.optimizer_step()
+        assert torch.is_tensor(loss) and loss.requires_grad is False
+    assert count_syncs(step) == []
+
+
+def test_a_smart_step_reads_one_flag_back(tmp_path, tokenizer):
+    trainer = make_trainer(tmp_path, tokenizer, smart=True, smart_adv_weight=1.0, smart_bregman_weight=1.0)
+    batch = first_batch(trainer, "sst")
+    trainer.model.train()
+    trainer.task_step("sst", batch, 1)
+    trainer.optimizer_step()
+    syncs = count_syncs(lambda: (trainer.task_step("sst", batch, 1), trainer.optimizer_step()))
+    assert syncs == ["aten::is_nonzero"] or syncs == ["aten::_local_scalar_dense"]
+
+
+def test_losses_are_read_back_every_logging_steps_updates_and_at_the_stage_end(tmp_path, tokenizer):
+    trainer = make_trainer(tmp_path, tokenizer, logging_steps=2)
+    batch = first_batch(trainer, "sst")
+    steps = [(lambda b, g: trainer.task_step("sst", b, g), batch)] * 5
+    seen = count_syncs(lambda: trainer.run_steps(iter(steps), 5, "stage 1 sst"))
+    # updates 2 and 4 log (a loss and a divergence flag each), the stage's end reads its mean and the flag again
+    assert len(seen) == 6, seen
+
+
+def test_stage_losses_average_on_the_device_and_name_the_first_non_finite_update():
+    losses = StageLosses(torch.device("cpu"))
+    for update, value in enumerate([1.0, 3.0]):
+        losses.add(torch.tensor(value), update)
+    assert losses.read_recent("stage 1 sst") == 2.0
+    losses.add(torch.tensor(5.0), 2)
+    assert losses.read_recent("stage 1 sst") == 5.0 and losses.read_mean("stage 1 sst") == 3.0
+    losses.add(torch.tensor(float("nan")), 3)
+    losses.add(torch.tensor(float("inf")), 4)
+    with pytest.raises(TrainingDiverged, match="in stage 2 qqp: the loss of update 4 of the run is not finite"):
+        losses.read_mean("stage 2 qqp")
+    assert math.isnan(StageLosses(torch.device("cpu")).read_mean("a stage of no step"))
+
+
+def test_a_diverging_run_stops_with_one_line_naming_the_stage_and_update(tiny_checkpoint, tmp_path, capsys,
+                                                                      monkeypatch):
+    skip_figures(monkeypatch)
+    flags = ["--data_dir", str(DEMO), "--pretrained", str(tiny_checkpoint), "--option", "finetune", "--quiet",
+             "--max_train_examples", "16", "--max_length", "32", "--batch_size", "4", "--first_stages", "sst,qqp",
+             "--cycles", "0", "--precision", "fp32", "--lr", "1e30", "--output_dir", str(tmp_path / "run"),
+             *prediction_flags(tmp_path)]
+    assert mc.main(flags) == 1
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and error[0].startswith("error: training diverged in stage 1 sst: the loss of update ")
+    assert not (tmp_path / "run" / "best.safetensors").exists()
+
+
+# ---------------------------------------------------------------------------------------------------
+# --compile
+
+
+def test_the_encoder_layers_compile_as_one_graph(tokenizer):
+    for pack in (True, False):
+        bert = tiny_bert()
+        bert.encoder.pack_tokens = pack
+        batch = batch_of(tokenizer, "sst")
+        layout = bert.encoder.layout(batch["attention_mask"], batch["lengths"])
+        explained = torch._dynamo.explain(bert.encoder.run_layers)(bert.embed(batch["input_ids"]), layout)
+        assert explained.graph_break_count == 0 and explained.graph_count == 1
+
+
+def test_a_compiled_encoder_equals_the_eager_one_forward_and_backward(tokenizer):
+    torch._dynamo.reset()
+    batch = batch_of(tokenizer, "qqp")
+    results = []
+    for compiled in (False, True):
+        model = deterministic_tiny_model()
+        if compiled:
+            model.bert.encoder.compile_layers(backend="aot_eager")  # the graph and its autograd, without codegen
+        outputs = model("qqp", batch)
+        outputs.pow(2).sum().backward()
+        results.append((outputs.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None]))
+    torch.testing.assert_close(results[1][0], results[0][0])
+    for compiled_grad, eager_grad in zip(results[1][1], results[0][1]):
+        torch.testing.assert_close(compiled_grad, eager_grad)
+    assert set(deterministic_tiny_model().state_dict()) == set(model.state_dict())  # checkpoints keep their names
+
+
+@pytest.mark.slow
+def test_an_inductor_compiled_training_step_equals_the_eager_one(tmp_path, tokenizer):
+    """The real backend (C++ code generated on the CPU; about half a minute): the whole step under --compile."""
+    torch._dynamo.reset()
+    losses = []
+    for compiled in (False, True):
+        trainer = make_trainer(tmp_path / str(compiled), tokenizer, compile=compiled)
+        if compiled:
+            trainer.model.bert.encoder.compile_layers()
+        batch = first_batch(trainer, "sts")
+        trainer.model.train()
+        torch.manual_seed(0)
+        losses.append([trainer.task_step("sts", batch, 1).item() for _ in range(2)])
+        trainer.optimizer_step()
+        losses[-1].append(trainer.task_step("sts", batch, 1).item())
+    np.testing.assert_allclose(losses[1], losses[0], rtol=1e-4)
