@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import pickle
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -204,9 +205,14 @@ def load_state_dict_file(path: Path, keys: tuple[str, ...] | None = None) -> dic
             with safe_open(str(path), framework="pt", device="cpu") as handle:
                 return {k: handle.get_tensor(k) for k in handle.keys() if k in keys}
         state = torch.load(path, map_location="cpu", weights_only=True)
-        return state if keys is None else {k: v for k, v in state.items() if k in keys}
+    except pickle.UnpicklingError:  # torch's message advises weights_only=False, which would run the file's code
+        raise CheckpointError(f"{path}: refused, it holds objects other than tensors, which loading would have to "
+                              "run as code; use the model's model.safetensors, or one from a source you trust") from None
     except Exception as err:
         raise CheckpointError(f"{path}: cannot read weights ({type(err).__name__}: {err})") from None
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise CheckpointError(f"{path}: not a state dict (a mapping of names to tensors)")
+    return state if keys is None else {k: v for k, v in state.items() if k in keys}
 
 
 def convert_hf_state_dict(hf_state: dict[str, torch.Tensor], num_layers: int) -> dict[str, torch.Tensor]:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from base_bert import CheckpointError
@@ -39,11 +39,20 @@ def atomic_save(prefix: Path, tensors: dict[str, torch.Tensor], metadata: dict) 
     """
     weights, info = prefix.with_suffix(".safetensors"), prefix.with_suffix(".json")
     on_cpu = {k: v.cpu() for k, v in tensors.items()}
-    pending_weights = write_aside(weights, lambda path: save_file(on_cpu, str(path)), _pending(weights))
+    pending_weights = write_aside(weights, lambda path: save_tensors(on_cpu, path), _pending(weights))
     text = json.dumps({**metadata, "sha256": _sha256(pending_weights)}, indent=1, default=str)
     pending_info = write_aside(info, lambda path: path.write_text(text, encoding="utf-8"), _pending(info))
     os.replace(pending_info, info)
     os.replace(pending_weights, weights)
+
+
+def save_tensors(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str] | None = None) -> None:
+    """safetensors' save_file, its I/O errors (a full disk) raised as the OSErrors they are, which files.write_aside
+    reports in one line naming the file."""
+    try:
+        save_file(tensors, str(path), metadata)
+    except SafetensorError as err:
+        raise OSError(f"cannot save the tensors ({err})") from None
 
 
 def _pending(path: Path) -> Path:

@@ -39,6 +39,7 @@ from datasets import (DataError, SentenceExample, TaskData, load_task_data, make
                       show_data_warnings_on_one_line)
 from distributed import SINGLE_PROCESS, Distributed, data_parallel
 from evaluation import sst_metrics, summarize_line, write_predictions
+from files import describe_os_error
 from optimizer import AdamW
 from runtime import seed_everything
 from tasks import TASKS as TASK_TABLE
@@ -247,6 +248,9 @@ def main(argv=None) -> int:
         run(args)
     except (DataError, CheckpointError, UsageError) as err:
         print(f"error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:  # a full disk or a read-only folder while saving (files.OutputError)
+        print(f"error: {describe_os_error(err)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("\ninterrupted: the best epoch so far of the dataset in training is saved in "

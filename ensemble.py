@@ -32,9 +32,10 @@ import sys
 from pathlib import Path
 
 from datasets import DataError, show_data_warnings_on_one_line
-from ensemble_scores import HELD_OUT_REPEATS, METHODS, build_ensemble, dev_labels, ensemble_train_scores, load_members
+from ensemble_scores import (HELD_OUT_REPEATS, METHODS, EnsembleError, build_ensemble, dev_labels, ensemble_train_scores,
+                             load_members)
 from evaluation import summarize_line, write_predictions
-from files import atomic_write_text, unwritable_folder
+from files import atomic_write_text, describe_os_error, locked_folder, remove_files, unwritable_folder
 from scores import ScoresFileError, scores_path, write_scores
 from tasks import MULTITASK, default_output
 
@@ -53,7 +54,10 @@ def main(argv=None) -> int:
                              "each member written with --score_train): a teacher for --distill")
     args = parser.parse_args(argv)
     show_data_warnings_on_one_line()
-    problem = unwritable_folder(args.output_dir)
+    output_dir = Path(args.output_dir)
+    problem = unwritable_folder(output_dir)
+    if any(output_dir.resolve() == Path(run).resolve() for run in args.runs):
+        problem = f"{output_dir}: a member's own folder; the ensemble's files would replace its (its train scores too)"
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 2
@@ -63,19 +67,24 @@ def main(argv=None) -> int:
         predictions, report = build_ensemble(members, gold, {"sst": args.sst, "qqp": args.qqp, "sts": args.sts},
                                              args.select)
         train_scores = ensemble_train_scores(report) if args.score_train else {}
-    except (ScoresFileError, DataError) as err:
+    except (ScoresFileError, DataError, EnsembleError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    output_dir = Path(args.output_dir)
     try:
-        for (task, split), predicted in predictions.items():
-            path = output_dir / Path(default_output(task, split)).name
-            write_predictions(path, members[0].scores[(task, split)][0], predicted.tolist(), task)
-        atomic_write_text(output_dir / "ensemble.json", json.dumps(report, indent=2) + "\n")
-        for task, (ids, scores) in train_scores.items():
-            write_scores(scores_path(output_dir, task, "train"), ids, scores, task)
+        with locked_folder(output_dir):
+            for (task, split), predicted in predictions.items():
+                path = output_dir / Path(default_output(task, split)).name
+                write_predictions(path, members[0].scores[(task, split)][0], predicted.tolist(), task)
+            atomic_write_text(output_dir / "ensemble.json", json.dumps(report, indent=2) + "\n")
+            for task, (ids, scores) in train_scores.items():
+                write_scores(scores_path(output_dir, task, "train"), ids, scores, task)
+            # An earlier ensemble's teacher scores of a task this one does not teach would still teach --distill.
+            remove_files(scores_path(output_dir, task, "train") for task in MULTITASK if task not in train_scores)
+    except DataError as err:  # the folder's lock: another ensemble writing there now
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     except OSError as err:
-        print(f"error: {output_dir}: cannot write there ({err.strerror or err})", file=sys.stderr)
+        print(f"error: {describe_os_error(err)}", file=sys.stderr)
         return 2
     for task, info in report["tasks"].items():
         print(f"{task}: members on dev {', '.join(f'{v:.4f}' for v in info['members_dev'])} -> ensemble "

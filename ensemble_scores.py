@@ -22,6 +22,10 @@ PRIMARY_METRIC = {"sst": "sst_acc", "qqp": "qqp_acc", "sts": "sts_pearson"}  # w
 HELD_OUT_REPEATS = 5  # random halvings of dev averaged into the held-out figure
 
 
+class EnsembleError(ValueError):
+    """Members that cannot be combined the way asked; the message says why and what to do, in one line."""
+
+
 @dataclass
 class Member:
     """One run's scores: (task, split) -> (ids, scores)."""
@@ -30,14 +34,27 @@ class Member:
 
 
 def load_members(run_dirs: list[str | Path]) -> list[Member]:
-    """Every run's six scores files; all members must answer the same ids in the same order."""
+    """Every run's six scores files; all members must answer the same ids in the same order, and each run is given
+    once: the same folder twice (however spelled), or two folders of the same scores, would weigh one run double
+    without saying so (--select may still choose a member several times, and says so)."""
+    folders: dict[Path, Path] = {}
+    for run_dir in map(Path, run_dirs):
+        if not run_dir.is_dir():
+            raise ScoresFileError(f"{run_dir}: not a run's folder")
+        if run_dir.resolve() in folders:
+            raise ScoresFileError(f"{run_dir}: the same run as {folders[run_dir.resolve()]}; give each member once")
+        folders[run_dir.resolve()] = run_dir
     members = [Member(Path(d), {(t, s): read_scores(scores_path(d, t, s), t) for t in MULTITASK for s in SPLITS})
                for d in run_dirs]
-    for member in members[1:]:
+    for index, member in enumerate(members[1:], start=1):
         for key, (ids, _) in member.scores.items():
             if ids != members[0].scores[key][0]:
                 raise ScoresFileError(f"{scores_path(member.run_dir, *key)}: its ids differ from those of "
                                       f"{scores_path(members[0].run_dir, *key)}; members must answer the same data")
+        for earlier in members[:index]:
+            if all(np.array_equal(member.scores[key][1], earlier.scores[key][1]) for key in member.scores):
+                raise ScoresFileError(f"{member.run_dir}: its scores are {earlier.run_dir}'s, all six files; the "
+                                      "same run twice (a copy) would count double, give it once")
     return members
 
 
@@ -209,6 +226,9 @@ def build_ensemble(members: list[Member], gold: dict[str, np.ndarray], methods: 
     for task in MULTITASK:
         dev = [m.scores[(task, "dev")][1] for m in members]
         single = member_metrics(task, dev, gold[task])
+        if methods[task] == "weighted" and not any(r > 0 for r in single):
+            raise EnsembleError(f"--{task} weighted: every member's dev Pearson r is <= 0 "
+                                f"({', '.join(f'{r:.4f}' for r in single)}), so none has a weight; use --{task} mean")
         chosen = greedy_selection(task, dev, gold[task], methods[task]) if select else list(range(len(members)))
         weights = member_weights(methods[task], chosen, single)
         for split in SPLITS:

@@ -32,6 +32,18 @@ class DataError(ValueError):
         super().__init__(f"{where}: {problem}")
 
 
+class OutputError(OSError):
+    """An output file could not be written (a full disk, a read-only folder, a folder in its place); str() is one
+    line naming the file. The command lines print it as `error: ...` and exit with code 2."""
+
+
+def describe_os_error(err: OSError) -> str:
+    """One line for an OSError that reached a command line: the file, when the error knows it, and the problem."""
+    if isinstance(err, OutputError) or err.filename is None:
+        return str(err)
+    return f"{err.filename}: {err.strerror or err}"
+
+
 class DataWarning(UserWarning):
     """Rows were dropped while loading; the message gives the count, the file and the lines."""
 
@@ -109,6 +121,9 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Path], object]) -> No
     temporary = write_aside(path, write)
     try:
         os.replace(temporary, path)
+    except OSError as err:  # e.g. a folder in the file's place
+        temporary.unlink(missing_ok=True)
+        raise OutputError(f"{path}: cannot write it ({err.strerror or err})") from None
     except BaseException:
         temporary.unlink(missing_ok=True)
         raise
@@ -120,14 +135,20 @@ def write_aside(path: str | os.PathLike, write: Callable[[Path], object], tempor
     open() would give it. A failed write removes the partial file. A fixed `temporary` lets a reader find one
     that a kill left behind (checkpoint.py finishes a save that way)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if temporary is None:
-        handle, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        os.close(handle)
-        temporary = Path(name)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if temporary is None:
+            handle, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+            os.close(handle)
+            temporary = Path(name)
+    except OSError as err:  # a read-only folder, a file in a folder's place
+        raise OutputError(f"{path}: cannot write it ({err.strerror or err})") from None
     try:
         write(temporary)
         os.chmod(temporary, new_file_mode())  # mkstemp and safetensors give 0600: a file other users cannot read
+    except OSError as err:  # a full disk, a quota
+        temporary.unlink(missing_ok=True)
+        raise OutputError(f"{path}: cannot write it ({err.strerror or err})") from None
     except BaseException:
         temporary.unlink(missing_ok=True)
         raise

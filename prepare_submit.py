@@ -22,7 +22,7 @@ from pathlib import Path
 
 from datasets import DataError, load_examples, show_data_warnings_on_one_line, standard_paths
 from evaluation import DEFAULT_OUTPUTS, PredictionsFileError, check_predictions_file
-from files import atomic_write, unwritable_folder
+from files import atomic_write, describe_os_error, unwritable_folder
 
 MINBERT_CODE_FILES = ("bert.py", "classifier.py", "optimizer.py")
 
@@ -54,6 +54,10 @@ def expected_ids(data_dir: Path | None, task: str, split: str) -> list[str] | No
 def build_submission(predictions_dir: Path, out: Path, part: str, data_dir: Path | None = None) -> list[str]:
     """Validate every required file (against data_dir's splits where present), then write the zip;
     returns the archive member names."""
+    problem = unwritable_folder(out.parent) or (f"--out {out}: a folder; name the zip file to write" if out.is_dir()
+                                                else None)
+    if problem:  # known before any file is read
+        raise SubmissionError(problem)
     members: list[tuple[Path, str]] = []
     unchecked = []
     for name, task, split in submission_predictions(part):
@@ -72,9 +76,6 @@ def build_submission(predictions_dir: Path, out: Path, part: str, data_dir: Path
                 raise SubmissionError(f"{name}: file not found in {Path.cwd()}")
             members.append((Path(name), name))
 
-    problem = unwritable_folder(out.parent)
-    if problem:
-        raise SubmissionError(problem)
     atomic_write(out, lambda path: write_zip(path, members))
     return [arcname for _, arcname in members]
 
@@ -103,6 +104,9 @@ def main(argv: list[str] | None = None) -> int:
         members = build_submission(args.predictions_dir, args.out, args.part, args.data_dir)
     except (PredictionsFileError, SubmissionError, DataError) as error:
         print(f"error: {error}", file=sys.stderr)
+        return 2
+    except OSError as error:  # a full disk, a read-only folder (files.OutputError)
+        print(f"error: {describe_os_error(error)}", file=sys.stderr)
         return 2
     print(f"wrote {args.out} with {len(members)} files: {', '.join(members)}")
     return 0

@@ -24,11 +24,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from safetensors.torch import save_file  # noqa: E402
-
 from adapters import SHARED_SET, merge_adapters  # noqa: E402
 from base_bert import CheckpointError, resolve_pretrained, to_hf_state_dict  # noqa: E402
-from files import atomic_write, atomic_write_text  # noqa: E402
+from checkpoint import save_tensors  # noqa: E402
+from files import atomic_write, atomic_write_text, describe_os_error, unwritable_folder  # noqa: E402
 from multitask_bert import load_multitask_checkpoint  # noqa: E402
 from tasks import MULTITASK, task_name  # noqa: E402
 
@@ -42,6 +41,11 @@ def hf_config(config: dict) -> dict:
 
 
 def export(checkpoint: Path, out: Path, task: str | None = None, pretrained: str | None = None) -> None:
+    """Everything is checked (the output folder, the checkpoint, the pretrained model's tokenizer files) before the
+    first file is written, so a refused export leaves no half of one."""
+    problem = unwritable_folder(out)
+    if problem:
+        raise CheckpointError(problem)
     model, metadata = load_multitask_checkpoint(checkpoint)
     bert = model.bert
     if model.adapter is not None:
@@ -56,15 +60,17 @@ def export(checkpoint: Path, out: Path, task: str | None = None, pretrained: str
     if not pretrained:
         raise CheckpointError(f"{checkpoint}: does not say which pretrained model (tokenizer) it came from; "
                               "give --pretrained")
-    out.mkdir(parents=True, exist_ok=True)
+    source = resolve_pretrained(pretrained)
+    tokenizer_files = [name for name in TOKENIZER_FILES if (source / name).is_file()]
+    if not {"vocab.txt", "tokenizer.json"} & set(tokenizer_files):
+        raise CheckpointError(f"{source}: no tokenizer (vocab.txt or tokenizer.json) of {pretrained} to export with "
+                              "the model; give --pretrained")
     # Every file is written aside and moved into place (files.py): an interrupted export leaves no torn file.
     atomic_write_text(out / "config.json", json.dumps(hf_config(bert.config.to_dict()), indent=2) + "\n")
     weights = {k: v.contiguous() for k, v in to_hf_state_dict(bert.state_dict()).items()}
-    atomic_write(out / "model.safetensors", lambda temporary: save_file(weights, str(temporary), {"format": "pt"}))
-    source = resolve_pretrained(pretrained)
-    for name in TOKENIZER_FILES:
-        if (source / name).is_file():
-            atomic_write(out / name, lambda temporary, name=name: shutil.copyfile(source / name, temporary))
+    atomic_write(out / "model.safetensors", lambda temporary: save_tensors(weights, temporary, {"format": "pt"}))
+    for name in tokenizer_files:
+        atomic_write(out / name, lambda temporary, name=name: shutil.copyfile(source / name, temporary))
     max_length = metadata.get("args", {}).get("max_length", 128)
     atomic_write_text(out / "sentence_bert_config.json", json.dumps({"max_seq_length": max_length,
                                                                      "do_lower_case": False}) + "\n")
@@ -76,7 +82,7 @@ def export(checkpoint: Path, out: Path, task: str | None = None, pretrained: str
         "pooling_mode_mean_tokens": model.pooling == "mean", "pooling_mode_max_tokens": False,
         "pooling_mode_mean_sqrt_len_tokens": False}) + "\n")
     heads = {k: v.detach().contiguous() for k, v in model.state_dict().items() if not k.startswith(("bert.", "pals."))}
-    atomic_write(out / "heads.safetensors", lambda temporary: save_file(heads, str(temporary)))
+    atomic_write(out / "heads.safetensors", lambda temporary: save_tensors(heads, temporary))
     atomic_write_text(out / "heads.json", json.dumps(model.head_options(), indent=2) + "\n")
 
 
@@ -91,6 +97,9 @@ def main(argv=None) -> int:
         export(args.checkpoint, args.out_dir, task_name(args.task) if args.task else None, args.pretrained)
     except (CheckpointError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:  # a full disk, a read-only folder (files.OutputError)
+        print(f"error: {describe_os_error(err)}", file=sys.stderr)
         return 2
     print(f"wrote {args.out_dir}: a Hugging Face BERT, sentence-transformers modules and heads.safetensors")
     return 0

@@ -10,6 +10,7 @@ import pytest
 
 import multitask_classifier
 from conftest import DEMO, prediction_flags, skip_figures
+from datasets import load_split
 from ensemble import main
 from ensemble_scores import (METHODS, class_probabilities, combine, greedy_selection, held_out_metric,
                              member_predictions, member_weights, metric)
@@ -265,13 +266,22 @@ def test_a_one_member_ensemble_writes_the_members_csvs(finished_run, tmp_path, c
     assert "ensemble on dev:" in capsys.readouterr().out
 
 
+def other_member(finished_run, folder, sts_dev=None):
+    """A second member: the finished run's scores, its STS dev scores shifted (or `sts_dev` from the ids)."""
+    shutil.copytree(finished_run / "run" / "scores", folder / "scores")
+    ids, scores = read_scores(scores_path(folder, "sts", "dev"), "sts")
+    write_scores(scores_path(folder, "sts", "dev"), ids, np.clip(scores + 0.25, 0, 5) if sts_dev is None
+                 else sts_dev(ids), "sts")
+    return str(folder)
+
+
 def test_selection_and_weights_run_end_to_end(finished_run, tmp_path, capsys):
     member = str(finished_run / "run")
-    assert main([member, member, "--output_dir", str(tmp_path), "--data_dir", str(DEMO), "--select",
-                 "--sts", "weighted", "--sst", "mean"]) == 0
+    assert main([member, other_member(finished_run, tmp_path / "other"), "--output_dir", str(tmp_path / "e"),
+                 "--data_dir", str(DEMO), "--select", "--sts", "weighted", "--sst", "mean"]) == 0
     out = capsys.readouterr().out
     assert "optimistic" in out and "held out (chosen on half of dev" in out
-    report = json.loads((tmp_path / "ensemble.json").read_text())
+    report = json.loads((tmp_path / "e" / "ensemble.json").read_text())
     assert report["selected_on_dev"] is True and 0 < report["held_out_overall"] <= 1
 
 
@@ -296,3 +306,35 @@ def test_an_output_dir_that_cannot_be_written_is_one_line(finished_run, tmp_path
     assert main([str(finished_run / "run"), "--output_dir", str(blocker), "--data_dir", str(DEMO)]) == 2
     err = capsys.readouterr().err.strip()
     assert err == f"error: {blocker}: cannot write there, {blocker} is a file, not a folder"
+
+
+def test_the_same_run_twice_or_a_copy_of_it_is_refused(finished_run, tmp_path, capsys):
+    member = finished_run / "run"
+    for second in (str(member), str(member) + "/", str(member / ".." / "run")):
+        assert main([str(member), second, "--output_dir", str(tmp_path / "e"), "--data_dir", str(DEMO)]) == 2
+        assert f"the same run as {member}; give each member once" in capsys.readouterr().err
+    copy = tmp_path / "copy"
+    shutil.copytree(member / "scores", copy / "scores")
+    assert main([str(member), str(copy), "--output_dir", str(tmp_path / "e"), "--data_dir", str(DEMO)]) == 2
+    assert f"{copy}: its scores are {member}'s, all six files" in capsys.readouterr().err
+
+
+def test_weighted_sts_with_no_member_above_zero_r_is_one_line(finished_run, tmp_path, capsys):
+    gold = {e.id: e.label for e in load_split(DEMO, "sts", "dev")}
+    against = [other_member(finished_run, tmp_path / name, lambda ids, k=k: np.array([5 - gold[i] * k for i in ids]))
+               for name, k in (("a", 1.0), ("b", 0.5))]  # r = -1 each
+    assert main([*against, "--output_dir", str(tmp_path / "e"), "--data_dir", str(DEMO), "--sts", "weighted"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: --sts weighted: every member's dev Pearson r is <= 0 (-1.0000, -1.0000)")
+    assert err.endswith("use --sts mean") and "\n" not in err
+
+
+def test_an_ensemble_refuses_to_write_into_a_member_and_leaves_no_stale_teacher(finished_run, tmp_path, capsys):
+    member = str(finished_run / "run")
+    assert main([member, "--output_dir", member, "--data_dir", str(DEMO)]) == 2
+    assert "a member's own folder" in capsys.readouterr().err
+    stale = scores_path(tmp_path / "e", "qqp", "train")  # an earlier ensemble's --score_train
+    stale.parent.mkdir(parents=True)
+    stale.write_text("id,logit\nx,0.5\n")
+    assert main([member, "--output_dir", str(tmp_path / "e"), "--data_dir", str(DEMO)]) == 0
+    assert not stale.exists()

@@ -63,3 +63,34 @@ def test_per_task_adapters_export_merged_for_the_task_given(tmp_path, tiny_check
         exported = BertModel.from_pretrained(str(tmp_path / "out")).eval()(batch["input_ids"], batch["attention_mask"])
     real = batch["attention_mask"].bool()
     torch.testing.assert_close(exported["last_hidden_state"][real], ours[real], atol=1e-5, rtol=1e-5)
+
+
+# -- what cannot be exported is refused before anything is written (issue 39) ------------------------------
+
+
+def test_a_training_state_is_refused_as_not_a_model(tmp_path, tiny_checkpoint, capsys):
+    from checkpoint import atomic_save
+    atomic_save(tmp_path / "last", {"model.w": torch.zeros(1), "optimizer.0.exp_avg": torch.zeros(1)},
+                {"next_stage": 1, "bert_config": {}, "heads": {}})
+    assert export_hf.main([str(tmp_path / "last"), str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "a run's training state, which --resume continues" in err and "OUTPUT_DIR/best" in err
+    assert "\n" not in err and not (tmp_path / "out").exists()
+
+
+def test_a_missing_pretrained_folder_leaves_no_half_export(tmp_path, tiny_checkpoint, capsys):
+    import shutil
+    source = tmp_path / "pretrained"
+    shutil.copytree(tiny_checkpoint, source)
+    trained_checkpoint(tmp_path, source)
+    shutil.rmtree(source)  # the checkpoint names a pretrained folder that is gone
+    assert export_hf.main([str(tmp_path / "best"), str(tmp_path / "out")]) == 2
+    assert "not a directory" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def test_an_export_folder_that_is_a_file_is_refused(tmp_path, tiny_checkpoint, capsys):
+    trained_checkpoint(tmp_path, tiny_checkpoint)
+    (tmp_path / "out").write_text("")
+    assert export_hf.main([str(tmp_path / "best"), str(tmp_path / "out")]) == 2
+    assert f"{tmp_path / 'out'} is a file, not a folder" in capsys.readouterr().err

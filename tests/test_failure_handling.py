@@ -405,3 +405,65 @@ def test_a_second_run_in_a_folder_in_use_is_refused(tiny_checkpoint, tmp_path, c
         assert mc.main(quick_flags(tiny_checkpoint, tmp_path)) == 2
     line = one_error_line(capsys)
     assert f"{tmp_path / 'run' / '.lock'}: another process is writing in this folder now" in line
+
+
+# -- outputs that cannot be written (issue 39) -----------------------------------------------------------
+
+
+@pytest.fixture
+def full_disk():
+    """Files may grow to 64 KB at most, as on a nearly full disk: a bigger write fails (EFBIG), as it would with
+    ENOSPC. Applied inside the `with` block of the fixture's value."""
+    import contextlib
+    import resource
+    import signal
+
+    @contextlib.contextmanager
+    def limited():
+        soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+        handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails instead of killing the process
+        resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, hard))
+        try:
+            yield
+        finally:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+            signal.signal(signal.SIGXFSZ, handler)
+    return limited
+
+
+def test_a_full_disk_while_saving_a_checkpoint_is_one_line(tiny_checkpoint, tmp_path, capsys, full_disk):
+    with full_disk():  # the tiny model's 4 MB of weights do not fit
+        assert mc.main(quick_flags(tiny_checkpoint, tmp_path)) == 2
+    line = one_error_line(capsys)
+    assert f"{tmp_path / 'run' / 'best.safetensors'}: cannot write it (cannot save the tensors" in line
+    assert "File too large" in line
+    assert not list((tmp_path / "run").glob("*.tmp"))  # no partial file left behind
+
+
+def test_a_full_disk_while_zipping_is_one_line_and_leaves_no_zip(tmp_path, capsys, full_disk, monkeypatch):
+    predictions = tmp_path / "predictions"
+    complete_predictions(predictions)
+    monkeypatch.setattr(prepare_submit, "write_zip", lambda path, members: path.write_bytes(os.urandom(100_000)))
+    with full_disk():
+        assert prepare_submit.main(["--predictions_dir", str(predictions), "--data_dir", str(DEMO),
+                                    "--out", str(tmp_path / "s.zip")]) == 2
+    assert f"{tmp_path / 's.zip'}: cannot write it (File too large)" in one_error_line(capsys)
+    assert not (tmp_path / "s.zip").exists() and not list(tmp_path.glob(".s.zip.*"))
+
+
+def test_prepare_submit_out_that_is_a_folder_or_under_a_file_is_refused_first(tmp_path, capsys):
+    for out, problem in ((tmp_path, "a folder; name the zip file"),
+                         (tmp_path / "x.zip" / "s.zip", "is a file, not a folder")):
+        (tmp_path / "x.zip").write_text("")
+        assert prepare_submit.main(["--predictions_dir", str(tmp_path / "none"), "--out", str(out)]) == 2
+        assert problem in one_error_line(capsys)  # before the (missing) predictions are read
+
+
+def test_an_output_file_that_cannot_be_written_is_one_output_error(tmp_path):
+    from files import OutputError, atomic_write_text
+    (tmp_path / "taken").mkdir()  # a folder in the file's place
+    with pytest.raises(OutputError, match=r"taken: cannot write it \(Is a directory\)"):
+        atomic_write_text(tmp_path / "taken", "x")
+    (tmp_path / "a_file").write_text("")  # a file in its folder's place
+    with pytest.raises(OutputError, match=r"a_file/x.txt: cannot write it \("):
+        atomic_write_text(tmp_path / "a_file" / "x.txt", "x")

@@ -78,7 +78,7 @@ def test_a_failed_move_leaves_the_old_file_and_no_temporary(tmp_path, monkeypatc
 def test_checkpoint_weights_failing_mid_write_leave_the_previous_checkpoint(tmp_path, monkeypatch):
     atomic_save(tmp_path / "best", {"w": torch.zeros(2)}, {"n": 1})
 
-    def half_written(tensors, filename):
+    def half_written(tensors, filename, metadata=None):
         Path(filename).write_bytes(b"\x00" * 8)
         raise OSError(28, FULL_DISK)
     monkeypatch.setattr(checkpoint, "save_file", half_written)

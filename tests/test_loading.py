@@ -94,9 +94,19 @@ def test_bin_checkpoint_never_executes_pickled_code(checkpoint, monkeypatch):
     with open(directory / "pytorch_model.bin", "wb") as handle:
         pickle.dump({"embeddings.word_embeddings.weight": Exploit()}, handle)
     monkeypatch.chdir(directory)
-    with pytest.raises(CheckpointError, match="cannot read weights"):
+    with pytest.raises(CheckpointError, match="refused, it holds objects other than tensors") as error:
         BertModel.from_pretrained(directory)
     assert not (directory / "PWNED").exists()
+    # one line, and never torch's advice to load it with weights_only=False (which would run the code)
+    assert "\n" not in str(error.value) and "weights_only" not in str(error.value)
+
+
+def test_a_bin_checkpoint_that_is_not_a_state_dict_is_one_line(checkpoint):
+    directory, _ = checkpoint
+    (directory / "model.safetensors").unlink()
+    torch.save([torch.ones(2)], directory / "pytorch_model.bin")
+    with pytest.raises(CheckpointError, match="pytorch_model.bin: not a state dict"):
+        BertModel.from_pretrained(directory)
 
 
 def test_not_a_directory(tmp_path):

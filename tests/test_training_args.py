@@ -48,6 +48,18 @@ INVALID = [
     (dict(lnsr=True, lnsr_noise_std=0.0), ["--lnsr", "--lnsr_noise_std", "0"], "LNSR noise_std must be"),
     (dict(lnsr=True, lnsr_layer=-1), ["--lnsr", "--lnsr_layer", "-1"], "LNSR layer must be >= 0"),
     (dict(simcse_data=["nli.csv"]), ["--simcse_data", "nli.csv"], "use --option finetune"),
+    # issue 39: flags that could not act, or whose first check lived deep in a module
+    (dict(max_length=1), ["--max_length", "1"], "--max_length must be >= 5, got 1"),
+    (dict(stop_after_stages=0), ["--stop_after_stages", "0"], "--stop_after_stages must be >= 1, got 0"),
+    (dict(simcse_temperature=0.0), ["--simcse_temperature", "0"], "--simcse_temperature must be a finite number > 0"),
+    (dict(simcse_temperature=math.nan), ["--simcse_temperature", "nan"], "--simcse_temperature must be a finite"),
+    (dict(adapter="pals", pal_size=-12), ["--adapter", "pals", "--pal_size", "-12"], "--pal_size must be >= 1"),
+    (dict(smart=True, smart_epsilon=-1.0), ["--smart", "--smart_epsilon", "-1"],
+     "--smart_epsilon must be finite and > 0, got -1.0"),
+    (dict(smart=True, smart_adv_weight=math.nan), ["--smart", "--smart_adv_weight", "nan"],
+     "--smart_adv_weight must be finite and >= 0"),
+    (dict(smart=True, smart_override=["sts:step_size=0"]), ["--smart", "--smart_override", "sts:step_size=0"],
+     "--smart_override sts:step_size must be finite and > 0, got 0.0"),
 ]
 
 
