@@ -27,6 +27,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import NamedTuple
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -36,7 +37,7 @@ import hashlib
 
 from adapters import SHARED_SET, AdapterConfig, activate, add_adapters
 from base_bert import BertConfig, CheckpointError
-from bert import BertModel
+from bert import BertModel, TokenLayout
 from checkpoint import atomic_save, check_fields, read_checkpoint
 from losses import SIMILARITY_OBJECTIVES, task_objectives
 from tasks import MULTITASK, PAIR_TASKS, RUN_TASKS, TASKS, task_name
@@ -100,6 +101,7 @@ class EncoderInputs(NamedTuple):
     input_ids: torch.Tensor  # (B, T) or (2B, T)
     attention_mask: torch.Tensor
     token_type_ids: torch.Tensor | None
+    layout: TokenLayout  # built once for every encoder pass of the batch (SMART's, LNSR's, the clean one)
 
 
 class MultitaskBERT(nn.Module):
@@ -205,21 +207,28 @@ class MultitaskBERT(nn.Module):
 
     def encoder_inputs(self, task: str, batch: dict) -> EncoderInputs:
         """What the encoder reads for this task (no side effect: set_adapter chooses the adapters): SBERT pairs
-        become both sides as one (2B, T) batch, one encoder pass instead of two."""
+        become both sides as one (2B, T) batch, one encoder pass instead of two.
+        The batch's `lengths` (datasets' and squad's collates put the rows' real-token counts there, on the host)
+        let the layout be built without reading the mask back from the device."""
         if self.reads_pairs_jointly(task) and "input_ids" not in batch:
             batch = join_pairs(batch)
         if not (task in PAIR_TASKS and self.pair_encoders[task] == "sbert"):
-            return EncoderInputs(batch["input_ids"], batch["attention_mask"], batch.get("token_type_ids"))
+            mask = batch["attention_mask"]
+            return EncoderInputs(batch["input_ids"], mask, batch.get("token_type_ids"),
+                                 self.bert.encoder.layout(mask, batch.get("lengths")))
         length = max(batch["input_ids_1"].shape[1], batch["input_ids_2"].shape[1])
         ids = torch.cat([pad_to(batch["input_ids_1"], length), pad_to(batch["input_ids_2"], length)])
         mask = torch.cat([pad_to(batch["attention_mask_1"], length), pad_to(batch["attention_mask_2"], length)])
-        return EncoderInputs(ids, mask, None)  # (2B, T) each
+        lengths = (np.concatenate([batch["lengths_1"], batch["lengths_2"]])
+                   if "lengths_1" in batch and "lengths_2" in batch else None)
+        return EncoderInputs(ids, mask, None, self.bert.encoder.layout(mask, lengths))  # (2B, T) each
 
     def embed(self, inputs: EncoderInputs) -> torch.Tensor:
         return self.bert.embed(inputs.input_ids, inputs.token_type_ids)  # (B, T, H) or (2B, T, H)
 
     def outputs_from_embeddings(self, task: str, embeddings: torch.Tensor, inputs: EncoderInputs) -> torch.Tensor:
-        return self.outputs_from_hidden(task, self.bert.encode(embeddings, inputs.attention_mask), inputs)
+        return self.outputs_from_hidden(task, self.bert.encode(embeddings, inputs.attention_mask, inputs.layout),
+                                        inputs)
 
     def features(self, task: str, features: torch.Tensor) -> torch.Tensor:
         """The task's own dense layer (head_hidden > 0), else the features as they are."""

@@ -30,14 +30,14 @@ from mlm import load_mlm_head
 from multitask_bert import MultitaskBERT, freeze_encoder
 from nli import load_nli_triplets
 from plots import write_run_reports
-from runtime import precision_notice, seed_everything
+from runtime import place_encoder, precision_notice, seed_everything
 from schedules import Stage, StageKind, build_schedule, train_tasks
 from scores import (ScoresFileError, as_saved, scores_path, span_logits_path, write_qa_scores, write_scores,
                     write_span_logits)
 from squad import check_window_room, predictions, write_squad_predictions
 from tasks import MULTITASK, RUN_TASKS, SPLITS, TASKS, default_output
 from tokenizer import BertTokenizer
-from trainer import Trainer, decide
+from trainer import Trainer, TrainingDiverged, decide
 from training_state import check_resumable, read_training_state
 from training_args import (TrainingArguments, UsageError, adapter_config, build_parser, build_trainer,
                            check_max_length, check_resume_arguments, check_writable, data_paths, distill_settings,
@@ -288,6 +288,7 @@ def _run(args: TrainingArguments, distributed: Distributed, device) -> Trainer:
     with locked_folder(output_dir) if distributed.is_main else nullcontext():
         seed_everything(args.seed)
         model = build_model(args, "sts" in train_tasks(stages, run_tasks(args))).to(device)
+        place_encoder(model.bert.encoder, device, args.compile, args.compile_mode)
         mlm_head = None
         if any(stage.kind is StageKind.MLM for stage in stages):
             mlm_head, found = load_mlm_head(args.pretrained, model.bert.config)
@@ -307,7 +308,7 @@ def _run(args: TrainingArguments, distributed: Distributed, device) -> Trainer:
             except ScoresFileError as err:
                 raise UsageError(str(err)) from None
         if distributed.is_main:
-            print(precision_notice(device, args.precision, smart=args.smart))
+            print(precision_notice(device, args.precision, smart=args.smart and args.smart_precision == "exact"))
         if args.resume:
             resume(trainer, args, output_dir / "last", [stage.label for stage in stages])
             print(f"resuming after stage {trainer.state.next_stage} of {len(stages)}")
@@ -346,6 +347,9 @@ def main(argv=None) -> int:
     except OSError as err:  # a full disk or a read-only folder while saving (files.OutputError)
         print(f"error: {describe_os_error(err)}", file=sys.stderr)
         return 2
+    except TrainingDiverged as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         last = Path(args.output_dir) / "last"
         if last.with_suffix(".json").is_file():

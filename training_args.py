@@ -35,10 +35,11 @@ from lnsr import LnsrConfig
 from losses import SENTIMENT_OBJECTIVES, SIMILARITY_OBJECTIVES
 from mlm import MaskedLanguageModelHead
 from multitask_bert import HEAD_ACTIVATIONS, POOLINGS, MultitaskBERT, parse_pair_encoders
-from runtime import PRECISIONS, requested_precision, resolve_precision
+from runtime import COMPILE_MODES, PRECISIONS, pad_to_multiple_of, requested_precision, resolve_precision
 from schedules import LR_SCHEDULES, SCHEDULES
 from simcse import SIMCSE_OBJECTIVES
 from smart import NORM_LEVELS, NORMS, BregmanTeacher, SmartConfig, SmartRegularizer, bregman_momentum
+from smart import PRECISIONS as SMART_PRECISIONS
 from squad import QASettings
 from tasks import MULTITASK, RUN_TASKS, SPLITS, course_file_name, data_flag, default_output, output_flag, task_name
 from tokenizer import shortest_max_length
@@ -165,6 +166,8 @@ class TrainingArguments:
                                       "(train curves)", type=int)
     num_workers: int = flag(0, resume_free=True, type=int)
     quiet: bool = flag(False, "no progress bars", resume_free=True, action="store_true")
+    logging_steps: int = flag(50, "read the losses back from the device every N updates (progress bar, divergence "
+                                "check); the steps between never wait for the device", resume_free=True, type=int)
 
     # Model heads.
     pooling: str = flag("mean", group=HEADS, choices=POOLINGS)
@@ -215,6 +218,11 @@ class TrainingArguments:
     gradient_checkpointing: bool = flag(False, "recompute each BERT layer in the backward pass: less memory "
                                           "(bert-large, long sequences), about one more forward of time",
                                           OPTIMISATION, resume_free=True, action="store_true")
+    compile: bool = flag(False, "torch.compile BERT's layers (forward and backward, one graph); batches are "
+                           "padded to multiples of 32 tokens so that shapes repeat", OPTIMISATION, resume_free=True,
+                         action="store_true")
+    compile_mode: str = flag("default", "torch.compile's mode: default, reduce-overhead (CUDA graphs) or "
+                               "max-autotune", OPTIMISATION, resume_free=True, choices=COMPILE_MODES)
     # Precision may change on --resume: a Colab run started on an L4 (bf16) may continue on a T4 (fp16).
     precision: str = flag("auto", "auto: bf16 autocast where the device computes bf16 natively (L4, A100, H100; "
                             "CPUs with AVX512-BF16 or AMX), fp16 autocast with a gradient scaler on older GPUs (T4, "
@@ -257,6 +265,10 @@ class TrainingArguments:
     smart_ascent_steps: int = flag(1, "K", SMART, type=int)
     smart_norm: str = flag("inf", group=SMART, choices=NORMS)
     smart_norm_level: str = flag("token", group=SMART, choices=NORM_LEVELS)
+    smart_precision: str = flag("run", "where SMART's passes compute: run (the run's --precision; with dropout on "
+                                  "the ascent, R_s and the gradient agree with exact float32: README, Precision) or "
+                                  "exact (float32 without autocast or TF32, for studies with dropout off)", SMART,
+                                  choices=SMART_PRECISIONS)
     smart_override: list = flag([], "per-task setting, e.g. sst:adv_weight=10 (repeatable)", SMART,
                                   action="append", metavar="TASK:key=value,...")
 
@@ -318,6 +330,7 @@ class TrainingArguments:
             _check(getattr(self, name) >= 1, f"--{name} must be >= 1, got {getattr(self, name)}")
         _check(self.qa_doc_stride < self.qa_max_length, "--qa_doc_stride must be below --qa_max_length")
         _check(self.grad_accumulation_steps >= 1, "--grad_accumulation_steps must be >= 1")
+        _check(self.logging_steps >= 1, f"--logging_steps must be >= 1, got {self.logging_steps}")
         for name in ("cycles", "mlm_epochs", "simcse_epochs", "eval_train_examples", "num_workers"):
             _check(getattr(self, name) >= 0, f"--{name} must be >= 0, got {getattr(self, name)}")
         # 0 would stop before the first checkpoint, leaving nothing that --resume could continue
@@ -507,7 +520,8 @@ def smart_configs(args: TrainingArguments) -> dict[str, SmartConfig]:
     The teacher's momentum is shared by all tasks, so it is not among them."""
     base = dict(adv_weight=args.smart_adv_weight, bregman_weight=args.smart_bregman_weight,
                 noise_std=args.smart_noise_std, epsilon=args.smart_epsilon, step_size=args.smart_step_size,
-                ascent_steps=args.smart_ascent_steps, norm=args.smart_norm, norm_level=args.smart_norm_level)
+                ascent_steps=args.smart_ascent_steps, norm=args.smart_norm, norm_level=args.smart_norm_level,
+                precision=args.smart_precision)
     per_task = task_overrides("smart_override", args.smart_override, base, run_tasks(args))
     configs = {}
     for task, values in per_task.items():
@@ -607,7 +621,8 @@ def loop_config(args: TrainingArguments, device: torch.device) -> LoopConfig:
                       lr_schedule=args.lr_schedule, warmup_ratio=args.warmup_ratio, schedule=args.schedule,
                       epochs=args.epochs, precision=resolve_precision(device, args.precision), quiet=args.quiet,
                       stop_after_stages=args.stop_after_stages, keep_stage_models=args.keep_stage_models,
-                      eval_train_examples=args.eval_train_examples)
+                      eval_train_examples=args.eval_train_examples, logging_steps=args.logging_steps,
+                      pad_to_multiple_of=pad_to_multiple_of(device, args.compile))
 
 
 def regularization(args: TrainingArguments, model: MultitaskBERT) -> Regularization:
