@@ -3,12 +3,15 @@
 
     python scripts/error_analysis.py results/cpu_best --data_dir ../shared/data/protocol
 
-The run folder holds the three dev CSVs (sst-dev-out.csv, para-dev-out.csv, sts-dev-out.csv) directly or under
-predictions/, as the run folders and the ensemble folder do; every dev example needs exactly one prediction.
+The dev CSVs are those the run wrote where its flags sent them (its best.json records them: `--demo` writes
+predictions/ beside the repository, not in runs/demo/), else the three files (sst-dev-out.csv, para-dev-out.csv,
+sts-dev-out.csv) in the folder's predictions/ or directly in it, as the recipes' and ensemble.py's folders hold
+them; every dev example needs exactly one prediction. --data_dir defaults to the run's own.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -17,12 +20,25 @@ from datasets import DataError, load_split, show_data_warnings_on_one_line  # no
 from evaluation import PredictionsFileError, check_predictions_file, error_counts  # noqa: E402
 from files import unwritable_folder  # noqa: E402
 from plots import plot_error_analysis  # noqa: E402
-from tasks import MULTITASK, default_output  # noqa: E402
+from tasks import MULTITASK, default_output, output_flag  # noqa: E402
+
+
+def run_settings(run: Path) -> dict:
+    """The flags a run was trained with, as its best.json records them ({} for a folder without one: an ensemble's)."""
+    try:
+        settings = json.loads((run / "best.json").read_text(encoding="utf-8")).get("args", {})
+    except (OSError, UnicodeDecodeError, ValueError, AttributeError):
+        return {}
+    return settings if isinstance(settings, dict) else {}
 
 
 def dev_csv(run: Path, task: str) -> Path:
     name = Path(default_output(task, "dev")).name
-    return run / "predictions" / name if (run / "predictions" / name).is_file() else run / name
+    written = run_settings(run).get("prediction_files", {})
+    recorded = written.get(output_flag(task, "dev")) if isinstance(written, dict) else None
+    candidates = [Path(recorded)] if isinstance(recorded, str) else []
+    candidates += [run / "predictions" / name, run / name]
+    return next((path for path in candidates if path.is_file()), candidates[-1])
 
 
 def predictions_and_gold(run: Path, data_dir: Path) -> dict[str, tuple[list, list]]:
@@ -55,7 +71,8 @@ def report(counts: dict) -> list[str]:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run", type=Path, help="a run folder (or any folder) holding the three dev CSVs")
-    parser.add_argument("--data_dir", type=Path, default=Path("data"), help="the course files, for the dev labels")
+    parser.add_argument("--data_dir", type=Path, help="the course files, for the dev labels (default: the run's "
+                        "own --data_dir, else data)")
     parser.add_argument("--output_dir", type=Path, help="where the plots go (default: the run folder)")
     args = parser.parse_args(argv)
     show_data_warnings_on_one_line()
@@ -64,8 +81,9 @@ def main(argv=None) -> int:
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 2
+    data_dir = args.data_dir or Path(run_settings(args.run).get("data_dir") or "data")
     try:
-        pairs = predictions_and_gold(args.run, args.data_dir)
+        pairs = predictions_and_gold(args.run, data_dir)
     except (DataError, PredictionsFileError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

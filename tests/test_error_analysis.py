@@ -1,4 +1,5 @@
 """scripts/error_analysis.py: counts and plots of a run folder's dev CSVs against the gold dev files."""
+import json
 from pathlib import Path
 
 import error_analysis
@@ -58,3 +59,17 @@ def test_an_output_dir_that_cannot_be_written_is_one_line(tmp_path, capsys):
     assert error_analysis.main([str(tmp_path / "run"), "--data_dir", str(DEMO), "--output_dir", str(blocker)]) == 2
     err = capsys.readouterr().err.strip()
     assert err == f"error: {blocker}: cannot write there, {blocker} is a file, not a folder"
+
+
+def test_a_run_whose_csvs_went_elsewhere_is_read_where_its_flags_sent_them(tmp_path, capsys, monkeypatch):
+    """--demo writes predictions/ beside the repository, not in runs/demo/: the run's best.json says where, and
+    which data it read, so `error_analysis.py runs/demo` needs no other flag."""
+    monkeypatch.chdir(tmp_path)
+    write_dev_csvs(Path("predictions"), sst_shift=1)
+    run = tmp_path / "runs" / "demo"
+    run.mkdir(parents=True)
+    written = {f"{flag}_dev_out": f"predictions/{flag}-dev-out.csv" for flag in ("sst", "para", "sts")}
+    (run / "best.json").write_text(json.dumps({"args": {"data_dir": str(DEMO), "prediction_files": written}}))
+    assert error_analysis.main([str(run)]) == 0
+    assert "too positive" in capsys.readouterr().out
+    assert len(list(run.glob("*.png"))) == 3
