@@ -111,17 +111,22 @@ def check_fields(info: Path, metadata: dict, expected: dict[str, type | tuple[ty
 
 
 def optimizer_state(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict]:
-    """AdamW's moments as tensors 'optimizer.<index>.exp_avg(_sq)', its steps and groups as JSON."""
+    """AdamW's moments as tensors 'optimizer.<index>.exp_avg(_sq)', its steps and groups as JSON. Step counts (and
+    a learning rate) that AdamW holds as device tensors are written as the numbers they hold, read back to the
+    host here at the save: the JSON reads as it did when they were Python numbers."""
     state = optimizer.state_dict()
     tensors, steps = {}, {}
     for index, moments in state["state"].items():
         tensors[f"optimizer.{index}.exp_avg"] = moments["exp_avg"].contiguous()
         tensors[f"optimizer.{index}.exp_avg_sq"] = moments["exp_avg_sq"].contiguous()
         steps[str(index)] = int(moments["step"])
-    return tensors, {"steps": steps, "param_groups": state["param_groups"]}
+    groups = [{key: value.item() if torch.is_tensor(value) else value for key, value in group.items()}
+              for group in state["param_groups"]]
+    return tensors, {"steps": steps, "param_groups": groups}
 
 
 def restore_optimizer(optimizer: torch.optim.Optimizer, tensors: dict[str, torch.Tensor], saved: dict) -> None:
+    """optimizer_state's save loaded into `optimizer`; AdamW.load_state_dict puts the step counts on the device."""
     state = {int(index): {"step": step, "exp_avg": tensors[f"optimizer.{index}.exp_avg"],
                           "exp_avg_sq": tensors[f"optimizer.{index}.exp_avg_sq"]}
              for index, step in saved["steps"].items()}

@@ -1,5 +1,6 @@
 """checkpoint.py: atomic safetensors + JSON pairs, optimizer and RNG state round trips, the resume check."""
 import dataclasses
+import json
 import random
 
 import numpy as np
@@ -60,6 +61,72 @@ def test_optimizer_state_round_trips_and_continues_identically(tmp_path):
     assert [g["weight_decay"] for g in restored.param_groups] == [0.1, 0.0]
     step(restored_model, restored, 3)
     assert torch.equal(restored_model.weight, model.weight) and torch.equal(restored_model.bias, model.bias)
+
+
+def test_optimizer_state_of_device_step_counts_and_a_tensor_rate_reads_as_numbers_and_round_trips(tmp_path):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    rate = torch.tensor(1e-2, dtype=torch.float64)
+    optimizer = AdamW([{"params": [model.weight], "lr": rate, "weight_decay": 0.1}, {"params": [model.bias]}])
+    for step in range(3):
+        model(torch.randn(4, 3)).square().sum().backward()
+        if step == 1:
+            model.bias.grad = None  # the bias steps twice, the weight three times
+        optimizer.step()
+        optimizer.zero_grad()
+    rate.fill_(3e-3)
+    tensors, info = optimizer_state(optimizer)
+    atomic_save(tmp_path / "opt", tensors, info)
+    # The JSON as it read when step counts and rates were Python numbers, so an older loader reads it too.
+    saved = json.loads((tmp_path / "opt.json").read_text())
+    assert saved["steps"] == {"0": 3, "1": 2} and [group["lr"] for group in saved["param_groups"]] == [3e-3, 1e-3]
+
+    tensors, info = read_checkpoint(tmp_path / "opt")
+    restored_rate = torch.tensor(0.5, dtype=torch.float64)
+    restored = AdamW([{"params": [model.weight], "lr": restored_rate, "weight_decay": 0.1}, {"params": [model.bias]}])
+    restore_optimizer(restored, tensors, info)
+    assert restored.param_groups[0]["lr"] is restored_rate and restored_rate.item() == 3e-3
+    for p in model.parameters():
+        for key in ("step", "exp_avg", "exp_avg_sq"):
+            assert torch.equal(restored.state[p][key], optimizer.state[p][key]), key
+        assert restored.state[p]["step"].dtype == torch.float64
+
+
+def test_optimizer_state_saved_with_integer_step_counts_resumes_the_run(tmp_path):
+    # ReferenceAdamW keeps Python-int step counts and host step sizes, as AdamW did before; its save is what
+    # --resume finds in a checkpoint written then.
+    from test_optimizer import ReferenceAdamW, assert_within_1_ulp
+
+    def make(optimizer_class):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(3, 2)
+        return model, optimizer_class([{"params": [model.weight], "weight_decay": 0.1},
+                                       {"params": [model.bias], "weight_decay": 0.0}], lr=1e-2)
+
+    def step(model, optimizer, seed):
+        torch.manual_seed(seed)
+        model(torch.randn(4, 3)).square().sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+    old_model, old = make(ReferenceAdamW)
+    for seed in range(3):
+        step(old_model, old, seed)
+    tensors, info = optimizer_state(old)
+    assert info["steps"] == {"0": 3, "1": 3}
+    atomic_save(tmp_path / "old", {**tensors, **{f"model.{k}": v for k, v in old_model.state_dict().items()}}, info)
+    for seed in (3, 4):
+        step(old_model, old, seed)
+
+    tensors, info = read_checkpoint(tmp_path / "old")
+    model, optimizer = make(AdamW)
+    model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
+    restore_optimizer(optimizer, tensors, info)
+    assert [optimizer.state[p]["step"].item() for p in model.parameters()] == [3, 3]
+    for seed in (3, 4):
+        step(model, optimizer, seed)
+    for p, q in zip(model.parameters(), old_model.parameters()):
+        assert_within_1_ulp(p.detach(), q.detach())
 
 
 def test_rng_state_round_trips_every_generator(tmp_path):

@@ -1,4 +1,5 @@
 import io
+import math
 from pathlib import Path
 
 import numpy as np
@@ -7,7 +8,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from optimizer import AdamW, encoder_depth, parameter_chunks, weight_decay_groups
+import optimizer as optimizer_module
+from optimizer import FOREACH_CHUNK_ELEMENTS, AdamW, encoder_depth, parameter_chunks, weight_decay_groups
 from optimizer_test import (
     COURSE_ATOL,
     COURSE_HYPERPARAMETERS,
@@ -329,10 +331,27 @@ def test_step_temporaries_are_bounded_by_the_chunk_not_the_model():
     optimizer.step()  # creates the state (one zeros_like per parameter and moment)
     with NewTensorRecorder() as recorder:
         optimizer.step()
-    assert sum(created for _, created in recorder.created) == sum(CHUNK_TEST_SIZES)  # sqrt(v) once per element
-    assert max(created for _, created in recorder.created) == max(CHUNK_TEST_SIZES)  # not 6500: the whole model
-    sqrt_calls = [created for op, created in recorder.created if "_foreach_sqrt" in op]
+    created = [(op, n) for op, n in recorder.created if n > len(params)]  # not the step sizes and decay rates
+    assert sum(n for _, n in created) == sum(CHUNK_TEST_SIZES)  # sqrt(v) once per element
+    assert max(n for _, n in created) == max(CHUNK_TEST_SIZES)  # not 6500: the whole model
+    sqrt_calls = [n for op, n in recorder.created if op == "aten._foreach_sqrt.default"]
     assert sqrt_calls == [2000, 1500, 3000]  # one multi-tensor kernel per chunk; the largest is its own chunk
+
+
+def test_groups_sharing_betas_are_one_pass():
+    # Two groups (different lr and weight decay) are chunked together: 3 chunks, not 2 + 2.
+    params = chunk_test_parameters()
+    optimizer = AdamW([{"params": params[:3], "weight_decay": 0.1}, {"params": params[3:], "lr": 0.5}],
+                      chunk_elements=2048)
+    set_gradients(params, 0)
+    optimizer.step()
+    with NewTensorRecorder() as recorder:
+        optimizer.step()
+    calls = [op for op, _ in recorder.created if "_foreach_" in op]
+    assert calls.count("aten._foreach_sqrt.default") == 3
+    # 8 multi-tensor calls per chunk (decay only in the two chunks that hold a decayed parameter), 8 for the
+    # step sizes, 1 for the decay rates.
+    assert len(calls) == 3 * 8 - 1 + 8 + 1
 
 
 @pytest.mark.parametrize("weight_decay,correct_bias", [(0.0, True), (0.1, True), (0.1, False)])
@@ -356,12 +375,11 @@ def test_chunked_steps_equal_one_chunk_for_the_whole_group(weight_decay, correct
 
 
 def test_parameter_chunks_keep_the_order_and_the_budget():
-    params = [torch.zeros(n) for n in (3, 4, 10, 1, 2, 2)]
-    chunks = parameter_chunks(params, 7)
-    assert [[p.numel() for p in chunk] for chunk in chunks] == [[3, 4], [10], [1, 2, 2]]
-    assert [p for chunk in chunks for p in chunk] == params
+    sizes = [3, 4, 10, 1, 2, 2]
+    assert parameter_chunks(sizes, 7) == [slice(0, 2), slice(2, 3), slice(3, 6)]  # [3, 4], [10], [1, 2, 2]
+    assert parameter_chunks(sizes, None) == [slice(0, 6)]
     with pytest.raises(ValueError, match="chunk_elements"):
-        AdamW(params, chunk_elements=0)
+        AdamW([torch.nn.Parameter(torch.zeros(n)) for n in sizes], chunk_elements=0)
 
 # --- layer-wise learning-rate decay ----------------------------------------------------------------
 
@@ -390,3 +408,222 @@ def test_layerwise_decay_scales_each_layer_and_leaves_heads_the_full_rate():
     # Without decay the groups are the two of BERT's weight-decay convention, as before.
     plain = weight_decay_groups(model.named_parameters(), 0.01)
     assert [(g["weight_decay"], g["lr_scale"]) for g in plain] == [(0.01, 1.0), (0.0, 1.0)]
+
+
+# --- the update on the device: step counts and step sizes as tensors ----------------------------------
+
+
+class ReferenceAdamW(torch.optim.Optimizer):
+    """The oracle: AdamW as it stepped before its step counts and step sizes moved to the device, with
+    Python-int step counts and Python-double step sizes (its _step_chunk arithmetic, unchanged)."""
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0, correct_bias=True):
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+                                      correct_bias=correct_bias))
+
+    @torch.no_grad()
+    def step(self):
+        for group in self.param_groups:
+            params = [p for p in group["params"] if p.grad is not None]
+            if params:
+                self._step_chunk(group, params)
+
+    def _step_chunk(self, group: dict, params: list[torch.Tensor]) -> None:
+        lr = group["lr"]
+        beta1, beta2 = group["betas"]
+        grads = [p.grad for p in params]
+
+        states = [self.state[p] for p in params]
+        for p, state in zip(params, states):
+            if not state:
+                state["step"] = 0
+                state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            state["step"] += 1
+        exp_avgs = [state["exp_avg"] for state in states]
+        exp_avg_sqs = [state["exp_avg_sq"] for state in states]
+
+        torch._foreach_mul_(exp_avgs, beta1)
+        torch._foreach_add_(exp_avgs, grads, alpha=1 - beta1)
+        torch._foreach_mul_(exp_avg_sqs, beta2)
+        torch._foreach_addcmul_(exp_avg_sqs, grads, grads, value=1 - beta2)
+
+        denominators = torch._foreach_sqrt(exp_avg_sqs)
+        torch._foreach_add_(denominators, group["eps"])
+
+        if group["correct_bias"]:
+            step_sizes = [
+                -lr * math.sqrt(1 - beta2 ** state["step"]) / (1 - beta1 ** state["step"]) for state in states
+            ]
+        else:
+            step_sizes = [-lr] * len(params)
+        torch._foreach_addcdiv_(params, exp_avgs, denominators, step_sizes)
+
+        if group["weight_decay"] != 0:
+            torch._foreach_add_(params, params, alpha=-lr * group["weight_decay"])
+
+
+BASE_RATES = (3e-3, 1e-2)  # the decayed matrices' group, the other parameters' group
+
+
+def small_model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.LayerNorm(32), torch.nn.Linear(32, 4))
+
+
+def two_groups(model: torch.nn.Module, rates) -> list[dict]:
+    matrices = [p for p in model.parameters() if p.dim() == 2]
+    vectors = [p for p in model.parameters() if p.dim() == 1]
+    return [{"params": matrices, "lr": rates[0], "weight_decay": 0.1}, {"params": vectors, "lr": rates[1]}]
+
+
+def train_small_model(model, optimizer, steps: int, set_rates) -> None:
+    """`steps` updates on a regression loss; the last bias has no gradient on every third step, and the
+    learning rates follow a decaying schedule, set by set_rates(optimizer, factor) before each step."""
+    generator = torch.Generator().manual_seed(1)
+    for step in range(steps):
+        x, y = torch.randn(8, 16, generator=generator), torch.randn(8, 4, generator=generator)
+        optimizer.zero_grad()
+        (model(x) - y).square().mean().backward()
+        if step % 3 == 1:
+            model[3].bias.grad = None
+        set_rates(optimizer, 1 - step / (2 * steps))
+        optimizer.step()
+
+
+def set_float_rates(optimizer, factor: float) -> None:
+    for group, rate in zip(optimizer.param_groups, BASE_RATES):
+        group["lr"] = rate * factor
+
+
+def fill_tensor_rates(optimizer, factor: float) -> None:
+    for group, rate in zip(optimizer.param_groups, BASE_RATES):
+        group["lr"].fill_(rate * factor)  # in place, as a trainer under CUDA graphs or torch.compile would
+
+
+def tensor_rates() -> list[torch.Tensor]:
+    return [torch.tensor(rate, dtype=torch.float64) for rate in BASE_RATES]
+
+
+def assert_within_1_ulp(actual: torch.Tensor, expected: torch.Tensor) -> None:
+    ulp = torch.nextafter(expected.abs(), torch.tensor(math.inf)) - expected.abs()  # the spacing above |expected|
+    excess = (actual - expected).abs() - ulp
+    assert (excess <= 0).all(), f"{(excess > 0).sum().item()} elements more than 1 ulp apart"
+
+
+@pytest.mark.parametrize("rates, correct_bias, chunk_elements, product_form", [
+    ("float", True, FOREACH_CHUNK_ELEMENTS, False),
+    ("tensor", True, FOREACH_CHUNK_ELEMENTS, False),
+    ("tensor", True, 100, False),
+    ("float", False, FOREACH_CHUNK_ELEMENTS, False),
+    ("tensor", True, FOREACH_CHUNK_ELEMENTS, True),
+])
+def test_update_equals_the_host_float_update_within_1_ulp_over_100_steps(rates, correct_bias, chunk_elements,
+                                                                          product_form, monkeypatch):
+    # Weight decay, bias correction, two groups at different rates changing every step, and a parameter that
+    # misses its gradient on some steps (its own step count). On this CPU it is bit for bit (measured).
+    # product_form: alpha_t * m formed before addcdiv, as on a GPU, instead of addcdiv reading alpha_t.
+    if product_form:
+        monkeypatch.setattr(optimizer_module, "addcdiv_reads_scalar_tensors", lambda device: False)
+    reference_model, model = small_model(), small_model()
+    reference = ReferenceAdamW(two_groups(reference_model, BASE_RATES), correct_bias=correct_bias)
+    if rates == "float":
+        optimizer, set_rates = AdamW(two_groups(model, BASE_RATES), correct_bias=correct_bias,
+                                     chunk_elements=chunk_elements), set_float_rates
+    else:
+        optimizer, set_rates = AdamW(two_groups(model, tensor_rates()), correct_bias=correct_bias,
+                                     chunk_elements=chunk_elements), fill_tensor_rates
+    train_small_model(reference_model, reference, 100, set_float_rates)
+    train_small_model(model, optimizer, 100, set_rates)
+    for p, q in zip(model.parameters(), reference_model.parameters()):
+        assert_within_1_ulp(p.detach(), q.detach())
+        state = optimizer.state[p]
+        assert state["step"].dtype == torch.float64 and state["step"].device == p.device
+        assert state["step"].item() == reference.state[q]["step"]
+    assert reference.state[reference_model[3].bias]["step"] == 67  # the skipped steps did not count
+
+
+class HostSyncCounter(TorchDispatchMode):
+    """The operations run under it that read a tensor's value back to the host."""
+
+    SYNCS = {"aten::_local_scalar_dense", "aten::item", "aten::nonzero", "aten::is_nonzero", "aten::equal"}
+
+    def __init__(self):
+        super().__init__()
+        self.syncs: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func._schema.name in self.SYNCS:
+            self.syncs.append(func._schema.name)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("rates", ["float", "tensor"])
+def test_step_reads_nothing_back_from_the_device(rates):
+    model = small_model()
+    optimizer = AdamW(two_groups(model, BASE_RATES if rates == "float" else tensor_rates()))
+    train_small_model(model, optimizer, 2, set_float_rates if rates == "float" else fill_tensor_rates)
+    model(torch.randn(2, 16)).sum().backward()
+    with HostSyncCounter() as counter:
+        optimizer.step()
+    assert counter.syncs == []
+
+
+def test_a_tensor_lr_is_read_at_every_step_and_kept_by_load_state_dict():
+    lr = torch.tensor(0.1, dtype=torch.float64)
+    param = torch.nn.Parameter(torch.zeros(2))
+    optimizer = AdamW([param], lr=lr, eps=0.0)
+    for rate in (0.1, 0.5):
+        lr.fill_(rate)
+        param.grad = torch.ones(2)
+        before = param.detach().clone()
+        optimizer.step()
+        torch.testing.assert_close(before - param.detach(), torch.full((2,), rate))  # every step moves by lr
+    saved = AdamW([torch.nn.Parameter(torch.zeros(2))], lr=1e-3).state_dict()
+    optimizer.load_state_dict(saved)
+    assert optimizer.param_groups[0]["lr"] is lr and lr.item() == 1e-3  # whoever fills it in place still can
+
+
+def test_a_state_dict_with_integer_step_counts_loads_and_continues_the_run():
+    # The format before step counts were tensors, as the reference still writes it.
+    inputs = list(input_stream(10))
+    uninterrupted_model = make_linear_model()
+    uninterrupted = ReferenceAdamW(uninterrupted_model.parameters(), **COURSE_HYPERPARAMETERS)
+    train_steps(uninterrupted_model, uninterrupted, inputs)
+
+    old_model = make_linear_model()
+    old = ReferenceAdamW(old_model.parameters(), **COURSE_HYPERPARAMETERS)
+    train_steps(old_model, old, inputs[:5])
+    assert old.state_dict()["state"][0]["step"] == 5
+    optimizer = AdamW(old_model.parameters(), **COURSE_HYPERPARAMETERS)
+    optimizer.load_state_dict(old.state_dict())
+    step = optimizer.state[old_model.weight]["step"]
+    assert step.dtype == torch.float64 and step.item() == 5
+    train_steps(old_model, optimizer, inputs[5:])
+    assert_within_1_ulp(old_model.weight.detach(), uninterrupted_model.weight.detach())
+
+
+def test_compiled_update_has_no_graph_break_and_no_recompile_when_the_rates_change():
+    # compiled=True runs the pass through torch.compile(fullgraph=True), which raises on a graph break. One
+    # group's rate is a tensor filled in place, the other's a Python float set anew: neither recompiles.
+    torch._dynamo.reset()
+    eager_model, compiled_model = small_model(), small_model()
+    eager_rate, compiled_rate = torch.tensor(BASE_RATES[0], dtype=torch.float64), torch.tensor(BASE_RATES[0],
+                                                                                                dtype=torch.float64)
+    eager = AdamW(two_groups(eager_model, [eager_rate, BASE_RATES[1]]))
+    compiled = AdamW(two_groups(compiled_model, [compiled_rate, BASE_RATES[1]]), compiled=True)
+    x, y = torch.randn(8, 16), torch.randn(8, 4)
+    for step in range(4):
+        for model, optimizer, rate in ((eager_model, eager, eager_rate), (compiled_model, compiled, compiled_rate)):
+            optimizer.zero_grad()
+            (model(x) - y).square().mean().backward()
+            rate.fill_(BASE_RATES[0] / (step + 1))
+            optimizer.param_groups[1]["lr"] = BASE_RATES[1] / (step + 1)
+            with torch.compiler.set_stance("fail_on_recompile" if step else "default"):
+                optimizer.step()
+        # Float tolerance, not 1 ulp: inductor's CPU code rounds m + (1 - beta1) * g twice, and forms addcmul's
+        # product in another order, where ATen's CPU kernels use one fused multiply-add.
+        for p, q in zip(compiled_model.parameters(), eager_model.parameters()):
+            torch.testing.assert_close(p, q)
+            torch.testing.assert_close(compiled.state[p]["exp_avg_sq"], eager.state[q]["exp_avg_sq"])
+            assert torch.equal(compiled.state[p]["step"], eager.state[q]["step"])
