@@ -95,6 +95,8 @@ class BertConfig:
             return cls.from_dict(values, **overrides)
         except (OSError, UnicodeDecodeError, ValueError, TypeError) as err:
             raise CheckpointError(f"{path}: cannot use the model config ({err})") from None
+        except RecursionError:  # json's decoder recurses once per nested list or object
+            raise CheckpointError(f"{path}: cannot use the model config (nested too deeply to read)") from None
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -93,6 +93,8 @@ def _read_json(info: Path) -> dict:
         metadata = json.loads(info.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise CheckpointError(f"{info}: not valid JSON ({err})") from None
+    except RecursionError:  # json's decoder recurses once per nested list or object
+        raise CheckpointError(f"{info}: not a checkpoint's JSON (nested too deeply to read)") from None
     if not isinstance(metadata, dict):
         raise CheckpointError(f"{info}: expected a JSON object, found a {type(metadata).__name__}")
     return metadata

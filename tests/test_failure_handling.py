@@ -467,3 +467,15 @@ def test_an_output_file_that_cannot_be_written_is_one_output_error(tmp_path):
     (tmp_path / "a_file").write_text("")  # a file in its folder's place
     with pytest.raises(OutputError, match=r"a_file/x.txt: cannot write it \("):
         atomic_write_text(tmp_path / "a_file" / "x.txt", "x")
+
+
+def test_deeply_nested_checkpoint_and_config_json_are_one_line(tiny_checkpoint, tmp_path):
+    from base_bert import BertConfig
+    nested = "[" * 100_000 + "]" * 100_000
+    atomic_save(tmp_path / "best", {"w": torch.zeros(1)}, {})
+    (tmp_path / "best.json").write_text(nested)
+    with pytest.raises(CheckpointError, match="best.json: not a checkpoint's JSON \\(nested too deeply"):
+        read_checkpoint(tmp_path / "best")
+    (tmp_path / "config.json").write_text(nested)
+    with pytest.raises(CheckpointError, match="config.json: cannot use the model config \\(nested too deeply"):
+        BertConfig.from_json_file(tmp_path / "config.json")
