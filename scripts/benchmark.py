@@ -9,7 +9,8 @@
     python scripts/benchmark.py pipeline   # tokens/s of the full training pipeline (tokenize, collate, step)
     python scripts/benchmark.py data_parallel  # 1 process vs 2 gloo processes (distributed.py), same global batch
     python scripts/benchmark.py ensemble   # one model's inference on dev + test vs combining 5 runs' saved scores
-    python scripts/benchmark.py all
+    python scripts/benchmark.py all        # every benchmark above that runs on --device (data_parallel: the CPU's)
+    python scripts/benchmark.py step_audit # host syncs, operators and graph breaks of one training step (no timing)
     python scripts/benchmark.py qa_peer    # SQuAD 2.0: transformers' BertForQuestionAnswering peer (own flags, --help)
 
 Defaults: minilm-l6, batch 32 x 64 tokens, 2 CPU threads, `--precision auto` resolved per device as training
@@ -18,20 +19,35 @@ gradient scaler on older GPUs such as a T4, float32 on other CPUs; `--bf16` / `-
 `--precision bf16` / `fp32`). `--config bert-base-random` uses a randomly initialised bert-base-sized model and
 `--config random:NAME_OR_CONFIG_JSON` random weights of any checkpoint's or config.json's shape: no download.
 The two sides of a comparison alternate, round after round, so drift in machine load hits both.
+
+step_audit builds the Trainer as the training command line does (the recipes' flags, scripts/_common.sh: CPU_FLAGS on
+the CPU, GPU_FLAGS on CUDA, with SMART_FLAGS for the SMART step) on --data_dir's real batches (default data/demo), and
+counts one plain and one SMART step after a warm-up step. Its last two lines:
+    plain step: host syncs N, ops M, graph breaks G
+    smart step: host syncs N, ops M
+A flag the benchmarks cannot use is refused before anything loads, in one line naming it (exit code 2).
 """
 from __future__ import annotations
 
 import argparse
 import gc
 import json
+import math
 import platform
 import random
+import shlex
+import shutil
 import statistics
+import subprocess
 import sys
+import tempfile
 import threading
 import time
+import traceback
 import weakref
-from contextlib import nullcontext
+from collections import Counter
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field
 from pathlib import Path
 from queue import Empty
 
@@ -39,19 +55,25 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from base_bert import BertConfig, resolve_pretrained  # noqa: E402
+from base_bert import BertConfig, CheckpointError, pretrained_config, resolve_pretrained, to_hf_state_dict  # noqa: E402
 from bert import BertModel  # noqa: E402
-from runtime import (PRECISIONS, autocast, float32_exact, has_native_bf16, precision_notice,  # noqa: E402
-                     requested_precision, resolve_precision, scaled_step, use_tf32)
+from datasets import standard_paths  # noqa: E402
+from files import DataError, unwritable_folder  # noqa: E402
+from runtime import (PRECISIONS, autocast, float32_exact, has_native_bf16, place_encoder,  # noqa: E402
+                     precision_notice, requested_precision, resolve_precision, scaled_step, seed_everything,
+                     to_device, use_tf32)
 from optimizer import AdamW  # noqa: E402
 import squad  # noqa: E402
-from tokenizer import BertTokenizer  # noqa: E402
+from tasks import MULTITASK  # noqa: E402
+from tokenizer import BertTokenizer, shortest_max_length  # noqa: E402
+from training_args import OneLineErrorParser, UsageError  # noqa: E402
 
 
 def synchronize(device: torch.device) -> None:
@@ -105,17 +127,23 @@ def build_minbert(args, **overrides) -> BertModel:
     return BertModel(config) if config is not None else BertModel.from_pretrained(args.config, **overrides)
 
 
+def model_config(config: str) -> BertConfig:
+    """The BertConfig of a --config, random or pretrained, read without any weights."""
+    random_weights = random_config(config)
+    return random_weights if random_weights is not None else pretrained_config(config)
+
+
+RANDOM_WEIGHTS_TOKENIZER = "minilm-l6"  # bundled, and its vocabulary is bert-base-uncased's
+
+
+def tokenizer_directory(config: str) -> str:
+    """Where the tokenizer of --config lives: the checkpoint's own, or RANDOM_WEIGHTS_TOKENIZER for random weights
+    (parse_args checks that the model's embedding table holds its vocabulary)."""
+    return RANDOM_WEIGHTS_TOKENIZER if random_config_name(config) else config
+
+
 def build_tokenizer(args):
-    """The tokenizer of --config; random weights of the bert-base-uncased vocabulary's size use the bundled
-    minilm-l6's, which is that vocabulary."""
-    config = random_config(args.config)
-    if config is None:
-        return BertTokenizer.from_pretrained(args.config)
-    tokenizer = BertTokenizer.from_pretrained("minilm-l6")
-    if config.vocab_size < tokenizer.vocab_size:
-        raise SystemExit(f"--config {args.config}: a vocabulary of {config.vocab_size} is too small for real text "
-                         f"(bert-base-uncased's has {tokenizer.vocab_size})")
-    return tokenizer
+    return BertTokenizer.from_pretrained(tokenizer_directory(args.config))
 
 
 def build_encoders(args, device):
@@ -760,8 +788,6 @@ def bench_data_parallel(args, device) -> dict:
     the threads each: examples per second and the all-reduce's share of a step."""
     import socket
     import torch.multiprocessing as mp
-    if device.type != "cpu":
-        raise SystemExit("data_parallel measures gloo processes on the CPU; on GPUs time a torchrun run instead")
     context = mp.get_context("spawn")
     figures = {}
     for processes in (1, 2):
@@ -811,6 +837,291 @@ def bench_ensemble(args, device) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------------
+# step_audit: what one training step makes the host wait for, and where torch.compile breaks its graph
+
+# Operators whose result the host must have before it goes on: a scalar read back (item(), bool() or float() of a
+# tensor), or an output whose size depends on the data (nonzero, masked_select, unique), which CUDA knows only once
+# the kernel has run.
+READ_BACK_OPERATORS = frozenset({"_local_scalar_dense", "item", "nonzero", "masked_select", "equal", "_unique2",
+                                 "unique_dim", "unique_consecutive"})
+# Indexing with a boolean mask (x[mask], x[mask] = y) runs a nonzero inside the operator.
+INDEXING_OPERATORS = frozenset({"index", "index_put", "index_put_", "_index_put_impl_"})
+COPY_OPERATORS = frozenset({"copy_", "_to_copy"})
+AUDIT_SCRIPT = Path(__file__).resolve()
+
+
+def copy_sync(name: str, args, kwargs, out) -> str | None:
+    """Why the host waits for this copy_ / _to_copy, or None: a copy to the host waits for the device's queue; so
+    does a blocking copy to the device (torch synchronizes the stream after it), and a non-blocking one from
+    pageable memory may (CUDA: "might be synchronous with respect to host"); one from pinned memory does not."""
+    if name == "copy_":
+        destination, source = args[0], args[1]
+        non_blocking = args[2] if len(args) > 2 else kwargs.get("non_blocking", False)
+    else:
+        source, destination = args[0], out
+        non_blocking = kwargs.get("non_blocking", False)
+    if source.device.type != "cpu" and destination.device.type == "cpu":
+        return f"device-to-host copy (aten::{name})"
+    if source.device.type != "cpu" or destination.device.type == "cpu":
+        return None
+    if not non_blocking:
+        return f"blocking host-to-device copy (aten::{name})"
+    return None if source.is_pinned() else f"host-to-device copy from pageable memory (aten::{name})"
+
+
+def host_sync(func, args, kwargs, out, device: torch.device) -> str | None:
+    """Why the host waits for this operator call, or None. Audited on the CPU, every tensor stands for the one a GPU
+    run holds on the device (the step moves its whole batch there); on CUDA an operator on host tensors alone (a
+    CPU tensor's item()) does not wait for the GPU."""
+    name = func.overloadpacket.__name__
+    if name in COPY_OPERATORS:
+        return copy_sync(name, args, kwargs, out)
+    tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+    if device.type != "cpu" and all(t.device.type == "cpu" for t in tensors):
+        return None
+    if name in READ_BACK_OPERATORS:
+        return f"aten::{name}"
+    if name in INDEXING_OPERATORS and any(isinstance(t, torch.Tensor) and t.dtype in (torch.bool, torch.uint8)
+                                          for t in tree_flatten(args[1])[0]):
+        return f"aten::{name} with a boolean mask (a nonzero inside)"
+    return None
+
+
+def project_frame(frames) -> str | None:
+    """'file.py:line (function)' of the innermost frame of the project's own code among `frames` (innermost last),
+    neither torch's nor this script's; None when there is none."""
+    for frame in reversed(frames):
+        path = Path(frame.filename).resolve()
+        installed = {"site-packages", "dist-packages"} & set(path.parts)  # a virtual environment inside the repo
+        if path != AUDIT_SCRIPT and path.is_relative_to(ROOT) and not installed:
+            return f"{path.relative_to(ROOT)}:{frame.lineno} ({frame.name})"
+    return None
+
+
+@dataclass
+class StepCount:
+    """What counting() saw: every aten operator call by operator, and the host syncs by (what, where)."""
+    operators: Counter = field(default_factory=Counter)
+    syncs: Counter = field(default_factory=Counter)
+
+    @property
+    def host_syncs(self) -> int:
+        return sum(self.syncs.values())
+
+    @property
+    def ops(self) -> int:
+        return sum(self.operators.values())
+
+    def add_sync(self, what: str) -> None:
+        # CUDA runs the backward pass on a thread of its own, where no frame of the project's is on the stack.
+        self.syncs[(what, project_frame(traceback.extract_stack()) or "the backward pass")] += 1
+
+
+class OperatorCounter(TorchDispatchMode):
+    """Counts every aten operator dispatched while active, the backward pass's included, and its host syncs."""
+
+    def __init__(self, count: StepCount, device: torch.device):
+        super().__init__()
+        self.count, self.device = count, device
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        self.count.operators[f"aten::{func.overloadpacket.__name__}"] += 1
+        what = host_sync(func, args, kwargs, out, self.device)
+        if what is not None:
+            self.count.add_sync(what)
+        return out
+
+
+class HostReadCounter(TorchFunctionMode):
+    """Tensor.tolist() and .numpy() read a CPU tensor's memory directly, with no operator that OperatorCounter
+    could see; on a GPU the same call first copies the tensor to the host. Counted when auditing on the CPU."""
+
+    READS = frozenset({"tolist", "numpy"})
+
+    def __init__(self, count: StepCount):
+        super().__init__()
+        self.count = count
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", None)
+        if name in self.READS:
+            self.count.add_sync(f"Tensor.{name}() (a device-to-host copy on a GPU)")
+        return func(*args, **(kwargs or {}))
+
+
+@contextmanager
+def counting(device: torch.device):
+    """A StepCount of what runs inside the block."""
+    count = StepCount()
+    with HostReadCounter(count) if device.type == "cpu" else nullcontext(), OperatorCounter(count, device):
+        yield count
+
+
+def recipe_flags(array: str) -> list[str]:
+    """A flag array of scripts/_common.sh (CPU_FLAGS, GPU_FLAGS, SMART_FLAGS), as the recipes pass it."""
+    script = f'source "{ROOT / "scripts" / "_common.sh"}" && printf "%s\\0" "${{{array}[@]}}"'
+    return subprocess.run(["bash", "-c", script], check=True, capture_output=True, text=True).stdout.split("\0")[:-1]
+
+
+def audit_training_argv(args, smart: bool, pretrained: str, output_dir: str) -> list[str]:
+    """The training command line of the recipes for --device (cpu_sbert.sh's flags on the CPU, gpu_sbert.sh's on
+    CUDA; cpu_ss.sh's and gpu_ss.sh's with SMART) with this benchmark's model, data, batch size, --seq_len as
+    --max_length and precision; --train_flags come last, so they win."""
+    argv = recipe_flags("GPU_FLAGS" if torch.device(args.device).type == "cuda" else "CPU_FLAGS")
+    if smart:
+        argv += recipe_flags("SMART_FLAGS")
+    argv += ["--pretrained", pretrained, "--data_dir", args.data_dir, "--batch_size", str(args.batch_size),
+             "--max_length", str(args.seq_len), "--precision", args.requested_precision, "--output_dir", output_dir,
+             "--quiet"]
+    return argv + shlex.split(args.train_flags)
+
+
+def random_checkpoint(config: BertConfig, folder: Path) -> Path:
+    """Random weights of `config` saved as a pretrained folder, with the bundled minilm-l6 tokenizer (the
+    bert-base-uncased vocabulary): the training command line loads it as it loads any checkpoint."""
+    from safetensors.torch import save_file
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(config.to_dict()), encoding="utf-8")
+    torch.manual_seed(0)
+    save_file(to_hf_state_dict(BertModel(config).state_dict()), folder / "model.safetensors")
+    tokenizer = resolve_pretrained(RANDOM_WEIGHTS_TOKENIZER)
+    for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tokenizer / name, folder / name)
+    return folder
+
+
+def audit_trainer(args, device: torch.device, smart: bool, pretrained: str, output_dir: str):
+    """The Trainer that multitask_classifier.py builds from the recipe's command line (audit_training_argv), as its
+    _run does: flags parsed and checked, data loaded, the flags that depend on the model checked, the model built
+    and placed on the device (packed or padded tokens, compiled layers), then training_args.build_trainer; and the
+    run's stages."""
+    import multitask_classifier as command_line
+    from schedules import train_tasks
+    from training_args import build_trainer, run_tasks
+    settings = command_line.parse_args(audit_training_argv(args, smart, pretrained, output_dir))
+    stages, data, _, triplets, teacher = command_line.load_inputs(settings)
+    tokenizer = command_line.check_pretrained(settings, data)
+    seed_everything(settings.seed)
+    model = command_line.build_model(settings, "sts" in train_tasks(stages, run_tasks(settings))).to(device)
+    place_encoder(model.bert.encoder, device, settings.compile, settings.compile_mode)
+    return build_trainer(settings, model, tokenizer, data, triplets, device, teacher=teacher), stages
+
+
+def first_training_batches(trainer, stages, args) -> tuple[str, list[dict]]:
+    """The task of the run's first task stage and its first two batches, from the loader that run_stage makes (its
+    seed included): one to warm up on and the one to count."""
+    from schedules import StageKind
+    index, stage = next((i, s) for i, s in enumerate(stages) if s.kind is StageKind.TASK)
+    loader = trainer.train_loader(stage.task, trainer.config.seed + 1000 * index, trainer.stage_size(stage))
+    batches = [batch for _, batch in zip(range(2), loader)]
+    if len(batches) < 2:
+        raise UsageError(f"--batch_size {args.batch_size}: {args.data_dir}'s {stage.task} training set makes fewer "
+                         "than the two batches step_audit needs (a warm-up step, then the counted one)")
+    return stage.task, batches
+
+
+def audited_step(trainer, task: str, warm_up: dict, counted: dict) -> StepCount:
+    """One training step as run_steps takes it (task_step, then optimizer_step), counted after an uncounted one on
+    `warm_up` (the optimizer's state, SMART's teacher). task_step's loss, a float or a tensor on the device, is not
+    read here: reading it is the training loop's affair, once per step or once per log line."""
+    trainer.model.train()
+    trainer.task_step(task, warm_up, 1)
+    trainer.optimizer_step()
+    with counting(trainer.device) as count:
+        trainer.task_step(task, counted, 1)
+        trainer.optimizer_step()
+    return count
+
+
+def graph_breaks(function) -> dict:
+    """The graph breaks torch.compile meets in function(): torch._dynamo.explain's count (with default settings: the
+    graphs it made, less one, resumed frames' included) and the reasons it recorded, by project line."""
+    import torch._dynamo
+    torch._dynamo.reset()
+    explanation = torch._dynamo.explain(function)()
+    torch._dynamo.reset()
+    reasons = Counter((reason.reason.splitlines()[0][:160], project_frame(reason.user_stack) or "torch")
+                      for reason in explanation.break_reasons)
+    return {"count": explanation.graph_break_count,
+            "reasons": [{"reason": reason, "where": where, "times": times}
+                        for (reason, where), times in reasons.most_common()]}
+
+
+def plain_step_graph_breaks(trainer, task: str, batch: dict) -> dict:
+    """Graph breaks of the model's forward in the plain step (embeddings, encoder and head: what torch.compile is
+    to capture, its inputs and token layout prepared on the host beforehand, as the step prepares them) and of the
+    step's whole loss computation (compute_task_loss under the run's autocast, as task_step runs it: the host-side
+    preparation included)."""
+    from trainer import compute_task_loss
+    model, regularization = trainer.model, trainer.regularization
+    batch = to_device(batch, trainer.device)
+
+    def loss():
+        with trainer.amp:
+            return compute_task_loss(model, task, batch, regularization.smart.get(task), regularization.lnsr.get(task),
+                                     trainer.distillation)
+    model.set_adapter(task)
+    inputs = model.encoder_inputs(task, batch)
+
+    def forward():
+        with trainer.amp:
+            return model.outputs_from_embeddings(task, model.embed(inputs), inputs)
+    return {"model forward": graph_breaks(forward), "loss computation": graph_breaks(loss)}
+
+
+def step_figures(count: StepCount, task: str, batch: dict, argv: list[str]) -> dict:
+    return {"task": task, "batch_shapes": {k: list(v.shape) for k, v in batch.items() if torch.is_tensor(v)},
+            "training_argv": argv, "host_syncs": count.host_syncs, "ops": count.ops,
+            "host_syncs_by_site": [{"what": what, "where": where, "times": times}
+                                   for (what, where), times in count.syncs.most_common()],
+            "operators": dict(count.operators.most_common())}
+
+
+def bench_step_audit(args, device) -> dict:
+    """One plain and one SMART training step as the command line trains them, each counted after a warm-up step:
+    the host syncs (what and where), every aten operator dispatched (the backward pass and the optimizer step
+    included) and, for the plain step, the graph breaks that torch.compile meets in the model's forward (and in
+    the whole loss computation, reported beside it)."""
+    result = {"benchmark": "step_audit: host syncs, aten operators and graph breaks of one training step"}
+    with tempfile.TemporaryDirectory() as folder:
+        config = random_config(args.config)
+        pretrained = args.config if config is None else str(random_checkpoint(config, Path(folder) / "model"))
+        for name, smart in (("plain", False), ("smart", True)):
+            trainer, stages = audit_trainer(args, device, smart, pretrained, folder)
+            task, (warm_up, counted) = first_training_batches(trainer, stages, args)
+            count = audited_step(trainer, task, warm_up, counted)
+            result[f"{name}_step"] = step_figures(count, task, counted,
+                                                  audit_training_argv(args, smart, args.config, "OUTPUT_DIR"))
+            if not smart:
+                breaks = plain_step_graph_breaks(trainer, task, counted)
+                result["plain_step"].update(
+                    graph_breaks=breaks["model forward"]["count"],
+                    graph_break_reasons=breaks["model forward"]["reasons"],
+                    graph_breaks_loss_computation=breaks["loss computation"]["count"],
+                    graph_break_reasons_loss_computation=breaks["loss computation"]["reasons"])
+            del trainer
+            gc.collect()
+    return result
+
+
+def step_audit_lines(result: dict) -> list[str]:
+    """What the audit prints after its JSON: every host sync by site, the graph breaks, then the two summary lines."""
+    plain, smart = result["plain_step"], result["smart_step"]
+    lines = [f"{name} step sync: {site['times']} x {site['what']} at {site['where']}"
+             for name, step in (("plain", plain), ("smart", smart)) for site in step["host_syncs_by_site"]]
+    lines.append(f"graph breaks (torch._dynamo.explain: graphs - 1): the model's forward {plain['graph_breaks']}, "
+                 f"the plain step's whole loss computation {plain['graph_breaks_loss_computation']}")
+    for part, key in (("forward", "graph_break_reasons"), ("loss computation", "graph_break_reasons_loss_computation")):
+        lines += [f"graph break in the {part}: {r['times']} x {r['reason']} at {r['where']}" for r in plain[key]]
+    lines.append(f"plain step: host syncs {plain['host_syncs']}, ops {plain['ops']}, "
+                 f"graph breaks {plain['graph_breaks']}")
+    lines.append(f"smart step: host syncs {smart['host_syncs']}, ops {smart['ops']}")
+    return lines
+
+
+# ---------------------------------------------------------------------------------------------------
 # qa_peer: the SQuAD 2.0 peer, its own command line (python scripts/benchmark.py qa_peer --help)
 
 QA_PEER_DOC = """benchmark.py qa_peer, the peer run for SQuAD 2.0: transformers' BertForQuestionAnswering on this
@@ -844,8 +1155,8 @@ QA_METRIC_KEYS = ("em", "f1", "has_answer_em", "has_answer_f1", "no_answer_em", 
 
 
 def qa_peer_arguments(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="benchmark.py qa_peer", description=QA_PEER_DOC,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineErrorParser(prog="benchmark.py qa_peer", description=QA_PEER_DOC,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data_dir", default=str(ROOT.parent / "shared" / "data" / "squad"),
                         help="folder with train-v2.0.json and dev-v2.0.json")
     parser.add_argument("--pretrained", default="minilm-l6", help="a name or directory for resolve_pretrained")
@@ -873,6 +1184,26 @@ def qa_peer_arguments(argv=None) -> argparse.Namespace:
         parser.error("--max_train_examples must be at least 1")
     if args.compare_steps < 0:
         parser.error("--compare_steps must be >= 0")
+    if not (math.isfinite(args.lr) and args.lr > 0):
+        parser.error(f"--lr must be a finite number > 0, got {args.lr}")
+    if args.max_length < shortest_max_length(2):
+        parser.error(f"--max_length must be >= {shortest_max_length(2)}, got {args.max_length}: a window holds "
+                     "[CLS] question [SEP] context [SEP], a token of each at least")
+    if args.doc_stride >= args.max_length:
+        parser.error(f"--doc_stride {args.doc_stride} must be below --max_length {args.max_length}")
+    try:
+        positions = pretrained_config(args.pretrained).max_position_embeddings
+    except CheckpointError as err:
+        parser.error(f"--pretrained {args.pretrained}: {err}")
+    if args.max_length > positions:
+        parser.error(f"--max_length {args.max_length} is longer than the {positions} positions of {args.pretrained}")
+    for split in ("train",) if args.compare_steps else ("train", "dev"):
+        if not (Path(args.data_dir) / f"{split}-v2.0.json").is_file():
+            parser.error(f"--data_dir {args.data_dir}: no {split}-v2.0.json there")
+    if args.out is not None:
+        problem = "a folder, not a file" if args.out.is_dir() else unwritable_folder(args.out.parent)
+        if problem:
+            parser.error(f"--out {args.out}: {problem}")
     return args
 
 
@@ -1067,6 +1398,14 @@ def qa_settings(args, directory: Path) -> dict:
 
 def qa_peer_main(argv=None) -> int:
     args = qa_peer_arguments(argv)
+    try:
+        return qa_peer_run(args)
+    except (CheckpointError, DataError) as err:  # a SQuAD file or checkpoint found wrong once read: one line
+        print(f"benchmark.py qa_peer: error: {err}", file=sys.stderr)
+        return 2
+
+
+def qa_peer_run(args) -> int:
     directory = resolve_pretrained(args.pretrained)
     tokenizer = BertTokenizer.from_pretrained(directory)
     train_windows = qa_load_split(args, "train", tokenizer, args.max_train_examples)
@@ -1101,35 +1440,131 @@ def qa_peer_main(argv=None) -> int:
 BENCHMARKS = {"encoder": bench_encoder, "precision": bench_precision, "smart": bench_smart, "memory": bench_memory,
               "pipeline": bench_pipeline, "adapters": bench_adapters, "checkpointing": bench_checkpointing,
               "data_parallel": bench_data_parallel, "ensemble": bench_ensemble}
+# Kinds that count rather than time, outside `all`; each prints lines of its own after its JSON, its summary last.
+AUDITS = {"step_audit": bench_step_audit}
+AUDIT_LINES = {"step_audit": step_audit_lines}
+PROTOCOL_DATA = ROOT.parent / "shared" / "data" / "protocol"
+DEMO_DATA = ROOT / "data" / "demo"
+# The course files each kind reads from --data_dir (step_audit: the training command line checks its own).
+DATA_FILES = {"pipeline": [("sst", "train")],
+              "ensemble": [(task, split) for task in MULTITASK for split in ("dev", "test")]}
+TEXT_KINDS = {"pipeline", "ensemble", "step_audit"}  # those that tokenize real text with --config's tokenizer
+# The shortest --seq_len that lets each kind act: the tokenizer's shortest cut for a text (pairs: step_audit's
+# training may encode them jointly); random batches need rows of seq_len / 2 .. seq_len tokens, at least one each.
+SHORTEST_SEQ_LEN = {"pipeline": shortest_max_length(1), "ensemble": shortest_max_length(1),
+                    "step_audit": shortest_max_length(2)}
+RANDOM_BATCH_SHORTEST_SEQ_LEN = 2
+
+
+def whole_number(minimum: int):
+    """An argparse type: a whole number >= minimum (argparse names the flag in its error)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        return value
+    return parse
+
+
+def device_flag(text: str) -> str:
+    """An argparse type: a device these benchmarks run on that torch can see (cpu, cuda, cuda:N)."""
+    try:
+        device = torch.device(text)
+    except RuntimeError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a device; use cpu, cuda or cuda:N") from None
+    if device.type not in ("cpu", "cuda"):
+        raise argparse.ArgumentTypeError(f"the benchmarks run on cpu or cuda, not {device.type}")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        build = "a CPU-only build" if torch.version.cuda is None else f"built for CUDA {torch.version.cuda}"
+        raise argparse.ArgumentTypeError(f"{text}: torch sees no CUDA device (torch {torch.__version__}, {build})")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise argparse.ArgumentTypeError(f"{text}: torch sees {torch.cuda.device_count()} CUDA device(s)")
+    return text
+
+
+def chosen_kinds(which: str, device: torch.device) -> list[str]:
+    """The kinds a run measures: `which`, or for all every timed kind that runs on the device (data_parallel
+    measures gloo processes on the CPU)."""
+    if which != "all":
+        return [which]
+    return [kind for kind in BENCHMARKS if kind != "data_parallel" or device.type == "cpu"]
+
+
+def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """The checks that need several flags or the model's config.json (no weights): each bad flag is one line and
+    exit code 2 (parser.error) before anything loads."""
+    device = torch.device(args.device)
+    kinds = chosen_kinds(args.which, device)
+    if args.which == "data_parallel" and device.type != "cpu":
+        parser.error(f"--device {args.device}: data_parallel measures gloo processes on the CPU; on GPUs time a "
+                     "torchrun run instead")
+    if "data_parallel" in kinds and args.batch_size < 2:
+        parser.error(f"--batch_size {args.batch_size}: data_parallel splits it over 2 processes, so it must be >= 2")
+    shortest = max(SHORTEST_SEQ_LEN.get(kind, RANDOM_BATCH_SHORTEST_SEQ_LEN) for kind in kinds)
+    if args.seq_len < shortest:
+        parser.error(f"--seq_len must be >= {shortest} for {args.which}, got {args.seq_len}")
+    try:
+        config = model_config(args.config)
+        if TEXT_KINDS & set(kinds):
+            BertTokenizer.from_pretrained(tokenizer_directory(args.config)).check_fits(config.vocab_size, args.config)
+    except CheckpointError as err:
+        parser.error(f"--config {args.config}: {err}")
+    if args.seq_len > config.max_position_embeddings:
+        parser.error(f"--seq_len {args.seq_len} is longer than the {config.max_position_embeddings} positions of "
+                     f"{args.config}")
+    data_dir = Path(args.data_dir)
+    if TEXT_KINDS & set(kinds) and not data_dir.is_dir():
+        parser.error(f"--data_dir {data_dir}: not a folder")
+    for task, split in sorted({pair for kind in kinds for pair in DATA_FILES.get(kind, [])}):
+        path = standard_paths(data_dir)[(task, split)]
+        if not path.is_file():
+            parser.error(f"--data_dir {data_dir}: no {path.name} there (the {task} {split} file)")
+    if args.json is not None:
+        problem = "a folder, not a file" if args.json.is_dir() else unwritable_folder(args.json.parent)
+        if problem:
+            parser.error(f"--json {args.json}: {problem}")
+    if args.which == "step_audit":  # the training command line checks its own flags (one line, exit code 2)
+        import multitask_classifier
+        multitask_classifier.parse_args(audit_training_argv(args, True, args.config, "OUTPUT_DIR"))
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    """The command line, with --precision resolved for --device: args.precision is bf16, fp16 or fp32 and
-    args.requested_precision what was asked (auto, or --bf16 / --no-bf16 through their alias)."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("which", choices=[*BENCHMARKS, "all"])
+    """The command line, checked, with --precision resolved for --device: args.precision is bf16, fp16 or fp32
+    and args.requested_precision what was asked (auto, or --bf16 / --no-bf16 through their alias)."""
+    parser = OneLineErrorParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("which", choices=[*BENCHMARKS, "all", *AUDITS])
     parser.add_argument("--config", default="minilm-l6", help="minilm-l6, a checkpoint, or random weights: "
                         "bert-base-random, random:NAME_OR_CONFIG_JSON")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--device", type=device_flag, default="cpu", help="cpu, cuda or cuda:N")
+    parser.add_argument("--threads", type=whole_number(1), default=2)
     parser.add_argument("--precision", choices=PRECISIONS, default="auto",
                         help="auto: as training resolves it for the device (runtime.resolve_precision)")
     parser.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None,
                         help="alias: --bf16 is --precision bf16, --no-bf16 is --precision fp32")
-    parser.add_argument("--batch_size", type=int, default=32)
-    parser.add_argument("--seq_len", type=int, default=64)
-    parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=3, help="timed steps per side per round")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--data_dir", default=str(ROOT.parent / "shared" / "data" / "protocol"),
-                        help="for the pipeline benchmark (needs ids-sst-train.csv)")
+    parser.add_argument("--batch_size", type=whole_number(1), default=32)
+    parser.add_argument("--seq_len", type=whole_number(1), default=64,
+                        help="tokens per sequence (step_audit: the training run's --max_length)")
+    parser.add_argument("--warmup", type=whole_number(0), default=2, help="untimed steps per side")
+    parser.add_argument("--steps", type=whole_number(1), default=3, help="timed steps per side per round")
+    parser.add_argument("--rounds", type=whole_number(1), default=3)
+    parser.add_argument("--data_dir", help=f"course files: pipeline reads ids-sst-train.csv, ensemble the dev and "
+                        f"test files (default {PROTOCOL_DATA}); step_audit trains on it (default {DEMO_DATA})")
+    parser.add_argument("--train_flags", default="", help="step_audit: more flags of the training command line, "
+                        "after the recipe's, so they win; with an = as they start with --, e.g. "
+                        "--train_flags='--gradient_checkpointing'")
     parser.add_argument("--json", type=Path, help="also append the results to this JSON-lines file")
     args = parser.parse_args(argv)
+    if args.data_dir is None:
+        args.data_dir = str(DEMO_DATA if args.which in AUDITS else PROTOCOL_DATA)
     try:
         args.requested_precision = requested_precision(args.precision, args.bf16)
     except ValueError as err:
         parser.error(str(err))
     args.precision = resolve_precision(torch.device(args.device), args.requested_precision)
+    check_arguments(parser, args)
     return args
 
 
@@ -1141,10 +1576,13 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     use_tf32(device)  # as training does: float32 matmuls through TF32 on CUDA
-    names = list(BENCHMARKS) if args.which == "all" else [args.which]
-    for name in names:
+    for name in chosen_kinds(args.which, device):
         GRADIENT_SCALING.clear()
-        result = BENCHMARKS[name](args, device)
+        try:
+            result = {**BENCHMARKS, **AUDITS}[name](args, device)
+        except (CheckpointError, DataError, UsageError) as err:  # an input found wrong once read: one line
+            print(f"benchmark.py {name}: error: {err}", file=sys.stderr)
+            return 2
         if GRADIENT_SCALING:
             result["fp16_skipped_steps"] = sum(record["skipped"] for record in GRADIENT_SCALING)
         result["setup"] = describe(args, device)
@@ -1152,6 +1590,8 @@ def main(argv=None) -> int:
         if args.json:
             with open(args.json, "a", encoding="utf-8") as handle:
                 handle.write(json.dumps(result) + "\n")
+        if name in AUDIT_LINES:
+            print("\n".join(AUDIT_LINES[name](result)))
     return 0
 
 

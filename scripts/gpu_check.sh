@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One command to verify a CUDA machine, offline (random bert-base config and the bundled minilm-l6), in minutes:
-# the course checks, the tests marked gpu, the encoder and SMART benchmarks against transformers, and a short
-# gpu_ss.sh / gpu_best.sh run on the demo data. Prints one summary table; logs go to runs/gpu_check/.
+# the course checks, the tests marked gpu, the encoder and SMART benchmarks against transformers, float32 against
+# 16-bit autocast, the host syncs and graph breaks of one training step (step_audit), and a short gpu_ss.sh /
+# gpu_best.sh run on the demo data. Prints one summary table; logs go to runs/gpu_check/.
 #   bash scripts/gpu_check.sh
 set -uo pipefail  # not -e: every check runs and reports, a failing one does not hide the others
 source "$(dirname "$0")/_common.sh"
@@ -23,18 +24,23 @@ check() {
     ROWS+=("| $name | $([ $status -eq 0 ] && echo pass || echo "FAIL ($status)") | $(($(date +%s) - start)) s | $last |")
 }
 
-# The figures the table quotes, read from the benchmarks' JSON lines.
+# The figures the table quotes, read from the benchmarks' JSON lines: figure CONFIG/TITLE_PART KEY [SCALE] (SCALE
+# 1000: seconds as milliseconds); "n/a" where the benchmark failed or has no such key (an fp16 GPU: no bf16 time).
 figure() {
-    python - "$LOGS/benchmarks.jsonl" "$1" "$2" <<'EOF'
+    python - "$LOGS/benchmarks.jsonl" "$1" "$2" "${3:-1}" <<'EOF'
 import json, sys
-path, which, key = sys.argv[1:]
+path, which, key, scale = sys.argv[1:]
+config, title_part = which.split("/")
 for line in open(path):
     result = json.loads(line)
-    if result["setup"]["config"] == which.split("/")[0] and which.split("/")[1] in result["benchmark"]:
+    if result["setup"]["config"] == config and title_part in result["benchmark"]:
         value = result
         for part in key.split("."):
-            value = value[part]
-        print(round(value, 3) if isinstance(value, float) else value)
+            value = value.get(part) if isinstance(value, dict) else None
+        if value is not None:
+            print(round(value * float(scale), 3) if isinstance(value, float) else value)
+            sys.exit()
+print("n/a")
 EOF
 }
 
@@ -47,6 +53,11 @@ for config in bert-base-random minilm-l6; do
         --json "$LOGS/benchmarks.jsonl"
     check "smart_$config" python scripts/benchmark.py smart --device cuda --config "$config" --seq_len 128 \
         --json "$LOGS/benchmarks.jsonl"
+    # The encoder benchmark times the run's precision only: this one sets float32 (TF32) against 16-bit autocast.
+    check "precision_$config" python scripts/benchmark.py precision --device cuda --config "$config" --seq_len 128 \
+        --json "$LOGS/benchmarks.jsonl"
+    check "step_audit_$config" python scripts/benchmark.py step_audit --device cuda --config "$config" \
+        --seq_len 128 --json "$LOGS/benchmarks.jsonl"
 done
 # About 200 optimizer steps each: the demo's 160 training examples per task at batch 8.
 DEMO_FLAGS=(--pretrained minilm-l6 --batch_size 8 --cycles 5 --quiet)
@@ -68,4 +79,14 @@ echo "| SMART step / plain step | $(figure bert-base-random/SMART smart_cost_rat
 echo "| the same with transformers | $(figure bert-base-random/SMART transformers_smart_cost_ratio) | $(figure minilm-l6/SMART transformers_smart_cost_ratio) | |"
 echo "| peak memory of the SMART step (MiB) | $(figure bert-base-random/SMART peak_step_memory_mib.smart) | $(figure minilm-l6/SMART peak_step_memory_mib.smart) | < 12288 |"
 echo "| precision | $(figure bert-base-random/encoder setup.precision) | $(figure minilm-l6/encoder setup.precision) | |"
+for kind in float32 bf16_autocast; do
+    echo "| minBERT train step, $kind (ms; precision) | $(figure "bert-base-random/float32 vs" median_step_s.$kind 1000) | $(figure "minilm-l6/float32 vs" median_step_s.$kind 1000) | |"
+done
+echo "| 16-bit autocast step speed-up over float32 (TF32) | $(figure "bert-base-random/float32 vs" speedup_16bit_vs_float32) | $(figure "minilm-l6/float32 vs" speedup_16bit_vs_float32) | >= 1.3 |"
+for key in host_syncs ops graph_breaks; do
+    echo "| plain step $key (step_audit) | $(figure bert-base-random/step_audit plain_step.$key) | $(figure minilm-l6/step_audit plain_step.$key) | $([ $key = ops ] || echo 0) |"
+done
+for key in host_syncs ops; do
+    echo "| SMART step $key (step_audit) | $(figure bert-base-random/step_audit smart_step.$key) | $(figure minilm-l6/step_audit smart_step.$key) | $([ $key = ops ] || echo '<= 1') |"
+done
 ! printf '%s\n' "${ROWS[@]}" | grep -q FAIL

@@ -3,6 +3,7 @@ The numbers themselves are measured on purpose-sized batches in BENCHMARKS.md, n
 import json
 import math
 import multiprocessing
+import re
 from functools import partial
 
 import pytest
@@ -211,7 +212,9 @@ def test_step_memory_counts_the_static_tensors(tiny_config):
     # A QQP SBERT step (mean pooling) gives no gradient to the pooler nor to SST's head.
     unused = 4 * sum(p.numel() for name, p in model.named_parameters() if "pooler" in name or "sentiment" in name)
     assert figures["gradients"] == parameters - unused > 0.9 * parameters
-    assert figures["adamw_states"] == 2 * figures["gradients"]  # exp_avg and exp_avg_sq of what has trained
+    # exp_avg and exp_avg_sq of what has trained, and its step counts where AdamW keeps them as float64 tensors
+    trained = [p for name, p in model.named_parameters() if "pooler" not in name and "sentiment" not in name]
+    assert figures["adamw_states"] - 2 * figures["gradients"] in (0, 8 * len(trained))
     assert figures["step_peak"] > figures["gradients"]  # the step makes the gradients and more
 
 
@@ -226,3 +229,142 @@ def test_float_matmuls_count_the_bytes_of_the_16_bit_kernels(tiny_config):
     with benchmark.FloatMatmuls():
         product = a @ b
     assert product.dtype == torch.bfloat16 and torch.equal(product, (a.float() @ b.float()).bfloat16())
+
+
+# -- step_audit ------------------------------------------------------------------------------------
+
+def syncing_function(x):
+    """Reads x back to the host in every way the audit counts on the CPU."""
+    return bool((x > 0).all()), x.sum().item(), x.nonzero(), x[x > 0], x.tolist()
+
+
+def test_the_step_counter_counts_every_operator_and_each_host_sync_where_it_is_called():
+    x = torch.arange(6.0)
+    with benchmark.counting(torch.device("cpu")) as quiet:
+        (x * 2 + 1).sum()  # mul, add, sum: nothing read back
+    assert quiet.ops == 3 and quiet.host_syncs == 0
+    with benchmark.counting(torch.device("cpu")) as count:
+        syncing_function(x)
+    line = syncing_function.__code__.co_firstlineno + 2  # its return statement
+    where = f"tests/test_benchmark.py:{line} (syncing_function)"
+    assert dict(count.syncs) == {
+        ("aten::_local_scalar_dense", where): 2,  # bool() and item()
+        ("aten::nonzero", where): 1,
+        ("aten::index with a boolean mask (a nonzero inside)", where): 1,
+        ("Tensor.tolist() (a device-to-host copy on a GPU)", where): 1}
+    assert count.host_syncs == 5 and count.ops == count.operators.total() >= 7
+
+
+def test_copies_and_reads_count_as_syncs_only_where_they_make_the_host_wait():
+    """A meta tensor stands for a GPU's: a copy to the host waits, and one to the device unless it is non-blocking
+    from pinned memory (which this CPU build cannot make); audited on CUDA, reading a CPU tensor waits for nothing."""
+    host, device = torch.ones(2), torch.empty(2, device="meta")
+    assert benchmark.copy_sync("copy_", (host, device), {}, None) == "device-to-host copy (aten::copy_)"
+    assert benchmark.copy_sync("_to_copy", (device,), {}, host) == "device-to-host copy (aten::_to_copy)"
+    assert benchmark.copy_sync("copy_", (device, host), {}, None) == "blocking host-to-device copy (aten::copy_)"
+    assert benchmark.copy_sync("_to_copy", (host,), {"non_blocking": True}, device) == \
+        "host-to-device copy from pageable memory (aten::_to_copy)"
+    assert benchmark.copy_sync("copy_", (host, torch.zeros(2)), {}, None) is None
+    read = torch.ops.aten._local_scalar_dense.default
+    assert benchmark.host_sync(read, (torch.ones(()),), {}, 1.0, torch.device("cuda")) is None
+    assert benchmark.host_sync(read, (torch.ones((), device="meta"),), {}, 1.0, torch.device("cuda")) == \
+        "aten::_local_scalar_dense"
+
+
+def deliberate_sync():
+    return torch.ones(1).item()
+
+
+def test_step_audit_ends_with_its_two_summary_lines(tmp_path, tiny_config_for_text, capsys, monkeypatch):
+    """One plain and one SMART step of the tiny BERT built by the training command line on the demo data: the
+    counts in the last two lines are the --json line's, and every sync is listed above them. A sync added to the
+    optimizer step is counted once per audited step: the warm-up step before it is not counted."""
+    import trainer
+    optimizer_step = trainer.Trainer.optimizer_step
+
+    def optimizer_step_with_a_sync(self, *args, **kwargs):
+        optimizer_step(self, *args, **kwargs)
+        deliberate_sync()
+    monkeypatch.setattr(trainer.Trainer, "optimizer_step", optimizer_step_with_a_sync)
+    out = tmp_path / "audit.jsonl"
+    assert benchmark.main(["step_audit", "--config", tiny_config_for_text, "--batch_size", "4", "--seq_len", "16",
+                           "--threads", "1", "--data_dir", str(DEMO), "--json", str(out)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    result = json.loads(out.read_text())
+    plain, smart = result["plain_step"], result["smart_step"]
+    assert lines[-2] == (f"plain step: host syncs {plain['host_syncs']}, ops {plain['ops']}, "
+                         f"graph breaks {plain['graph_breaks']}")
+    assert lines[-1] == f"smart step: host syncs {smart['host_syncs']}, ops {smart['ops']}"
+    assert re.fullmatch(r"plain step: host syncs \d+, ops \d+, graph breaks \d+", lines[-2])
+    assert re.fullmatch(r"smart step: host syncs \d+, ops \d+", lines[-1])
+    assert plain["task"] == smart["task"] == "qqp" and plain["batch_shapes"]["input_ids_1"][0] == 4
+    assert "--smart" in smart["training_argv"] and "--smart" not in plain["training_argv"]
+    assert smart["ops"] > plain["ops"] > 0 and any(op.endswith("_backward") for op in plain["operators"])
+    deliberate = {"what": "aten::_local_scalar_dense", "times": 1,
+                  "where": f"tests/test_benchmark.py:{deliberate_sync.__code__.co_firstlineno + 1} (deliberate_sync)"}
+    for name, step in (("plain", plain), ("smart", smart)):
+        assert deliberate in step["host_syncs_by_site"]
+        assert sum(site["times"] for site in step["host_syncs_by_site"]) == step["host_syncs"]
+        listed = [line for line in lines if line.startswith(f"{name} step sync: ")]
+        assert len(listed) == len(step["host_syncs_by_site"])
+    assert plain["graph_breaks"] >= 0 and plain["graph_breaks_loss_computation"] >= 0
+    assert any(line.startswith("graph breaks (torch._dynamo.explain") for line in lines[:-2])
+
+
+# -- bad flags: one line naming the flag, exit code 2, before anything loads -------------------------
+
+def refused(capsys, *argv) -> str:
+    """The one line of stderr with which the benchmark refuses argv (exit code 2)."""
+    with pytest.raises(SystemExit) as exit_info:
+        benchmark.main(list(argv))
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1, error
+    return error
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["encoder", "--batch_size", "0"], "argument --batch_size: must be >= 1, got 0"),
+    (["encoder", "--steps", "0"], "argument --steps: must be >= 1, got 0"),
+    (["encoder", "--rounds", "0"], "argument --rounds: must be >= 1, got 0"),
+    (["encoder", "--warmup", "-1"], "argument --warmup: must be >= 0, got -1"),
+    (["encoder", "--threads", "0"], "argument --threads: must be >= 1, got 0"),
+    (["encoder", "--batch_size", "two"], "argument --batch_size: expected a whole number, got 'two'"),
+    (["encoder", "--seq_len", "100000"], "--seq_len 100000 is longer than the 512 positions of minilm-l6"),
+    (["encoder", "--seq_len", "1"], "--seq_len must be >= 2 for encoder, got 1"),
+    (["pipeline", "--seq_len", "2"], "--seq_len must be >= 3 for pipeline, got 2"),
+    (["step_audit", "--seq_len", "4"], "--seq_len must be >= 5 for step_audit, got 4"),
+    (["encoder", "--device", "tpu"], "argument --device: 'tpu' is not a device"),
+    (["encoder", "--device", "mps"], "argument --device: the benchmarks run on cpu or cuda, not mps"),
+    (["encoder", "--config", "/no/such/checkpoint"], "--config /no/such/checkpoint: "),
+    (["encoder", "--config", "random:/no/such/config.json"], "--config random:/no/such/config.json: "),
+    (["pipeline", "--data_dir", "/no/such/folder"], "--data_dir /no/such/folder: not a folder"),
+    (["ensemble", "--data_dir", str(DEMO.parent)], f"--data_dir {DEMO.parent}: no quora-dev.csv there"),
+    (["data_parallel", "--batch_size", "1"], "--batch_size 1: data_parallel splits it over 2 processes"),
+    (["encoder", "--json", str(DEMO)], f"--json {DEMO}: a folder, not a file"),
+    (["step_audit", "--train_flags", "--lr 0"], "--lr must be a finite number > 0, got 0.0"),
+])
+def test_a_bad_flag_is_one_line_and_exit_code_2(capsys, argv, message):
+    assert message in refused(capsys, *argv)
+
+
+def test_cuda_without_cuda_is_refused_in_one_line(capsys):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    assert "argument --device: cuda: torch sees no CUDA device" in refused(capsys, "smart", "--device", "cuda")
+
+
+def test_a_vocabulary_the_model_cannot_embed_is_refused_for_real_text(capsys, tiny_config):
+    """The tiny config's 1,100-row embedding table cannot take the bert-base-uncased tokenizer's ids."""
+    error = refused(capsys, "pipeline", "--config", tiny_config, "--data_dir", str(DEMO))
+    assert f"--config {tiny_config}: " in error and "embedding table has 1100 rows" in error
+
+
+def test_the_squad_peer_refuses_bad_flags_in_one_line(capsys, tmp_path):
+    assert "--data_dir /no/such/folder: no train-v2.0.json there" in refused(
+        capsys, "qa_peer", "--data_dir", "/no/such/folder")
+    assert "--max_length 1000 is longer than the 512 positions of minilm-l6" in refused(
+        capsys, "qa_peer", "--data_dir", str(DEMO), "--max_length", "1000")
+    assert f"--out {tmp_path}: a folder, not a file" in refused(
+        capsys, "qa_peer", "--data_dir", str(DEMO), "--out", str(tmp_path))
+    assert "argument --batch_size: invalid int value" in refused(capsys, "qa_peer", "--batch_size", "x")
