@@ -35,6 +35,7 @@ from schedules import Stage, StageKind, build_schedule, train_tasks
 from scores import (ScoresFileError, as_saved, scores_path, span_logits_path, write_qa_scores, write_scores,
                     write_span_logits)
 from squad import check_window_room, predictions, write_squad_predictions
+from step_log import STEPS_FILE, TENSORBOARD_DIR
 from tasks import MULTITASK, RUN_TASKS, SPLITS, TASKS, default_output
 from tokenizer import BertTokenizer
 from trainer import Trainer, TrainingDiverged, decide
@@ -157,8 +158,9 @@ def check_pretrained(args: TrainingArguments, data: dict) -> BertTokenizer:
 
 
 # What a run writes in its folder besides checkpoints and scores (trainer.py, plots.write_run_reports, write_sst_tsne).
-RUN_REPORTS = ("metrics.jsonl", "history.json", "forgetting.md", "forgetting_matrix.png", "training_curves.png",
-               "sst_error_histogram.png", "qqp_confusion_matrix.png", "sts_scatter.png", "sst_tsne.png")
+RUN_REPORTS = ("metrics.jsonl", STEPS_FILE, "history.json", "forgetting.md", "forgetting_matrix.png",
+               "training_curves.png", "sst_error_histogram.png", "qqp_confusion_matrix.png", "sts_scatter.png",
+               "sst_tsne.png")
 CHECKPOINT = re.compile(r"(last|best|stage_\d+)\.(json|safetensors)(\.tmp)?")
 
 
@@ -166,6 +168,7 @@ def earlier_run_files(output_dir: Path, predictions: list[Path]) -> list[Path]:
     """The files an earlier run may have left in OUTPUT_DIR: its checkpoints, reports, plots and scores/, and the
     leaderboard files of any task in its predictions folders inside OUTPUT_DIR (a run of other tasks leaves some)."""
     files = [output_dir / name for name in RUN_REPORTS]
+    files += (output_dir / TENSORBOARD_DIR).glob("events.out.tfevents.*")  # --report_to tensorboard's
     files += [path for path in output_dir.glob("*") if CHECKPOINT.fullmatch(path.name)]
     files += [scores_path(output_dir, task, split) for task in RUN_TASKS for split in SPLITS]
     files.append(span_logits_path(output_dir))

@@ -353,6 +353,9 @@ class SmartRegularizer:
             teacher = BregmanTeacher(model, config.teacher_momentum)
         self.teacher = teacher
         self.skipped_steps = 0
+        # The terms of the last penalty, weighted as added (lambda_s * R_s as "adversarial", mu * D_Breg as
+        # "bregman"), detached on the device: a caller that logs them sums them there and reads them back rarely.
+        self.terms: dict[str, Tensor] = {}
 
     def penalty(
         self,
@@ -366,21 +369,23 @@ class SmartRegularizer:
         """lambda_s * R_s + mu * divergence(clean_outputs, teacher(model, *teacher_args, **teacher_kwargs)).
 
         clean_outputs = forward_fn(embeddings) from the caller's one clean forward, reused here; the
-        teacher outputs are a fixed target. A skipped adversarial term adds 0 and bumps skipped_steps.
+        teacher outputs are a fixed target. A skipped adversarial term adds 0 and bumps skipped_steps. The two terms
+        are kept in `terms`.
         """
         divergence_fn = _divergence(divergence)
         if self.config.precision == "exact" and torch.is_autocast_enabled(clean_outputs.device.type):
             raise RuntimeError("SMART's passes must run in float32 with precision='exact': compute the clean forward "
                                "and the penalty inside runtime.float32_exact() (autocast rounds the 1e-5 "
                                "perturbation away)")
-        total = torch.zeros((), device=clean_outputs.device)
+        terms = {}
         if self.config.adv_weight > 0:
             smoothness, skipped = adversarial_regularizer(
                 forward_fn, embeddings, clean_outputs, divergence, self.config
             )
             self.skipped_steps += skipped
-            total = total + self.config.adv_weight * smoothness
+            terms["adversarial"] = self.config.adv_weight * smoothness
         if self.teacher is not None:
             teacher_outputs = self.teacher(self.model, *teacher_args, **(teacher_kwargs or {}))
-            total = total + self.config.bregman_weight * divergence_fn(clean_outputs, teacher_outputs)
-        return total
+            terms["bregman"] = self.config.bregman_weight * divergence_fn(clean_outputs, teacher_outputs)
+        self.terms = {name: term.detach() for name, term in terms.items()}
+        return sum(terms.values(), torch.zeros((), device=clean_outputs.device))

@@ -1,5 +1,6 @@
 """The training loop of MultitaskBERT: stages, optimisation steps with gradient accumulation, SMART,
-LNSR, gradient surgery, evaluation after every stage, logging, the model kept as best and the training state.
+LNSR, gradient surgery, evaluation after every stage, logging (metrics.jsonl per stage, steps.jsonl every
+logging_steps updates: step_log.py), the model kept as best and the training state.
 
     trainer = Trainer(model, tokenizer, data, device, LoopConfig(...), build_optimizer(model, lr), ...)
     trainer.train(stages)                                   # schedules.build_schedule(...)
@@ -44,11 +45,13 @@ from schedules import Stage, StageKind, learning_rate_factor, multitask_order, t
 from simcse import triplet_batches
 from smart import BregmanTeacher, SmartRegularizer, bregman_momentum
 from squad import Answer, QAExample, QASettings, QAWindows, best_threshold, decode_answers, qa_metrics
+from step_log import DeviceSums, RunLog, read_back
 from tasks import TASKS
 from training_state import save_training_state
 
 SUMMARY_KEYS = ("index", "stage", "train_loss", "seconds", "sst_acc", "sst_f1_weighted", "qqp_acc", "qqp_f1_weighted",
                 "sts_pearson", "overall", "qa_f1")
+STAGE_FIELDS = ("seconds", "fp16_skipped_updates")  # in a stage's record, with train_loss: what is not a dev metric
 
 
 def compute_task_loss(model: MultitaskBERT, task: str, batch: dict, regularizer: SmartRegularizer | None = None,
@@ -58,13 +61,22 @@ def compute_task_loss(model: MultitaskBERT, task: str, batch: dict, regularizer:
 
     With SMART at precision "exact" the whole step runs in exact float32 whatever the run's autocast (smart.py
     says when that matters)."""
+    return task_loss_and_penalties(model, task, batch, regularizer, lnsr, distillation)[0]
+
+
+def task_loss_and_penalties(model: MultitaskBERT, task: str, batch: dict, regularizer: SmartRegularizer | None = None,
+                            lnsr: LnsrConfig | None = None, distillation: Distillation | None = None
+                            ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """compute_task_loss's loss, and the penalties in it as they were added, detached on the device: SMART's
+    "smart_adversarial" (lambda_s * R_s) and "smart_bregman" (mu * D_Breg), LNSR's "lnsr"."""
     exact = regularizer is not None and regularizer.config.precision == "exact"
     with float32_exact() if exact else nullcontext():
         return _task_loss(model, task, batch, regularizer, lnsr, distillation)
 
 
 def _task_loss(model: MultitaskBERT, task: str, batch: dict, regularizer: SmartRegularizer | None,
-               lnsr: LnsrConfig | None, distillation: Distillation | None) -> torch.Tensor:
+               lnsr: LnsrConfig | None, distillation: Distillation | None
+               ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     model.set_adapter(task)  # the passes below run the encoder in parts, not through forward()
     inputs = model.encoder_inputs(task, batch)
     embeddings = model.embed(inputs)
@@ -73,6 +85,7 @@ def _task_loss(model: MultitaskBERT, task: str, batch: dict, regularizer: SmartR
         return model.outputs_from_embeddings(task, e, inputs)
     objective = model.objectives[task]
     penalty = None
+    penalties = {}
     if lnsr is None:
         outputs = forward_fn(embeddings)
     else:  # the clean pass of LNSR is the task's forward
@@ -84,10 +97,12 @@ def _task_loss(model: MultitaskBERT, task: str, batch: dict, regularizer: SmartR
         loss = distillation.mix(task, loss, objective, outputs, batch["ids"])
     if penalty is not None:
         loss = loss + penalty
+        penalties["lnsr"] = penalty.detach()
     if regularizer is not None:
         loss = loss + regularizer.penalty(forward_fn, embeddings, outputs, objective.divergence,
                                           teacher_args=(task, batch))
-    return loss
+        penalties.update({f"smart_{name}": term for name, term in regularizer.terms.items()})
+    return loss, penalties
 
 
 @torch.inference_mode()
@@ -195,13 +210,16 @@ class StageLosses:
         self.recent_count += 1
         self.first_nonfinite.masked_fill_((self.first_nonfinite < 0) & ~torch.isfinite(loss), update)
 
-    def read_recent(self, where: str) -> float:
-        """The mean loss since the last read_recent (a host sync); TrainingDiverged if a loss was not finite."""
-        self.check(where)
-        mean = self.recent.item() / max(self.recent_count, 1)
+    def read_recent(self, where: str, also: dict | None = None) -> tuple[float, dict[object, float]]:
+        """The mean loss since the last read_recent, and the 0-dim device tensors of `also` as host floats (by the
+        same keys): all read back in one transfer, a host sync. TrainingDiverged if a loss was not finite."""
+        also = also or {}
+        recent, first_nonfinite, *values = read_back([self.recent, self.first_nonfinite, *also.values()])
+        self.raise_if_diverged(int(first_nonfinite), where)
         self.recent.zero_()
+        mean = recent / max(self.recent_count, 1)
         self.recent_count = 0
-        return mean
+        return mean, dict(zip(also, values))
 
     def read_mean(self, where: str) -> float:
         """The mean loss of the stage (a host sync; NaN for a stage of no step); TrainingDiverged as read_recent."""
@@ -211,7 +229,10 @@ class StageLosses:
         return self.total.item() / self.count
 
     def check(self, where: str) -> None:
-        update = int(self.first_nonfinite)
+        self.raise_if_diverged(int(self.first_nonfinite), where)
+
+    @staticmethod
+    def raise_if_diverged(update: int, where: str) -> None:
         if update >= 0:
             raise TrainingDiverged(f"training diverged in {where}: the loss of update {update + 1} of the run is not "
                                    "finite; nothing after the last finished stage is saved. Lower --lr and rerun")
@@ -259,7 +280,10 @@ class LoopConfig:
     keep_stage_models: bool  # also save the model after every stage (OUTPUT_DIR/stage_N.*)
     pad_to_multiple_of: int | None  # batches padded to length buckets (runtime.pad_to_multiple_of), or None
     eval_train_examples: int  # also score this many train examples per task after each stage
-    logging_steps: int = 50  # the host reads the losses (progress bar, divergence check) every this many updates
+    # The host reads the losses (progress bar, divergence check) and writes a line of steps.jsonl every this many
+    # updates.
+    logging_steps: int = 50
+    report_to: str = "none"  # also where the steps and the stage metrics go: step_log.REPORT_TO
 
 
 @dataclass
@@ -342,6 +366,11 @@ class Trainer:
         self.tokenized = TokenizationCache(tokenizer)  # each split tokenised once per run
         self.tasks = tuple(data)  # the run's tasks, in tasks.RUN_TASKS' order
         self.qa_threshold = 0.0  # SQuAD's no-answer threshold, chosen on dev at every dev evaluation
+        self.run_log = RunLog(self.output_dir, config.report_to, distributed.is_main)
+        # Since the last line of steps.jsonl, on the device: each task's losses (simcse and mlm stages: theirs),
+        # and the penalties (task_loss_and_penalties' names).
+        self.task_losses, self.penalties = DeviceSums(), DeviceSums()
+        self.learning_rate = config.lr  # the base rate of the last update (parameter groups scale it)
 
     # -- one optimisation step --------------------------------------------------------------------
     def backward(self, loss: torch.Tensor, count: int, group_size: int) -> None:
@@ -354,10 +383,13 @@ class Trainer:
     def task_step(self, task: str, batch: dict, group_size: int) -> float:
         batch = to_device(batch, self.device)
         with self.amp:
-            loss = compute_task_loss(self.model, task, batch, self.regularization.smart.get(task),
-                                     self.regularization.lnsr.get(task), self.distillation)
+            loss, penalties = task_loss_and_penalties(self.model, task, batch, self.regularization.smart.get(task),
+                                                      self.regularization.lnsr.get(task), self.distillation)
         if loss.requires_grad:  # not so for the SBERT cosine with --option pretrain: it has no trainable weight
             self.backward(loss, len(batch["labels"]), group_size)
+        self.task_losses.add(task, loss)
+        for name, value in penalties.items():
+            self.penalties.add(name, value)
         return loss.detach()
 
     def simcse_step(self, batch: dict, group_size: int) -> float:
@@ -369,6 +401,7 @@ class Trainer:
             loss = self.simcse.loss(anchor, positive, negative)
         # The loss is already the global batch's; the gradient average over ranks would divide it.
         self.scaler.scale(loss * self.distributed.world_size / group_size).backward()
+        self.task_losses.add("simcse", loss)
         return loss.detach()
 
     def mlm_step(self, batch: dict, group_size: int) -> float:
@@ -376,6 +409,7 @@ class Trainer:
         with self.amp:
             loss = mlm_loss(self.model.bert, self.mlm_head, batch)
         self.backward(loss, int((batch["labels"] != IGNORED_LABEL).sum()), group_size)
+        self.task_losses.add("mlm", loss)
         return loss.detach()
 
     def surgery_step(self, batches: list[tuple[str, dict]], group_size: int, rng: random.Random) -> torch.Tensor:
@@ -396,52 +430,99 @@ class Trainer:
             p.grad = gradient if previous is None else previous + gradient
         return torch.stack(losses).mean()
 
-    def optimizer_step(self, gradients_reduced: bool = False) -> None:
+    def optimizer_step(self, gradients_reduced: bool = False, measure_norm: bool = False) -> torch.Tensor | None:
+        """Average the gradients over ranks (unless `gradients_reduced`), clip them and step. Returns the gradients'
+        total norm before clipping, a 0-dim device tensor, when clipping computes it or `measure_norm` asks for
+        it (a step that logs it); else None."""
         if not gradients_reduced:
             self.distributed.average_gradients(self.model.parameters())
             if self.mlm_head is not None:
                 self.distributed.average_gradients(self.mlm_head.parameters())
         self.scaler.unscale_(self.optimizer)  # clipping and the step see the true gradients
+        params = [p for g in self.optimizer.param_groups for p in g["params"]]
+        norm = None
         if self.config.max_grad_norm > 0:
-            torch.nn.utils.clip_grad_norm_([p for g in self.optimizer.param_groups for p in g["params"]],
-                                           self.config.max_grad_norm)
+            norm = torch.nn.utils.clip_grad_norm_(params, self.config.max_grad_norm)
+        elif measure_norm:
+            norm = gradient_norm(params, self.device)
         factor = learning_rate_factor(self.state.updates, self.total_updates, self.config.lr_schedule,
                                       self.config.warmup_ratio)
+        self.learning_rate = self.stage_lr * factor
         for group in self.optimizer.param_groups:
-            group["lr"] = self.stage_lr * factor * group["lr_scale"]
+            group["lr"] = self.learning_rate * group["lr_scale"]
         stepped = scaled_step(self.scaler, self.optimizer)
         self.optimizer.zero_grad(set_to_none=True)
         if not stepped:
             # Nothing moved: neither the teacher nor the schedules (learning rate, SMART's momentum) advance.
             self.state.skipped_updates += 1
-            return
+            return norm
         teacher = self.regularization.teacher
         if teacher is not None:
             teacher.momentum = bregman_momentum(self.state.updates, self.total_updates,
                                                 self.regularization.teacher_momentum)
             teacher.update(self.model)
         self.state.updates += 1
+        return norm
 
-    def run_steps(self, steps, total: int, description: str, gradients_reduced: bool = False) -> float:
+    def run_steps(self, steps, total: int, description: str, gradients_reduced: bool = False,
+                  batches_per_step: int = 1) -> float:
         """Drive (step_fn, batch) pairs with gradient accumulation; returns the mean loss. Each loss is
         divided by the size of its accumulation group, the last (possibly shorter) one included.
         Under torchrun gradients are averaged over ranks once per optimizer step, unless the step
-        functions did it themselves (`gradients_reduced`: gradient surgery).
+        functions did it themselves (`gradients_reduced`: gradient surgery, `batches_per_step` batches a step).
 
-        The losses stay on the device (StageLosses): the host reads them every logging_steps updates and at the
-        end of the stage, so no step waits for the device to finish."""
+        The losses stay on the device (StageLosses), and so does what steps.jsonl reports (log_steps): the host
+        reads them every logging_steps updates (those skipped by fp16's scaler count) and at the end of the stage,
+        so no other step waits for the device to finish."""
         self.model.train()
         accumulation = self.config.grad_accumulation_steps
         losses = StageLosses(self.device)
-        bar = tqdm(steps, total=total, desc=description, leave=False, disable=self.quiet)
+        self.task_losses.clear()
+        self.penalties.clear()
+        # Examples counted in full batches of every rank (a stage's last batch may be shorter).
+        step_examples = self.config.batch_size * self.distributed.world_size * batches_per_step
+        bar = tqdm(steps, total=total, desc=description, leave=False, disable=self.quiet, unit="ex",
+                   unit_scale=step_examples)  # tqdm's rate and time left, in examples
+        start, examples = time.time(), 0
         for index, (step_fn, batch) in enumerate(bar):
             group_size = min(accumulation, total - (index - index % accumulation))
             losses.add(step_fn(batch, group_size), self.state.updates)
+            examples += step_examples
             if (index + 1) % accumulation == 0 or index + 1 == total:
-                self.optimizer_step(gradients_reduced)
-                if self.state.updates % self.config.logging_steps == 0:
-                    bar.set_postfix(loss=f"{losses.read_recent(description):.4f}")
+                attempts = self.state.updates + self.state.skipped_updates + 1
+                logs = attempts % self.config.logging_steps == 0 or index + 1 == total
+                norm = self.optimizer_step(gradients_reduced, measure_norm=logs)
+                if logs:
+                    loss = self.log_steps(losses, description, norm, time.time() - start, examples)
+                    bar.set_postfix(loss=f"{loss:.4f}")
+                    start, examples = time.time(), 0
         return losses.read_mean(description)
+
+    def log_steps(self, losses: StageLosses, description: str, grad_norm: torch.Tensor, seconds: float,
+                  examples: int) -> float:
+        """A line of steps.jsonl (and TensorBoard's train/ scalars) for the updates since the last one: what was
+        summed on the device since then, read back in one transfer. Returns the loss; TrainingDiverged if one
+        was not finite. `grad_norm`: the last update's (before clipping); the loss, the tasks' losses and the
+        penalties are means over the micro-steps (rank 0's), the learning rate the base rate of the last update."""
+        tasks, penalties = self.task_losses, self.penalties
+        values = {("task", name): value for name, value in tasks.sums.items()}
+        values |= {("penalty", name): value for name, value in penalties.sums.items()}
+        values["grad_norm"] = grad_norm
+        loss, read = losses.read_recent(description, values)
+        line = {"update": self.state.updates, "stage": description, "task": ",".join(tasks.sums), "loss": loss}
+        if len(tasks.sums) > 1:
+            line["task_loss"] = {name: read["task", name] / tasks.counts[name] for name in tasks.sums}
+        line |= {"lr": self.learning_rate, "grad_norm": read["grad_norm"]}
+        line |= {name: read["penalty", name] / penalties.counts[name] for name in penalties.sums}
+        if self.regularization.smart:  # adversarial terms dropped for a non-finite ascent, so far in the run
+            line["smart_skipped_steps"] = sum(r.skipped_steps for r in self.regularization.smart.values())
+        if self.scaler.is_enabled():
+            line |= {"fp16_scale": self.scaler.get_scale(), "fp16_skipped_updates": self.state.skipped_updates}
+        line |= {"seconds": seconds, "examples_per_second": examples / max(seconds, 1e-9)}
+        self.run_log.step(line)
+        tasks.clear()
+        penalties.clear()
+        return loss
 
     # -- stages -----------------------------------------------------------------------------------
     def tokenized_split(self, task: str, examples: list) -> TokenizedExamples | QAWindows:
@@ -519,7 +600,8 @@ class Trainer:
             step = partial(self.surgery_step, rng=rng)
             groups = (order[i * per_step:(i + 1) * per_step] for i in range(steps))
             pairs = ((step, [(t, batches.next(t)) for t in group]) for group in groups)
-            return self.run_steps(pairs, steps, f"{description} {surgery.method}", gradients_reduced=True)
+            return self.run_steps(pairs, steps, f"{description} {surgery.method}", gradients_reduced=True,
+                                  batches_per_step=per_step)
         return self.run_steps(((partial(self.task_step, t), batches.next(t)) for t in order), steps, description)
 
     # -- evaluation -------------------------------------------------------------------------------
@@ -578,6 +660,12 @@ class Trainer:
 
     # -- the whole run ----------------------------------------------------------------------------
     def train(self, stages: list[Stage]) -> None:
+        try:
+            self._train(stages)
+        finally:
+            self.run_log.close()  # TensorBoard's events written so far are on disk, even after an interrupt
+
+    def _train(self, stages: list[Stage]) -> None:
         state, config = self.state, self.config
         self.total_updates = sum(math.ceil(self.stage_batches(s) / config.grad_accumulation_steps) for s in stages)
         kept_on = trained_heads(stages, self.tasks)  # the tasks whose dev scores pick the model kept as best
@@ -637,6 +725,8 @@ class Trainer:
         self.output_dir.mkdir(parents=True, exist_ok=True)
         with open(self.output_dir / "metrics.jsonl", "a", encoding="utf-8") as handle:
             handle.write(json.dumps(record) + "\n")
+        self.run_log.scalars(stage_scalars(record), self.state.updates)
+        self.run_log.flush()
 
     # -- the training state (--resume) ------------------------------------------------------------
     def state_dict(self) -> tuple[dict[str, torch.Tensor], dict] | None:
@@ -698,6 +788,21 @@ class Trainer:
         if self.distributed.is_main:
             (self.output_dir / "metrics.jsonl").write_text(
                 "".join(json.dumps(r) + "\n" for r in self.state.history), encoding="utf-8")
+        self.run_log.resume(self.state.updates)  # so do steps.jsonl's lines and TensorBoard's steps
+
+
+def stage_scalars(record: dict) -> dict:
+    """A stage record's values by TensorBoard tag: dev/NAME for the dev metrics, stage/NAME for the rest (the train
+    loss, seconds, fp16's skipped updates and --eval_train_examples' train_ metrics)."""
+    return {f"{'stage' if name in STAGE_FIELDS or name.startswith('train_') else 'dev'}/{name}": value
+            for name, value in record.items() if name not in ("stage", "index")}
+
+
+def gradient_norm(params: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """The L2 norm of all the parameters' gradients together, a 0-dim tensor on the device (what clip_grad_norm_
+    returns), without clipping."""
+    norms = [torch.linalg.vector_norm(p.grad, dtype=torch.float32) for p in params if p.grad is not None]
+    return torch.linalg.vector_norm(torch.stack(norms)) if norms else torch.zeros((), device=device)
 
 
 def build_optimizer(model: MultitaskBERT, lr: float, weight_decay: float = 0.0, layerwise_lr_decay: float = 1.0,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import math
 from dataclasses import dataclass, field
 from functools import partial
@@ -41,6 +42,7 @@ from simcse import SIMCSE_OBJECTIVES
 from smart import NORM_LEVELS, NORMS, BregmanTeacher, SmartConfig, SmartRegularizer, bregman_momentum
 from smart import PRECISIONS as SMART_PRECISIONS
 from squad import QASettings
+from step_log import REPORT_TO
 from tasks import MULTITASK, RUN_TASKS, SPLITS, course_file_name, data_flag, default_output, output_flag, task_name
 from tokenizer import shortest_max_length
 from trainer import LoopConfig, Regularization, SimcseStage, Trainer, build_optimizer
@@ -166,8 +168,12 @@ class TrainingArguments:
                                       "(train curves)", type=int)
     num_workers: int = flag(0, resume_free=True, type=int)
     quiet: bool = flag(False, "no progress bars", resume_free=True, action="store_true")
-    logging_steps: int = flag(50, "read the losses back from the device every N updates (progress bar, divergence "
-                                "check); the steps between never wait for the device", resume_free=True, type=int)
+    logging_steps: int = flag(50, "every N updates read the losses back from the device (progress bar, divergence "
+                                "check) and write a line of OUTPUT_DIR/steps.jsonl; the steps between never wait "
+                                "for the device", resume_free=True, type=int)
+    report_to: str = flag("none", "tensorboard: also write steps.jsonl's values and each stage's dev metrics as "
+                                  "TensorBoard events in OUTPUT_DIR/tensorboard (needs pip install tensorboard)",
+                          resume_free=True, choices=REPORT_TO)
 
     # Model heads.
     pooling: str = flag("mean", group=HEADS, choices=POOLINGS)
@@ -331,6 +337,8 @@ class TrainingArguments:
         _check(self.qa_doc_stride < self.qa_max_length, "--qa_doc_stride must be below --qa_max_length")
         _check(self.grad_accumulation_steps >= 1, "--grad_accumulation_steps must be >= 1")
         _check(self.logging_steps >= 1, f"--logging_steps must be >= 1, got {self.logging_steps}")
+        _check(self.report_to != "tensorboard" or importlib.util.find_spec("tensorboard") is not None,
+               "--report_to tensorboard needs the tensorboard package: pip install tensorboard")
         for name in ("cycles", "mlm_epochs", "simcse_epochs", "eval_train_examples", "num_workers"):
             _check(getattr(self, name) >= 0, f"--{name} must be >= 0, got {getattr(self, name)}")
         # 0 would stop before the first checkpoint, leaving nothing that --resume could continue
@@ -622,6 +630,7 @@ def loop_config(args: TrainingArguments, device: torch.device) -> LoopConfig:
                       epochs=args.epochs, precision=resolve_precision(device, args.precision), quiet=args.quiet,
                       stop_after_stages=args.stop_after_stages, keep_stage_models=args.keep_stage_models,
                       eval_train_examples=args.eval_train_examples, logging_steps=args.logging_steps,
+                      report_to=args.report_to,
                       pad_to_multiple_of=pad_to_multiple_of(device, args.compile))
 
 

@@ -12,6 +12,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import multitask_classifier as mc
 from conftest import DEMO, MAX_LENGTH, deterministic_tiny_model, demo_examples, prediction_flags, skip_figures, tiny_bert
 from datasets import TokenizedExamples, tokenized_dataloader
+import step_log
+import trainer as trainer_module
 from runtime import bucket_length
 from test_trainer import make_trainer
 from trainer import StageLosses, TrainingDiverged
@@ -159,22 +161,29 @@ def test_a_smart_step_reads_one_flag_back(tmp_path, tokenizer):
     assert syncs == ["aten::is_nonzero"] or syncs == ["aten::_local_scalar_dense"]
 
 
-def test_losses_are_read_back_every_logging_steps_updates_and_at_the_stage_end(tmp_path, tokenizer):
+def test_losses_are_read_back_every_logging_steps_updates_and_at_the_stage_end(tmp_path, tokenizer, monkeypatch):
     trainer = make_trainer(tmp_path, tokenizer, logging_steps=2)
     batch = first_batch(trainer, "sst")
     steps = [(lambda b, g: trainer.task_step("sst", b, g), batch)] * 5
+    transfers = []  # one stacked read (tolist, which the dispatch counter does not see) per line of steps.jsonl
+
+    def read_back(values):
+        transfers.append(trainer.state.updates)
+        return step_log.read_back(values)
+    monkeypatch.setattr(trainer_module, "read_back", read_back)
     seen = count_syncs(lambda: trainer.run_steps(iter(steps), 5, "stage 1 sst"))
-    # updates 2 and 4 log (a loss and a divergence flag each), the stage's end reads its mean and the flag again
-    assert len(seen) == 6, seen
+    # updates 2 and 4 log, and the stage's end (its last line; then its mean and the divergence flag again)
+    assert transfers == [2, 4, 5] and len(seen) == 2, (transfers, seen)
 
 
 def test_stage_losses_average_on_the_device_and_name_the_first_non_finite_update():
     losses = StageLosses(torch.device("cpu"))
     for update, value in enumerate([1.0, 3.0]):
         losses.add(torch.tensor(value), update)
-    assert losses.read_recent("stage 1 sst") == 2.0
+    assert losses.read_recent("stage 1 sst") == (2.0, {})
     losses.add(torch.tensor(5.0), 2)
-    assert losses.read_recent("stage 1 sst") == 5.0 and losses.read_mean("stage 1 sst") == 3.0
+    assert losses.read_recent("stage 1 sst", {"x": torch.tensor(7.0)}) == (5.0, {"x": 7.0})
+    assert losses.read_mean("stage 1 sst") == 3.0
     losses.add(torch.tensor(float("nan")), 3)
     losses.add(torch.tensor(float("inf")), 4)
     with pytest.raises(TrainingDiverged, match="in stage 2 qqp: the loss of update 4 of the run is not finite"):
