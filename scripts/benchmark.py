@@ -1528,7 +1528,11 @@ def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -
             parser.error(f"--json {args.json}: {problem}")
     if args.which == "step_audit":  # the training command line checks its own flags (one line, exit code 2)
         import multitask_classifier
-        multitask_classifier.parse_args(audit_training_argv(args, True, args.config, "OUTPUT_DIR"))
+        settings = multitask_classifier.parse_args(audit_training_argv(args, True, args.config, "OUTPUT_DIR"))
+        if settings.compile:
+            parser.error("--train_flags --compile: torch.compile does not run under the TorchDispatchMode that counts "
+                         "the step's operators; step_audit counts the eager step, and its graph breaks say what "
+                         "--compile can capture")
 
 
 def parse_args(argv=None) -> argparse.Namespace:

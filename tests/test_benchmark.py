@@ -343,6 +343,7 @@ def refused(capsys, *argv) -> str:
     (["data_parallel", "--batch_size", "1"], "--batch_size 1: data_parallel splits it over 2 processes"),
     (["encoder", "--json", str(DEMO)], f"--json {DEMO}: a folder, not a file"),
     (["step_audit", "--train_flags", "--lr 0"], "--lr must be a finite number > 0, got 0.0"),
+    (["step_audit", "--train_flags=--compile"], "--train_flags --compile: torch.compile does not run under"),
 ])
 def test_a_bad_flag_is_one_line_and_exit_code_2(capsys, argv, message):
     assert message in refused(capsys, *argv)
