@@ -449,7 +449,7 @@ class Trainer:
                                       self.config.warmup_ratio)
         self.learning_rate = self.stage_lr * factor
         for group in self.optimizer.param_groups:
-            group["lr"] = self.learning_rate * group["lr_scale"]
+            group["lr"].fill_(self.learning_rate * group["lr_scale"])  # in place: nothing waits, nothing recompiles
         stepped = scaled_step(self.scaler, self.optimizer)
         self.optimizer.zero_grad(set_to_none=True)
         if not stepped:
@@ -806,10 +806,15 @@ def gradient_norm(params: list[torch.Tensor], device: torch.device) -> torch.Ten
 
 
 def build_optimizer(model: MultitaskBERT, lr: float, weight_decay: float = 0.0, layerwise_lr_decay: float = 1.0,
-                    mlm_head: MaskedLanguageModelHead | None = None) -> AdamW:
-    """AdamW over the model's parameters (and the mlm head's), grouped by weight decay and layer-wise rate."""
+                    mlm_head: MaskedLanguageModelHead | None = None, compiled: bool = False) -> AdamW:
+    """AdamW over the model's parameters (and the mlm head's), grouped by weight decay and layer-wise rate. Each
+    group's learning rate is a 0-dim tensor on the model's device that optimizer_step fills in place, so that
+    setting it never waits for the device nor recompiles a compiled step (`compiled`: AdamW's compiled update)."""
     named = list(model.named_parameters())
     if mlm_head is not None:
         named += [(f"mlm_head.{name}", p) for name, p in mlm_head.named_parameters()]
     groups = weight_decay_groups(named, weight_decay, layerwise_lr_decay, model.bert.config.num_hidden_layers)
-    return AdamW(groups, lr=lr)
+    device = next(model.parameters()).device
+    for group in groups:  # one tensor per group: their lr_scale differs
+        group["lr"] = torch.full((), lr * group["lr_scale"], dtype=torch.float64, device=device)
+    return AdamW(groups, lr=lr, compiled=compiled)

@@ -660,7 +660,7 @@ def build_trainer(args: TrainingArguments, model: MultitaskBERT, tokenizer, data
                                                temperature=args.simcse_temperature), args.simcse_lr)
     surgery = None if args.gradient_surgery == "none" else GradientSurgery(args.gradient_surgery, args.cagrad_c)
     qa = QASettings(args.qa_max_length, args.qa_doc_stride, args.qa_n_best, args.qa_max_answer_tokens)
-    optimizer = build_optimizer(model, args.lr, args.weight_decay, args.layerwise_lr_decay, mlm_head)
+    optimizer = build_optimizer(model, args.lr, args.weight_decay, args.layerwise_lr_decay, mlm_head, args.compile)
     distillation = None
     if teacher:
         settings = distill_settings(args)

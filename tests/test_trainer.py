@@ -191,7 +191,7 @@ def record_learning_rates(trainer, monkeypatch) -> list[list[float]]:
     step = trainer.optimizer.step
 
     def recording_step(*args, **kwargs):
-        rates.append([group["lr"] for group in trainer.optimizer.param_groups])
+        rates.append([float(group["lr"]) for group in trainer.optimizer.param_groups])
         return step(*args, **kwargs)
     monkeypatch.setattr(trainer.optimizer, "step", recording_step)
     return rates
