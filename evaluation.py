@@ -36,11 +36,12 @@ HISTORY_METRICS = (
     ("sts_pearson", "STS r"),
     ("overall", "overall"),
 )
-# Columns of their own when every entry has them: the thesis' weighted F1s (histories written before QQP's was
-# computed lack it) and SQuAD's F1 (--tasks ...,qa).
+# Columns of their own when every entry has them: the thesis' weighted F1s and STS's Spearman (histories written
+# before they were computed lack them) and SQuAD's F1 (--tasks ...,qa).
 OPTIONAL_HISTORY_METRICS = (
     ("sst_f1_weighted", "SST F1 (w)"),
     ("qqp_f1_weighted", "QQP F1 (w)"),
+    ("sts_spearman", "STS rho"),
     ("qa_f1", "SQuAD F1"),
 )
 # The score of each task in the continual-learning figures (forgetting_measures): its own dev metric on its own
@@ -104,24 +105,37 @@ def paraphrase_metrics(predictions, labels) -> dict[str, float]:
             "f1_weighted": _f1_macro_and_weighted(pred, gold)[1]}
 
 
-def sts_metrics(predictions, labels) -> dict[str, float]:
-    """Pearson correlation between predicted and gold similarity scores.
+def average_ranks(values: np.ndarray) -> np.ndarray:
+    """1-based ranks, tied values sharing the mean of their ranks (scipy.stats.rankdata's "average")."""
+    order = np.argsort(values, kind="stable")
+    ranks = np.empty(len(values), dtype=float)
+    ranks[order] = np.arange(1, len(values) + 1)
+    _, groups, counts = np.unique(values, return_inverse=True, return_counts=True)
+    sums = np.bincount(groups, weights=ranks)
+    return sums[groups] / counts[groups]
 
-    Pearson r is undefined when either side is constant (zero variance); a collapsed model
-    does exactly that early in training, so it is reported as 0.0 (no linear relation)
+
+def sts_metrics(predictions, labels) -> dict[str, float]:
+    """Pearson and Spearman correlations between predicted and gold similarity scores (papers report both;
+    Spearman is Pearson's r of the average ranks, so it rewards the right order whatever the scale).
+
+    Both are undefined when either side is constant (zero variance); a collapsed model
+    does exactly that early in training, so they are reported as 0.0 (no relation)
     with a RuntimeWarning instead of NaN, which would poison the overall score.
     """
     pred, gold = paired_arrays(predictions, labels)
     if np.ptp(pred) == 0 or np.ptp(gold) == 0:
         side = "predictions" if np.ptp(pred) == 0 else "labels"
-        warnings.warn(f"STS {side} are constant; Pearson r reported as 0.0", RuntimeWarning, stacklevel=2)
-        return {"pearson": 0.0}
-    return {"pearson": float(np.corrcoef(pred, gold)[0, 1])}
+        warnings.warn(f"STS {side} are constant; Pearson and Spearman r reported as 0.0", RuntimeWarning,
+                      stacklevel=2)
+        return {"pearson": 0.0, "spearman": 0.0}
+    return {"pearson": float(np.corrcoef(pred, gold)[0, 1]),
+            "spearman": float(np.corrcoef(average_ranks(pred), average_ranks(gold))[0, 1])}
 
 
 def task_metrics(task: str, predictions, labels) -> dict[str, float]:
     """The history's metric keys for one task: sst_acc, sst_f1_macro, sst_f1_weighted; qqp_acc, qqp_f1,
-    qqp_f1_weighted; sts_pearson."""
+    qqp_f1_weighted; sts_pearson, sts_spearman."""
     if task == "sst":
         m = sst_metrics(predictions, labels)
         return {"sst_acc": m["acc"], "sst_f1_macro": m["f1_macro"], "sst_f1_weighted": m["f1_weighted"]}
@@ -129,7 +143,8 @@ def task_metrics(task: str, predictions, labels) -> dict[str, float]:
         m = paraphrase_metrics(predictions, labels)
         return {"qqp_acc": m["acc"], "qqp_f1": m["f1"], "qqp_f1_weighted": m["f1_weighted"]}
     if task == "sts":
-        return {"sts_pearson": sts_metrics(predictions, labels)["pearson"]}
+        m = sts_metrics(predictions, labels)
+        return {"sts_pearson": m["pearson"], "sts_spearman": m["spearman"]}
     raise ValueError(f"unknown task {task!r}")
 
 

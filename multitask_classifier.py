@@ -12,6 +12,7 @@ the six leaderboard CSVs.
 """
 from __future__ import annotations
 
+import dataclasses
 import re
 import sys
 import warnings
@@ -30,6 +31,7 @@ from mlm import load_mlm_head
 from multitask_bert import MultitaskBERT, freeze_encoder
 from nli import load_nli_triplets
 from plots import write_run_reports
+from run_record import RECORD_FILE, run_record, write_run_record
 from runtime import place_encoder, precision_notice, seed_everything
 from schedules import Stage, StageKind, build_schedule, train_tasks
 from scores import (ScoresFileError, as_saved, scores_path, span_logits_path, write_qa_scores, write_scores,
@@ -42,8 +44,8 @@ from trainer import Trainer, TrainingDiverged, decide
 from training_state import check_resumable, read_training_state
 from training_args import (TrainingArguments, UsageError, adapter_config, build_parser, build_trainer,
                            check_max_length, check_resume_arguments, check_writable, data_paths, distill_settings,
-                           distill_teachers, from_namespace, lnsr_config, parse_tasks, prediction_paths,
-                           run_tasks)
+                           distill_teachers, follow_output_dir, from_namespace, lnsr_config, parse_tasks,
+                           prediction_paths, read_config, run_tasks)
 
 ROOT = Path(__file__).resolve().parent
 DEMO_SETTINGS = dict(data_dir=str(ROOT / "data" / "demo"), pretrained="minilm-l6", option="finetune",
@@ -53,7 +55,11 @@ DEMO_SETTINGS = dict(data_dir=str(ROOT / "data" / "demo"), pretrained="minilm-l6
 
 def parse_args(argv=None) -> TrainingArguments:
     parser = build_parser(TrainingArguments, __doc__)
+    parser.add_argument("--config", metavar="FILE", help="settings from a JSON file: a run's OUTPUT_DIR/args.json "
+                        "(its \"args\") or an object of settings named as the flags; flags given here win (README, "
+                        "'A run is its own recipe')")
     namespace = parser.parse_args(argv)
+    settings = {}
     if namespace.demo:
         # The demo's settings become the defaults, so every flag given (abbreviated too) still wins.
         settings = dict(DEMO_SETTINGS)
@@ -63,12 +69,23 @@ def parse_args(argv=None) -> TrainingArguments:
             parser.error(f"--tasks: {err}")
         if not three_tasks:  # its stages are the three tasks'; other tasks get their own default stages
             del settings["first_stages"], settings["cycle"]
+    config = {}
+    if namespace.config is not None:
+        try:
+            config = read_config(TrainingArguments, namespace.config)
+        except ValueError as err:
+            parser.error(str(err))
+        settings |= config  # a recipe holds the demo's settings already; its own values win over them
+    if settings:
         parser.set_defaults(**settings)
         namespace = parser.parse_args(argv)
     try:
-        return from_namespace(TrainingArguments, namespace)
+        args = from_namespace(TrainingArguments, namespace)
     except ValueError as err:
         parser.error(str(err))
+    if "output_dir" in config:
+        args.prediction_files = follow_output_dir(args.prediction_files, config, config["output_dir"], args.output_dir)
+    return args
 
 
 def load_inputs(args: TrainingArguments) -> tuple[list[Stage], dict, list[str], list, dict | None]:
@@ -158,7 +175,7 @@ def check_pretrained(args: TrainingArguments, data: dict) -> BertTokenizer:
 
 
 # What a run writes in its folder besides checkpoints and scores (trainer.py, plots.write_run_reports, write_sst_tsne).
-RUN_REPORTS = ("metrics.jsonl", STEPS_FILE, "history.json", "forgetting.md", "forgetting_matrix.png",
+RUN_REPORTS = (RECORD_FILE, "metrics.jsonl", STEPS_FILE, "history.json", "forgetting.md", "forgetting_matrix.png",
                "training_curves.png", "sst_error_histogram.png", "qqp_confusion_matrix.png", "sts_scatter.png",
                "sst_tsne.png")
 CHECKPOINT = re.compile(r"(last|best|stage_\d+)\.(json|safetensors)(\.tmp)?")
@@ -321,6 +338,9 @@ def _run(args: TrainingArguments, distributed: Distributed, device) -> Trainer:
             if removed:
                 print(f"note: starting a fresh run in {output_dir}; the earlier run's {len(removed)} files there "
                       "(checkpoints, metrics, scores, plots, predictions) are removed (use --resume to continue instead)")
+        if distributed.is_main:  # a resumed run's record holds the settings it continues with
+            resolved = {"precision": trainer.precision, "device": str(device), "world_size": distributed.world_size}
+            write_run_record(output_dir, run_record(dataclasses.asdict(args), resolved, ROOT, device))
         trainer.train(stages)
         if trainer.state.next_stage == len(stages):
             # SQuAD's no-answer threshold is the one chosen on dev when the kept model was evaluated.

@@ -5,6 +5,11 @@ Stage syntax (sequential schedule): a comma-separated list of `task[:fraction][*
 'qqp,sts*2,qqp:0.03' = one QQP epoch, two STS epochs, one epoch on a random 3% of QQP; `mlm` is a
 masked-language-model epoch on the three tasks' training sentences ('mlm:0.5,qqp': half an epoch first);
 `qa` a SQuAD epoch (over its windows) when the run has the task.
+
+A multi-epoch stage (what --patience stops early) is a run of two or more consecutive stages that train the same
+heads on the same data: equal task stages, however written ('sts*10', 'sts,sts', or a cycle of one task), or the
+epochs of an annealed / round_robin schedule. mlm and simcse stages have no dev metric of their own and never form
+one.
 """
 from __future__ import annotations
 
@@ -85,6 +90,28 @@ def build_schedule(schedule: str, first_stages: str = "", cycle: str = "", cycle
     if not stages:
         raise ValueError("the schedule is empty: give first stages, a cycle with cycles >= 1, or epochs")
     return stages
+
+
+def multi_epoch_stages(stages: list[Stage]) -> list[range | None]:
+    """For each stage, the positions of the multi-epoch stage (see the module's docstring) it belongs to, or None."""
+    def key(stage: Stage):
+        if stage.kind is StageKind.TASK:
+            return stage
+        return StageKind.MULTITASK if stage.kind is StageKind.MULTITASK else None
+    groups: list[range | None] = []
+    start = 0
+    for end in range(1, len(stages) + 1):
+        if end == len(stages) or key(stages[end]) is None or key(stages[end]) != key(stages[start]):
+            group = range(start, end) if key(stages[start]) is not None and end - start > 1 else None
+            groups += [group] * (end - start)
+            start = end
+    return groups
+
+
+def patience_exhausted(scores: list[float], patience: int) -> bool:
+    """Whether a multi-epoch stage should stop repeating: `scores` are its task's dev score before its first epoch,
+    then after each epoch so far; true when none of the last `patience` epochs beat the best score before them."""
+    return len(scores) > patience and max(scores[-patience:]) <= max(scores[:-patience])
 
 
 def annealed_probabilities(sizes: dict[str, int], epoch: int, epochs: int) -> dict[str, float]:

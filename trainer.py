@@ -41,7 +41,8 @@ from multitask_bert import (MultitaskBERT, load_trained_tensors, model_metadata,
                             trained_tensors)
 from optimizer import AdamW, weight_decay_groups
 from runtime import autocast, float32_exact, pad_to_multiple_of, scaled_step, to_device, use_tf32
-from schedules import Stage, StageKind, learning_rate_factor, multitask_order, trained_heads
+from schedules import (Stage, StageKind, learning_rate_factor, multi_epoch_stages, multitask_order, patience_exhausted,
+                       trained_heads)
 from simcse import triplet_batches
 from smart import BregmanTeacher, SmartRegularizer, bregman_momentum
 from squad import Answer, QAExample, QASettings, QAWindows, best_threshold, decode_answers, qa_metrics
@@ -50,7 +51,7 @@ from tasks import TASKS
 from training_state import save_training_state
 
 SUMMARY_KEYS = ("index", "stage", "train_loss", "seconds", "sst_acc", "sst_f1_weighted", "qqp_acc", "qqp_f1_weighted",
-                "sts_pearson", "overall", "qa_f1")
+                "sts_pearson", "sts_spearman", "overall", "qa_f1")
 STAGE_FIELDS = ("seconds", "fp16_skipped_updates")  # in a stage's record, with train_loss: what is not a dev metric
 
 
@@ -284,6 +285,9 @@ class LoopConfig:
     # updates.
     logging_steps: int = 50
     report_to: str = "none"  # also where the steps and the stage metrics go: step_log.REPORT_TO
+    # A multi-epoch stage (schedules.multi_epoch_stages) stops repeating after this many epochs that do not beat its
+    # task's best dev score since it began (None: every epoch runs).
+    patience: int | None = None
 
 
 @dataclass
@@ -312,6 +316,7 @@ class TrainingState:
     best_score: float = -math.inf  # kept_model_score of the model kept so far
     history: list[dict] = field(default_factory=list)  # one record per evaluation (index 0: the pretrained model)
     skipped_updates: int = 0  # fp16 steps skipped for inf / NaN gradients
+    skipped_stages: list[int] = field(default_factory=list)  # schedule positions early stopping skipped (0-based)
 
 
 @dataclass
@@ -674,6 +679,8 @@ class Trainer:
             dev, _ = self.evaluate("dev")
             self.log({"stage": "pretrained", "index": 0, "seconds": time.time() - start, **dev})
         for index in range(state.next_stage, len(stages)):
+            if index < state.next_stage:  # early stopping skipped the rest of a multi-epoch stage
+                continue
             if config.stop_after_stages is not None and index >= config.stop_after_stages:
                 print(f"stopping after {index} stages (--stop_after_stages); continue with --resume")
                 return
@@ -700,10 +707,33 @@ class Trainer:
             if config.keep_stage_models and self.distributed.is_main:
                 save_multitask_model(self.model, self.output_dir / f"stage_{index + 1}", saved)
             state.next_stage = index + 1
+            if config.patience is not None:
+                self.stop_early(stages, index)
             checkpoint = self.state_dict()
             if checkpoint is not None:
                 save_training_state(self.output_dir / "last", *checkpoint)
         self.distributed.barrier()  # rank 0's files are complete before any rank reads them
+
+    def stop_early(self, stages: list[Stage], index: int) -> None:
+        """After stage `index`: when it belongs to a multi-epoch stage whose task's dev score (kept_model_score of
+        the heads it trains) has not beaten its best since the stage began for `patience` epochs, skip the rest of
+        it. The decision reads only the history, so a resumed run decides as an uninterrupted one."""
+        group = multi_epoch_stages(stages)[index]
+        if group is None or index + 1 == group.stop:
+            return
+        heads = trained_heads([stages[index]], self.tasks)
+        # the record before the multi-epoch stage (the model it started from), then one per epoch of it so far
+        records = self.state.history[-(index - group.start + 2):]
+        scores = [kept_model_score(record, heads) for record in records]
+        if not patience_exhausted(scores, self.config.patience):
+            return
+        self.state.skipped_stages += list(range(index + 1, group.stop))
+        self.state.next_stage = group.stop
+        if self.distributed.is_main:
+            best = records[scores.index(max(scores))]
+            print(f"early stopping: {index - group.start + 1} epochs of {stages[index].label}, the last "
+                  f"{self.config.patience} without a better dev score than {best['stage']} (stage {best['index']}): "
+                  f"skipping stages {index + 2}-{group.stop}")
 
     def use_kept_model(self) -> tuple[dict, dict, dict]:
         """Put the kept model's weights back into the model (the one the optimizer and teacher hold) and return
@@ -758,7 +788,8 @@ class Trainer:
             "optimizer": optimizer_info, "rng": rng_info,
             "smart_skipped_steps": {t: r.skipped_steps for t, r in self.regularization.smart.items()},
             # The fp16 gradient scaler's scale and growth counter (plain numbers; {} without fp16).
-            "grad_scaler": self.scaler.state_dict(), "skipped_updates": state["skipped_updates"]}
+            "grad_scaler": self.scaler.state_dict(), "skipped_updates": state["skipped_updates"],
+            "skipped_stages": state["skipped_stages"]}
 
     def load_state_dict(self, tensors: dict[str, torch.Tensor], metadata: dict) -> None:
         """Continue from state_dict's checkpoint (training_state.read_training_state reads and checks it)."""
@@ -782,7 +813,8 @@ class Trainer:
             restore_rng({name[:-len(suffix)]: tensor for name, tensor in tensors.items() if name.endswith(suffix)},
                         metadata["rng"])
         self.state = TrainingState(metadata["next_stage"], metadata["updates"], metadata["best_score"],
-                                   metadata["history"], metadata.get("skipped_updates", 0))
+                                   metadata["history"], metadata.get("skipped_updates", 0),
+                                   metadata.get("skipped_stages", []))
         # A kill between a stage's log line and its checkpoint leaves a record the checkpoint does not
         # have: the checkpoint's history is the truth.
         if self.distributed.is_main:

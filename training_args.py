@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib.util
+import json
 import math
 from dataclasses import dataclass, field
 from functools import partial
@@ -28,7 +29,7 @@ from checkpoint import check_resume_settings
 from datasets import standard_paths
 from distillation import SOFTENED_TASKS, Distillation, TeacherScores, TeacherSpans
 from distributed import SINGLE_PROCESS, Distributed
-from files import unwritable_folder
+from files import DataError, read_input_bytes, unwritable_folder
 from adapters import ADAPTERS as ADAPTER_KINDS
 from adapters import SHARINGS, TARGETS, AdapterConfig
 from gradient_surgery import GRADIENT_SURGERIES, GradientSurgery
@@ -36,6 +37,7 @@ from lnsr import LnsrConfig
 from losses import SENTIMENT_OBJECTIVES, SIMILARITY_OBJECTIVES
 from mlm import MaskedLanguageModelHead
 from multitask_bert import HEAD_ACTIVATIONS, POOLINGS, MultitaskBERT, parse_pair_encoders
+from run_record import RECORD_KEYS
 from runtime import COMPILE_MODES, PRECISIONS, pad_to_multiple_of, requested_precision, resolve_precision
 from schedules import LR_SCHEDULES, SCHEDULES
 from simcse import SIMCSE_OBJECTIVES
@@ -255,6 +257,11 @@ class TrainingArguments:
                                    "heads keep their own", SCHEDULE, choices=GRADIENT_SURGERIES)
     cagrad_c: float = flag(GradientSurgery.cagrad_c, "c of CAGrad, the radius around the mean gradient (the authors' default)",
                              SCHEDULE, type=float)
+    patience: int | None = flag(None, "early stopping of multi-epoch stages (consecutive equal stages, e.g. 'sts*10', "
+                                "or the epochs of annealed / round_robin): stop repeating one after K epochs that do "
+                                "not beat its task's best dev score since it began (the kept-model score of every "
+                                "task for multi-task epochs); default: every epoch runs", SCHEDULE, type=int,
+                                metavar="K")
 
     # SMART.
     smart: bool = flag(False, "regularise the tasks in --smart_tasks", SMART, action="store_true")
@@ -342,6 +349,7 @@ class TrainingArguments:
         for name in ("cycles", "mlm_epochs", "simcse_epochs", "eval_train_examples", "num_workers"):
             _check(getattr(self, name) >= 0, f"--{name} must be >= 0, got {getattr(self, name)}")
         # 0 would stop before the first checkpoint, leaving nothing that --resume could continue
+        _check(self.patience is None or self.patience >= 1, f"--patience must be >= 1, got {self.patience}")
         _check(self.stop_after_stages is None or self.stop_after_stages >= 1,
                f"--stop_after_stages must be >= 1, got {self.stop_after_stages}")
         _check(self.simcse_max_examples is None or self.simcse_max_examples >= 1, "--simcse_max_examples must be >= 1")
@@ -461,6 +469,92 @@ def from_namespace(cls, namespace: argparse.Namespace):
         else:
             values[f.name] = getattr(namespace, f.name)
     return cls(**values)
+
+
+# Settings a --config file never sets: resuming is a choice of the command line (--resume), not of a recipe,
+# so that a resumed run's args.json still trains the run again from its start.
+NOT_FROM_CONFIG = ("resume",)
+
+
+def read_config(cls, path: str) -> dict:
+    """The settings of a --config FILE as parser defaults (each flag's destination -> value), checked as the
+    command line checks them: a JSON object of settings by field name, or a run's args.json (run_record.py), whose
+    "args" are its settings. Fields it lacks keep their defaults (an older run's record predates them). ValueError
+    naming the file and the key for an unknown key or a value of the wrong type or choice."""
+    try:
+        content = json.loads(read_input_bytes(path))
+    except DataError as err:  # no such file, a folder: the message names the file
+        raise ValueError(f"--config {err}") from None
+    except (ValueError, RecursionError) as err:  # not JSON (nor UTF-8), or nested too deeply for the parser
+        raise ValueError(f"--config {path}: not a JSON file ({err})") from None
+    if isinstance(content, dict) and "args" in content:
+        unknown = sorted(set(content) - set(RECORD_KEYS))
+        if unknown:
+            raise ValueError(f"--config {path}: unknown key {unknown[0]!r} in a run record (expected "
+                             f"{', '.join(RECORD_KEYS)})")
+        content = content["args"]
+    if not isinstance(content, dict):
+        raise ValueError(f"--config {path}: expected a JSON object of settings by name, found "
+                         f"{type(content).__name__}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    defaults = {}
+    for key, value in content.items():
+        if key not in fields:
+            raise ValueError(f"--config {path}: unknown setting {key!r} (settings are named as the flags, without "
+                             "the dashes; see --help)")
+        if key in NOT_FROM_CONFIG:
+            continue
+        try:
+            defaults |= _config_value(fields[key], value)
+        except ValueError as err:
+            raise ValueError(f"--config {path}: {key!r} {err}, found {json.dumps(value)}") from None
+    return defaults
+
+
+def _config_value(f: dataclasses.Field, value) -> dict:
+    """{flag destination: value} of one field's value in a --config file; ValueError saying what it must be."""
+    meta = f.metadata
+    if "per_file" in meta:
+        flags = _per_file_flags(meta["per_file"], meta["tasks"])
+        if not isinstance(value, dict) or not all(k in flags and (v is None or isinstance(v, str))
+                                                  for k, v in value.items()):
+            raise ValueError(f"must be an object of paths (or null) by flag name, some of {', '.join(flags)}")
+        return dict(value)
+    kwargs = meta["argparse"]
+    nullable = f.default is None or kwargs.get("action") is argparse.BooleanOptionalAction
+    if value is None and nullable:
+        return {f.name: None}
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if kwargs.get("action") in ("store_true", argparse.BooleanOptionalAction):
+        ok, kind = isinstance(value, bool), "true or false"
+    elif kwargs.get("action") == "append" or "nargs" in kwargs:
+        ok, kind = isinstance(value, list) and all(isinstance(v, str) for v in value), "a list of strings"
+    elif kwargs.get("type") is int:
+        ok, kind = number and float(value).is_integer(), "a whole number"
+        value = int(value) if ok else value
+    elif kwargs.get("type") is float:
+        ok, kind = number, "a number"
+        value = float(value) if ok else value
+    else:
+        ok, kind = isinstance(value, str), "a string"
+    if ok and "choices" in kwargs and value not in kwargs["choices"]:
+        ok, kind = False, f"one of {', '.join(map(str, kwargs['choices']))}"
+    if not ok:
+        raise ValueError(f"must be {kind}" + (" or null" if nullable else ""))
+    return {f.name: value}
+
+
+def follow_output_dir(prediction_files: dict, config_files: dict, config_dir: str, output_dir: str) -> dict:
+    """--config's prediction paths inside its run's folder moved into this run's --output_dir when the command line
+    moves it: a run trained again from another's args.json writes its own CSVs, never over the first run's.
+    Paths the command line gave (they differ from the config's) stay as they are."""
+    moved = dict(prediction_files)
+    if Path(config_dir).resolve() == Path(output_dir).resolve():
+        return moved
+    for flag, path in prediction_files.items():
+        if path and path == config_files.get(flag) and Path(path).resolve().is_relative_to(Path(config_dir).resolve()):
+            moved[flag] = str(Path(output_dir) / Path(path).resolve().relative_to(Path(config_dir).resolve()))
+    return moved
 
 
 def field_defaults(cls) -> dict:
@@ -630,7 +724,7 @@ def loop_config(args: TrainingArguments, device: torch.device) -> LoopConfig:
                       epochs=args.epochs, precision=resolve_precision(device, args.precision), quiet=args.quiet,
                       stop_after_stages=args.stop_after_stages, keep_stage_models=args.keep_stage_models,
                       eval_train_examples=args.eval_train_examples, logging_steps=args.logging_steps,
-                      report_to=args.report_to,
+                      report_to=args.report_to, patience=args.patience,
                       pad_to_multiple_of=pad_to_multiple_of(device, args.compile))
 
 

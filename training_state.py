@@ -9,6 +9,7 @@ trainer's (Trainer.state_dict / load_state_dict).
 """
 from __future__ import annotations
 
+import itertools
 import math
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from checkpoint import atomic_save, check_fields, read_checkpoint
 
 TRAINING_STATE_FIELDS = {"args": dict, "data_sha256": dict, "next_stage": int, "history": list, "best_score": (int, float),
                          "updates": int, "optimizer": dict, "rng": dict, "smart_skipped_steps": dict}
-OPTIONAL_FIELDS = {"grad_scaler": dict, "skipped_updates": int}
+OPTIONAL_FIELDS = {"grad_scaler": dict, "skipped_updates": int, "skipped_stages": list}
 
 
 def save_training_state(prefix: Path, tensors: dict[str, torch.Tensor], metadata: dict) -> None:
@@ -46,10 +47,11 @@ def check_resumable(metadata: dict, world_size: int, stage_labels: list[str], da
     if saved_world != world_size:  # each rank's data slice and dropout stream would differ
         raise CheckpointError(f"cannot resume: the run was trained by {saved_world} process(es), this one has "
                               f"{world_size}; resume with the same torchrun --nproc_per_node")
-    done = [record["stage"] for record in metadata["history"] if record["index"] > 0]
-    if done != stage_labels[:len(done)]:
-        raise CheckpointError(f"cannot resume: the stages already done ({', '.join(done)}) do not begin "
-                              "this run's schedule")
+    done = [(record["index"] - 1, record["stage"]) for record in metadata["history"] if record["index"] > 0]
+    if any(position >= len(stage_labels) or stage_labels[position] != label for position, label in done) or \
+            any(position >= len(stage_labels) for position in metadata.get("skipped_stages", [])):
+        raise CheckpointError(f"cannot resume: the stages already done ({', '.join(label for _, label in done)}) "
+                              "do not begin this run's schedule")
     changed = sorted(name for name in data_sha256.keys() & metadata["data_sha256"].keys()
                      if data_sha256[name] != metadata["data_sha256"][name])
     if changed:  # a split only one of the two runs reads cannot have changed what was trained
@@ -60,15 +62,25 @@ def check_resumable(metadata: dict, world_size: int, stage_labels: list[str], da
 def check_consistent(metadata: dict, info: Path) -> None:
     """Every field a resume reads, against the others (read_training_state has checked their types): the history's
     records (the pretrained model's, then one per stage done, each with the first one's metrics, as numbers),
-    next_stage (the number of stages done), the best score (a score, or -inf) and the counters. A hand-edited
-    last.json would otherwise resume into stages rerun or skipped, or a kept model that no stage can beat."""
+    next_stage (the number of stages done or skipped by early stopping), the best score (a score, or -inf) and the
+    counters. A hand-edited last.json would otherwise resume into stages rerun or skipped, or a kept model that no
+    stage can beat."""
     def refuse(problem: str):
         raise CheckpointError(f"{info}: {problem}; the file was edited or damaged: resume from an intact copy or "
                               "start again without --resume")
-    history = metadata["history"]
+    history, next_stage, skipped = metadata["history"], metadata["next_stage"], metadata.get("skipped_stages", [])
+    if not all(isinstance(s, int) and not isinstance(s, bool) and 0 <= s < next_stage for s in skipped) or \
+            skipped != sorted(set(skipped)):
+        refuse(f"skipped_stages {skipped!r} must be distinct stage positions below next_stage, in order")
+    # A record's index is its stage's position in the schedule (1-based; 0: the pretrained model's), so the
+    # records number the stages done: those before next_stage that early stopping did not skip.
+    skipped_positions = set(skipped)
+    done_positions = (position for position in itertools.count() if position not in skipped_positions)
+    indices = [0] + [position + 1 for position in itertools.islice(done_positions, len(history))]
     for position, record in enumerate(history):
-        if not isinstance(record, dict) or not isinstance(record.get("stage"), str) or record.get("index") != position:
-            refuse(f"history record {position} must be an object with a 'stage' name and 'index' {position}")
+        expected = indices[position]
+        if not isinstance(record, dict) or not isinstance(record.get("stage"), str) or record.get("index") != expected:
+            refuse(f"history record {position} must be an object with a 'stage' name and 'index' {expected}")
         metrics = {k: v for k, v in record.items() if k not in ("stage", "index")}
         if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in metrics.values()):
             refuse(f"history record {position} ({record['stage']}) holds a value that is not a number")
@@ -79,8 +91,9 @@ def check_consistent(metadata: dict, info: Path) -> None:
         refuse("the history must begin with the pretrained model's record")
     done = len(history) - 1
     # A checkpoint follows a stage; more stages done than the schedule has is check_resumable's own refusal.
-    if metadata["next_stage"] != done or done < 1:
-        refuse(f"next_stage {metadata['next_stage']!r} does not follow the history's {done} stage(s) done")
+    if next_stage != done + len(skipped) or done < 1:
+        refuse(f"next_stage {next_stage!r} does not follow the history's {done} stage(s) done"
+               + (f" and the {len(skipped)} early stopping skipped" if skipped else ""))
     best = metadata["best_score"]
     if not (best == -math.inf or 0 <= best <= 1):  # -inf before any stage is kept; scores are means of [0, 1] metrics
         refuse(f"best_score {best!r} is not a score in [0, 1]")

@@ -23,7 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script:
 from evaluation import history_forgetting_measures, overall_score  # noqa: E402
 
 COLUMNS = [("SST acc", "sst_acc"), ("SST F1 (w)", "sst_f1_weighted"), ("QQP acc", "qqp_acc"),
-           ("QQP F1", "qqp_f1"), ("QQP F1 (w)", "qqp_f1_weighted"), ("STS r", "sts_pearson"), ("overall", "overall")]
+           ("QQP F1", "qqp_f1"), ("QQP F1 (w)", "qqp_f1_weighted"), ("STS r", "sts_pearson"),
+           ("STS rho", "sts_spearman"), ("overall", "overall")]
 # The continual-learning figures' columns, after the training minutes; a run whose schedule has none (a
 # multi-task or one-task run) leaves them out of the table.
 FORGETTING_COLUMNS = [("avg score after last stage", "average_score"), ("BWT", "backward_transfer"),

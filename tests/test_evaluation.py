@@ -81,9 +81,22 @@ def test_sts_pearson_known_vectors():
     assert sts_metrics([1, 2, 3], [3, 2, 1])["pearson"] == pytest.approx(-1.0)
 
 
+def test_sts_spearman_is_the_pearson_of_average_ranks_as_scipy_computes_it():
+    scipy_stats = pytest.importorskip("scipy.stats")
+    rng = np.random.default_rng(0)
+    gold = rng.integers(0, 6, 50).astype(float)  # many ties, as STS's labels have
+    pred = np.round(gold + rng.normal(0, 1.5, 50), 1)
+    expected = scipy_stats.spearmanr(pred, gold).statistic
+    assert sts_metrics(pred, gold)["spearman"] == pytest.approx(expected, abs=1e-12)
+    # monotone but not linear: Spearman 1, Pearson below
+    metrics = sts_metrics([1, 2, 3, 4], [1, 4, 9, 100])
+    assert metrics["spearman"] == pytest.approx(1.0) and metrics["pearson"] < 0.9
+    assert list(evaluation.task_metrics("sts", [1, 2, 3], [1, 2, 4])) == ["sts_pearson", "sts_spearman"]
+
+
 def test_sts_constant_predictions_give_zero_with_warning():
     with pytest.warns(RuntimeWarning, match="constant"):
-        assert sts_metrics([2.5, 2.5, 2.5], [1.0, 3.0, 4.0]) == {"pearson": 0.0}
+        assert sts_metrics([2.5, 2.5, 2.5], [1.0, 3.0, 4.0]) == {"pearson": 0.0, "spearman": 0.0}
 
 
 def test_metrics_reject_mismatched_lengths():

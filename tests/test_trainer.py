@@ -76,7 +76,7 @@ def test_evaluate_reports_every_metric_under_the_internal_names(tmp_path, tokeni
     trainer = make_trainer(tmp_path, tokenizer)
     metrics, predictions = trainer.evaluate("dev")
     assert set(metrics) == {"sst_acc", "sst_f1_macro", "sst_f1_weighted", "qqp_acc", "qqp_f1", "qqp_f1_weighted",
-                            "sts_pearson", "overall"}
+                            "sts_pearson", "sts_spearman", "overall"}
     assert set(predictions) == {"sst", "qqp", "sts"}
     ids, predicted, gold = predictions["qqp"]
     assert ids == [e.id for e in demo_examples("qqp", "dev", 8)] and set(predicted) <= {0.0, 1.0}

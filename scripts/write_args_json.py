@@ -1,0 +1,81 @@
+"""args.json for run folders made before runs wrote their own (run_record.py): derived from the settings the run
+saved in best.json (or last.json), so that `python multitask_classifier.py --config RUN/args.json --output_dir NEW`
+trains it again. Settings added to the code since the run take today's defaults (the script names them per run:
+"predates"); where such a default changed what the code did (runs before --smart_precision ran SMART's passes in
+exact float32), add the flag that restores it. Folders with a history but no saved settings are listed: they cannot
+be described.
+
+    python scripts/write_args_json.py results          # every run folder under results/, at any depth
+
+A folder's args.json written by its run (it has no "derived_from") is left as it is.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: make the repo's modules importable
+from run_record import RECORD_FILE, write_run_record  # noqa: E402
+from training_args import TrainingArguments  # noqa: E402
+
+SETTINGS_FILES = ("best.json", "last.json")  # where a run saved its settings ("args"), best first
+RUN_FILES = (*SETTINGS_FILES, "history.json", "metrics.jsonl")  # any of these makes a folder a run's
+
+
+def saved_settings(run: Path) -> tuple[str, dict] | None:
+    """(file name, settings) of the first of SETTINGS_FILES that holds the run's settings, or None."""
+    for name in SETTINGS_FILES:
+        path = run / name
+        if path.is_file():
+            settings = json.loads(path.read_text(encoding="utf-8")).get("args")
+            if isinstance(settings, dict):
+                return name, settings
+    return None
+
+
+def derived_record(source: str, settings: dict) -> dict:
+    """args.json of a run known only by its saved settings: nothing about where or with which code it ran."""
+    return {"args": settings, "resolved": None, "git": None, "environment": None, "derived_from": source}
+
+
+def run_folders(roots: list[Path]) -> list[Path]:
+    """Every folder under `roots` (themselves included) holding one of RUN_FILES, sorted."""
+    found = set()
+    for root in roots:
+        for folder in (root, *(path for path in root.rglob("*") if path.is_dir())):
+            if any((folder / name).is_file() for name in RUN_FILES):
+                found.add(folder)
+    return sorted(found)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("folders", nargs="+", type=Path, help="run folders, or folders holding them at any depth")
+    args = parser.parse_args(argv)
+    missing = [str(folder) for folder in args.folders if not folder.is_dir()]
+    if missing:
+        parser.error(f"not a folder: {', '.join(missing)}")
+    known = [f.name for f in dataclasses.fields(TrainingArguments)]
+    for run in run_folders(args.folders):
+        existing = run / RECORD_FILE
+        if existing.is_file() and "derived_from" not in json.loads(existing.read_text(encoding="utf-8")):
+            print(f"{run}: kept its own {RECORD_FILE}")
+            continue
+        found = saved_settings(run)
+        if found is None:
+            print(f"{run}: no saved settings (no best.json or last.json with 'args'): cannot be described")
+            continue
+        write_run_record(run, derived_record(*found))
+        gone = sorted(set(found[1]) - set(known))
+        predates = [name for name in known if name not in found[1]]
+        print(f"{run}: wrote {RECORD_FILE} from {found[0]}"
+              + (f"; predates {', '.join(predates)}" if predates else "")
+              + (f"; holds settings this code no longer has: {', '.join(gone)}" if gone else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
