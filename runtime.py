@@ -17,9 +17,11 @@ import torch
 
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")  # --compile_mode: torch.compile's modes
-# CUDA batches are padded to a multiple of this many tokens (bucket_length): a few shapes that repeat, for
-# torch.compile and CUDA graphs, at a cost in padded tokens that BENCHMARKS.md measures.
-PAD_TO_MULTIPLE_OF = 32
+# CUDA batches are padded to a multiple of this many tokens (bucket_length): shapes that repeat, for torch.compile
+# and CUDA graphs, and tensor-core-friendly widths. On the course's short sentences 8 costs 15% more grid tokens than
+# padding to each batch's longest row, with at most 12 widths per task; 32 would cost 60% (`python
+# scripts/benchmark.py padding --seq_len 128`, BENCHMARKS.md).
+PAD_TO_MULTIPLE_OF = 8
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 

@@ -10,6 +10,8 @@
     python scripts/benchmark.py data_parallel  # 1 process vs 2 gloo processes (distributed.py), same global batch
     python scripts/benchmark.py ensemble   # one model's inference on dev + test vs combining 5 runs' saved scores
     python scripts/benchmark.py all        # every benchmark above that runs on --device (data_parallel: the CPU's)
+    python scripts/benchmark.py padding    # padded tokens of the length buckets (CUDA, --compile) on the train files
+    python scripts/benchmark.py qqp_epoch  # one QQP SMART epoch of the course's 141,506 pairs, from timed real steps
     python scripts/benchmark.py step_audit # host syncs, operators and graph breaks of one training step (no timing)
     python scripts/benchmark.py qa_peer    # SQuAD 2.0: transformers' BertForQuestionAnswering peer (own flags, --help)
 
@@ -18,7 +20,14 @@ does (runtime.resolve_precision: bf16 autocast where the device computes bf16 na
 gradient scaler on older GPUs such as a T4, float32 on other CPUs; `--bf16` / `--no-bf16` are aliases of
 `--precision bf16` / `fp32`). `--config bert-base-random` uses a randomly initialised bert-base-sized model and
 `--config random:NAME_OR_CONFIG_JSON` random weights of any checkpoint's or config.json's shape: no download.
-The two sides of a comparison alternate, round after round, so drift in machine load hits both.
+The two sides of a comparison alternate, round after round, so drift in machine load hits both. minBERT runs as
+training runs it (runtime.place_encoder: packed tokens on the CPU, the padded grid on CUDA; the batch's row lengths
+known on the host); `--compile` compiles its layers (and, in `encoder`, times transformers compiled too).
+
+Model FLOPs utilisation (MFU) sits beside each training-step time: the step's useful matmul FLOPs (6 x the layers'
+weights x the real tokens, plus the attention's 12 x layers x hidden x length^2 per sequence; padding counts for
+nothing) per second, over the device's peak in the step's precision: the published dense peak of known GPUs
+(PEAK_TFLOPS), on a CPU the dense matmul throughput measured here (labelled so).
 
 step_audit builds the Trainer as the training command line does (the recipes' flags, scripts/_common.sh: CPU_FLAGS on
 the CPU, GPU_FLAGS on CUDA, with SMART_FLAGS for the SMART step) on --data_dir's real batches (default data/demo), and
@@ -31,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import itertools
 import json
 import math
 import platform
@@ -93,6 +103,21 @@ def make_batch(batch_size: int, seq_len: int, vocab_size: int, device: torch.dev
         lengths[:] = seq_len
     mask = (torch.arange(seq_len)[None] < lengths[:, None]).long()
     return (ids * mask).to(device), mask.to(device)
+
+
+def row_lengths(mask: torch.Tensor):
+    """The real tokens of each row, on the host: what a collate hands the encoder's layout (read once, untimed)."""
+    return mask.sum(dim=1).cpu().numpy()
+
+
+def place(bert: BertModel, device: torch.device, args) -> BertModel:
+    """minBERT on `device` as training places it (runtime.place_encoder), compiled under --compile; --token_layout
+    packed or padded overrides the device's choice (to measure the other one)."""
+    bert.to(device)
+    place_encoder(bert.encoder, device, args.compile)
+    if args.token_layout != "auto":
+        bert.encoder.pack_tokens = args.token_layout == "packed"
+    return bert
 
 
 RANDOM = "random:"
@@ -161,7 +186,7 @@ def build_encoders(args, device):
     else:
         ours = BertModel.from_pretrained(args.config)
         reference = HFBertModel.from_pretrained(str(resolve_pretrained(args.config)), attn_implementation="sdpa")
-    return ours.to(device).train(), reference.to(device).train()
+    return place(ours, device, args).train(), reference.to(device).train()
 
 
 def timed_steps(step, steps: int, device) -> list[float]:
@@ -184,6 +209,68 @@ def alternate(steps: dict, args, device) -> dict[str, float]:
         for name, step in steps.items():
             samples[name] += timed_steps(step, args.steps, device)
     return {name: statistics.median(values) for name, values in samples.items()}
+
+
+# Published dense peaks (no sparsity), TFLOP/s, by the precision a step's matmuls run in (fp32 on CUDA: TF32,
+# runtime.use_tf32). Names are matched in order against torch.cuda.get_device_name.
+PEAK_TFLOPS = (
+    ("H100 PCIe", {"bf16": 756.0, "fp16": 756.0, "fp32": 378.0}),
+    ("H100", {"bf16": 989.4, "fp16": 989.4, "fp32": 494.7}),
+    ("H200", {"bf16": 989.4, "fp16": 989.4, "fp32": 494.7}),
+    ("A100", {"bf16": 312.0, "fp16": 312.0, "fp32": 156.0}),
+    ("L4", {"bf16": 121.0, "fp16": 121.0, "fp32": 60.0}),
+    ("T4", {"fp16": 65.0, "fp32": 8.1}),  # no TF32 and no bf16 tensor cores
+)
+
+
+def train_flops(config: BertConfig, lengths) -> float:
+    """The useful matmul FLOPs of one training step (forward and backward: 3 x the forward's) on rows of these
+    real lengths: 2 x 3 x the layers' weights (and the pooler's) per real token, and each sequence's attention
+    scores and weighted values, 2 x 2 x hidden x length^2 per layer, x 3. Padding counts for nothing."""
+    hidden, layers = config.hidden_size, config.num_hidden_layers
+    weights = layers * (4 * hidden * hidden + 2 * hidden * config.intermediate_size) + hidden * hidden
+    lengths = np.asarray(lengths, dtype=np.float64)
+    return float(6 * weights * lengths.sum() + 12 * layers * hidden * (lengths ** 2).sum())
+
+
+def peak_flops(device: torch.device, precision: str, threads: int) -> tuple[float | None, str]:
+    """(FLOP/s, where the figure comes from): a known GPU's published dense peak in `precision`, or on a CPU the
+    dense matmul throughput measured here with these threads; (None, why) when neither is known."""
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        for pattern, peaks in PEAK_TFLOPS:
+            if pattern in name and precision in peaks:
+                return peaks[precision] * 1e12, f"published dense peak of the {pattern} in {precision}"
+        return None, f"no published peak known for {name} in {precision}"
+    return measured_matmul_flops(precision), f"this CPU's measured 2048^3 matmul in {precision}, {threads} threads"
+
+
+def measured_matmul_flops(precision: str, size: int = 2048) -> float:
+    """The CPU's dense matmul FLOP/s in `precision` (bf16 / fp16 operands, as autocast casts them): the best of a
+    few runs."""
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
+    a, b = torch.randn(size, size).to(dtype), torch.randn(size, size).to(dtype)
+    a @ b  # warm-up
+    best = min(timed_steps(lambda: a @ b, 3, torch.device("cpu")))
+    return 2 * size ** 3 / best
+
+
+def significant(value: float, digits: int = 4) -> float:
+    return float(f"{value:.{digits}g}")
+
+
+def utilisation(medians: dict[str, float], precisions: dict[str, str], config: BertConfig, lengths, device,
+                args) -> dict:
+    """TFLOP/s and model FLOPs utilisation of timed training steps (each on rows of `lengths`, computing in its
+    precision), for the results beside their times."""
+    flops = train_flops(config, lengths)
+    result = {"train_step_tflop": significant(flops / 1e12), "achieved_tflops": {}, "mfu": {}, "mfu_peak": {}}
+    for name, seconds in medians.items():
+        peak, source = peak_flops(device, precisions[name], args.threads)
+        result["achieved_tflops"][name] = significant(flops / seconds / 1e12)
+        result["mfu"][name] = None if peak is None else significant(flops / seconds / peak)
+        result["mfu_peak"][name] = source
+    return result
 
 
 GRADIENT_SCALING: list[dict] = []  # {"skipped": n} of this benchmark's fp16 updates (not the updates: no
@@ -210,7 +297,9 @@ class Update:
         return stepped
 
 
-def train_step_fn(model, optimizer, ids, mask, device, precision: str, hf: bool):
+def train_step_fn(model, optimizer, ids, mask, device, precision: str, hf: bool, lengths=None):
+    """A train step of an encoder alone (loss: the mean square of its outputs); minBERT's layout is built each step
+    from the rows' host `lengths`, as MultitaskBERT.encoder_inputs builds it from a collated batch."""
     update = Update(optimizer, device, precision)
 
     def step():
@@ -220,8 +309,8 @@ def train_step_fn(model, optimizer, ids, mask, device, precision: str, hf: bool)
                 out = model(input_ids=ids, attention_mask=mask)
                 hidden, pooled = out.last_hidden_state, out.pooler_output
             else:
-                out = model(ids, mask)
-                hidden, pooled = out["last_hidden_state"], out["pooler_output"]
+                hidden = model.encode(model.embed(ids), mask, model.encoder.layout(mask, lengths))
+                pooled = model.pooler(hidden)
             loss = hidden.float().pow(2).mean() + pooled.float().pow(2).mean()
         update(loss)
     return step
@@ -237,28 +326,45 @@ def attention_operators(names) -> str:
 def attention_kernel(model: BertModel, ids, mask, device, precision: str) -> str:
     """Which kernel scaled_dot_product_attention picks for minBERT's attention in a training forward (its mask
     and dropout included)."""
-    with LiveTensorBytes() as ops, autocast(device, precision):
-        model(ids, mask)
+    # The probe watches eager operators: compiled layers (BertEncoder.compile_layers' instance attribute) run as a
+    # graph a dispatch mode cannot enter, so the class's eager method stands in meanwhile; SDPA picks the same kernel.
+    compiled = model.encoder.__dict__.pop("run_layers", None)
+    try:
+        with LiveTensorBytes() as ops, autocast(device, precision):
+            model(ids, mask)
+    finally:
+        if compiled is not None:
+            model.encoder.run_layers = compiled
     return attention_operators(ops.names)
 
 
 def bench_encoder(args, device) -> dict:
+    """minBERT's train step against transformers.BertModel's (same weights, batch and AdamW); under --compile
+    minBERT's layers are compiled and transformers is timed both eager and compiled."""
     ours, reference = build_encoders(args, device)
     ids, mask = make_batch(args.batch_size, args.seq_len, ours.config.vocab_size, device)
+    lengths = row_lengths(mask)
     kernel = attention_kernel(ours, ids, mask, device, args.precision)
     steps = {
         "minbert": train_step_fn(ours, AdamW(ours.parameters(), lr=1e-5), ids, mask, device, args.precision,
-                                 hf=False),
+                                 hf=False, lengths=lengths),
         "transformers": train_step_fn(reference, AdamW(reference.parameters(), lr=1e-5), ids, mask, device,
                                       args.precision, hf=True),
     }
+    if args.compile:
+        steps["transformers_compiled"] = train_step_fn(torch.compile(reference), AdamW(reference.parameters(), lr=1e-5),
+                                                       ids, mask, device, args.precision, hf=True)
     medians = alternate(steps, args, device)
-    return {
-        "benchmark": "encoder train step (forward, backward, AdamW)",
+    result = {
+        "benchmark": "encoder train step (forward, backward, AdamW)" + (", minBERT compiled" if args.compile else ""),
         "median_step_s": medians,
         "speedup_minbert_vs_transformers": medians["transformers"] / medians["minbert"],
         "minbert_attention_kernel": kernel,
+        **utilisation(medians, {name: args.precision for name in medians}, ours.config, lengths, device, args),
     }
+    if args.compile:
+        result["speedup_minbert_vs_transformers_compiled"] = medians["transformers_compiled"] / medians["minbert"]
+    return result
 
 
 def sixteen_bit(args, device) -> str:
@@ -273,17 +379,19 @@ def bench_precision(args, device) -> dict:
     """minBERT train step in float32 against the same step under 16-bit autocast (same weights, batch); fp16
     steps go through a gradient scaler, as training's do."""
     half = sixteen_bit(args, device)
-    ours = build_minbert(args).to(device).train()
+    ours = place(build_minbert(args), device, args).train()
     ids, mask = make_batch(args.batch_size, args.seq_len, ours.config.vocab_size, device)
+    lengths = row_lengths(mask)
     optimizer = AdamW(ours.parameters(), lr=1e-5)
-    steps = {"float32": train_step_fn(ours, optimizer, ids, mask, device, "fp32", hf=False),
-             f"{half}_autocast": train_step_fn(ours, optimizer, ids, mask, device, half, hf=False)}
+    steps = {"float32": train_step_fn(ours, optimizer, ids, mask, device, "fp32", hf=False, lengths=lengths),
+             f"{half}_autocast": train_step_fn(ours, optimizer, ids, mask, device, half, hf=False, lengths=lengths)}
     medians = alternate(steps, args, device)
     return {
         "benchmark": f"minBERT train step, float32 vs {half} autocast",
         "sixteen_bit": half,
         "median_step_s": medians,
         "speedup_16bit_vs_float32": medians["float32"] / medians[f"{half}_autocast"],
+        **utilisation(medians, {"float32": "fp32", f"{half}_autocast": half}, ours.config, lengths, device, args),
     }
 
 
@@ -300,13 +408,15 @@ def describe(args, device) -> dict:
     info["precision"] = args.precision  # resolved: bf16, fp16 or fp32 (the precision benchmark sets its own)
     info["precision_notice"] = precision_notice(device, args.requested_precision)
     info["float32_matmul_precision"] = torch.get_float32_matmul_precision()  # "high": TF32 (runtime.use_tf32)
+    info["compile"], info["token_layout"] = args.compile, args.token_layout
     return info
 
 
 def multitask_setup(args, device, smart: bool, adapter: str | None = None, checkpointing: bool = False,
-                    full_length: bool = False, **config_overrides):
-    """A MultitaskBERT with its optimizer and (optionally) SMART on one fixed STS-like pair batch; with an
-    adapter kind, per-task adapters of rank 8 over a frozen encoder; `full_length`: no padding."""
+                    full_length: bool = False, smart_precision: str = "run", **config_overrides):
+    """A MultitaskBERT with its optimizer and (optionally) SMART, its passes at `smart_precision`, on one fixed
+    STS-like pair batch; with an adapter kind, per-task adapters of rank 8 over a frozen encoder; `full_length`: no
+    padding."""
     from adapters import AdapterConfig
     from multitask_bert import MultitaskBERT, freeze_encoder
     from smart import SmartConfig, SmartRegularizer
@@ -315,19 +425,21 @@ def multitask_setup(args, device, smart: bool, adapter: str | None = None, check
     if adapter:
         freeze_encoder(model)
     model.bert.encoder.gradient_checkpointing = checkpointing
+    place(model.bert, device, args)
     model = model.to(device).train()
     optimizer = AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5)
-    regularizer = SmartRegularizer(model, SmartConfig()) if smart else None
+    regularizer = SmartRegularizer(model, SmartConfig(precision=smart_precision)) if smart else None
     ids_1, mask_1 = make_batch(args.batch_size, args.seq_len, bert.config.vocab_size, device, 1, full_length)
     ids_2, mask_2 = make_batch(args.batch_size, args.seq_len, bert.config.vocab_size, device, 2, full_length)
     batch = {"input_ids_1": ids_1, "attention_mask_1": mask_1, "input_ids_2": ids_2, "attention_mask_2": mask_2,
+             "lengths_1": row_lengths(mask_1), "lengths_2": row_lengths(mask_2),
              "labels": torch.rand(args.batch_size, device=device) * 5}
     return model, optimizer, regularizer, batch
 
 
 def multitask_step_fn(model, optimizer, regularizer, batch, device, precision: str, task="qqp"):
-    """One training step as trainer.py takes it: with SMART, compute_task_loss runs the whole loss in float32
-    whatever the autocast around it."""
+    """One training step as trainer.py takes it: with SMART at precision exact, compute_task_loss runs the whole loss
+    in float32 whatever the autocast around it."""
     from trainer import compute_task_loss
     if task == "qqp":
         batch = {**batch, "labels": (batch["labels"] > 2.5).float()}
@@ -350,13 +462,19 @@ def _memory_status(field: str) -> int:
     raise RuntimeError(f"no {field} in /proc/self/status")
 
 
+def first_row(batch: dict, tokens: int) -> dict:
+    """The batch cut to its first row and at most `tokens` tokens (its host lengths cut with it)."""
+    return {k: np.minimum(v[:1], tokens) if isinstance(v, np.ndarray) else v[:1, :tokens] if v.dim() == 2 else v[:1]
+            for k, v in batch.items()}
+
+
 def _peak_memory_worker(args, device, smart, adapter, checkpointing, queue):
     torch.set_num_threads(args.threads)
     if device.type == "cpu":
         # Random weights of the same shape: loading a checkpoint would set a higher-water mark than a step.
         args = argparse.Namespace(**{**vars(args), "config": random_twin(args.config)})
     model, optimizer, regularizer, batch = multitask_setup(args, device, smart, adapter, checkpointing)
-    small = {k: v[:1, :8] if v.dim() == 2 else v[:1] for k, v in batch.items()}
+    small = first_row(batch, 8)
     # A float32 step creates the optimizer state (an fp16 gradient scaler could skip the step that would).
     multitask_step_fn(model, optimizer, regularizer, small, device, "fp32")()
     # Without the gradients of that step: every step frees them first (set_to_none) and makes them anew, so
@@ -395,10 +513,10 @@ def peak_step_memory(args, device, smart: bool, adapter: str | None = None, chec
     return value
 
 
-def smart_phase_fns(model, regularizer, batch, task="qqp") -> dict:
+def smart_phase_fns(model, regularizer, batch, device: torch.device, precision: str, task="qqp") -> dict:
     """The passes of a SMART step, each as a function timed on its own (forwards include the clean one
-    they need): where a SMART step's time goes. Each runs in exact float32, as the SMART step does
-    (compute_task_loss) whatever the run's precision."""
+    they need): where a SMART step's time goes. Each runs where the SMART step runs it (compute_task_loss): at
+    the run's `precision`, or in exact float32 with SMART's precision exact."""
     from smart import find_perturbation
     batch = {**batch, "labels": (batch["labels"] > 2.5).float()}
     model.set_adapter(task)
@@ -419,7 +537,7 @@ def smart_phase_fns(model, regularizer, batch, task="qqp") -> dict:
     def as_in_smart_step(fn):
         def run():
             model.zero_grad(set_to_none=True)
-            with float32_exact():
+            with float32_exact() if regularizer.config.precision == "exact" else autocast(device, precision):
                 fn()
         return run
     return {
@@ -453,7 +571,7 @@ class TransformersSbertQQP(torch.nn.Module):
 def transformers_step_fn(args, device, smart: bool):
     """A plain or SMART QQP step of TransformersSbertQQP on the same batch as multitask_setup's, with this
     project's SMART functions (one ascent step, gradient to the perturbation only, teacher without gradient);
-    a SMART step in exact float32, as compute_task_loss runs this code's."""
+    a SMART step at the run's precision, as compute_task_loss runs this code's by default."""
 
     from smart import SmartConfig, SmartRegularizer
     _, reference = build_encoders(args, device)
@@ -468,7 +586,7 @@ def transformers_step_fn(args, device, smart: bool):
 
     def step():
         optimizer.zero_grad(set_to_none=True)
-        with autocast(device, args.precision), float32_exact() if smart else nullcontext():
+        with autocast(device, args.precision):
             embeddings = model.bert.embeddings.word_embeddings(ids)
 
             def forward_fn(e):
@@ -490,13 +608,20 @@ def bench_smart(args, device) -> dict:
         model, optimizer, regularizer, batch = multitask_setup(args, device, smart)
         steps[name] = multitask_step_fn(model, optimizer, regularizer, batch, device, args.precision)
         steps[f"transformers_{name}"] = transformers_step_fn(args, device, smart)
+    exact = multitask_setup(args, device, True, smart_precision="exact")  # --smart_precision exact, for the record
+    steps["smart_exact"] = multitask_step_fn(*exact, device, args.precision)
     medians = alternate(steps, args, device)
-    phases = alternate(smart_phase_fns(model, regularizer, batch), args, device)
+    phases = alternate(smart_phase_fns(model, regularizer, batch, device, args.precision), args, device)
     memory = {name: peak_step_memory(args, device, name == "smart") for name in ("plain", "smart")}
+    plain_lengths = np.concatenate([batch["lengths_1"], batch["lengths_2"]])
     return {
-        "benchmark": "QQP SBERT train step with and without SMART",
+        "benchmark": "QQP SBERT train step with and without SMART (SMART at the run's precision; smart_exact: "
+                     "--smart_precision exact)",
         "median_step_s": medians,
         "smart_cost_ratio": medians["smart"] / medians["plain"],
+        "smart_exact_cost_ratio": medians["smart_exact"] / medians["plain"],
+        **utilisation({"plain": medians["plain"]}, {"plain": args.precision}, model.bert.config, plain_lengths,
+                      device, args),
         "transformers_smart_cost_ratio": medians["transformers_smart"] / medians["transformers_plain"],
         "smart_step_speedup_vs_transformers": medians["transformers_smart"] / medians["smart"],
         "smart_phase_s": {name: round(value, 4) for name, value in phases.items()},
@@ -679,7 +804,7 @@ def step_memory(args, device, smart: bool, checkpointing: bool, precision: str, 
     overrides = {"attention_probs_dropout_prob": 0.0} if fused_attention and device.type == "cpu" else {}
     model, optimizer, regularizer, batch = multitask_setup(args, device, smart, checkpointing=checkpointing,
                                                            full_length=True, **overrides)
-    small = {k: v[:1, :8] if v.dim() == 2 else v[:1] for k, v in batch.items()}
+    small = first_row(batch, 8)
     multitask_step_fn(model, optimizer, regularizer, small, device, "fp32")()  # the AdamW state now exists
     optimizer.zero_grad(set_to_none=True)  # every step frees the gradients first and makes them anew
     step = multitask_step_fn(model, optimizer, regularizer, batch, device, precision)
@@ -1106,6 +1231,83 @@ def bench_step_audit(args, device) -> dict:
     return result
 
 
+COURSE_QQP_TRAIN_PAIRS = 141_506  # the handout's quora-train.csv (seed 001)
+THESIS_SMART_QQP_EPOCH_HOURS = 5.0  # the thesis' SMART QQP epoch on a Colab L4, at batch 8 (seed 000)
+
+
+def bench_qqp_epoch(args, device) -> dict:
+    """One QQP SMART epoch of the course's 141,506 pairs at --batch_size, as the SS recipe trains it (gpu_ss.sh's
+    flags on CUDA, cpu_ss.sh's on the CPU, with --config's model and --seq_len as --max_length): after --warmup
+    steps, --steps x --rounds real QQP steps of --data_dir's train file (batches as the stage draws them, length
+    buckets on CUDA) run back to back, the device synchronised only before and after, as training runs them; the
+    epoch is that step time x the epoch's steps. On a GPU with a known peak, the L4 time it implies scales the
+    epoch by the two cards' published peaks in the run's precision (an estimate, labelled so)."""
+    with tempfile.TemporaryDirectory() as folder:
+        config = random_config(args.config)
+        pretrained = args.config if config is None else str(random_checkpoint(config, Path(folder) / "model"))
+        trainer, _ = audit_trainer(args, device, True, pretrained, folder)
+        loader = trainer.train_loader("qqp", trainer.config.seed)
+        needed = args.warmup + args.steps * args.rounds
+        batches = [batch for _, batch in zip(range(needed), itertools.cycle(loader))]
+        trainer.model.train()
+        for batch in batches[:args.warmup]:
+            trainer.task_step("qqp", batch, 1)
+            trainer.optimizer_step()
+        synchronize(device)
+        start = time.perf_counter()
+        for batch in batches[args.warmup:]:
+            trainer.task_step("qqp", batch, 1)
+            trainer.optimizer_step()
+        synchronize(device)
+        step_s = (time.perf_counter() - start) / (needed - args.warmup)
+    epoch_steps = math.ceil(COURSE_QQP_TRAIN_PAIRS / args.batch_size)
+    result = {"benchmark": f"one QQP SMART epoch of the course's {COURSE_QQP_TRAIN_PAIRS:,} pairs at batch "
+                           f"{args.batch_size} (measured steps x the epoch's {epoch_steps} steps)",
+              "smart_precision": trainer.regularization.smart["qqp"].config.precision,
+              "timed_steps": needed - args.warmup, "step_s": round(step_s, 5), "epoch_steps": epoch_steps,
+              "epoch_hours": round(step_s * epoch_steps / 3600, 3),
+              "thesis_l4_epoch_hours_at_batch_8": THESIS_SMART_QQP_EPOCH_HOURS}
+    here, _ = peak_flops(device, args.precision, args.threads)
+    l4 = dict(PEAK_TFLOPS)["L4"].get(args.precision)
+    if device.type == "cuda" and here is not None and l4 is not None:
+        result["implied_l4_epoch_hours_estimate"] = round(result["epoch_hours"] * here / (l4 * 1e12), 2)
+    return result
+
+
+PADDING_MULTIPLES = (8, 16, 32)  # the bucket sizes the padding benchmark compares (runtime.PAD_TO_MULTIPLE_OF is one)
+
+
+def bench_padding(args, device) -> dict:
+    """What length buckets cost (runtime.PAD_TO_MULTIPLE_OF pads CUDA and --compile runs): the tokens the encoder
+    computes on in one shuffled epoch of each task's train file at --batch_size and --seq_len (SBERT pairs: both
+    sides stacked, as MultitaskBERT.encoder_inputs stacks them), padded to each batch's longest row and to buckets
+    of PADDING_MULTIPLES tokens, beside the real tokens (all that the CPU's packed layout computes on) and the
+    number of batch widths each gives (a compiled graph or CUDA graph each)."""
+    from datasets import TokenizedExamples, load_split, tokenized_dataloader
+    from runtime import PAD_TO_MULTIPLE_OF
+    tokenizer = build_tokenizer(args)
+    paddings = {"longest": None, **{f"multiple_{m}": m for m in PADDING_MULTIPLES}}
+    result = {"benchmark": f"padded tokens of length buckets on the train files (training pads to multiples of "
+                           f"{PAD_TO_MULTIPLE_OF} on CUDA)", "tasks": {}}
+    for task in MULTITASK:
+        examples = TokenizedExamples.tokenize(load_split(args.data_dir, task, "train"), tokenizer, args.seq_len)
+        counts, widths = dict.fromkeys(["real", *paddings], 0), {name: set() for name in paddings}
+        for name, multiple in paddings.items():
+            for batch in tokenized_dataloader(examples, args.batch_size, shuffle=True, pad_to_multiple_of=multiple):
+                suffixes = ("",) if "input_ids" in batch else ("_1", "_2")
+                width = max(batch["input_ids" + suffix].shape[1] for suffix in suffixes)
+                counts[name] += len(suffixes) * len(batch["ids"]) * width
+                widths[name].add(width)
+                if name == "longest":
+                    counts["real"] += sum(int(batch["lengths" + suffix].sum()) for suffix in suffixes)
+        result["tasks"][task] = {**counts, "widths": {name: len(seen) for name, seen in widths.items()}}
+    totals = {key: sum(task[key] for task in result["tasks"].values()) for key in ("real", *paddings)}
+    result["all_tasks"] = totals
+    result["tokens_vs_longest"] = {name: round(totals[name] / totals["longest"], 4) for name in paddings}
+    result["tokens_vs_real"] = {name: round(totals[name] / totals["real"], 4) for name in paddings}
+    return result
+
+
 def step_audit_lines(result: dict) -> list[str]:
     """What the audit prints after its JSON: every host sync by site, the graph breaks, then the two summary lines."""
     plain, smart = result["plain_step"], result["smart_step"]
@@ -1439,7 +1641,10 @@ def qa_peer_run(args) -> int:
 
 BENCHMARKS = {"encoder": bench_encoder, "precision": bench_precision, "smart": bench_smart, "memory": bench_memory,
               "pipeline": bench_pipeline, "adapters": bench_adapters, "checkpointing": bench_checkpointing,
-              "data_parallel": bench_data_parallel, "ensemble": bench_ensemble}
+              "data_parallel": bench_data_parallel, "ensemble": bench_ensemble, "padding": bench_padding,
+              "qqp_epoch": bench_qqp_epoch}
+# Measurements of the data or of a whole epoch rather than of a step: asked for by name, outside `all`.
+ON_THEIR_OWN = {"padding", "qqp_epoch"}
 # Kinds that count rather than time, outside `all`; each prints lines of its own after its JSON, its summary last.
 AUDITS = {"step_audit": bench_step_audit}
 AUDIT_LINES = {"step_audit": step_audit_lines}
@@ -1447,12 +1652,15 @@ PROTOCOL_DATA = ROOT.parent / "shared" / "data" / "protocol"
 DEMO_DATA = ROOT / "data" / "demo"
 # The course files each kind reads from --data_dir (step_audit: the training command line checks its own).
 DATA_FILES = {"pipeline": [("sst", "train")],
-              "ensemble": [(task, split) for task in MULTITASK for split in ("dev", "test")]}
-TEXT_KINDS = {"pipeline", "ensemble", "step_audit"}  # those that tokenize real text with --config's tokenizer
+              "ensemble": [(task, split) for task in MULTITASK for split in ("dev", "test")],
+              "padding": [(task, "train") for task in MULTITASK], "qqp_epoch": [("qqp", "train")]}
+# those that tokenize real text with --config's tokenizer
+TEXT_KINDS = {"pipeline", "ensemble", "step_audit", "padding", "qqp_epoch"}
 # The shortest --seq_len that lets each kind act: the tokenizer's shortest cut for a text (pairs: step_audit's
 # training may encode them jointly); random batches need rows of seq_len / 2 .. seq_len tokens, at least one each.
 SHORTEST_SEQ_LEN = {"pipeline": shortest_max_length(1), "ensemble": shortest_max_length(1),
-                    "step_audit": shortest_max_length(2)}
+                    "step_audit": shortest_max_length(2), "padding": shortest_max_length(1),
+                    "qqp_epoch": shortest_max_length(2)}
 RANDOM_BATCH_SHORTEST_SEQ_LEN = 2
 
 
@@ -1490,7 +1698,7 @@ def chosen_kinds(which: str, device: torch.device) -> list[str]:
     measures gloo processes on the CPU)."""
     if which != "all":
         return [which]
-    return [kind for kind in BENCHMARKS if kind != "data_parallel" or device.type == "cpu"]
+    return [kind for kind in BENCHMARKS if kind not in ON_THEIR_OWN and (kind != "data_parallel" or device.type == "cpu")]
 
 
 def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -1559,6 +1767,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--train_flags", default="", help="step_audit: more flags of the training command line, "
                         "after the recipe's, so they win; with an = as they start with --, e.g. "
                         "--train_flags='--gradient_checkpointing'")
+    parser.add_argument("--compile", action="store_true", help="torch.compile minBERT's layers as --compile does in "
+                        "training (encoder: transformers is timed compiled too)")
+    parser.add_argument("--token_layout", choices=("auto", "packed", "padded"), default="auto",
+                        help="minBERT's bert.TokenLayout: auto as training places it (packed on the CPU, padded on "
+                        "CUDA), or forced")
     parser.add_argument("--json", type=Path, help="also append the results to this JSON-lines file")
     args = parser.parse_args(argv)
     if args.data_dir is None:

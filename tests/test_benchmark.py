@@ -82,20 +82,26 @@ def test_every_benchmark_runs_under_bf16_autocast_on_cpu(tmp_path, tiny_config_f
     """Every benchmark kind end to end under --bf16 (emulated on a CPU without native bf16), on the tiny BERT and
     one step of 2 x 8 tokens: what a kind reports, not how fast it is."""
     results = run(tmp_path, "all", "--bf16", "--config", tiny_config_for_text, *TINY_STEPS)
-    assert len(results) == len(benchmark.BENCHMARKS)
+    kinds = benchmark.chosen_kinds("all", torch.device("cpu"))
+    assert set(kinds) == set(benchmark.BENCHMARKS) - benchmark.ON_THEIR_OWN and len(results) == len(kinds)
     # --bf16 is --precision bf16, and the setup says so; bf16 needs no gradient scaler (fp16's: below).
     assert all(r["setup"]["precision"] == "bf16" and "bf16 autocast" in r["setup"]["precision_notice"]
                for r in results.values())
     assert not any("fp16_skipped_steps" in r for r in results.values())
-    by_kind = dict(zip(benchmark.BENCHMARKS, results.values()))  # "all" runs them in that order
+    by_kind = dict(zip(kinds, results.values()))  # "all" runs them in that order
     for kind, result in by_kind.items():  # times, sizes, memory, ratios: none negative, infinite or NaN
         figures = numbers({k: v for k, v in result.items() if k != "setup"})
         assert figures and all(math.isfinite(x) and x >= 0 for x in figures), kind
     ratios = [r[key] for r in results.values() for key in r if "ratio" in key or "speedup" in key]
-    assert len(ratios) == 8 and all(x > 0 for x in ratios)
+    assert len(ratios) == 9 and all(x > 0 for x in ratios)
     assert all(t > 0 for r in results.values() for t in numbers(r.get("median_step_s", {})))
     # On the CPU, training's attention dropout rules out the fused kernel: the math path runs.
     assert by_kind["encoder"]["minbert_attention_kernel"] == "math"
+    # model FLOPs utilisation beside every training-step time (on a CPU: against its measured matmul throughput)
+    for kind in ("encoder", "precision", "smart"):
+        assert by_kind[kind]["mfu"].keys() <= by_kind[kind]["median_step_s"].keys()
+        assert all(0 < mfu for mfu in by_kind[kind]["mfu"].values())
+        assert all("measured" in source for source in by_kind[kind]["mfu_peak"].values())
     assert set(by_kind["precision"]["median_step_s"]) == {"float32", "bf16_autocast"}
     smart = by_kind["smart"]
     assert len(smart["smart_phase_s"]) == 5 and all(t > 0 for t in smart["smart_phase_s"].values())
@@ -369,3 +375,53 @@ def test_the_squad_peer_refuses_bad_flags_in_one_line(capsys, tmp_path):
     assert f"--out {tmp_path}: a folder, not a file" in refused(
         capsys, "qa_peer", "--data_dir", str(DEMO), "--out", str(tmp_path))
     assert "argument --batch_size: invalid int value" in refused(capsys, "qa_peer", "--batch_size", "x")
+
+
+def test_train_flops_count_the_weights_per_real_token_and_the_attention_per_sequence():
+    config = benchmark.BertConfig(vocab_size=100, hidden_size=4, num_hidden_layers=2, num_attention_heads=2,
+                                  intermediate_size=8)
+    weights = 2 * (4 * 16 + 2 * 4 * 8) + 16  # two layers' Q, K, V, output and feed-forward matrices, the pooler
+    assert benchmark.train_flops(config, [3, 1]) == 6 * weights * 4 + 12 * 2 * 4 * (9 + 1)
+    peak, source = benchmark.peak_flops(torch.device("cpu"), "fp32", 1)
+    assert peak > 0 and "measured" in source
+
+
+def test_known_gpus_have_published_peaks_per_precision(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA L4")
+    assert benchmark.peak_flops(torch.device("cuda"), "bf16", 1)[0] == 121e12
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla T4")
+    assert benchmark.peak_flops(torch.device("cuda"), "fp16", 1)[0] == 65e12
+    assert benchmark.peak_flops(torch.device("cuda"), "bf16", 1)[0] is None  # no bf16 tensor cores
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 PCIe")
+    assert benchmark.peak_flops(torch.device("cuda"), "fp32", 1)[0] == 378e12
+
+
+def test_padding_counts_the_grid_tokens_of_each_bucket_size(tmp_path, tiny_config_for_text):
+    (result,) = run(tmp_path, "padding", "--config", tiny_config_for_text, "--batch_size", "8", "--seq_len",
+                    "32").values()
+    for task, counts in result["tasks"].items():
+        grids = [counts["longest"], *(counts[f"multiple_{m}"] for m in benchmark.PADDING_MULTIPLES)]
+        assert 0 < counts["real"] <= grids[0] <= grids[1] <= grids[2] <= grids[3], task
+        assert counts["widths"]["multiple_32"] == 1 <= counts["widths"]["multiple_8"] <= counts["widths"]["longest"]
+    assert result["tokens_vs_longest"]["longest"] == 1.0
+
+
+def test_qqp_epoch_times_real_smart_steps_and_scales_them_to_the_course_epoch(tmp_path, tiny_config_for_text):
+    (result,) = run(tmp_path, "qqp_epoch", "--config", tiny_config_for_text, "--batch_size", "4", "--seq_len", "16",
+                    "--steps", "2", "--rounds", "1", "--warmup", "1", "--threads", "1").values()
+    assert result["timed_steps"] == 2 and result["epoch_steps"] == math.ceil(141_506 / 4)
+    assert result["epoch_hours"] == pytest.approx(result["step_s"] * result["epoch_steps"] / 3600, rel=1e-2)
+    assert result["smart_precision"] == "run" and "implied_l4_epoch_hours_estimate" not in result  # a CPU
+
+
+def test_the_encoder_benchmark_compiles_minbert_and_times_transformers_compiled(tmp_path, tiny_config):
+    import torch._dynamo
+    torch._dynamo.reset()
+    with pytest.MonkeyPatch.context() as patch:  # the graphs without code generation: seconds, not minutes
+        original = torch.compile
+        patch.setattr(torch, "compile", lambda *a, **k: original(*a, **{**k, "backend": "aot_eager"}))
+        (result,) = run(tmp_path, "encoder", "--precision", "fp32", "--config", tiny_config, "--compile",
+                        "--token_layout", "padded", *TINY_STEPS).values()
+    assert set(result["median_step_s"]) == {"minbert", "transformers", "transformers_compiled"}
+    assert result["speedup_minbert_vs_transformers_compiled"] > 0 and result["setup"]["compile"]
+    assert result["setup"]["token_layout"] == "padded"
