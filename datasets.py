@@ -472,7 +472,8 @@ class LengthBucketSampler(Sampler[list[int]]):
 
     shuffle=True: shuffle all indices, cut them into buckets of batch_size * bucket_size_multiplier,
     sort each bucket by length, cut it into batches and shuffle the batches. The order depends only
-    on (seed, epoch); call set_epoch(epoch) before each epoch to get a new one.
+    on (seed, epoch); call set_epoch(epoch) before each epoch to get a new one, set_epoch(epoch, start) to
+    begin that epoch after its first `start` batches (a resumed run: those are never collated).
     shuffle=False: indices sorted by length, longest first, so an out-of-memory error shows up on
     the first batch rather than the last.
     Every index appears in exactly one batch per pass; only the last batch of a bucket can be short.
@@ -492,9 +493,10 @@ class LengthBucketSampler(Sampler[list[int]]):
         self.world_size, self.rank = world_size, rank
         self.bucket_size = batch_size * world_size * bucket_size_multiplier
         self.epoch = 0
+        self.start = 0
 
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
+    def set_epoch(self, epoch: int, start: int = 0) -> None:
+        self.epoch, self.start = epoch, start
 
     def __len__(self) -> int:
         if not self.shuffle:
@@ -504,7 +506,7 @@ class LengthBucketSampler(Sampler[list[int]]):
     def __iter__(self):
         if not self.shuffle:
             order = sorted(range(len(self.lengths)), key=lambda i: -self.lengths[i])
-            yield from cut_global_batches(order, self.batch_size, 1)
+            yield from cut_global_batches(order, self.batch_size, 1)[self.start:]
             return
         rng = np.random.default_rng([self.seed, self.epoch])
         order = rng.permutation(len(self.lengths)).tolist()
@@ -515,7 +517,7 @@ class LengthBucketSampler(Sampler[list[int]]):
         for start, end in zip(starts, [*starts[1:], len(order)]):
             bucket = sorted(order[start:end], key=self.lengths.__getitem__)
             batches.extend(cut_global_batches(bucket, self.batch_size, self.world_size))
-        for i in rng.permutation(len(batches)).tolist():
+        for i in rng.permutation(len(batches)).tolist()[self.start:]:
             yield shard_batch(batches[i], self.world_size, self.rank)
 
 

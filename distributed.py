@@ -156,6 +156,15 @@ class Distributed:
         dist.all_gather_object(values, value)
         return values
 
+    def main_decides(self, value):
+        """Rank 0's picklable value on every rank: a decision only rank 0 can make (by its clock) that every rank
+        must act on together."""
+        if not self.enabled:
+            return value
+        values = [value]
+        dist.broadcast_object_list(values, src=0)
+        return values[0]
+
     def barrier(self) -> None:
         if self.enabled:
             dist.barrier()

@@ -87,22 +87,25 @@ def mask_tokens(input_ids: torch.Tensor, attention_mask: torch.Tensor, special: 
 
 
 def mlm_batches(sentences: list[str], tokenizer, batch_size: int, seed: int, max_length: int,
-                world_size: int = 1, rank: int = 0) -> Iterator[dict]:
+                world_size: int = 1, rank: int = 0, start: int = 0) -> Iterator[dict]:
     """Masked batches of the sentences in a seeded random order: input_ids, attention_mask, labels (B, T).
-    Under torchrun, this rank's slice of each global batch, masked by its own generator."""
+    Under torchrun, this rank's slice of each global batch, masked by its own generator. `start`: the batches
+    to leave out at the beginning (a resumed stage's); they are still masked, as the generator's draws for the
+    later batches follow theirs."""
     if tokenizer.mask_token_id is None:
         raise CheckpointError("the vocabulary has no [MASK] token, which the mlm stage needs")
     order = list(range(len(sentences)))
     random.Random(seed).shuffle(order)
     generator = torch.Generator().manual_seed(seed + rank)
-    for indices in cut_global_batches(order, batch_size, world_size):
+    for index, indices in enumerate(cut_global_batches(order, batch_size, world_size)):
         encoding = tokenizer([sentences[i] for i in shard_batch(indices, world_size, rank)], padding=True,
                              truncation=True, max_length=max_length, return_tensors="pt")
         ids = encoding["input_ids"]
         special = (ids == tokenizer.cls_token_id) | (ids == tokenizer.sep_token_id)
         inputs, labels = mask_tokens(ids, encoding["attention_mask"], special, tokenizer.mask_token_id,
                                      tokenizer.vocab_size, generator)
-        yield {"input_ids": inputs, "attention_mask": encoding["attention_mask"], "labels": labels}
+        if index >= start:
+            yield {"input_ids": inputs, "attention_mask": encoding["attention_mask"], "labels": labels}
 
 
 def mlm_loss(bert, head: MaskedLanguageModelHead, batch: dict) -> torch.Tensor:

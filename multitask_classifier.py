@@ -41,7 +41,7 @@ from step_log import STEPS_FILE, TENSORBOARD_DIR
 from tasks import MULTITASK, RUN_TASKS, SPLITS, TASKS, default_output
 from tokenizer import BertTokenizer
 from trainer import Trainer, TrainingDiverged, decide
-from training_state import check_resumable, read_training_state
+from training_state import check_resumable, kept_inside_stage, read_training_state, saved_position
 from training_args import (TrainingArguments, UsageError, adapter_config, build_parser, build_trainer,
                            check_max_length, check_resume_arguments, check_writable, data_paths, distill_settings,
                            distill_teachers, follow_output_dir, from_namespace, lnsr_config, parse_tasks,
@@ -301,7 +301,7 @@ def _run(args: TrainingArguments, distributed: Distributed, device) -> Trainer:
     stages, data, dropped_rows, triplets, teacher = load_inputs(args)
     output_dir = Path(args.output_dir)
     if args.resume and not any((output_dir / name).exists() for name in ("last.json", "last.safetensors")):
-        raise UsageError(f"{output_dir}: nothing to resume yet (no checkpoint from a finished stage); "
+        raise UsageError(f"{output_dir}: nothing to resume yet (no checkpoint saved); "
                          "start without --resume")
     tokenizer = check_pretrained(args, data)
     # One run at a time in a folder: a second would interleave its metrics and checkpoints with this one's.
@@ -331,7 +331,11 @@ def _run(args: TrainingArguments, distributed: Distributed, device) -> Trainer:
             print(precision_notice(device, args.precision, smart=args.smart and args.smart_precision == "exact"))
         if args.resume:
             resume(trainer, args, output_dir / "last", [stage.label for stage in stages])
-            print(f"resuming after stage {trainer.state.next_stage} of {len(stages)}")
+            if trainer.resumed is not None:
+                print(f"resuming inside stage {trainer.state.next_stage + 1} of {len(stages)}: the checkpoint "
+                      f"{kept_inside_stage(trainer.resumed.position)}")
+            else:
+                print(f"resuming after stage {trainer.state.next_stage} of {len(stages)}")
         elif distributed.is_main:
             earlier = earlier_run_files(output_dir, list(prediction_paths(args.prediction_files, RUN_TASKS).values()))
             removed = remove_files(earlier)
@@ -375,12 +379,16 @@ def main(argv=None) -> int:
         return 1
     except KeyboardInterrupt:
         last = Path(args.output_dir) / "last"
-        if last.with_suffix(".json").is_file():
+        position = saved_position(last)
+        if position is not None:
+            print(f"\ninterrupted: {last}.* {kept_inside_stage(position)} and every stage before it; rerun the same "
+                  "command with --resume to continue there", file=sys.stderr)
+        elif last.with_suffix(".json").is_file():
             print(f"\ninterrupted: every finished stage is saved in {last}.*; rerun the same command with --resume "
                   "to continue", file=sys.stderr)
         else:
-            print("\ninterrupted before the first stage was saved: there is nothing to resume; rerun the same command "
-                  "(without --resume) to start again", file=sys.stderr)
+            print("\ninterrupted before the first checkpoint was saved: there is nothing to resume; rerun the same "
+                  "command (without --resume) to start again", file=sys.stderr)
         return 130
     return 0
 

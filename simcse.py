@@ -62,13 +62,14 @@ def pairwise_contrastive_loss(anchor: Tensor, positive: Tensor, negative: Tensor
 
 
 def triplet_batches(triplets: Sequence[NLITriplet], tokenizer, batch_size: int, seed: int, max_length: int,
-                    world_size: int = 1, rank: int = 0):
+                    world_size: int = 1, rank: int = 0, start: int = 0):
     """Batches of (anchor, positive, negative) texts in a seeded random order, each tokenized as one
     (3B, T) batch: anchors, then positives, then negatives. Under torchrun, this rank's slice of each
-    global batch (distributed.shard_batch)."""
+    global batch (distributed.shard_batch). `start`: the batches to leave out at the beginning (a resumed
+    stage's, never tokenized)."""
     order = list(range(len(triplets)))
     random.Random(seed).shuffle(order)
-    for indices in cut_global_batches(order, batch_size, world_size):
+    for indices in cut_global_batches(order, batch_size, world_size)[start:]:
         chosen = [triplets[i] for i in shard_batch(indices, world_size, rank)]
         texts = [t.anchor for t in chosen] + [t.positive for t in chosen] + [t.negative for t in chosen]
         yield tokenizer(texts, padding=True, truncation=True, max_length=max_length, return_tensors="pt")

@@ -41,6 +41,11 @@ class DeviceSums:
         self.sums.clear()
         self.counts.clear()
 
+    def load_state(self, sums: dict[str, torch.Tensor], counts: dict[str, int]) -> None:
+        """Sums and counts as a checkpoint kept them (`counts` in the order the names were first added)."""
+        self.sums = {name: sums[name] for name in counts}
+        self.counts = dict(counts)
+
 
 class RunLog:
     """Writes steps.jsonl and, with report_to "tensorboard", the TensorBoard events; a process that is not the main

@@ -232,30 +232,52 @@ class StageLosses:
     def check(self, where: str) -> None:
         self.raise_if_diverged(int(self.first_nonfinite), where)
 
+    def state(self) -> tuple[dict[str, torch.Tensor], dict[str, int]]:
+        """The sums (device tensors) and counts so far, which a checkpoint inside the stage keeps (load_state)."""
+        return ({"total": self.total, "recent": self.recent, "first_nonfinite": self.first_nonfinite},
+                {"count": self.count, "recent_count": self.recent_count})
+
+    def load_state(self, tensors: dict[str, torch.Tensor], counts: dict[str, int]) -> None:
+        for name, tensor in tensors.items():
+            getattr(self, name).copy_(tensor)
+        self.count, self.recent_count = counts["count"], counts["recent_count"]
+
     @staticmethod
     def raise_if_diverged(update: int, where: str) -> None:
         if update >= 0:
             raise TrainingDiverged(f"training diverged in {where}: the loss of update {update + 1} of the run is not "
-                                   "finite; nothing after the last finished stage is saved. Lower --lr and rerun")
+                                   "finite; nothing after the last checkpoint is saved. Lower --lr and rerun")
 
 
 class RestartingLoaders:
     """Batches from each task's loader; a loader that runs out starts over in a new order, as in
-    round-robin and annealed sampling, where the smaller tasks are seen more than once per epoch."""
+    round-robin and annealed sampling, where the smaller tasks are seen more than once per epoch.
+    `start`: where a resumed stage's loaders stood, by task (position())."""
 
-    def __init__(self, loaders: dict):
+    def __init__(self, loaders: dict, start: dict[str, list[int]] | None = None):
         self.loaders = loaders
-        self.iterators = {task: iter(loader) for task, loader in loaders.items()}
         self.restarts = dict.fromkeys(loaders, 0)
+        self.taken = dict.fromkeys(loaders, 0)  # batches of each loader's current pass
+        for task, (restarts, taken) in (start or {}).items():
+            self.restarts[task], self.taken[task] = restarts, taken
+            loaders[task].batch_sampler.set_epoch(restarts, taken)  # the batches taken are never collated again
+        self.iterators = {task: iter(loader) for task, loader in loaders.items()}
 
     def next(self, task: str) -> dict:
         try:
-            return next(self.iterators[task])
+            batch = next(self.iterators[task])
         except StopIteration:
             self.restarts[task] += 1
+            self.taken[task] = 0
             self.loaders[task].batch_sampler.set_epoch(self.restarts[task])
             self.iterators[task] = iter(self.loaders[task])
-            return next(self.iterators[task])
+            batch = next(self.iterators[task])
+        self.taken[task] += 1
+        return batch
+
+    def position(self) -> dict[str, list[int]]:
+        """By task: [passes restarted, batches taken of the current pass]."""
+        return {task: [self.restarts[task], self.taken[task]] for task in self.loaders}
 
 
 @dataclass(frozen=True)
@@ -285,6 +307,10 @@ class LoopConfig:
     # updates.
     logging_steps: int = 50
     report_to: str = "none"  # also where the steps and the stage metrics go: step_log.REPORT_TO
+    # Checkpoints inside a stage (OUTPUT_DIR/last.*, which --resume continues at the next batch): every this many
+    # updates, and every this many minutes (0: neither).
+    save_steps: int = 0
+    save_every_minutes: float = 0.0
     # A multi-epoch stage (schedules.multi_epoch_stages) stops repeating after this many epochs that do not beat its
     # task's best dev score since it began (None: every epoch runs).
     patience: int | None = None
@@ -317,6 +343,33 @@ class TrainingState:
     history: list[dict] = field(default_factory=list)  # one record per evaluation (index 0: the pretrained model)
     skipped_updates: int = 0  # fp16 steps skipped for inf / NaN gradients
     skipped_stages: list[int] = field(default_factory=list)  # schedule positions early stopping skipped (0-based)
+
+
+@dataclass
+class StagePlace:
+    """The stage that run_steps trains, for a checkpoint inside it: its index and label, and what else says where it
+    stands (a multi-task epoch: its loaders' passes and batches, and the random state of gradient surgery)."""
+    index: int
+    label: str
+    extras: Callable[[], dict] = dict
+
+
+@dataclass
+class ResumedStage:
+    """A checkpoint saved inside a stage (Trainer.state_dict's position), as load_state_dict found it: run_stage
+    continues that stage at the next batch. `tensors`: this rank's loss sums and RNG states, without rank suffix."""
+    position: dict
+    tensors: dict[str, torch.Tensor]
+    rng: dict
+
+
+@dataclass
+class BlockBest:
+    """The best stage so far of a block of repeated stages that --stage_start best (--simcse_keep best) resolves:
+    its number (its history record's index), its dev score and its trained tensors, on the CPU."""
+    index: int
+    score: float
+    tensors: dict[str, torch.Tensor]
 
 
 @dataclass
@@ -376,6 +429,10 @@ class Trainer:
         # and the penalties (task_loss_and_penalties' names).
         self.task_losses, self.penalties = DeviceSums(), DeviceSums()
         self.learning_rate = config.lr  # the base rate of the last update (parameter groups scale it)
+        self.resumed: ResumedStage | None = None  # a checkpoint inside a stage, until run_stage continues it
+        self.last_save = time.monotonic()  # of the last checkpoint: save_every_minutes counts from it
+        self.stage_start = time.time()  # when the stage being trained began (a resumed one: its earlier seconds too)
+
 
     # -- one optimisation step --------------------------------------------------------------------
     def backward(self, loss: torch.Tensor, count: int, group_size: int) -> None:
@@ -470,7 +527,8 @@ class Trainer:
         return norm
 
     def run_steps(self, steps, total: int, description: str, gradients_reduced: bool = False,
-                  batches_per_step: int = 1) -> float:
+                  batches_per_step: int = 1, place: StagePlace | None = None,
+                  resumed: ResumedStage | None = None) -> float:
         """Drive (step_fn, batch) pairs with gradient accumulation; returns the mean loss. Each loss is
         divided by the size of its accumulation group, the last (possibly shorter) one included.
         Under torchrun gradients are averaged over ranks once per optimizer step, unless the step
@@ -478,18 +536,23 @@ class Trainer:
 
         The losses stay on the device (StageLosses), and so does what steps.jsonl reports (log_steps): the host
         reads them every logging_steps updates (those skipped by fp16's scaler count) and at the end of the stage,
-        so no other step waits for the device to finish."""
+        so no other step waits for the device to finish.
+
+        `place`: the stage these steps train, named by the checkpoints saved inside it (save_steps,
+        save_every_minutes; none without a place). `resumed`: such a checkpoint of this stage; `steps` then holds
+        the pairs after those it had trained, and its sums and RNG states are restored before the first of them."""
         self.model.train()
         accumulation = self.config.grad_accumulation_steps
         losses = StageLosses(self.device)
         self.task_losses.clear()
         self.penalties.clear()
+        done = 0 if resumed is None else self.continue_stage(resumed, losses)
         # Examples counted in full batches of every rank (a stage's last batch may be shorter).
         step_examples = self.config.batch_size * self.distributed.world_size * batches_per_step
-        bar = tqdm(steps, total=total, desc=description, leave=False, disable=self.quiet, unit="ex",
+        bar = tqdm(steps, total=total, initial=done, desc=description, leave=False, disable=self.quiet, unit="ex",
                    unit_scale=step_examples)  # tqdm's rate and time left, in examples
         start, examples = time.time(), 0
-        for index, (step_fn, batch) in enumerate(bar):
+        for index, (step_fn, batch) in enumerate(bar, start=done):
             group_size = min(accumulation, total - (index - index % accumulation))
             losses.add(step_fn(batch, group_size), self.state.updates)
             examples += step_examples
@@ -501,7 +564,53 @@ class Trainer:
                     loss = self.log_steps(losses, description, norm, time.time() - start, examples)
                     bar.set_postfix(loss=f"{loss:.4f}")
                     start, examples = time.time(), 0
+                # Not after the stage's last update: the stage's own checkpoint follows its dev pass.
+                if place is not None and index + 1 < total and self.save_due(attempts, logs):
+                    self.save_inside_stage(place, losses, index + 1, total, description)
         return losses.read_mean(description)
+
+    def save_due(self, attempts: int, synced: bool) -> bool:
+        """Whether a checkpoint is due after this update (`attempts`: the run's updates, fp16's skipped ones too),
+        the same answer on every rank. `synced`: the host has just waited for the device (a line of steps.jsonl)."""
+        config = self.config
+        if config.save_steps and attempts % config.save_steps == 0:
+            return True
+        # Under torchrun rank 0's clock decides for every rank, in a collective that would make each update wait
+        # for the device: it is asked only where the host waits anyway.
+        if not config.save_every_minutes or (self.distributed.enabled and not synced):
+            return False
+        return self.distributed.main_decides(time.monotonic() - self.last_save >= 60 * config.save_every_minutes)
+
+    def save_inside_stage(self, place: StagePlace, losses: StageLosses, done: int, total: int,
+                          description: str) -> None:
+        """OUTPUT_DIR/last.* after `done` of the stage's `total` steps (at an update's end) with where the stage
+        stands: what --resume needs to continue at the next batch as if the run had never stopped."""
+        losses.check(description)  # a diverged state is never saved: its resume could only diverge again
+        accumulation = self.config.grad_accumulation_steps
+        loss_tensors, loss_counts = losses.state()
+        local = {f"position.losses.{name}": tensor for name, tensor in loss_tensors.items()}
+        local |= {f"position.task_losses.{name}": tensor for name, tensor in self.task_losses.sums.items()}
+        local |= {f"position.penalties.{name}": tensor for name, tensor in self.penalties.sums.items()}
+        position = {"stage": place.index, "label": place.label, "steps_done": done, "steps": total,
+                    "updates": math.ceil(done / accumulation), "stage_updates": math.ceil(total / accumulation),
+                    "seconds": time.time() - self.stage_start, "losses": loss_counts,
+                    "task_losses": dict(self.task_losses.counts), "penalties": dict(self.penalties.counts),
+                    **place.extras()}
+        self.save_checkpoint(position, local)
+
+    def continue_stage(self, resumed: ResumedStage, losses: StageLosses) -> int:
+        """Put back what a checkpoint inside the stage kept of its sums (the stage's losses, steps.jsonl's since its
+        last line) and RNG states; returns the steps it had done."""
+        position, tensors = resumed.position, resumed.tensors
+        losses.load_state({name: tensors[f"position.losses.{name}"] for name in ("total", "recent", "first_nonfinite")},
+                          position["losses"])
+        for name, sums in (("task_losses", self.task_losses), ("penalties", self.penalties)):
+            sums.load_state({key: tensors[f"position.{name}.{key}"].to(self.device) for key in position[name]},
+                            position[name])
+        # Only now that the stage's loaders exist: each iter(DataLoader) draws a seed from torch's generator, as the
+        # saving run's had done before it saved.
+        restore_rng(tensors, resumed.rng)
+        return position["steps_done"]
 
     def log_steps(self, losses: StageLosses, description: str, grad_norm: torch.Tensor, seconds: float,
                   examples: int) -> float:
@@ -580,34 +689,54 @@ class Trainer:
         description = f"stage {index + 1} {stage.label}"
         batch_size, max_length = self.config.batch_size, self.config.max_length
         world_size, rank = self.distributed.world_size, self.distributed.rank
+        place = StagePlace(index, stage.label)
+        resumed, self.resumed = self.resumed, None  # load_state_dict's checkpoint inside this stage, if any
+        done = 0 if resumed is None else resumed.position["steps_done"]  # skipped below without a forward pass
         if stage.kind is StageKind.TASK:
             loader = self.train_loader(stage.task, seed, self.stage_size(stage))
-            return self.run_steps(((partial(self.task_step, stage.task), b) for b in loader), len(loader), description)
+            loader.batch_sampler.set_epoch(0, done)
+            return self.run_steps(((partial(self.task_step, stage.task), b) for b in loader), len(loader), description,
+                                  place=place, resumed=resumed)
         if stage.kind is StageKind.SIMCSE:
-            batches = triplet_batches(self.triplets, self.tokenizer, batch_size, seed, max_length, world_size, rank)
-            return self.run_steps(((self.simcse_step, b) for b in batches), self.stage_batches(stage), description)
+            batches = triplet_batches(self.triplets, self.tokenizer, batch_size, seed, max_length, world_size, rank,
+                                      done)
+            return self.run_steps(((self.simcse_step, b) for b in batches), self.stage_batches(stage), description,
+                                  place=place, resumed=resumed)
         if stage.kind is StageKind.MLM:
             sentences = subsample(self.sentences, self.stage_size(stage), seed)
-            batches = mlm_batches(sentences, self.tokenizer, batch_size, seed, max_length, world_size, rank)
-            return self.run_steps(((self.mlm_step, b) for b in batches), self.stage_batches(stage), description)
-        return self.run_multitask_epoch(stage, seed, description)
+            batches = mlm_batches(sentences, self.tokenizer, batch_size, seed, max_length, world_size, rank, done)
+            return self.run_steps(((self.mlm_step, b) for b in batches), self.stage_batches(stage), description,
+                                  place=place, resumed=resumed)
+        return self.run_multitask_epoch(stage, seed, description, place, resumed)
 
-    def run_multitask_epoch(self, stage: Stage, seed: int, description: str) -> float:
+    def run_multitask_epoch(self, stage: Stage, seed: int, description: str, place: StagePlace | None = None,
+                            resumed: ResumedStage | None = None) -> float:
         loaders = {t: self.train_loader(t, seed + i) for i, t in enumerate(self.tasks)}
-        batches = RestartingLoaders(loaders)
+        batches = RestartingLoaders(loaders, None if resumed is None else resumed.position["loaders"])
         rng = random.Random(seed)
         steps = self.stage_batches(stage)
         sizes = {t: self.train_items(t) for t in self.tasks}
         surgery = self.gradient_surgery
         per_step = len(self.tasks) if surgery else 1  # surgery: a batch of every task a step (round_robin: in turn)
         order = multitask_order(self.config.schedule, sizes, stage.epoch, self.config.epochs, steps * per_step, rng)
+        done = 0
+        if resumed is not None:
+            done = resumed.position["steps_done"]
+            version, state, gauss = resumed.position["rng"]  # where gradient surgery's draws stood
+            rng.setstate((version, tuple(state), gauss))
+        if place is not None:
+            def where() -> dict:
+                version, state, gauss = rng.getstate()
+                return {"loaders": batches.position(), "rng": [version, list(state), gauss]}
+            place.extras = where
         if surgery:
             step = partial(self.surgery_step, rng=rng)
-            groups = (order[i * per_step:(i + 1) * per_step] for i in range(steps))
+            groups = (order[i * per_step:(i + 1) * per_step] for i in range(done, steps))
             pairs = ((step, [(t, batches.next(t)) for t in group]) for group in groups)
             return self.run_steps(pairs, steps, f"{description} {surgery.method}", gradients_reduced=True,
-                                  batches_per_step=per_step)
-        return self.run_steps(((partial(self.task_step, t), batches.next(t)) for t in order), steps, description)
+                                  batches_per_step=per_step, place=place, resumed=resumed)
+        return self.run_steps(((partial(self.task_step, t), batches.next(t)) for t in order[done:]), steps, description,
+                              place=place, resumed=resumed)
 
     # -- evaluation -------------------------------------------------------------------------------
     def predict(self, task: str, examples, scores: bool = False) -> tuple[list[str], np.ndarray]:
@@ -684,9 +813,10 @@ class Trainer:
             if config.stop_after_stages is not None and index >= config.stop_after_stages:
                 print(f"stopping after {index} stages (--stop_after_stages); continue with --resume")
                 return
-            start = time.time()
+            # A stage resumed from a checkpoint inside it counts the seconds trained before that too.
+            self.stage_start = time.time() - (self.resumed.position["seconds"] if self.resumed else 0)
             train_loss = self.run_stage(index, stages[index])
-            seconds = time.time() - start  # training only: the dev pass below is not train time
+            seconds = time.time() - self.stage_start  # training only: the dev pass below is not train time
             dev = self.evaluate_with_scores("dev")
             record = {"stage": stages[index].label, "index": index + 1, "train_loss": train_loss,
                       "seconds": seconds, **dev[0]}
@@ -709,10 +839,15 @@ class Trainer:
             state.next_stage = index + 1
             if config.patience is not None:
                 self.stop_early(stages, index)
-            checkpoint = self.state_dict()
-            if checkpoint is not None:
-                save_training_state(self.output_dir / "last", *checkpoint)
+            self.save_checkpoint()
         self.distributed.barrier()  # rank 0's files are complete before any rank reads them
+
+    def save_checkpoint(self, position: dict | None = None, local: dict[str, torch.Tensor] | None = None) -> None:
+        """OUTPUT_DIR/last.*, the state_dict (a collective: every rank calls it) that --resume continues from."""
+        checkpoint = self.state_dict(position, local)
+        if checkpoint is not None:
+            save_training_state(self.output_dir / "last", *checkpoint)
+        self.last_save = time.monotonic()
 
     def stop_early(self, stages: list[Stage], index: int) -> None:
         """After stage `index`: when it belongs to a multi-epoch stage whose task's dev score (kept_model_score of
@@ -759,22 +894,25 @@ class Trainer:
         self.run_log.flush()
 
     # -- the training state (--resume) ------------------------------------------------------------
-    def state_dict(self) -> tuple[dict[str, torch.Tensor], dict] | None:
+    def state_dict(self, position: dict | None = None, local: dict[str, torch.Tensor] | None = None
+                   ) -> tuple[dict[str, torch.Tensor], dict] | None:
         """The checkpoint --resume continues from, as (tensors, plain values), on rank 0; None on the others. A
         collective under torchrun: every rank must call it (each one's dropout generator is kept).
 
         It holds the model (or what of it trains), optimizer, SMART teacher, MLM head, every rank's RNG states,
-        the TrainingState, the data's fingerprints and the run's settings."""
+        the TrainingState, the data's fingerprints and the run's settings. Inside a stage (save_inside_stage) also
+        `position`, where the stage stands, and every rank's `local` tensors (its sums of the stage's losses)."""
         rng_tensors, rng_info = rng_state()
-        ranks = self.distributed.gather_objects(rng_tensors)
+        own = rng_tensors | {name: tensor.cpu() for name, tensor in (local or {}).items()}
+        ranks = self.distributed.gather_objects(own)
         if not self.distributed.is_main:
             return None
         for rank, rank_tensors in enumerate(ranks[1:], start=1):
-            rng_tensors.update({f"{name}.rank{rank}": tensor for name, tensor in rank_tensors.items()})
+            own.update({f"{name}.rank{rank}": tensor for name, tensor in rank_tensors.items()})
         tensors = {f"model.{k}": v for k, v in trained_tensors(self.model).items()}
         optimizer_tensors, optimizer_info = optimizer_state(self.optimizer)
         tensors.update(optimizer_tensors)
-        tensors.update(rng_tensors)
+        tensors.update(own)
         teacher = self.regularization.teacher
         if teacher is not None:
             tensors.update({f"teacher.{k}": v.contiguous() for k, v in teacher.state_dict().items()})
@@ -789,7 +927,7 @@ class Trainer:
             "smart_skipped_steps": {t: r.skipped_steps for t, r in self.regularization.smart.items()},
             # The fp16 gradient scaler's scale and growth counter (plain numbers; {} without fp16).
             "grad_scaler": self.scaler.state_dict(), "skipped_updates": state["skipped_updates"],
-            "skipped_stages": state["skipped_stages"]}
+            "skipped_stages": state["skipped_stages"], **({"position": position} if position is not None else {})}
 
     def load_state_dict(self, tensors: dict[str, torch.Tensor], metadata: dict) -> None:
         """Continue from state_dict's checkpoint (training_state.read_training_state reads and checks it)."""
@@ -808,10 +946,18 @@ class Trainer:
         if self.scaler.is_enabled() and metadata.get("grad_scaler"):
             self.scaler.load_state_dict(metadata["grad_scaler"])
         restore_rng(tensors, metadata["rng"])
+        own = tensors  # this rank's RNG states and sums, without a rank suffix
         if self.distributed.rank > 0:
             suffix = f".rank{self.distributed.rank}"
-            restore_rng({name[:-len(suffix)]: tensor for name, tensor in tensors.items() if name.endswith(suffix)},
-                        metadata["rng"])
+            own = {name[:-len(suffix)]: tensor for name, tensor in tensors.items() if name.endswith(suffix)}
+            restore_rng(own, metadata["rng"])
+        # A checkpoint inside a stage: run_stage continues it (its RNG states are restored again there). Only what
+        # that needs is kept, not the weights.
+        self.resumed = None
+        if "position" in metadata:
+            kept = {name: tensor for name, tensor in own.items()
+                    if name.startswith(("position.", "rng.")) and ".rank" not in name}
+            self.resumed = ResumedStage(metadata["position"], kept, metadata["rng"])
         self.state = TrainingState(metadata["next_stage"], metadata["updates"], metadata["best_score"],
                                    metadata["history"], metadata.get("skipped_updates", 0),
                                    metadata.get("skipped_stages", []))

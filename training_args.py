@@ -62,6 +62,7 @@ QA = "SQuAD 2.0 question answering (--tasks ...,qa); defaults are those of the B
 DISTILL = "distillation: a teacher's saved scores on the train splits as soft targets"
 OPTIONS = ("pretrain", "finetune")  # --option: BERT frozen or trained
 THREE_TASK_STAGES = ("qqp", "sts,sst,qqp:0.03")  # --first_stages, --cycle of the three tasks: the thesis's order
+CUDA_SAVE_MINUTES = 20.0  # --save_every_minutes' default on a GPU: what a Colab disconnect can lose at most
 
 
 class UsageError(ValueError):
@@ -176,6 +177,12 @@ class TrainingArguments:
     report_to: str = flag("none", "tensorboard: also write steps.jsonl's values and each stage's dev metrics as "
                                   "TensorBoard events in OUTPUT_DIR/tensorboard (needs pip install tensorboard)",
                           resume_free=True, choices=REPORT_TO)
+    save_steps: int = flag(0, "also save OUTPUT_DIR/last.* inside a stage every N updates, which --resume continues "
+                              "at the next batch (0: off)", resume_free=True, type=int, metavar="N")
+    save_every_minutes: float | None = flag(None, "also save OUTPUT_DIR/last.* inside a stage every M minutes (under "
+                                                  "torchrun: at the first line of steps.jsonl after them); default "
+                                                  f"{CUDA_SAVE_MINUTES:g} on CUDA, off on the CPU; 0: off",
+                                            resume_free=True, type=float, metavar="M")
 
     # Model heads.
     pooling: str = flag("mean", group=HEADS, choices=POOLINGS)
@@ -344,6 +351,9 @@ class TrainingArguments:
         _check(self.qa_doc_stride < self.qa_max_length, "--qa_doc_stride must be below --qa_max_length")
         _check(self.grad_accumulation_steps >= 1, "--grad_accumulation_steps must be >= 1")
         _check(self.logging_steps >= 1, f"--logging_steps must be >= 1, got {self.logging_steps}")
+        _check(self.save_steps >= 0, f"--save_steps must be >= 0, got {self.save_steps}")
+        _check(self.save_every_minutes is None or (_finite(self.save_every_minutes) and self.save_every_minutes >= 0),
+               f"--save_every_minutes must be a number >= 0, got {self.save_every_minutes}")
         _check(self.report_to != "tensorboard" or importlib.util.find_spec("tensorboard") is not None,
                "--report_to tensorboard needs the tensorboard package: pip install tensorboard")
         for name in ("cycles", "mlm_epochs", "simcse_epochs", "eval_train_examples", "num_workers"):
@@ -715,6 +725,14 @@ def check_resume_arguments(saved: dict, args: TrainingArguments) -> None:
                           field_defaults(TrainingArguments))
 
 
+def save_minutes(requested: float | None, device: torch.device) -> float:
+    """--save_every_minutes for the device: as given, or by default every CUDA_SAVE_MINUTES on a GPU (a Colab session
+    may end at any moment) and never on the CPU (short runs, whose saves would cost more than they keep)."""
+    if requested is not None:
+        return requested
+    return CUDA_SAVE_MINUTES if device.type == "cuda" else 0.0
+
+
 def loop_config(args: TrainingArguments, device: torch.device) -> LoopConfig:
     """The training loop's settings; the precision resolved for the device."""
     return LoopConfig(output_dir=Path(args.output_dir), lr=args.lr, seed=args.seed, batch_size=args.batch_size,
@@ -724,7 +742,8 @@ def loop_config(args: TrainingArguments, device: torch.device) -> LoopConfig:
                       epochs=args.epochs, precision=resolve_precision(device, args.precision), quiet=args.quiet,
                       stop_after_stages=args.stop_after_stages, keep_stage_models=args.keep_stage_models,
                       eval_train_examples=args.eval_train_examples, logging_steps=args.logging_steps,
-                      report_to=args.report_to, patience=args.patience,
+                      report_to=args.report_to, patience=args.patience, save_steps=args.save_steps,
+                      save_every_minutes=save_minutes(args.save_every_minutes, device),
                       pad_to_multiple_of=pad_to_multiple_of(device, args.compile))
 
 

@@ -1,6 +1,6 @@
-"""The training state a run saves after every stage (OUTPUT_DIR/last.*) and --resume continues from: its
-files, and the checks that a checkpoint fits the run that wants to continue it. What the state holds is the
-trainer's (Trainer.state_dict / load_state_dict).
+"""The training state a run saves after every stage, and inside one (--save_steps, --save_every_minutes), as
+OUTPUT_DIR/last.*, which --resume continues from: its files, and the checks that a checkpoint fits the run that
+wants to continue it. What the state holds is the trainer's (Trainer.state_dict / load_state_dict).
 
     save_training_state(output_dir / "last", *trainer.state_dict())
     tensors, metadata = read_training_state(output_dir / "last")
@@ -10,6 +10,7 @@ trainer's (Trainer.state_dict / load_state_dict).
 from __future__ import annotations
 
 import itertools
+import json
 import math
 from pathlib import Path
 
@@ -20,7 +21,8 @@ from checkpoint import atomic_save, check_fields, read_checkpoint
 
 TRAINING_STATE_FIELDS = {"args": dict, "data_sha256": dict, "next_stage": int, "history": list, "best_score": (int, float),
                          "updates": int, "optimizer": dict, "rng": dict, "smart_skipped_steps": dict}
-OPTIONAL_FIELDS = {"grad_scaler": dict, "skipped_updates": int, "skipped_stages": list}
+# "position": where a stage stood when the checkpoint was saved inside it (Trainer.save_inside_stage)
+OPTIONAL_FIELDS = {"grad_scaler": dict, "skipped_updates": int, "skipped_stages": list, "position": dict}
 
 
 def save_training_state(prefix: Path, tensors: dict[str, torch.Tensor], metadata: dict) -> None:
@@ -52,6 +54,10 @@ def check_resumable(metadata: dict, world_size: int, stage_labels: list[str], da
             any(position >= len(stage_labels) for position in metadata.get("skipped_stages", [])):
         raise CheckpointError(f"cannot resume: the stages already done ({', '.join(label for _, label in done)}) "
                               "do not begin this run's schedule")
+    position, next_stage = metadata.get("position"), metadata["next_stage"]
+    if position is not None and stage_labels[next_stage:next_stage + 1] != [position["label"]]:
+        raise CheckpointError(f"cannot resume: the run stopped inside stage {next_stage + 1} {position['label']}, "
+                              "which is not that stage of this run's schedule")
     changed = sorted(name for name in data_sha256.keys() & metadata["data_sha256"].keys()
                      if data_sha256[name] != metadata["data_sha256"][name])
     if changed:  # a split only one of the two runs reads cannot have changed what was trained
@@ -90,10 +96,14 @@ def check_consistent(metadata: dict, info: Path) -> None:
     if not history or history[0]["stage"] != "pretrained":
         refuse("the history must begin with the pretrained model's record")
     done = len(history) - 1
-    # A checkpoint follows a stage; more stages done than the schedule has is check_resumable's own refusal.
-    if next_stage != done + len(skipped) or done < 1:
+    position = metadata.get("position")
+    # A checkpoint follows a stage, or is inside one (the first too); more stages done than the schedule has is
+    # check_resumable's own refusal.
+    if next_stage != done + len(skipped) or (done < 1 and position is None):
         refuse(f"next_stage {next_stage!r} does not follow the history's {done} stage(s) done"
                + (f" and the {len(skipped)} early stopping skipped" if skipped else ""))
+    if position is not None:
+        check_position(position, next_stage, refuse)
     best = metadata["best_score"]
     if not (best == -math.inf or 0 <= best <= 1):  # -inf before any stage is kept; scores are means of [0, 1] metrics
         refuse(f"best_score {best!r} is not a score in [0, 1]")
@@ -105,3 +115,42 @@ def check_consistent(metadata: dict, info: Path) -> None:
             refuse(f"{name} must be a whole number >= {least}, found {count!r}")
     if not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata["data_sha256"].items()):
         refuse("data_sha256 must map names to hashes")
+
+
+def check_position(position: dict, stage: int, refuse) -> None:
+    """A checkpoint saved inside stage `stage` (0-based): its place among the stage's steps and updates, and the
+    counts of its sums, which say what the resumed stage skips and adds to."""
+    def whole(value, least: int) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and value >= least
+    if position.get("stage") != stage or not isinstance(position.get("label"), str):
+        refuse(f"the position inside a stage must name stage {stage} (next_stage) and its label")
+    if not (whole(position.get("steps"), 2) and whole(position.get("steps_done"), 1)
+            and position["steps_done"] < position["steps"]):
+        refuse("the position's steps_done must be a whole number from 1 to below its steps")
+    if not (whole(position.get("stage_updates"), 1) and whole(position.get("updates"), 1)
+            and position["updates"] <= position["stage_updates"]):
+        refuse("the position's updates must be a whole number from 1 to its stage_updates")
+    if not isinstance(position.get("seconds"), (int, float)) or isinstance(position["seconds"], bool):
+        refuse("the position's seconds must be a number")
+    counts = []
+    for name, keys in (("losses", ("count", "recent_count")), ("task_losses", None), ("penalties", None)):
+        sums = position.get(name)
+        counts += [None] if not isinstance(sums, dict) else [sums.get(key) for key in keys or sums]
+    if not all(whole(count, 0) for count in counts):
+        refuse("the position's counts of losses must be whole numbers")
+
+
+def saved_position(prefix: Path) -> dict | None:
+    """The position of the checkpoint PREFIX.json when it was saved inside a stage; None after a stage, or when there
+    is no readable checkpoint (for a message: nothing is checked)."""
+    try:
+        position = json.loads(prefix.with_suffix(".json").read_text(encoding="utf-8")).get("position")
+    except (OSError, ValueError, AttributeError, RecursionError):
+        return None
+    return position if isinstance(position, dict) else None
+
+
+def kept_inside_stage(position: dict) -> str:
+    """What a checkpoint inside a stage keeps of it, e.g. 'kept 37 of 120 updates of stage 2 sts'."""
+    return (f"kept {position['updates']} of {position['stage_updates']} updates of stage {position['stage'] + 1} "
+            f"{position['label']}")
