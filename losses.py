@@ -14,8 +14,8 @@ in, tensors out); a prediction is always decide(score(outputs)).
 
 Similarity objectives for the SBERT cosine (measured in README: `cosine` is best on STS-B dev):
     cosine   MSE(cos, label / 5)              sentence-transformers' CosineSimilarityLoss
-    shifted  MSE(cos, (label - 2.5) / 2.5)    the thesis' 2.5 cos + 2.5 against the 0-5 label (without its dropout
-                                              on the two embeddings before the cosine)
+    shifted  MSE(cos, (label - 2.5) / 2.5)    the thesis' 2.5 cos + 2.5 against the 0-5 label (its dropout on the
+                                              two embeddings before the cosine is MultitaskBERT's sts_cosine_dropout)
     cosent   CoSENT ranking loss (Su 2022)
 """
 from __future__ import annotations

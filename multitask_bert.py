@@ -9,7 +9,9 @@
       hybrid  the joint encoding, each sentence's own tokens mean-pooled into u and v (AllBERT, seed 004
               eq. 5), then as sbert: qqp linear on [u, v, |u - v|], sts cos(u, v)
 With head_hidden > 0 each task's features first pass a dense layer of its own (linear -> activation ->
-dropout, a per-task copy of BERT's pooler as in AllBERT). Losses and decoding are in losses.py.
+dropout, a per-task copy of BERT's pooler as in AllBERT). With sts_cosine_dropout the STS cosine reads u and v
+through the heads' dropout, as the thesis' listing A.6 does (off by default: the cosine of the undropped embeddings).
+Losses and decoding are in losses.py.
 
 SMART perturbs the embedding output (and LNSR the encoder's layers), so the forward pass also comes in parts:
 
@@ -110,8 +112,10 @@ class MultitaskBERT(nn.Module):
     def __init__(self, bert: BertModel, pooling: str = "mean", dropout: float = 0.1,
                  pair_encoder: str | dict = "sbert", similarity_objective: str = "cosine",
                  sentiment_ordinal_weight: float = 0.0, head_hidden: int = 0, head_activation: str = "tanh",
-                 adapter: AdapterConfig | dict | None = None, tasks: tuple[str, ...] | list[str] = MULTITASK):
-        """`tasks`: those the model has heads (and per-task adapters) for, some of RUN_TASKS."""
+                 adapter: AdapterConfig | dict | None = None, tasks: tuple[str, ...] | list[str] = MULTITASK,
+                 sts_cosine_dropout: bool = False):
+        """`tasks`: those the model has heads (and per-task adapters) for, some of RUN_TASKS. `sts_cosine_dropout`:
+        dropout on both sentence embeddings before the STS cosine (sbert and hybrid STS)."""
         super().__init__()
         if not tasks or not set(tasks) <= set(RUN_TASKS):
             raise ValueError(f"tasks must be some of {RUN_TASKS}, got {tasks!r}")
@@ -130,6 +134,10 @@ class MultitaskBERT(nn.Module):
         self.similarity_objective = similarity_objective
         self.sentiment_ordinal_weight = sentiment_ordinal_weight
         self.head_hidden, self.head_activation = head_hidden, head_activation
+        if sts_cosine_dropout and self.pair_encoders["sts"] == "cross":
+            raise ValueError("sts_cosine_dropout applies to the STS cosine (sbert, hybrid); a cross-encoded STS has "
+                             "none")
+        self.sts_cosine_dropout = sts_cosine_dropout
         self.objectives = task_objectives(self.pair_encoders, similarity_objective, sentiment_ordinal_weight)
         self.dropout = nn.Dropout(dropout)
         qqp_features = hidden if self.pair_encoders["qqp"] == "cross" else 3 * hidden  # [u, v, |u - v|] unless cross
@@ -163,7 +171,7 @@ class MultitaskBERT(nn.Module):
                 "sentiment_ordinal_weight": self.sentiment_ordinal_weight, "head_hidden": self.head_hidden,
                 "head_activation": self.head_activation,
                 "adapter": None if self.adapter is None else dataclasses.asdict(self.adapter),
-                "tasks": list(self.tasks)}
+                "tasks": list(self.tasks), "sts_cosine_dropout": self.sts_cosine_dropout}
 
     def has_task_adapters(self) -> bool:
         """Whether each task has adapters of its own, switched by set_adapter (shared ones always run)."""
@@ -259,6 +267,8 @@ class MultitaskBERT(nn.Module):
             features = self.features(task, torch.cat([u, v, (u - v).abs()], dim=-1))  # (B, 3H) or (B, head_hidden)
             return self.paraphrase_head(self.dropout(features)).squeeze(-1)  # (B,)
         u, v = self.features(task, u), self.features(task, v)  # a dense layer here is a projection of each side
+        if self.sts_cosine_dropout:
+            u, v = self.dropout(u), self.dropout(v)
         return F.cosine_similarity(u.float(), v.float(), dim=-1)  # (B,)
 
     def forward(self, task: str, batch: dict) -> torch.Tensor:

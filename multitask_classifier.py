@@ -204,7 +204,8 @@ def build_model(args: TrainingArguments, trains_sts: bool) -> MultitaskBERT:
     bert.encoder.gradient_checkpointing = args.gradient_checkpointing
     ordinal_weight = args.ordinal_weight if args.sst_objective == "ordinal" else 0.0
     model = MultitaskBERT(bert, args.pooling, args.hidden_dropout_prob, args.pair_encoder, args.similarity_objective,
-                          ordinal_weight, args.head_hidden, args.head_activation, adapter_config(args), run_tasks(args))
+                          ordinal_weight, args.head_hidden, args.head_activation, adapter_config(args), run_tasks(args),
+                          args.sts_cosine_dropout)
     if args.option == "pretrain":
         freeze_encoder(model)
         # STS outputs a cosine of the frozen encoder's embeddings unless a head or adapters give it weights.

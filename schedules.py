@@ -22,6 +22,9 @@ from tasks import MULTITASK, RUN_TASKS, task_name
 
 SCHEDULES = ("sequential", "annealed", "round_robin")
 LR_SCHEDULES = ("constant", "linear")
+# What the stage after a block of repeated stages (block_length) starts from: the block's last weights, or those of
+# its stage with the best dev score of what the block trains (the thesis' sequential runs, tables 4.3-4.9).
+STAGE_STARTS = ("last", "best")
 
 
 class StageKind(Enum):
@@ -112,6 +115,18 @@ def patience_exhausted(scores: list[float], patience: int) -> bool:
     """Whether a multi-epoch stage should stop repeating: `scores` are its task's dev score before its first epoch,
     then after each epoch so far; true when none of the last `patience` epochs beat the best score before them."""
     return len(scores) > patience and max(scores[-patience:]) <= max(scores[:-patience])
+
+
+def block_length(stages: list[Stage], index: int) -> int:
+    """How many stages the block of stage `index` has: a block is a run of equal consecutive stages ('sts*10' is one
+    block of ten, 'qqp,sts,sst' three of one, 'simcse' x 3 one of three), which --stage_start best and --simcse_keep
+    best resolve when the next block begins."""
+    start, end = index, index
+    while start > 0 and stages[start - 1] == stages[index]:
+        start -= 1
+    while end + 1 < len(stages) and stages[end + 1] == stages[index]:
+        end += 1
+    return end - start + 1
 
 
 def annealed_probabilities(sizes: dict[str, int], epoch: int, epochs: int) -> dict[str, float]:

@@ -120,6 +120,9 @@ def _divergence(name: str) -> Callable[[Tensor, Tensor], Tensor]:
 NORMS = ("inf", "l2")  # p of the perturbation ball and of the gradient normalisation
 NORM_LEVELS = ("token", "sentence")  # the slice a norm is taken over
 PRECISIONS = ("run", "exact")  # where the passes compute: the run's precision, or exact float32
+PROJECTIONS = ("clamp", "rescale")  # how an ascent step is brought back to the eps-ball (SmartConfig.projection)
+MOMENTUM_SCHEDULES = ("run", "stage")  # what bregman_momentum's 10% is a share of: the run's updates, or the stage's
+ANCHORS = ("moving_average", "stage_start")  # what D_Breg compares with: theta_tilde, or the stage's first weights
 
 
 @dataclass
@@ -151,6 +154,13 @@ class SmartConfig:
     perturbation of order-1 embeddings; but in training dropout is on, and the clean and perturbed passes'
     different masks move the outputs far more than the perturbation does, so the ascent direction, R_s and the
     gradient agree between the two (README, "Precision"). Exact is for studies with dropout off."""
+    projection: str = "clamp"
+    """How a step returns to the ball. "clamp": projected gradient ascent, delta <- project(delta + eta * g / ||g||)
+    (with norm "inf" every entry clamped to [-eps, eps], so after a per-token normalised step nearly every entry sits
+    at +-eps). "rescale": the thesis' listing A.4: the ascent accumulates delta <- delta + eta * g / ||g|| unprojected
+    (from the random start), and every pass perturbs by delta rescaled to norm exactly eps over each norm_level slice
+    (the thesis': norm "inf", norm_level "sentence", each example's (T, H) block), g being the gradient at that
+    rescaled perturbation."""
 
     def __post_init__(self) -> None:
         for name in ("adv_weight", "bregman_weight"):
@@ -171,6 +181,8 @@ class SmartConfig:
             raise ValueError(f"SmartConfig: norm_level must be one of {NORM_LEVELS}, got {self.norm_level!r}")
         if self.precision not in PRECISIONS:
             raise ValueError(f"SmartConfig: precision must be one of {PRECISIONS}, got {self.precision!r}")
+        if self.projection not in PROJECTIONS:
+            raise ValueError(f"SmartConfig: projection must be one of {PROJECTIONS}, got {self.projection!r}")
 
 
 def _norm_dims(x: Tensor, level: str) -> tuple[int, ...]:
@@ -196,6 +208,28 @@ def _project(delta: Tensor, config: SmartConfig) -> Tensor:
     return delta * (config.epsilon / norm.clamp_min(config.epsilon))  # shrinks only slices outside the ball
 
 
+def _rescale(delta: Tensor, config: SmartConfig) -> Tensor:
+    """delta scaled to norm exactly eps over each norm_level slice (the thesis divides by the norm + 1e-8, which is
+    1e-5 of a step's norm of about eta = 1e-3; the clamp here only guards 0 / 0)."""
+    dims = _norm_dims(delta, config.norm_level)
+    if config.norm == "inf":
+        norm = delta.abs().amax(dim=dims, keepdim=True)
+    else:
+        norm = torch.linalg.vector_norm(delta, ord=2, dim=dims, keepdim=True)
+    return delta * (config.epsilon / norm.clamp_min(torch.finfo(norm.dtype).tiny))
+
+
+def _perturbation(iterate: Tensor, config: SmartConfig) -> Tensor:
+    """What a pass adds to the embeddings from the ascent's iterate: the iterate itself (clamp: it is kept in the
+    ball), or the iterate rescaled onto the eps-sphere (rescale)."""
+    return _rescale(iterate, config) if config.projection == "rescale" else iterate
+
+
+def _ascent_step(iterate: Tensor, gradient: Tensor, config: SmartConfig) -> Tensor:
+    iterate = iterate + config.step_size * _normalise(gradient, config)
+    return iterate if config.projection == "rescale" else _project(iterate, config)
+
+
 def _perturb(embeddings: Tensor, delta: Tensor) -> Tensor:
     return (embeddings + delta).to(embeddings.dtype)
 
@@ -210,8 +244,9 @@ def ascend(
     """Approximate argmax over the eps-ball of divergence(forward_fn(embeddings + delta), clean_outputs).
 
     Starts from delta ~ N(0, sigma^2) and takes K steps delta <- project(delta + eta * g / ||g||), with g
-    the gradient w.r.t. delta only (no parameter gradients, no graph kept). Returns the detached
-    perturbation, shaped like the embeddings (kept in at least float32 so that steps of size ~eps
+    the gradient w.r.t. the perturbation only (no parameter gradients, no graph kept); with projection "rescale"
+    the steps are not projected and every pass perturbs by the rescaled iterate (SmartConfig.projection). Returns
+    the detached perturbation, shaped like the embeddings (kept in at least float32 so that steps of size ~eps
     survive), and a 0-dim bool tensor on the device: whether every ascent gradient was finite (if not, the
     perturbation is zero). Nothing is read back to the host: the flag is gathered on the device and read by the
     caller once.
@@ -222,14 +257,17 @@ def ascend(
     delta = torch.randn_like(anchor, dtype=torch.promote_types(anchor.dtype, torch.float32)) * config.noise_std
     finite = torch.ones((), dtype=torch.bool, device=anchor.device)
     for _ in range(config.ascent_steps):
-        delta.requires_grad_()
+        with torch.no_grad():
+            perturbation = _perturbation(delta, config)
+        perturbation.requires_grad_()
         with torch.enable_grad():
-            value = divergence_fn(forward_fn(_perturb(anchor, delta)), target)
-            (gradient,) = torch.autograd.grad(value, delta)
+            value = divergence_fn(forward_fn(_perturb(anchor, perturbation)), target)
+            (gradient,) = torch.autograd.grad(value, perturbation)
         finite = finite & torch.isfinite(gradient).all()
         with torch.no_grad():
-            delta = _project(delta + config.step_size * _normalise(gradient, config), config)
-    return torch.where(finite, delta, torch.zeros_like(delta)), finite
+            delta = _ascent_step(delta.detach(), gradient, config)
+            perturbation = _perturbation(delta, config)
+    return torch.where(finite, perturbation, torch.zeros_like(perturbation)), finite
 
 
 def find_perturbation(
@@ -270,8 +308,9 @@ def adversarial_regularizer(
 
 def bregman_momentum(update: int, total_updates: int, fixed: float | None = None) -> float:
     """beta for optimizer update `update` (0-based) of `total_updates`: `fixed` if given, else the SMART
-    paper's schedule (its appendix): 0.99 for the first 10% of the run's updates, 0.999 after. The thesis' code
-    restarts the schedule every epoch instead."""
+    paper's schedule (its appendix): 0.99 for the first 10% of the updates, 0.999 after. Over the run's updates
+    (schedule "run"), or over each stage's, restarting every stage (schedule "stage", the thesis' code, which
+    restarts it every epoch): the caller passes the position and the count it means."""
     if fixed is not None:
         return fixed
     return 0.99 if update < 0.1 * total_updates else 0.999
@@ -308,6 +347,13 @@ class BregmanTeacher:
             return torch.func.functional_call(model, {**self.params, **dict(model.named_buffers())}, args, kwargs)
         finally:
             model.train(was_training)
+
+    @torch.no_grad()
+    def reset(self, model: nn.Module) -> None:
+        """theta_tilde <- theta, in place: the anchor "stage_start" (the thesis' code anchors D_Breg to the weights
+        its epoch started from: through a variable-name slip its moving average is never loaded)."""
+        live = dict(model.named_parameters())
+        torch._foreach_copy_(list(self.params.values()), [live[name].detach() for name in self.params])
 
     @torch.no_grad()
     def update(self, model: nn.Module) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 import json
 import math
 import random
@@ -29,6 +30,7 @@ import torch
 from tqdm import tqdm
 
 from checkpoint import optimizer_state, read_checkpoint, restore_optimizer, restore_rng, rng_state
+from continual import L2SP, ElasticWeightConsolidation
 from datasets import (TaskData, TokenizationCache, TokenizedExamples, predict_in_file_order, subsample,
                       subsample_indices, tokenized_dataloader)
 from distillation import Distillation
@@ -41,8 +43,8 @@ from multitask_bert import (MultitaskBERT, load_trained_tensors, model_metadata,
                             trained_tensors)
 from optimizer import AdamW, weight_decay_groups
 from runtime import autocast, float32_exact, pad_to_multiple_of, scaled_step, to_device, use_tf32
-from schedules import (Stage, StageKind, learning_rate_factor, multi_epoch_stages, multitask_order, patience_exhausted,
-                       trained_heads)
+from schedules import (Stage, StageKind, block_length, learning_rate_factor, multi_epoch_stages, multitask_order,
+                       patience_exhausted, trained_heads)
 from simcse import triplet_batches
 from smart import BregmanTeacher, SmartRegularizer, bregman_momentum
 from squad import Answer, QAExample, QASettings, QAWindows, best_threshold, decode_answers, qa_metrics
@@ -56,27 +58,31 @@ STAGE_FIELDS = ("seconds", "fp16_skipped_updates")  # in a stage's record, with 
 
 
 def compute_task_loss(model: MultitaskBERT, task: str, batch: dict, regularizer: SmartRegularizer | None = None,
-                      lnsr: LnsrConfig | None = None, distillation: Distillation | None = None) -> torch.Tensor:
+                      lnsr: LnsrConfig | None = None, distillation: Distillation | None = None,
+                      defences: dict[str, ElasticWeightConsolidation | L2SP] | None = None) -> torch.Tensor:
     """The task's loss on one batch (mixed with the teacher's scores under distillation), plus SMART's and
-    LNSR's penalties when they are given.
+    LNSR's penalties and the defences against forgetting (EWC's, L2-SP's: continual.py) when they are given.
 
     With SMART at precision "exact" the whole step runs in exact float32 whatever the run's autocast (smart.py
     says when that matters)."""
-    return task_loss_and_penalties(model, task, batch, regularizer, lnsr, distillation)[0]
+    return task_loss_and_penalties(model, task, batch, regularizer, lnsr, distillation, defences)[0]
 
 
 def task_loss_and_penalties(model: MultitaskBERT, task: str, batch: dict, regularizer: SmartRegularizer | None = None,
-                            lnsr: LnsrConfig | None = None, distillation: Distillation | None = None
+                            lnsr: LnsrConfig | None = None, distillation: Distillation | None = None,
+                            defences: dict[str, ElasticWeightConsolidation | L2SP] | None = None
                             ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """compute_task_loss's loss, and the penalties in it as they were added, detached on the device: SMART's
-    "smart_adversarial" (lambda_s * R_s) and "smart_bregman" (mu * D_Breg), LNSR's "lnsr"."""
+    "smart_adversarial" (lambda_s * R_s) and "smart_bregman" (mu * D_Breg), LNSR's "lnsr", and each defence's
+    under its name in `defences` ("ewc", "l2sp")."""
     exact = regularizer is not None and regularizer.config.precision == "exact"
     with float32_exact() if exact else nullcontext():
-        return _task_loss(model, task, batch, regularizer, lnsr, distillation)
+        return _task_loss(model, task, batch, regularizer, lnsr, distillation, defences)
 
 
 def _task_loss(model: MultitaskBERT, task: str, batch: dict, regularizer: SmartRegularizer | None,
-               lnsr: LnsrConfig | None, distillation: Distillation | None
+               lnsr: LnsrConfig | None, distillation: Distillation | None,
+               defences: dict[str, ElasticWeightConsolidation | L2SP] | None
                ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     model.set_adapter(task)  # the passes below run the encoder in parts, not through forward()
     inputs = model.encoder_inputs(task, batch)
@@ -103,6 +109,10 @@ def _task_loss(model: MultitaskBERT, task: str, batch: dict, regularizer: SmartR
         loss = loss + regularizer.penalty(forward_fn, embeddings, outputs, objective.divergence,
                                           teacher_args=(task, batch))
         penalties.update({f"smart_{name}": term for name, term in regularizer.terms.items()})
+    for name, defence in (defences or {}).items():  # on the weights alone: computed on the device, nothing read back
+        term = defence.penalty(model)
+        loss = loss + term
+        penalties[name] = term.detach()
     return loss, penalties
 
 
@@ -314,15 +324,35 @@ class LoopConfig:
     # A multi-epoch stage (schedules.multi_epoch_stages) stops repeating after this many epochs that do not beat its
     # task's best dev score since it began (None: every epoch runs).
     patience: int | None = None
+    # What the stage after a block of repeated task stages (schedules.block_length), or of SimCSE stages, starts
+    # from (schedules.STAGE_STARTS): the block's last weights, or those of its stage with the best dev score of the
+    # block's task (SimCSE: STS's Pearson), as the thesis' sequential runs and its SimCSE stage do.
+    stage_start: str = "last"
+    simcse_keep: str = "last"
 
 
 @dataclass
 class Regularization:
-    """SMART (a regularizer per task, sharing one Bregman teacher) and LNSR (a config per task)."""
+    """SMART (a regularizer per task, sharing one Bregman teacher), LNSR (a config per task) and the defences
+    against forgetting of a sequential schedule: EWC and L2-SP (continual.py), added to every task step's loss."""
     smart: dict[str, SmartRegularizer] = field(default_factory=dict)
     teacher: BregmanTeacher | None = None
     teacher_momentum: float | None = None  # a fixed beta, or None for the SMART paper's schedule (bregman_momentum)
+    # Whether that schedule's 10% is of the run's updates or of each stage's, restarting every stage
+    # (smart.MOMENTUM_SCHEDULES).
+    momentum_schedule: str = "run"
+    # What D_Breg compares with (smart.ANCHORS): the moving average, or the weights the stage started from (the
+    # teacher is reset before every stage and never updated).
+    anchor: str = "moving_average"
     lnsr: dict[str, LnsrConfig] = field(default_factory=dict)
+    ewc: ElasticWeightConsolidation | None = None  # consolidated when a block of task stages gives way to the next
+    ewc_fisher_batches: int = 100  # the Fisher's batches: the first ones of the block's last stage
+    l2sp: L2SP | None = None
+
+    @property
+    def defences(self) -> dict[str, ElasticWeightConsolidation | L2SP]:
+        """The defences against forgetting by their penalties' names (task_loss_and_penalties)."""
+        return {name: defence for name, defence in (("ewc", self.ewc), ("l2sp", self.l2sp)) if defence is not None}
 
 
 @dataclass
@@ -419,6 +449,9 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(device.type, enabled=self.precision == "fp16")
         self.state = TrainingState()
         self.kept: KeptModel | None = None  # the best model of this process's stages (a resumed run may have none)
+        self.block_best: BlockBest | None = None  # the best stage of the block under way (stage_start, simcse_keep)
+        # The optimizer update under way within its stage, and the stage's updates: SMART's momentum schedule "stage".
+        self.stage_update, self.stage_updates = 0, 1
         self.total_updates = 1
         self.stage_lr = config.lr
         self.tokenized = TokenizationCache(tokenizer)  # each split tokenised once per run
@@ -446,7 +479,8 @@ class Trainer:
         batch = to_device(batch, self.device)
         with self.amp:
             loss, penalties = task_loss_and_penalties(self.model, task, batch, self.regularization.smart.get(task),
-                                                      self.regularization.lnsr.get(task), self.distillation)
+                                                      self.regularization.lnsr.get(task), self.distillation,
+                                                      self.regularization.defences)
         if loss.requires_grad:  # not so for the SBERT cosine with --option pretrain: it has no trainable weight
             self.backward(loss, len(batch["labels"]), group_size)
         self.task_losses.add(task, loss)
@@ -518,10 +552,12 @@ class Trainer:
             # Nothing moved: neither the teacher nor the schedules (learning rate, SMART's momentum) advance.
             self.state.skipped_updates += 1
             return norm
-        teacher = self.regularization.teacher
-        if teacher is not None:
-            teacher.momentum = bregman_momentum(self.state.updates, self.total_updates,
-                                                self.regularization.teacher_momentum)
+        regularization = self.regularization
+        teacher = regularization.teacher
+        if teacher is not None and regularization.anchor == "moving_average":
+            position, count = ((self.stage_update, self.stage_updates) if regularization.momentum_schedule == "stage"
+                               else (self.state.updates, self.total_updates))
+            teacher.momentum = bregman_momentum(position, count, regularization.teacher_momentum)
             teacher.update(self.model)
         self.state.updates += 1
         return norm
@@ -552,11 +588,13 @@ class Trainer:
         bar = tqdm(steps, total=total, initial=done, desc=description, leave=False, disable=self.quiet, unit="ex",
                    unit_scale=step_examples)  # tqdm's rate and time left, in examples
         start, examples = time.time(), 0
+        self.stage_updates = math.ceil(total / accumulation)
         for index, (step_fn, batch) in enumerate(bar, start=done):
             group_size = min(accumulation, total - (index - index % accumulation))
             losses.add(step_fn(batch, group_size), self.state.updates)
             examples += step_examples
             if (index + 1) % accumulation == 0 or index + 1 == total:
+                self.stage_update = index // accumulation
                 attempts = self.state.updates + self.state.skipped_updates + 1
                 logs = attempts % self.config.logging_steps == 0 or index + 1 == total
                 norm = self.optimizer_step(gradients_reduced, measure_norm=logs)
@@ -839,6 +877,7 @@ class Trainer:
             state.next_stage = index + 1
             if config.patience is not None:
                 self.stop_early(stages, index)
+            self.prepare_next_stage(stages, index, record)
             self.save_checkpoint()
         self.distributed.barrier()  # rank 0's files are complete before any rank reads them
 
@@ -869,6 +908,58 @@ class Trainer:
             print(f"early stopping: {index - group.start + 1} epochs of {stages[index].label}, the last "
                   f"{self.config.patience} without a better dev score than {best['stage']} (stage {best['index']}): "
                   f"skipping stages {index + 2}-{group.stop}")
+
+    def block_policy(self, stage: Stage) -> str:
+        """--stage_start's setting for a block of task stages, --simcse_keep's for SimCSE's, "last" for the rest."""
+        if stage.kind is StageKind.TASK:
+            return self.config.stage_start
+        return self.config.simcse_keep if stage.kind is StageKind.SIMCSE else "last"
+
+    def prepare_next_stage(self, stages: list[Stage], index: int, record: dict) -> None:
+        """After stage `index` (and early stopping), before its checkpoint, so that a resume starts the next stage
+        as an uninterrupted run does: keep the block's best stage so far (block_policy "best"); when the next stage
+        to run begins another block, go on from that best stage's weights (only the model's: the optimizer's moments
+        go on) and consolidate EWC on the finished block's task; reset SMART's anchor "stage_start"."""
+        stage, following = stages[index], self.state.next_stage
+        if self.block_policy(stage) == "best" and block_length(stages, index) > 1:
+            score = kept_model_score(record, {stage.task or "sts"})  # SimCSE's block: STS's dev Pearson
+            if self.block_best is None or score > self.block_best.score:
+                self.block_best = BlockBest(index + 1, score, {k: v.to("cpu", copy=True)
+                                                               for k, v in trained_tensors(self.model).items()})
+        if following == len(stages):
+            self.block_best = None
+            return
+        if stages[following] != stage:
+            best, self.block_best = self.block_best, None
+            if best is not None and best.index != index + 1:
+                load_trained_tensors(self.model, {k: v.to(self.device) for k, v in best.tensors.items()})
+                if self.distributed.is_main:
+                    print(f"stage {following + 1} starts from stage {best.index}, the best of its block on dev "
+                          f"({best.score:.4f}; --{'simcse_keep' if stage.kind is StageKind.SIMCSE else 'stage_start'} "
+                          "best)")
+            if self.regularization.ewc is not None and stage.kind is StageKind.TASK:
+                self.consolidate(stage, index)
+        teacher = self.regularization.teacher
+        if teacher is not None and self.regularization.anchor == "stage_start":
+            teacher.reset(self.model)
+
+    def consolidate(self, stage: Stage, index: int) -> None:
+        """EWC's Fisher of a task stage's loss at the weights the next stage starts from, on the first
+        ewc_fisher_batches batches of the stage's own order (its seed), by the task's loss alone: no SMART, LNSR nor
+        distillation. Under torchrun each rank's Fisher (of its slices of the batches) is averaged over the ranks, so
+        that every rank and a resume hold the same."""
+        ewc = self.regularization.ewc
+        loader = self.train_loader(stage.task, self.config.seed + 1000 * index, self.stage_size(stage))
+
+        def batch_losses():
+            for batch in itertools.islice(loader, self.regularization.ewc_fisher_batches):
+                batch = to_device(batch, self.device)
+                with self.amp:
+                    loss = compute_task_loss(self.model, stage.task, batch)
+                yield loss
+        ewc.consolidate(self.model, batch_losses)
+        if self.distributed.enabled:
+            ewc.fisher = dict(zip(ewc.fisher, self.distributed.average_tensors(list(ewc.fisher.values()))))
 
     def use_kept_model(self) -> tuple[dict, dict, dict]:
         """Put the kept model's weights back into the model (the one the optimizer and teacher hold) and return
@@ -918,6 +1009,10 @@ class Trainer:
             tensors.update({f"teacher.{k}": v.contiguous() for k, v in teacher.state_dict().items()})
         if self.mlm_head is not None:
             tensors.update({f"mlm_head.{k}": v.detach().contiguous() for k, v in self.mlm_head.state_dict().items()})
+        if self.regularization.ewc is not None:
+            tensors.update({f"ewc.{k}": v.contiguous() for k, v in self.regularization.ewc.state_dict().items()})
+        if self.block_best is not None:
+            tensors.update({f"block_best.{k}": v for k, v in self.block_best.tensors.items()})
         state = dataclasses.asdict(self.state)
         return tensors, {
             **model_metadata(self.model), "args": self.settings, "next_stage": state["next_stage"],
@@ -927,6 +1022,10 @@ class Trainer:
             "smart_skipped_steps": {t: r.skipped_steps for t, r in self.regularization.smart.items()},
             # The fp16 gradient scaler's scale and growth counter (plain numbers; {} without fp16).
             "grad_scaler": self.scaler.state_dict(), "skipped_updates": state["skipped_updates"],
+
+            # The block's best stage so far (prepare_next_stage), its tensors under block_best.; None outside a block.
+            "block_best": None if self.block_best is None else {"index": self.block_best.index,
+                                                                "score": self.block_best.score},
             "skipped_stages": state["skipped_stages"], **({"position": position} if position is not None else {})}
 
     def load_state_dict(self, tensors: dict[str, torch.Tensor], metadata: dict) -> None:
@@ -938,6 +1037,12 @@ class Trainer:
             teacher.load_state_dict({k[8:]: v.to(self.device) for k, v in tensors.items() if k.startswith("teacher.")})
         if self.mlm_head is not None:
             self.mlm_head.load_state_dict({k[9:]: v for k, v in tensors.items() if k.startswith("mlm_head.")})
+        if self.regularization.ewc is not None:
+            self.regularization.ewc.load_state_dict({k[4:]: v.to(self.device) for k, v in tensors.items()
+                                                     if k.startswith("ewc.")})
+        best = metadata.get("block_best")
+        self.block_best = None if best is None else BlockBest(
+            best["index"], best["score"], {k[11:]: v for k, v in tensors.items() if k.startswith("block_best.")})
         for task, skipped in metadata["smart_skipped_steps"].items():
             if task in self.regularization.smart:
                 self.regularization.smart[task].skipped_steps = skipped

@@ -32,6 +32,7 @@ from distributed import SINGLE_PROCESS, Distributed
 from files import DataError, read_input_bytes, unwritable_folder
 from adapters import ADAPTERS as ADAPTER_KINDS
 from adapters import SHARINGS, TARGETS, AdapterConfig
+from continual import L2SP, ElasticWeightConsolidation
 from gradient_surgery import GRADIENT_SURGERIES, GradientSurgery
 from lnsr import LnsrConfig
 from losses import SENTIMENT_OBJECTIVES, SIMILARITY_OBJECTIVES
@@ -39,9 +40,10 @@ from mlm import MaskedLanguageModelHead
 from multitask_bert import HEAD_ACTIVATIONS, POOLINGS, MultitaskBERT, parse_pair_encoders
 from run_record import RECORD_KEYS
 from runtime import COMPILE_MODES, PRECISIONS, pad_to_multiple_of, requested_precision, resolve_precision
-from schedules import LR_SCHEDULES, SCHEDULES
+from schedules import LR_SCHEDULES, SCHEDULES, STAGE_STARTS
 from simcse import SIMCSE_OBJECTIVES
-from smart import NORM_LEVELS, NORMS, BregmanTeacher, SmartConfig, SmartRegularizer, bregman_momentum
+from smart import (ANCHORS, MOMENTUM_SCHEDULES, NORM_LEVELS, NORMS, PROJECTIONS, BregmanTeacher, SmartConfig,
+                   SmartRegularizer, bregman_momentum)
 from smart import PRECISIONS as SMART_PRECISIONS
 from squad import QASettings
 from step_log import REPORT_TO
@@ -60,6 +62,8 @@ ADAPTERS = "adapters (parameter-efficient; with --option pretrain only adapters 
 LNSR = "LNSR, layer-wise noise stability (Hua et al. 2021); defaults are AllBERT's for STS"
 QA = "SQuAD 2.0 question answering (--tasks ...,qa); defaults are those of the BERT repository's run_squad.py"
 DISTILL = "distillation: a teacher's saved scores on the train splits as soft targets"
+FORGETTING = ("defences against forgetting in the sequential schedule (continual.py), added to every task step's "
+              "loss; 0 turns one off")
 OPTIONS = ("pretrain", "finetune")  # --option: BERT frozen or trained
 THREE_TASK_STAGES = ("qqp", "sts,sst,qqp:0.03")  # --first_stages, --cycle of the three tasks: the thesis's order
 CUDA_SAVE_MINUTES = 20.0  # --save_every_minutes' default on a GPU: what a Colab disconnect can lose at most
@@ -200,6 +204,9 @@ class TrainingArguments:
                               "before its output (0: none)", HEADS, type=int)
     head_activation: str = flag("tanh", "activation of --head_hidden (tanh: BERT's pooler's)", HEADS,
                                   choices=tuple(HEAD_ACTIVATIONS))
+    sts_cosine_dropout: bool = flag(False, "--hidden_dropout_prob's dropout on both sentence embeddings before the STS "
+                                    "cosine, as the thesis' listing A.6 does with its 2.5cos+2.5 (--similarity_objective "
+                                    "shifted)", HEADS, action="store_true")
     encoder_dropout: float | None = flag(None, "dropout inside BERT (default: the checkpoint's own, 0.1 "
                                            "for BERT)", HEADS, type=float)
 
@@ -269,6 +276,11 @@ class TrainingArguments:
                                 "not beat its task's best dev score since it began (the kept-model score of every "
                                 "task for multi-task epochs); default: every epoch runs", SCHEDULE, type=int,
                                 metavar="K")
+    stage_start: str = flag("last", "what the stage after a block of repeated stages of one task (e.g. 'sts*10', "
+                            "however short --patience cuts it) starts from: last, the block's last weights, or best, "
+                            "those of its epoch with the best dev score of that task (kept in memory; only the "
+                            "model's weights: the optimizer goes on), as the thesis' sequential runs (its tables "
+                            "4.3-4.9)", SCHEDULE, choices=STAGE_STARTS)
 
     # SMART.
     smart: bool = flag(False, "regularise the tasks in --smart_tasks", SMART, action="store_true")
@@ -276,9 +288,18 @@ class TrainingArguments:
     smart_adv_weight: float = flag(1.0, "lambda_s", SMART, type=float)
     smart_bregman_weight: float = flag(1.0, "mu", SMART, type=float)
     smart_momentum: float | None = flag(None, "beta of the Bregman teacher (default: the SMART paper's 0.99 for "
-                                          "the first 10%% of the run's updates, then 0.999, where the thesis' code "
-                                          "restarts it every epoch; a number fixes it; 0: vanilla)",
-                                          SMART, type=float)
+                                          "the first 10%% of the updates, then 0.999: see --smart_momentum_schedule; "
+                                          "a number fixes it; 0: vanilla)", SMART, type=float)
+    smart_momentum_schedule: str = flag("run", "what the default momentum's 10%% is of: run, the run's updates (the "
+                                        "SMART paper's), or stage, each stage's, restarting every stage (the thesis' "
+                                        "code restarts it every epoch)", SMART, choices=MOMENTUM_SCHEDULES)
+    smart_anchor: str = flag("moving_average", "what D_Breg compares with: moving_average (the teacher theta_tilde) "
+                             "or stage_start, the weights the stage started from (the thesis' code: a variable-name "
+                             "slip never loads its moving average, so its anchor is the epoch's first weights)",
+                             SMART, choices=ANCHORS)
+    smart_projection: str = flag("clamp", "how an ascent step returns to the eps-ball: clamp (every coordinate within "
+                                 "+-eps) or rescale (each slice of --smart_norm_level rescaled to norm eps: with "
+                                 "--smart_norm_level sentence, the thesis' listing A.4)", SMART, choices=PROJECTIONS)
     smart_noise_std: float = flag(1e-5, "sigma", SMART, type=float)
     smart_epsilon: float = flag(1e-5, "epsilon, radius of the ball", SMART, type=float)
     smart_step_size: float = flag(1e-3, "eta", SMART, type=float)
@@ -331,6 +352,19 @@ class TrainingArguments:
     simcse_temperature: float = flag(0.05, "tau; logits scale = 1/tau", SIMCSE, type=float)
     simcse_lr: float = flag(2e-5, group=SIMCSE, type=float)
     simcse_max_examples: int | None = flag(None, group=SIMCSE, type=int)
+    simcse_keep: str = flag("last", "what follows the SimCSE epochs starts from: last, the last epoch's weights, or "
+                            "best, those of the epoch with the best STS dev Pearson (the thesis' 3 SNLI epochs)",
+                            SIMCSE, choices=STAGE_STARTS)
+
+    # Defences against forgetting.
+    ewc_weight: float = flag(0.0, "lambda of EWC (Kirkpatrick et al. 2017) on the trainable encoder parameters: "
+                             "lambda/2 sum F (theta - theta*)^2, the diagonal Fisher F consolidated, at the weights "
+                             "theta* the next stage starts from, whenever a block of stages of one task gives way to "
+                             "the next", FORGETTING, type=float)
+    ewc_fisher_batches: int = flag(100, "the Fisher's batches: the first of the finished block's last stage, by its "
+                                   "task's loss alone (no SMART, LNSR or distillation)", FORGETTING, type=int)
+    l2sp_weight: float = flag(0.0, "alpha of L2-SP (Li et al. 2018): alpha/2 sum (theta - theta_pretrained)^2 over "
+                              "the trainable weights that came from --pretrained", FORGETTING, type=float)
 
     def __post_init__(self):
         _check_common(self, texts_per_input=2)  # QQP and STS may be encoded jointly (--pair_encoder cross, hybrid)
@@ -373,6 +407,20 @@ class TrainingArguments:
         _check(_finite(self.warmup_ratio) and 0 <= self.warmup_ratio < 1, "--warmup_ratio must be in [0, 1)")
         _check(self.smart_momentum is None or (_finite(self.smart_momentum) and 0 <= self.smart_momentum < 1),
                f"--smart_momentum must be in [0, 1), got {self.smart_momentum}")
+        for name in ("ewc_weight", "l2sp_weight"):
+            _check(_finite(getattr(self, name)) and getattr(self, name) >= 0,
+                   f"--{name} must be a finite number >= 0, got {getattr(self, name)}")
+        _check(self.ewc_fisher_batches >= 1, f"--ewc_fisher_batches must be >= 1, got {self.ewc_fisher_batches}")
+        _check(not (self.ewc_weight or self.l2sp_weight) or self.schedule == "sequential",
+               "--ewc_weight and --l2sp_weight regularise the sequential schedule's stages; use --schedule sequential")
+        _check(not self.l2sp_weight or self.option == "finetune",
+               "--l2sp_weight holds the pretrained weights, which --option pretrain freezes; use --option finetune")
+        _check(not self.ewc_weight or self.option == "finetune" or (self.adapter != "none"
+                                                                     and self.adapter_sharing == "shared"),
+               "--ewc_weight holds the trainable encoder parameters shared by the tasks: with --option pretrain that "
+               "needs --adapter ... --adapter_sharing shared")
+        _check(self.simcse_keep == "last" or "sts" in self.tasks.split(","),
+               "--simcse_keep best picks the SimCSE epoch by STS's dev Pearson: add sts to --tasks")
         _check(self.gradient_surgery == "none" or self.schedule != "sequential",
                "--gradient_surgery needs --schedule annealed or round_robin (each step trains several tasks)")
         _check(_finite(self.cagrad_c) and self.cagrad_c >= 0, f"--cagrad_c must be finite and >= 0, got {self.cagrad_c}")
@@ -387,6 +435,8 @@ class TrainingArguments:
             raise ValueError(f"--pair_encoder: {err}") from None
         _check(encoders["sts"] != "cross" or self.similarity_objective == "cosine",
                "--similarity_objective applies to a cosine; a cross-encoded STS is trained as MSE(sigmoid, label/5)")
+        _check(encoders["sts"] != "cross" or not self.sts_cosine_dropout,
+               "--sts_cosine_dropout applies to the STS cosine (sbert, hybrid); a cross-encoded STS has none")
         if self.adapter != "none":
             adapter_config(self)
             _check(not (self.adapter_sharing == "per_task" and self.simcse_data),
@@ -633,7 +683,7 @@ def smart_configs(args: TrainingArguments) -> dict[str, SmartConfig]:
     base = dict(adv_weight=args.smart_adv_weight, bregman_weight=args.smart_bregman_weight,
                 noise_std=args.smart_noise_std, epsilon=args.smart_epsilon, step_size=args.smart_step_size,
                 ascent_steps=args.smart_ascent_steps, norm=args.smart_norm, norm_level=args.smart_norm_level,
-                precision=args.smart_precision)
+                precision=args.smart_precision, projection=args.smart_projection)
     per_task = task_overrides("smart_override", args.smart_override, base, run_tasks(args))
     configs = {}
     for task, values in per_task.items():
@@ -716,7 +766,9 @@ def check_resume_arguments(saved: dict, args: TrainingArguments) -> None:
     """Refuse to resume a stopped run whose saved settings (`saved`, its checkpoint's args) differ from these in
     a flag that changes the result (checkpoint.check_resume_settings), or in --cycles when the learning rate or
     SMART's momentum follows the total number of updates."""
-    if args.lr_schedule != "constant" or (regularized_tasks(args) and args.smart_momentum is None):
+    run_momentum = args.smart_momentum is None and args.smart_momentum_schedule == "run" and \
+        args.smart_anchor == "moving_average"
+    if args.lr_schedule != "constant" or (regularized_tasks(args) and run_momentum):
         if saved.get("cycles") != args.cycles:
             raise CheckpointError(f"cannot resume: --cycles {saved.get('cycles')!r} -> {args.cycles!r} changes the "
                                   "total number of updates, which the learning rate or SMART's momentum follows; "
@@ -743,21 +795,32 @@ def loop_config(args: TrainingArguments, device: torch.device) -> LoopConfig:
                       stop_after_stages=args.stop_after_stages, keep_stage_models=args.keep_stage_models,
                       eval_train_examples=args.eval_train_examples, logging_steps=args.logging_steps,
                       report_to=args.report_to, patience=args.patience, save_steps=args.save_steps,
+                      stage_start=args.stage_start, simcse_keep=args.simcse_keep,
                       save_every_minutes=save_minutes(args.save_every_minutes, device),
                       pad_to_multiple_of=pad_to_multiple_of(device, args.compile))
 
 
 def regularization(args: TrainingArguments, model: MultitaskBERT) -> Regularization:
-    """SMART's regularizers (one Bregman teacher shared by every task that needs one) and LNSR's configs."""
+    """SMART's regularizers (one Bregman teacher shared by every task that needs one), LNSR's configs, and EWC and
+    L2-SP (built on the model as it is: the pretrained weights, before a resume loads the run's)."""
     tasks = regularized_tasks(args)
     configs = smart_configs(args) if tasks else {}
     teacher = None
     if any(configs[task].bregman_weight > 0 for task in tasks):
         teacher = BregmanTeacher(model, bregman_momentum(0, 1, args.smart_momentum))
     num_layers = model.bert.config.num_hidden_layers
+    trainable = [name for name, p in model.named_parameters() if p.requires_grad]
+    ewc = l2sp = None
+    if args.ewc_weight:  # the encoder (and shared adapters): a task's own head or adapters no other task trains
+        ewc = ElasticWeightConsolidation(model, args.ewc_weight, [name for name in trainable if model.is_shared(name)])
+    if args.l2sp_weight:  # BERT's own weights, all of them from the checkpoint; adapters start from no pretrained value
+        l2sp = L2SP(model, args.l2sp_weight, [name for name in trainable
+                                              if name.startswith("bert.") and ".adapters." not in name])
     return Regularization(smart={task: SmartRegularizer(model, configs[task], teacher) for task in tasks},
                           teacher=teacher, teacher_momentum=args.smart_momentum,
-                          lnsr={task: lnsr_config(args, num_layers) for task in lnsr_tasks(args)})
+                          momentum_schedule=args.smart_momentum_schedule, anchor=args.smart_anchor,
+                          lnsr={task: lnsr_config(args, num_layers) for task in lnsr_tasks(args)},
+                          ewc=ewc, ewc_fisher_batches=args.ewc_fisher_batches, l2sp=l2sp)
 
 
 def build_trainer(args: TrainingArguments, model: MultitaskBERT, tokenizer, data: dict, triplets: list,

@@ -22,7 +22,8 @@ from checkpoint import atomic_save, check_fields, read_checkpoint
 TRAINING_STATE_FIELDS = {"args": dict, "data_sha256": dict, "next_stage": int, "history": list, "best_score": (int, float),
                          "updates": int, "optimizer": dict, "rng": dict, "smart_skipped_steps": dict}
 # "position": where a stage stood when the checkpoint was saved inside it (Trainer.save_inside_stage)
-OPTIONAL_FIELDS = {"grad_scaler": dict, "skipped_updates": int, "skipped_stages": list, "position": dict}
+OPTIONAL_FIELDS = {"grad_scaler": dict, "skipped_updates": int, "skipped_stages": list,
+                   "block_best": (dict, type(None)), "position": dict}
 
 
 def save_training_state(prefix: Path, tensors: dict[str, torch.Tensor], metadata: dict) -> None:
@@ -115,6 +116,11 @@ def check_consistent(metadata: dict, info: Path) -> None:
             refuse(f"{name} must be a whole number >= {least}, found {count!r}")
     if not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata["data_sha256"].items()):
         refuse("data_sha256 must map names to hashes")
+    block_best = metadata.get("block_best")  # the best stage so far of a block that --stage_start best resolves
+    if block_best is not None and not (
+            set(block_best) == {"index", "score"} and any(r["index"] == block_best["index"] for r in history[1:])
+            and isinstance(block_best["score"], (int, float)) and 0 <= block_best["score"] <= 1):
+        refuse(f"block_best {block_best!r} must name a stage done (its 'index') and its 'score' in [0, 1]")
 
 
 def check_position(position: dict, stage: int, refuse) -> None:

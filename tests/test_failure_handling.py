@@ -129,6 +129,8 @@ def test_non_finite_weights_are_refused_naming_the_tensor(tmp_path):
     (lambda m: {**m, "updates": -1}, "updates must be a whole number >= 0, found -1"),
     (lambda m: {**m, "world_size": 0}, "world_size must be a whole number >= 1, found 0"),
     (lambda m: {**m, "smart_skipped_steps": {"sst": 1.5}}, "smart_skipped_steps['sst'] must be a whole number"),
+    (lambda m: {**m, "block_best": {"index": 7, "score": 0.5}}, "block_best {'index': 7, 'score': 0.5} must name a "
+     "stage done"),
 ])
 def test_a_hand_edited_last_json_is_one_clear_line(tiny_checkpoint, tmp_path, capsys, edit, problem):
     assert mc.main(quick_flags(tiny_checkpoint, tmp_path, "--stop_after_stages", "1")) == 0

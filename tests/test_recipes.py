@@ -31,6 +31,8 @@ RECIPES = {  # recipe -> (extra flags that keep it short, environment)
     "cpu_single_task.sh": ([], {"TASKS": "sts"}),
     "cpu_simcse_sbert.sh": (["--cycles", "1", "--simcse_max_examples", "16"], {}),
     "cpu_sss.sh": (["--cycles", "1", "--simcse_max_examples", "16"], {}),
+    "cpu_thesis_ss.sh": (["--first_stages", "qqp,sts*2,sst*2"], {}),
+    "cpu_thesis_sss.sh": (["--cycles", "1", "--simcse_max_examples", "16"], {}),
     "cpu_squad.sh": (["--first_stages", "qa", *SHORT_QA], {}),
     "cpu_four_tasks.sh": (["--epochs", "1", *SHORT_QA], {}),
     "cpu_distill.sh": (["--cycles", "1"], {}),  # TEACHER: made by recipe_runs

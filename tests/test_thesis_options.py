@@ -1,0 +1,223 @@
+"""The thesis' own settings as options of the same code (issue 40, item 1): each stage going on from its block's
+best dev epoch (--stage_start best, --simcse_keep best), SMART's per-example rescale projection (listing A.4), the
+Bregman momentum restarting every stage and the anchor at the stage's first weights, and dropout before the STS
+cosine (listing A.6)."""
+import pytest
+import torch
+
+from conftest import deterministic_tiny_model, pair_batch, tiny_model
+from multitask_bert import trained_tensors
+from nli import NLITriplet
+from schedules import Stage, StageKind, block_length, parse_stage_list
+from smart import BregmanTeacher, SmartConfig, ascend
+from test_trainer import demo_data, make_trainer, record_teacher_momentum
+from training_args import TrainingArguments, build_trainer
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+SST, QQP = Stage(StageKind.TASK, "sst"), Stage(StageKind.TASK, "qqp")
+
+
+# ---------------------------------------------------------------------------------------------------
+# --stage_start best, --simcse_keep best
+
+
+def test_a_block_is_a_run_of_equal_consecutive_stages():
+    stages = parse_stage_list("qqp,sts*3,sst,sst:0.5*2")
+    assert [block_length(stages, i) for i in range(len(stages))] == [1, 3, 3, 3, 1, 2, 2]
+
+
+def weights_at_each_stage_start(trainer, monkeypatch) -> list[dict]:
+    starts, run_stage = [], trainer.run_stage
+
+    def recording(index, stage):
+        starts.append({k: v.clone() for k, v in trained_tensors(trainer.model).items()})
+        return run_stage(index, stage)
+    monkeypatch.setattr(trainer, "run_stage", recording)
+    return starts
+
+
+def equal(a: dict, b: dict) -> bool:
+    return all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("stage_start", ["best", "last"])
+def test_the_stage_after_a_block_starts_from_its_best_dev_epoch_with_best(tmp_path, tokenizer, monkeypatch,
+                                                                          stage_start):
+    trainer = make_trainer(tmp_path, tokenizer, stage_start=stage_start)
+    scores = {1: 0.2, 2: 0.9, 3: 0.1, 4: 0.5, 5: 0.3}  # by stage: the sst block's best is its first epoch (stage 2)
+    monkeypatch.setattr("trainer.kept_model_score", lambda record, tasks: scores[record["index"]])
+    starts = weights_at_each_stage_start(trainer, monkeypatch)
+    trainer.train([QQP, SST, SST, SST, QQP])
+    after_first_sst = starts[2]
+    assert equal(starts[4], after_first_sst) == (stage_start == "best")
+    assert not equal(starts[3], after_first_sst)  # inside the block every epoch goes on from the one before
+    assert trainer.block_best is None
+
+
+def test_a_block_whose_last_epoch_is_best_goes_on_unchanged(tmp_path, tokenizer, monkeypatch):
+    trainer = make_trainer(tmp_path, tokenizer, stage_start="best")
+    monkeypatch.setattr("trainer.kept_model_score", lambda record, tasks: record["index"] / 10)
+    starts = weights_at_each_stage_start(trainer, monkeypatch)
+    trainer.train([SST, SST, QQP])
+    assert not equal(starts[2], starts[1])
+
+
+def test_a_resumed_block_goes_on_from_the_best_epoch_it_had_kept(tmp_path, tokenizer, monkeypatch):
+    """The block's best weights travel in the training state: a run stopped inside a block and resumed ends as
+    the uninterrupted run does."""
+    scores = {1: 0.9, 2: 0.1, 3: 0.5}
+    stages = [SST, SST, QQP]
+    monkeypatch.setattr("trainer.kept_model_score", lambda record, tasks: scores.get(record["index"], 0.0))
+    whole = make_trainer(tmp_path / "whole", tokenizer, stage_start="best")
+    whole.train(stages)
+    stopped = make_trainer(tmp_path / "parts", tokenizer, stage_start="best", stop_after_stages=1)
+    stopped.train(stages)
+    tensors, metadata = stopped.state_dict()
+    assert metadata["block_best"] == {"index": 1, "score": 0.9}
+    resumed = make_trainer(tmp_path / "parts", tokenizer, stage_start="best")
+    resumed.load_state_dict(tensors, metadata)
+    assert resumed.block_best.index == 1 and equal(resumed.block_best.tensors, stopped.block_best.tensors)
+    resumed.train(stages)
+    assert equal(trained_tensors(resumed.model), trained_tensors(whole.model))
+
+
+def test_simcse_keep_best_goes_on_from_the_simcse_epoch_with_the_best_sts_dev(tmp_path, tokenizer, monkeypatch):
+    settings = {"option": "finetune", "batch_size": 4, "lr": 1e-3, "max_length": 32, "quiet": True,
+                "precision": "fp32", "output_dir": str(tmp_path / "run"), "simcse_keep": "best",
+                "simcse_data": ["unused"]}
+    triplets = [NLITriplet(f"a man sings {i}", f"a person sings {i}", f"nobody sings {i}") for i in range(8)]
+    trainer = build_trainer(TrainingArguments(**settings), deterministic_tiny_model(), tokenizer, demo_data(),
+                            triplets, torch.device("cpu"))
+    picked = []
+
+    def score(record, tasks):
+        if record["stage"] == "simcse":
+            picked.append(tasks)
+        return {1: 0.8, 2: 0.3}.get(record["index"], 0.0)
+    monkeypatch.setattr("trainer.kept_model_score", score)
+    starts = weights_at_each_stage_start(trainer, monkeypatch)
+    simcse = Stage(StageKind.SIMCSE)
+    trainer.train([simcse, simcse, SST])
+    assert equal(starts[2], starts[1])  # the first SimCSE epoch's weights
+    assert {"sts"} in picked
+
+
+def test_simcse_keep_best_needs_sts_among_the_tasks():
+    with pytest.raises(ValueError, match="--simcse_keep best"):
+        TrainingArguments(tasks="sst,qqp", simcse_keep="best")
+
+
+# ---------------------------------------------------------------------------------------------------
+# SMART: the rescale projection, the momentum schedule per stage, the anchor at the stage's start
+
+
+def test_rescale_perturbs_every_example_at_inf_norm_eps_as_listing_a4():
+    """One ascent step by hand: the random start rescaled to inf-norm eps per example, the gradient at that
+    perturbation normalised per example, added to the unrescaled start, and the sum rescaled again."""
+    config = SmartConfig(norm_level="sentence", projection="rescale", epsilon=1e-3, step_size=1e-2, noise_std=1e-3)
+    torch.manual_seed(0)
+    embeddings = torch.randn(3, 4, 5)
+    weight = torch.randn(5, 2)
+
+    def forward_fn(e):
+        return (e.pow(2) @ weight).sum(dim=1)  # (B, 2): not linear, so the gradient depends on the perturbation
+    clean = forward_fn(embeddings)
+    torch.manual_seed(1)
+    delta, finite = ascend(forward_fn, embeddings, clean, "squared", config)
+    assert bool(finite)
+    torch.manual_seed(1)
+    start = torch.randn_like(embeddings) * config.noise_std
+
+    def rescale(x):
+        return x * config.epsilon / x.abs().amax(dim=(1, 2), keepdim=True)
+    perturbation = rescale(start).requires_grad_()
+    value = ((forward_fn(embeddings + perturbation) - clean) ** 2).sum(dim=1).mean()
+    (gradient,) = torch.autograd.grad(value, perturbation)
+    expected = rescale(start + config.step_size * gradient / gradient.abs().amax(dim=(1, 2), keepdim=True))
+    torch.testing.assert_close(delta, expected)
+    torch.testing.assert_close(delta.abs().amax(dim=(1, 2)), torch.full((3,), config.epsilon))
+
+
+def test_clamp_leaves_most_entries_at_the_bound_and_rescale_only_the_largest():
+    torch.manual_seed(0)
+    embeddings = torch.randn(2, 6, 8)
+    weight = torch.randn(8, 3)
+    forward_fn = lambda e: (e.tanh() @ weight).mean(dim=1)  # noqa: E731
+    clean = forward_fn(embeddings)
+    fractions = {}
+    for projection in ("clamp", "rescale"):
+        config = SmartConfig(norm_level="sentence", projection=projection)
+        delta, _ = ascend(forward_fn, embeddings, clean, "categorical", config)
+        fractions[projection] = (delta.abs() > 0.999 * config.epsilon).float().mean().item()
+    assert fractions["clamp"] > 0.9 and fractions["rescale"] < 0.2
+
+
+def test_smart_config_refuses_an_unknown_projection():
+    with pytest.raises(ValueError, match="projection"):
+        SmartConfig(projection="sphere")
+
+
+def test_the_stage_momentum_schedule_restarts_every_stage(tmp_path, tokenizer, monkeypatch):
+    # Two stages of 40 SST examples in batches of 4: 10 updates each, the first of each (10%) at 0.99.
+    trainer = make_trainer(tmp_path, tokenizer, data=demo_data(train=40, dev=4, test=2), smart=True,
+                           smart_tasks="sst", smart_momentum_schedule="stage")
+    momenta = record_teacher_momentum(trainer, monkeypatch)
+    trainer.train([SST, SST])
+    assert momenta == ([0.99] + [0.999] * 9) * 2
+
+
+def test_the_stage_start_anchor_is_the_weights_each_stage_began_with(tmp_path, tokenizer, monkeypatch):
+    trainer = make_trainer(tmp_path, tokenizer, data=demo_data(train=12, dev=4, test=2), smart=True,
+                           smart_tasks="sst", smart_anchor="stage_start")
+    teacher = trainer.regularization.teacher
+    monkeypatch.setattr(teacher, "update", lambda model: pytest.fail("the stage_start anchor never moves"))
+    anchors, run_stage = [], trainer.run_stage
+
+    def recording(index, stage):
+        live = dict(trainer.model.named_parameters())
+        anchors.append(all(torch.equal(teacher.params[n], live[n]) for n in teacher.params))
+        return run_stage(index, stage)
+    monkeypatch.setattr(trainer, "run_stage", recording)
+    trainer.train([SST, QQP, SST])
+    assert anchors == [True, True, True]
+
+
+def test_teacher_reset_copies_the_live_weights():
+    model = tiny_model()
+    teacher = BregmanTeacher(model, 0.99)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)
+    teacher.reset(model)
+    assert all(torch.equal(teacher.params[n], p) for n, p in model.named_parameters())
+    assert all(t.data_ptr() != p.data_ptr() for t, p in zip(teacher.params.values(), model.parameters()))
+
+
+# ---------------------------------------------------------------------------------------------------
+# Dropout before the STS cosine
+
+
+def test_sts_cosine_dropout_drops_both_embeddings_in_training_only(tokenizer):
+    batch = pair_batch(tokenizer, "sts", 4)
+    for on in (False, True):
+        model = deterministic_tiny_model(similarity_objective="shifted", sts_cosine_dropout=on)
+        model.dropout.p = 0.5
+        model.train()
+        torch.manual_seed(0)
+        first = model("sts", batch)
+        second = model("sts", batch)
+        assert torch.equal(first, second) != on
+        model.eval()
+        assert torch.equal(model("sts", batch), model("sts", batch))
+
+
+def test_sts_cosine_dropout_round_trips_and_needs_a_cosine(tmp_path):
+    from multitask_bert import load_multitask_model, save_multitask_model
+    model = tiny_model(sts_cosine_dropout=True)
+    save_multitask_model(model, tmp_path / "m", {})
+    assert load_multitask_model(tmp_path / "m").sts_cosine_dropout
+    with pytest.raises(ValueError, match="sts_cosine_dropout"):
+        tiny_model(pair_encoder="sts:cross", sts_cosine_dropout=True)
+    with pytest.raises(ValueError, match="--sts_cosine_dropout"):
+        TrainingArguments(pair_encoder="sts:cross", sts_cosine_dropout=True)
