@@ -466,7 +466,6 @@ class Trainer:
         self.last_save = time.monotonic()  # of the last checkpoint: save_every_minutes counts from it
         self.stage_start = time.time()  # when the stage being trained began (a resumed one: its earlier seconds too)
 
-
     # -- one optimisation step --------------------------------------------------------------------
     def backward(self, loss: torch.Tensor, count: int, group_size: int) -> None:
         """Backward of a mean loss over `count` local items (examples, masked tokens), divided by its

@@ -240,8 +240,9 @@ class TrainingArguments:
     gradient_checkpointing: bool = flag(False, "recompute each BERT layer in the backward pass: less memory "
                                           "(bert-large, long sequences), about one more forward of time",
                                           OPTIMISATION, resume_free=True, action="store_true")
-    compile: bool = flag(False, "torch.compile BERT's layers (forward and backward, one graph); batches are "
-                           "padded to multiples of 32 tokens so that shapes repeat", OPTIMISATION, resume_free=True,
+    compile: bool = flag(False, "torch.compile BERT's layers (forward and backward, one graph) and AdamW's "
+                           "update; batches are padded to multiples of 8 tokens so that shapes repeat", OPTIMISATION,
+                         resume_free=True,
                          action="store_true")
     compile_mode: str = flag("default", "torch.compile's mode: default, reduce-overhead (CUDA graphs) or "
                                "max-autotune", OPTIMISATION, resume_free=True, choices=COMPILE_MODES)

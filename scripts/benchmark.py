@@ -356,7 +356,8 @@ def bench_encoder(args, device) -> dict:
                                                        ids, mask, device, args.precision, hf=True)
     medians = alternate(steps, args, device)
     result = {
-        "benchmark": "encoder train step (forward, backward, AdamW)" + (", minBERT compiled" if args.compile else ""),
+        "benchmark": "encoder train step (forward, backward, AdamW)" + (", minBERT compiled" if args.compile else "")
+                     + ("" if args.token_layout == "auto" else f", minBERT's tokens {args.token_layout}"),
         "median_step_s": medians,
         "speedup_minbert_vs_transformers": medians["transformers"] / medians["minbert"],
         "minbert_attention_kernel": kernel,

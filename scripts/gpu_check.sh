@@ -59,6 +59,18 @@ for config in bert-base-random minilm-l6; do
     check "step_audit_$config" python scripts/benchmark.py step_audit --device cuda --config "$config" \
         --seq_len 128 --json "$LOGS/benchmarks.jsonl"
 done
+# bert-base-random only: minBERT's layers compiled against transformers eager and compiled, the packed layout
+# against the padded grid CUDA runs on, one QQP SMART epoch of the course's 141,506 pairs from 60 timed steps, and
+# what exact float32 buys SMART against the run's precision (its table is in the log).
+QQP_DATA="$ROOT/../shared/data/protocol"
+[ -f "$QQP_DATA/quora-train.csv" ] || QQP_DATA="$ROOT/data/demo"
+check encoder_compiled python scripts/benchmark.py encoder --device cuda --config bert-base-random --seq_len 128 \
+    --compile --json "$LOGS/benchmarks.jsonl"
+check encoder_packed python scripts/benchmark.py encoder --device cuda --config bert-base-random --seq_len 128 \
+    --token_layout packed --json "$LOGS/benchmarks.jsonl"
+check qqp_epoch python scripts/benchmark.py qqp_epoch --device cuda --config bert-base-random --seq_len 128 \
+    --data_dir "$QQP_DATA" --warmup 10 --steps 60 --rounds 1 --json "$LOGS/benchmarks.jsonl"
+check smart_precision python scripts/smart_precision.py --device cuda --data_dir "$QQP_DATA"
 # About 200 optimizer steps each: the demo's 160 training examples per task at batch 8.
 DEMO_FLAGS=(--pretrained minilm-l6 --batch_size 8 --cycles 5 --quiet)
 check gpu_ss env DATA_DIR="$ROOT/data/demo" RUN_NAME=gpu_check_ss bash scripts/gpu_ss.sh "${DEMO_FLAGS[@]}"
@@ -75,7 +87,14 @@ echo
 echo "| figure | bert-base-random | minilm-l6 | goal |"
 echo "|---|---|---|---|"
 echo "| minBERT train step speed-up over transformers (SDPA, 32 x 128) | $(figure bert-base-random/encoder speedup_minbert_vs_transformers) | $(figure minilm-l6/encoder speedup_minbert_vs_transformers) | >= 1.2 |"
+echo "| minBERT step model FLOPs utilisation (run's precision) | $(figure bert-base-random/encoder mfu.minbert) | $(figure minilm-l6/encoder mfu.minbert) | |"
+echo "| minBERT train step (ms) | $(figure bert-base-random/encoder median_step_s.minbert 1000) | $(figure minilm-l6/encoder median_step_s.minbert 1000) | <= 10 (bert-base, bf16) |"
+echo "| minBERT compiled: speed-up over transformers eager / compiled | $(figure "bert-base-random/minBERT compiled" speedup_minbert_vs_transformers) / $(figure "bert-base-random/minBERT compiled" speedup_minbert_vs_transformers_compiled) | | >= 1.5 / >= 1.1 |"
+echo "| minBERT compiled train step (ms; MFU) | $(figure "bert-base-random/minBERT compiled" median_step_s.minbert 1000); $(figure "bert-base-random/minBERT compiled" mfu.minbert) | | |"
+echo "| minBERT packed tokens train step (ms; CUDA's default is the padded grid) | $(figure "bert-base-random/tokens packed" median_step_s.minbert 1000) | | |"
 echo "| SMART step / plain step | $(figure bert-base-random/SMART smart_cost_ratio) | $(figure minilm-l6/SMART smart_cost_ratio) | <= 2.6 |"
+echo "| the same with --smart_precision exact | $(figure bert-base-random/SMART smart_exact_cost_ratio) | $(figure minilm-l6/SMART smart_exact_cost_ratio) | |"
+echo "| one QQP SMART epoch, 141,506 pairs at batch 32 (hours; implied on an L4, an estimate) | $(figure bert-base-random/QQP epoch_hours); $(figure bert-base-random/QQP implied_l4_epoch_hours_estimate) | | thesis: 5 on an L4 at batch 8 |"
 echo "| the same with transformers | $(figure bert-base-random/SMART transformers_smart_cost_ratio) | $(figure minilm-l6/SMART transformers_smart_cost_ratio) | |"
 echo "| peak memory of the SMART step (MiB) | $(figure bert-base-random/SMART peak_step_memory_mib.smart) | $(figure minilm-l6/SMART peak_step_memory_mib.smart) | < 12288 |"
 echo "| precision | $(figure bert-base-random/encoder setup.precision) | $(figure minilm-l6/encoder setup.precision) | |"
