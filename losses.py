@@ -12,7 +12,7 @@ in, tensors out); a prediction is always decide(score(outputs)).
     qa   start and end       cross entropy of the     the logits          per question symmetric KL of the start
          logits per token    gold start and end                           (squad.py)   and end distributions
 
-Similarity objectives for the SBERT cosine (measured in README: `cosine` is best on STS-B dev):
+Similarity objectives for the SBERT cosine (measured in RESULTS.md: `cosine` is best on STS-B dev):
     cosine   MSE(cos, label / 5)              sentence-transformers' CosineSimilarityLoss
     shifted  MSE(cos, (label - 2.5) / 2.5)    the thesis' 2.5 cos + 2.5 against the 0-5 label (its dropout on the
                                               two embeddings before the cosine is MultitaskBERT's sts_cosine_dropout)

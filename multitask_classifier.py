@@ -56,8 +56,8 @@ DEMO_SETTINGS = dict(data_dir=str(ROOT / "data" / "demo"), pretrained="minilm-l6
 def parse_args(argv=None) -> TrainingArguments:
     parser = build_parser(TrainingArguments, __doc__)
     parser.add_argument("--config", metavar="FILE", help="settings from a JSON file: a run's OUTPUT_DIR/args.json "
-                        "(its \"args\") or an object of settings named as the flags; flags given here win (README, "
-                        "'A run is its own recipe')")
+                        "(its \"args\") or an object of settings named as the flags; flags given here win "
+                        "(docs/command_line.md, 'A run is its own recipe')")
     namespace = parser.parse_args(argv)
     settings = {}
     if namespace.demo:

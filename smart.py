@@ -28,7 +28,7 @@ Usage with a model that splits into `embed(...)` and `outputs_from_embeddings(..
 Precision (SmartConfig.precision): by default the passes run in the run's own precision. The perturbation is
 of order epsilon = 1e-5 relative to embeddings of order 1, which bf16 (8-bit mantissa), fp16 and TF32 (11 bits)
 round away at the first matmul; but training runs with dropout on, and the disagreement of the clean and the
-perturbed passes' dropout masks dominates R_s and its gradient in every precision (measured: README,
+perturbed passes' dropout masks dominates R_s and its gradient in every precision (measured: docs/smart.md,
 "Precision"). With precision "exact", all of it, the clean forward included, runs inside
 `runtime.float32_exact()` (no autocast, no TF32), which resolves the perturbation itself (the dropout-off case,
 scripts/smart_perturbation.py); the clean outputs then come from the same precision as the perturbed ones, or
@@ -153,7 +153,7 @@ class SmartConfig:
     or "exact" (float32 without autocast or TF32, runtime.float32_exact). Only exact float32 resolves a 1e-5
     perturbation of order-1 embeddings; but in training dropout is on, and the clean and perturbed passes'
     different masks move the outputs far more than the perturbation does, so the ascent direction, R_s and the
-    gradient agree between the two (README, "Precision"). Exact is for studies with dropout off."""
+    gradient agree between the two (docs/smart.md, "Precision"). Exact is for studies with dropout off."""
     projection: str = "clamp"
     """How a step returns to the ball. "clamp": projected gradient ascent, delta <- project(delta + eta * g / ||g||)
     (with norm "inf" every entry clamped to [-eps, eps], so after a per-token normalised step nearly every entry sits

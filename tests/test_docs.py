@@ -1,0 +1,58 @@
+"""README.md is the front page (what a newcomer needs, at most 10 KB) and docs/ holds one page per topic: the
+README keeps the set-up and test commands CI runs, the demo and the Colab link, and every relative link in README.md,
+RESULTS.md and docs/*.md points at a file (and heading) that exists."""
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGES = [ROOT / "README.md", ROOT / "RESULTS.md", ROOT / "BENCHMARKS.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def github_anchor(heading):
+    """The id GitHub gives a heading: lower case, punctuation dropped (word characters, '-' and ' ' kept),
+    spaces as '-'."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def anchors(page):
+    found, seen, in_code = set(), {}, False
+    for line in page.read_text(encoding="utf-8").splitlines():
+        if line.startswith("```"):
+            in_code = not in_code
+        heading = None if in_code else re.match(r"#{1,6} (.*)", line)
+        if heading:
+            anchor = github_anchor(heading.group(1))
+            found.add(anchor if anchor not in seen else f"{anchor}-{seen[anchor]}")
+            seen[anchor] = seen.get(anchor, 0) + 1
+    return found
+
+
+def test_readme_is_a_front_page():
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert len(text.encode("utf-8")) <= 10_000
+    for kept in ("pip install -r requirements.txt -r requirements-dev.txt", "python -m pytest -q",
+                 "python multitask_classifier.py --demo", "notebooks/colab.ipynb", "## Layout"):
+        assert kept in text, kept
+    assert "python -m pytest -q" in (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+
+
+def test_the_flag_table_lives_in_one_page():
+    pages = [p for p in PAGES if "| group | flags |" in p.read_text(encoding="utf-8")]
+    assert pages == [ROOT / "docs" / "command_line.md"]
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_relative_links_resolve(page):
+    broken = []
+    for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text(encoding="utf-8")):
+        if re.match(r"[a-z]+:", target):
+            continue
+        path, _, anchor = target.partition("#")
+        linked = (page.parent / path).resolve() if path else page
+        if not linked.exists():
+            broken.append(target)
+        elif anchor and linked.suffix == ".md" and anchor not in anchors(linked):
+            broken.append(target)
+    assert not broken
