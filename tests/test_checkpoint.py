@@ -34,19 +34,23 @@ def test_round_trip_and_missing_half(tmp_path):
         read_checkpoint(tmp_path / "sub" / "ckpt")
 
 
+def make_linear_and_optimizer(optimizer_class=AdamW):
+    """A seeded 3 -> 2 linear layer and an optimizer of it: the weight decayed, the bias not."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    return model, optimizer_class([{"params": [model.weight], "weight_decay": 0.1},
+                                   {"params": [model.bias], "weight_decay": 0.0}], lr=1e-2)
+
+
+def train_step(model, optimizer, seed):
+    torch.manual_seed(seed)
+    model(torch.randn(4, 3)).square().sum().backward()
+    optimizer.step()
+    optimizer.zero_grad()
+
+
 def test_optimizer_state_round_trips_and_continues_identically(tmp_path):
-    def make():
-        torch.manual_seed(0)
-        model = torch.nn.Linear(3, 2)
-        return model, AdamW([{"params": [model.weight], "weight_decay": 0.1},
-                             {"params": [model.bias], "weight_decay": 0.0}], lr=1e-2)
-
-    def step(model, optimizer, seed):
-        torch.manual_seed(seed)
-        model(torch.randn(4, 3)).square().sum().backward()
-        optimizer.step()
-        optimizer.zero_grad()
-
+    make, step = make_linear_and_optimizer, train_step
     model, optimizer = make()
     for seed in range(3):
         step(model, optimizer, seed)
@@ -96,18 +100,7 @@ def test_optimizer_state_saved_with_integer_step_counts_resumes_the_run(tmp_path
     # ReferenceAdamW keeps Python-int step counts and host step sizes, as AdamW did before; its save is what
     # --resume finds in a checkpoint written then.
     from test_optimizer import ReferenceAdamW, assert_within_1_ulp
-
-    def make(optimizer_class):
-        torch.manual_seed(0)
-        model = torch.nn.Linear(3, 2)
-        return model, optimizer_class([{"params": [model.weight], "weight_decay": 0.1},
-                                       {"params": [model.bias], "weight_decay": 0.0}], lr=1e-2)
-
-    def step(model, optimizer, seed):
-        torch.manual_seed(seed)
-        model(torch.randn(4, 3)).square().sum().backward()
-        optimizer.step()
-        optimizer.zero_grad()
+    make, step = make_linear_and_optimizer, train_step
 
     old_model, old = make(ReferenceAdamW)
     for seed in range(3):
