@@ -73,12 +73,13 @@ def test_bert_forward_and_backward_stay_near_float32(precision, tokenizer):
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_a_smart_step_equals_float32_under_autocast(precision, tokenizer):
-    """SMART's passes run in exact float32 (no autocast, no TF32) whatever the run's precision."""
+    """With --smart_precision exact, SMART's passes run in exact float32 (no autocast, no TF32) whatever the run's
+    precision (by default they run at the run's: tests/test_smart.py)."""
     from runtime import use_tf32
     from smart import SmartConfig, SmartRegularizer
     use_tf32(torch.device("cuda"))  # as a training run sets it
     model = minilm_multitask()
-    regularizer = SmartRegularizer(model, SmartConfig(bregman_weight=0.0))
+    regularizer = SmartRegularizer(model, SmartConfig(bregman_weight=0.0, precision="exact"))
     batch = cuda_batch(sentence_batch(tokenizer, 16))
     expected = loss_and_grads(model, "sst", batch, "fp32", regularizer)
     got = loss_and_grads(model, "sst", batch, precision, regularizer)
