@@ -14,6 +14,7 @@ from contextlib import contextmanager, nullcontext
 
 import numpy as np
 import torch
+from torch.amp.grad_scaler import OptState
 
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")  # --compile_mode: torch.compile's modes
@@ -66,13 +67,16 @@ def scaled_step(scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer) 
     """optimizer.step() through the gradient scaler, then its update; False when the step was skipped for inf /
     NaN gradients (update lowers the scale exactly then). A disabled scaler always steps and reads nothing back.
 
-    The scale itself is never read: the scaler's step has already brought its inf / NaN flags to the host (it
-    decides there whether to step), so reading them again waits for nothing."""
+    The scale itself is never read. The inf / NaN flags are read once the gradients are unscaled and before the
+    update is queued: the scaler's step reads them there too (it decides on the host whether to step), so neither
+    read waits for more than the unscaling; read after scaler.step, they would wait for the update's kernels."""
     if not scaler.is_enabled():
         optimizer.step()
         return True
-    scaler.step(optimizer)
+    if scaler._per_optimizer_states[id(optimizer)]["stage"] is OptState.READY:
+        scaler.unscale_(optimizer)  # the trainer has unscaled already (for clipping); scaler.step would do it here
     skipped = any(bool(found) for found in scaler._found_inf_per_device(optimizer).values())
+    scaler.step(optimizer)
     scaler.update()
     return not skipped
 

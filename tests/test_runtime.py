@@ -89,3 +89,43 @@ def test_tf32_is_turned_on_for_cuda_runs_only():
         assert torch.get_float32_matmul_precision() == "high"
     finally:
         torch.set_float32_matmul_precision("highest")
+
+
+@pytest.mark.parametrize("gradient, stepped", [(1.0, True), (float("inf"), False)])
+def test_scaled_step_reads_the_inf_flags_before_the_update_is_queued(gradient, stepped):
+    """fp16's step reads back whether a gradient was inf / NaN (the scaler must, to decide whether to step); read
+    after optimizer.step() had queued the update, it would make the host wait for the update's kernels too."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    events = []
+
+    class Reads(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func._schema.name in ("aten::_local_scalar_dense", "aten::item", "aten::is_nonzero"):
+                events.append("read")
+            return func(*args, **(kwargs or {}))
+
+    parameter = torch.nn.Parameter(torch.ones(3))
+    optimizer = torch.optim.SGD([parameter], lr=0.1)
+    original_step = optimizer.step
+
+    def step(*args, **kwargs):
+        events.append("step")
+        return original_step(*args, **kwargs)
+    optimizer.step = step
+    scaler = torch.amp.GradScaler("cpu", init_scale=4.0)
+    scaler.scale((parameter * gradient).sum()).backward()
+    scaler.unscale_(optimizer)  # as the trainer does before clipping
+    with Reads():
+        assert runtime.scaled_step(scaler, optimizer) is stepped
+    assert ("step" in events) is stepped and "read" in events
+    assert "read" not in events[events.index("step"):] if stepped else True
+    assert scaler.get_scale() == (4.0 if stepped else 2.0)
+
+
+def test_scaled_step_unscales_when_the_caller_did_not():
+    parameter = torch.nn.Parameter(torch.ones(3))
+    optimizer = torch.optim.SGD([parameter], lr=0.5)
+    scaler = torch.amp.GradScaler("cpu", init_scale=8.0)
+    scaler.scale(parameter.sum()).backward()
+    assert runtime.scaled_step(scaler, optimizer) is True
+    assert torch.equal(parameter.detach(), torch.full((3,), 0.5))  # the true gradient 1, not the scaled 8
