@@ -240,9 +240,9 @@ class TrainingArguments:
     gradient_checkpointing: bool = flag(False, "recompute each BERT layer in the backward pass: less memory "
                                           "(bert-large, long sequences), about one more forward of time",
                                           OPTIMISATION, resume_free=True, action="store_true")
+    # Not resume-free: on the CPU it pads batches to buckets of 8 tokens, which changes the dropout masks drawn.
     compile: bool = flag(False, "torch.compile BERT's layers (forward and backward, one graph) and AdamW's "
                            "update; batches are padded to multiples of 8 tokens so that shapes repeat", OPTIMISATION,
-                         resume_free=True,
                          action="store_true")
     compile_mode: str = flag("default", "torch.compile's mode: default, reduce-overhead (CUDA graphs) or "
                                "max-autotune", OPTIMISATION, resume_free=True, choices=COMPILE_MODES)

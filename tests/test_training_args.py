@@ -205,3 +205,20 @@ def test_regularized_tasks():
     assert regularized_tasks(TrainingArguments(smart=True, smart_tasks="para,sst")) == {"qqp", "sst"}
     with pytest.raises(ValueError, match="unknown task 'nli'"):
         regularized_tasks(TrainingArguments(smart=True, smart_tasks="sst,nli"))
+
+
+def test_compile_must_match_on_resume_its_cpu_buckets_change_the_training():
+    """--compile pads the CPU's batches to buckets of 8 tokens (pad_to_multiple_of), which changes the attention
+    dropout masks a step draws (and AdamW's compiled update rounds differently): not a resume-free setting."""
+    import dataclasses
+
+    import torch
+
+    from base_bert import CheckpointError
+    from runtime import pad_to_multiple_of
+    from training_args import check_resume_arguments
+    cpu = torch.device("cpu")
+    assert pad_to_multiple_of(cpu, compiled=True) != pad_to_multiple_of(cpu, compiled=False)
+    assert "compile" not in resume_free_fields(TrainingArguments)
+    with pytest.raises(CheckpointError, match="--compile False -> True"):
+        check_resume_arguments(dataclasses.asdict(TrainingArguments()), TrainingArguments(compile=True))
