@@ -240,6 +240,7 @@ def ascend(
     clean_outputs: Tensor,
     divergence: str,
     config: SmartConfig,
+    token_mask: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Approximate argmax over the eps-ball of divergence(forward_fn(embeddings + delta), clean_outputs).
 
@@ -249,12 +250,15 @@ def ascend(
     the detached perturbation, shaped like the embeddings (kept in at least float32 so that steps of size ~eps
     survive), and a 0-dim bool tensor on the device: whether every ascent gradient was finite (if not, the
     perturbation is zero). Nothing is read back to the host: the flag is gathered on the device and read by the
-    caller once.
+    caller once. `token_mask` (B, T), 1 at real tokens: the random start is zero at padding, which the outputs
+    never read, so that padding adds nothing to a sentence-level norm (its gradient there is zero anyway).
     """
     divergence_fn = _divergence(divergence)
     anchor = embeddings.detach()
     target = clean_outputs.detach()
     delta = torch.randn_like(anchor, dtype=torch.promote_types(anchor.dtype, torch.float32)) * config.noise_std
+    if token_mask is not None:
+        delta = delta * token_mask.unsqueeze(-1).to(delta.dtype)
     finite = torch.ones((), dtype=torch.bool, device=anchor.device)
     for _ in range(config.ascent_steps):
         with torch.no_grad():
@@ -289,6 +293,7 @@ def adversarial_regularizer(
     clean_outputs: Tensor,
     divergence: str,
     config: SmartConfig,
+    token_mask: Tensor | None = None,
 ) -> tuple[Tensor, bool]:
     """R_s = divergence(forward_fn(embeddings + delta*), clean_outputs) for the ascent's delta*.
 
@@ -299,7 +304,7 @@ def adversarial_regularizer(
     the adversarial pass (a NaN in the perturbed pass would reach the weights through its backward even if
     R_s were replaced by a zero on the device).
     """
-    delta, finite = ascend(forward_fn, embeddings, clean_outputs, divergence, config)
+    delta, finite = ascend(forward_fn, embeddings, clean_outputs, divergence, config, token_mask)
     value = _divergence(divergence)(forward_fn(_perturb(embeddings, delta)), clean_outputs)
     if not bool(finite & torch.isfinite(value)):
         return torch.zeros((), device=clean_outputs.device), True
@@ -411,12 +416,13 @@ class SmartRegularizer:
         divergence: str,
         teacher_args: tuple = (),
         teacher_kwargs: Mapping | None = None,
+        token_mask: Tensor | None = None,
     ) -> Tensor:
         """lambda_s * R_s + mu * divergence(clean_outputs, teacher(model, *teacher_args, **teacher_kwargs)).
 
         clean_outputs = forward_fn(embeddings) from the caller's one clean forward, reused here; the
         teacher outputs are a fixed target. A skipped adversarial term adds 0 and bumps skipped_steps. The two terms
-        are kept in `terms`.
+        are kept in `terms`. `token_mask`: the embeddings' attention mask (ascend's).
         """
         divergence_fn = _divergence(divergence)
         if self.config.precision == "exact" and torch.is_autocast_enabled(clean_outputs.device.type):
@@ -426,7 +432,7 @@ class SmartRegularizer:
         terms = {}
         if self.config.adv_weight > 0:
             smoothness, skipped = adversarial_regularizer(
-                forward_fn, embeddings, clean_outputs, divergence, self.config
+                forward_fn, embeddings, clean_outputs, divergence, self.config, token_mask
             )
             self.skipped_steps += skipped
             terms["adversarial"] = self.config.adv_weight * smoothness

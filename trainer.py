@@ -107,7 +107,7 @@ def _task_loss(model: MultitaskBERT, task: str, batch: dict, regularizer: SmartR
         penalties["lnsr"] = penalty.detach()
     if regularizer is not None:
         loss = loss + regularizer.penalty(forward_fn, embeddings, outputs, objective.divergence,
-                                          teacher_args=(task, batch))
+                                          teacher_args=(task, batch), token_mask=inputs.attention_mask)
         penalties.update({f"smart_{name}": term for name, term in regularizer.terms.items()})
     for name, defence in (defences or {}).items():  # on the weights alone: computed on the device, nothing read back
         term = defence.penalty(model)

@@ -15,6 +15,7 @@ from smart import (
     SmartConfig,
     SmartRegularizer,
     adversarial_regularizer,
+    ascend,
     bregman_momentum,
     find_perturbation,
     squared_error,
@@ -656,3 +657,21 @@ def test_smoothness_term_of_a_real_model_survives_bf16_autocast(tokenizer, monke
         raw, _ = adversarial_regularizer(forward, embeddings, forward(embeddings), "categorical",
                                          SmartConfig(epsilon=1e-5, noise_std=1e-5))
     assert raw.item() > 30 * float32[1e-5]
+
+
+def test_the_random_start_leaves_padding_alone_so_a_sentence_norm_counts_real_tokens_only():
+    """With an l2 ball per sentence, noise at padding (which no output reads) would take part of the radius from
+    the real tokens: with the attention mask the start is zero there, and the real tokens' perturbation reaches eps."""
+    torch.manual_seed(0)
+    mask = torch.zeros(2, 10)
+    mask[:, :3] = 1  # 3 real tokens of 10 in each row
+    embeddings, weight = torch.randn(2, 10, 64), torch.randn(64, 5)
+
+    def forward_fn(e):
+        return (e * mask.unsqueeze(-1)).sum(dim=1) @ weight  # (2, 5) logits from the real tokens alone
+
+    config = SmartConfig(norm="l2", norm_level="sentence", epsilon=1e-5, noise_std=1e-5)
+    delta, finite = ascend(forward_fn, embeddings, forward_fn(embeddings), "categorical", config, mask)
+    assert bool(finite) and delta[mask == 0].abs().max() == 0
+    real_norms = torch.linalg.vector_norm(delta * mask.unsqueeze(-1), dim=(1, 2))
+    torch.testing.assert_close(real_norms, torch.full((2,), 1e-5), rtol=1e-4, atol=0)
