@@ -78,14 +78,16 @@ class Distributed:
             yield
 
     # -- collectives (each a no-op for one process) ----------------------------------------------------
-    def share(self, count: int, device: torch.device) -> float:
+    def share(self, count: int | torch.Tensor, device: torch.device) -> float | torch.Tensor:
         """count * world_size / (sum of count over ranks): the weight that turns a rank's mean loss into
-        its part of the global batch's mean once gradients are averaged."""
+        its part of the global batch's mean once gradients are averaged. Under torchrun a 0-dim tensor on the
+        device, so that the step never waits for the all-reduce (`count` may be one too: mlm's masked tokens)."""
         if not self.enabled:
             return 1.0
-        total = torch.tensor([float(count)], device=device)
+        count = torch.as_tensor(count, dtype=torch.float32, device=device).reshape(())
+        total = count.clone()
         dist.all_reduce(total)
-        return count * self.world_size / total.item()
+        return count * self.world_size / total
 
     def average_gradients(self, parameters) -> None:
         """Average .grad over ranks with one all-reduce of the flattened gradients. A parameter with a

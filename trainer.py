@@ -467,7 +467,7 @@ class Trainer:
         self.stage_start = time.time()  # when the stage being trained began (a resumed one: its earlier seconds too)
 
     # -- one optimisation step --------------------------------------------------------------------
-    def backward(self, loss: torch.Tensor, count: int, group_size: int) -> None:
+    def backward(self, loss: torch.Tensor, count: int | torch.Tensor, group_size: int) -> None:
         """Backward of a mean loss over `count` local items (examples, masked tokens), divided by its
         accumulation group's size; under torchrun weighted by this rank's share of the global batch."""
         if self.distributed.enabled:
@@ -503,7 +503,7 @@ class Trainer:
         batch = to_device(batch, self.device)
         with self.amp:
             loss = mlm_loss(self.model.bert, self.mlm_head, batch)
-        self.backward(loss, int((batch["labels"] != IGNORED_LABEL).sum()), group_size)
+        self.backward(loss, (batch["labels"] != IGNORED_LABEL).sum(), group_size)  # a count on the device
         self.task_losses.add("mlm", loss)
         return loss.detach()
 

@@ -251,3 +251,15 @@ def test_an_inductor_compiled_training_step_equals_the_eager_one(tmp_path, token
         trainer.optimizer_step()
         losses[-1].append(trainer.task_step("sts", batch, 1).item())
     np.testing.assert_allclose(losses[1], losses[0], rtol=1e-4)
+
+
+def test_a_ranks_share_of_the_global_batch_stays_on_the_device(monkeypatch):
+    """Under torchrun every micro-step weighs its loss by its rank's share of the global batch: a 0-dim tensor from
+    the all-reduce, which nothing reads back (it read .item() before)."""
+    import torch.distributed as dist
+    from distributed import Distributed
+    monkeypatch.setattr(dist, "all_reduce", lambda tensor: tensor.mul_(2))  # two ranks of equal counts
+    rank = Distributed(rank=0, world_size=2)
+    shares = []
+    assert count_syncs(lambda: shares.append(rank.share(torch.tensor(6), torch.device("cpu")))) == []
+    assert torch.is_tensor(shares[0]) and shares[0].item() == 1.0 and rank.share(3, torch.device("cpu")).item() == 1.0
