@@ -37,6 +37,7 @@ RECIPES = {  # recipe -> (extra flags that keep it short, environment)
     "cpu_four_tasks.sh": (["--epochs", "1", *SHORT_QA], {}),
     "cpu_distill.sh": (["--cycles", "1"], {}),  # TEACHER: made by recipe_runs
     "cpu_best_one_task.sh": ([], {"TASK": "qqp"}),
+    "cpu_forgetting_study.sh": ([], {"DEFENCE": "ewc"}),
 }
 OUTPUTS = {"cpu_squad.sh": 2, "cpu_four_tasks.sh": 8, "cpu_best_one_task.sh": 2}  # predictions files, when not the six CSVs
 # Every recipe that launches training (through $LAUNCH); cpu_ensemble.sh runs ensemble.py, gpu_check.sh the checks.
@@ -147,3 +148,14 @@ def test_the_ensemble_recipe_combines_the_committed_scores(tmp_path):
 def test_gpu_check_refuses_a_machine_without_cuda_in_one_line():
     result = subprocess.run(["bash", "scripts/gpu_check.sh"], cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 2 and result.stdout.strip() == "gpu_check: no CUDA device visible to torch"
+
+
+def test_the_forgetting_study_runs_each_defence_and_refuses_an_unknown_one():
+    flags = {defence: launched_commands("cpu_forgetting_study.sh", DEFENCE=defence)[0]
+             for defence in ("none", "rehearsal", "bregman", "ewc", "l2sp", "lora")}
+    assert "--ewc_weight" in flags["ewc"] and "--l2sp_weight" in flags["l2sp"] and "--adapter" in flags["lora"]
+    assert "--smart_bregman_weight" in flags["bregman"] and "qqp,sts*2,sst*2,qqp:0.03" in flags["rehearsal"]
+    assert not {"--ewc_weight", "--l2sp_weight", "--adapter", "--smart"} & set(flags["none"])
+    result = subprocess.run(["bash", str(ROOT / "scripts" / "cpu_forgetting_study.sh")],
+                            env={**os.environ, "LAUNCH": "echo", "DEFENCE": "dropout"}, capture_output=True, text=True)
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1 and "DEFENCE" in result.stderr

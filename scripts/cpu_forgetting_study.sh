@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# CPU protocol, the forgetting study (issue 40): the thesis' sequential order QQP -> STS x 2 -> SST x 2 (each task's
+# block going on from its best dev epoch, --stage_start best), SBERT heads, minilm-l6 (CPU_FLAGS), with one defence
+# against forgetting, named by DEFENCE:
+#   none        nothing
+#   rehearsal   a 3% QQP stage after the SST block (the project's cycles' rehearsal)
+#   bregman     SMART's Bregman proximal point alone (mu 1, no adversarial term)
+#   ewc         EWC, lambda EWC_WEIGHT (default 1000), the diagonal Fisher of each finished block's first 100 batches
+#   l2sp        L2-SP, alpha L2SP_WEIGHT (default 0.01), towards the pretrained weights
+#   lora        per-task LoRA (rank 16, every linear layer) over the frozen encoder: no forgetting by construction
+# The epochs are scaled down from the thesis' 1 / 10 / 10 to 1 / 2 / 2 for the CPU, and the defences' weights are
+# untuned single settings. Extra flags are passed on (e.g. --max_train_examples 2000).
+# Output: runs/forgetting_$DEFENCE/ (runs/$RUN_NAME/ if set)
+set -euo pipefail
+source "$(dirname "$0")/_common.sh"
+cd "$ROOT"
+DEFENCE=${DEFENCE:-none}
+STAGES="qqp,sts*2,sst*2"
+case "$DEFENCE" in
+    none) FLAGS=() ;;
+    rehearsal) STAGES="$STAGES,qqp:0.03"; FLAGS=() ;;
+    bregman) FLAGS=(--smart --smart_adv_weight 0 --smart_bregman_weight 1) ;;
+    ewc) FLAGS=(--ewc_weight "${EWC_WEIGHT:-1000}") ;;
+    l2sp) FLAGS=(--l2sp_weight "${L2SP_WEIGHT:-0.01}") ;;
+    lora) FLAGS=(--option pretrain --adapter lora --lr 1e-3 --adapter_rank 16 --adapter_alpha 16
+                 --adapter_targets query,key,value,attention_output,ffn_in,ffn_out) ;;
+    *) echo "cpu_forgetting_study.sh: DEFENCE must be none, rehearsal, bregman, ewc, l2sp or lora, got '$DEFENCE'" >&2
+       exit 2 ;;
+esac
+NAME=${RUN_NAME:-forgetting_$DEFENCE}
+$LAUNCH multitask_classifier.py "${CPU_FLAGS[@]}" --first_stages "$STAGES" --cycles 0 --stage_start best \
+    "${FLAGS[@]}" --output_dir "$RUNS_DIR/$NAME" $(prediction_flags "$NAME") "$@"
