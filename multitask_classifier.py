@@ -329,7 +329,7 @@ def _run(args: TrainingArguments, distributed: Distributed, device) -> Trainer:
             except ScoresFileError as err:
                 raise UsageError(str(err)) from None
         if distributed.is_main:
-            print(precision_notice(device, args.precision, smart=args.smart and args.smart_precision == "exact"))
+            print(precision_notice(device, args.precision, args.smart, args.smart_precision))
         if args.resume:
             resume(trainer, args, output_dir / "last", [stage.label for stage in stages])
             if trainer.resumed is not None:

@@ -99,8 +99,9 @@ def device_name(device: torch.device) -> str:
     return torch.cuda.get_device_name(device) if device.type == "cuda" else "this CPU"
 
 
-def precision_notice(device: torch.device, requested: str, smart: bool = False) -> str:
-    """One line saying which precision a run computes in and why; a warning when the choice is emulated."""
+def precision_notice(device: torch.device, requested: str, smart: bool = False, smart_precision: str = "run") -> str:
+    """One line saying which precision a run computes in and why (with `smart`: where SMART's passes compute, at
+    `smart_precision`); a warning when the choice is emulated."""
     precision = resolve_precision(device, requested)
     native = has_native_bf16(device)
     why = "as asked (--precision)" if requested != "auto" else {
@@ -110,8 +111,10 @@ def precision_notice(device: torch.device, requested: str, smart: bool = False) 
     }[precision]
     what = {"bf16": "bf16 autocast", "fp16": "fp16 autocast with a gradient scaler", "fp32": "float32"}[precision]
     line = f"precision: {what} ({why})"
-    if smart and precision != "fp32":
+    if smart and precision != "fp32" and smart_precision == "exact":
         line += "; SMART's steps run in exact float32 (--smart_precision exact)"
+    elif smart and precision == "fp16":
+        line += "; SMART's steps run in exact float32 (fp16 would underflow the ascent's gradients)"
     emulated = (precision == "bf16" and not native) or (precision == "fp16" and device.type == "cpu")
     if emulated:
         line += f"; warning: {precision} is emulated on {device_name(device)}, much slower than " + (

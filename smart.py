@@ -185,6 +185,14 @@ class SmartConfig:
             raise ValueError(f"SmartConfig: projection must be one of {PROJECTIONS}, got {self.projection!r}")
 
 
+def computes_exactly(config: SmartConfig, device_type: str) -> bool:
+    """Whether SMART's passes run in exact float32 here: at precision "exact", and under fp16 autocast whatever the
+    precision, where the ascent's gradient of a divergence of order 1e-8 to 1e-3 would underflow fp16's 5-bit
+    exponent in the backward pass (bf16 keeps float32's exponent: measured, README's precision page)."""
+    fp16 = torch.is_autocast_enabled(device_type) and torch.get_autocast_dtype(device_type) == torch.float16
+    return config.precision == "exact" or fp16
+
+
 def _norm_dims(x: Tensor, level: str) -> tuple[int, ...]:
     return (-1,) if level == "token" else tuple(range(1, x.dim()))
 
@@ -425,10 +433,11 @@ class SmartRegularizer:
         are kept in `terms`. `token_mask`: the embeddings' attention mask (ascend's).
         """
         divergence_fn = _divergence(divergence)
-        if self.config.precision == "exact" and torch.is_autocast_enabled(clean_outputs.device.type):
-            raise RuntimeError("SMART's passes must run in float32 with precision='exact': compute the clean forward "
-                               "and the penalty inside runtime.float32_exact() (autocast rounds the 1e-5 "
-                               "perturbation away)")
+        device_type = clean_outputs.device.type
+        if torch.is_autocast_enabled(device_type) and computes_exactly(self.config, device_type):
+            raise RuntimeError("SMART's passes must run in float32 with precision='exact' or under fp16 autocast: "
+                               "compute the clean forward and the penalty inside runtime.float32_exact() (autocast "
+                               "rounds the 1e-5 perturbation away; fp16 underflows the ascent's gradient)")
         terms = {}
         if self.config.adv_weight > 0:
             smoothness, skipped = adversarial_regularizer(

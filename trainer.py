@@ -46,7 +46,7 @@ from runtime import autocast, float32_exact, pad_to_multiple_of, scaled_step, to
 from schedules import (Stage, StageKind, block_length, learning_rate_factor, multi_epoch_stages, multitask_order,
                        patience_exhausted, trained_heads)
 from simcse import triplet_batches
-from smart import BregmanTeacher, SmartRegularizer, bregman_momentum
+from smart import BregmanTeacher, SmartRegularizer, bregman_momentum, computes_exactly
 from squad import Answer, QAExample, QASettings, QAWindows, best_threshold, decode_answers, qa_metrics
 from step_log import DeviceSums, RunLog, read_back
 from tasks import TASKS
@@ -63,8 +63,8 @@ def compute_task_loss(model: MultitaskBERT, task: str, batch: dict, regularizer:
     """The task's loss on one batch (mixed with the teacher's scores under distillation), plus SMART's and
     LNSR's penalties and the defences against forgetting (EWC's, L2-SP's: continual.py) when they are given.
 
-    With SMART at precision "exact" the whole step runs in exact float32 whatever the run's autocast (smart.py
-    says when that matters)."""
+    With SMART at precision "exact", or under fp16 autocast, the whole step runs in exact float32 whatever the
+    run's autocast (smart.computes_exactly says why)."""
     return task_loss_and_penalties(model, task, batch, regularizer, lnsr, distillation, defences)[0]
 
 
@@ -75,7 +75,7 @@ def task_loss_and_penalties(model: MultitaskBERT, task: str, batch: dict, regula
     """compute_task_loss's loss, and the penalties in it as they were added, detached on the device: SMART's
     "smart_adversarial" (lambda_s * R_s) and "smart_bregman" (mu * D_Breg), LNSR's "lnsr", and each defence's
     under its name in `defences` ("ewc", "l2sp")."""
-    exact = regularizer is not None and regularizer.config.precision == "exact"
+    exact = regularizer is not None and computes_exactly(regularizer.config, next(model.parameters()).device.type)
     with float32_exact() if exact else nullcontext():
         return _task_loss(model, task, batch, regularizer, lnsr, distillation, defences)
 

@@ -307,10 +307,10 @@ class TrainingArguments:
     smart_ascent_steps: int = flag(1, "K", SMART, type=int)
     smart_norm: str = flag("inf", group=SMART, choices=NORMS)
     smart_norm_level: str = flag("token", group=SMART, choices=NORM_LEVELS)
-    smart_precision: str = flag("run", "where SMART's passes compute: run (the run's --precision; with dropout on "
-                                  "the ascent, R_s and the gradient agree with exact float32: docs/smart.md) or "
-                                  "exact (float32 without autocast or TF32, for studies with dropout off)", SMART,
-                                  choices=SMART_PRECISIONS)
+    smart_precision: str = flag("run", "where SMART's passes compute: run (the run's --precision, exact float32 under "
+                                  "fp16, which would underflow the ascent; with dropout on the ascent, R_s and the "
+                                  "gradient agree with exact float32: docs/smart.md) or exact (float32 without "
+                                  "autocast or TF32, for studies with dropout off)", SMART, choices=SMART_PRECISIONS)
     smart_override: list = flag([], "per-task setting, e.g. sst:adv_weight=10 (repeatable)", SMART,
                                   action="append", metavar="TASK:key=value,...")
 

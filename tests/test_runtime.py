@@ -33,7 +33,10 @@ def test_auto_precision_follows_native_support(monkeypatch, device, capability, 
     assert resolve_precision(torch.device(device), "fp32") == "fp32"
     line = precision_notice(torch.device(device), "auto", smart=True)
     assert line.startswith(f"precision: {dict(bf16='bf16 autocast', fp16='fp16 autocast', fp32='float32')[expected]}")
-    assert ("SMART's steps run in exact float32" in line) == (expected != "fp32") and "warning" not in line
+    # SMART at the run's precision computes exactly only under fp16 (its ascent would underflow); asked, always
+    assert ("SMART's steps run in exact float32" in line) == (expected == "fp16") and "warning" not in line
+    exact = precision_notice(torch.device(device), "auto", smart=True, smart_precision="exact")
+    assert ("SMART's steps run in exact float32" in exact) == (expected != "fp32")
 
 
 def test_notice_warns_when_the_precision_asked_is_emulated(monkeypatch):

@@ -616,8 +616,11 @@ def test_a_smart_step_computes_in_float32_under_autocast(dtype, tokenizer):
             with context:
                 values[precision, name] = compute_task_loss(model, "sst", batch, regularizer).item()
     assert values["exact", "fp32"] == values["exact", "autocast"] == values["run", "fp32"]
-    assert values["run", "autocast"] != values["run", "fp32"]
-    assert values["run", "autocast"] == pytest.approx(values["run", "fp32"], rel=0.05)
+    if dtype == torch.float16:  # fp16 would underflow the ascent's gradient: SMART computes exactly there too
+        assert values["run", "autocast"] == values["run", "fp32"]
+    else:
+        assert values["run", "autocast"] != values["run", "fp32"]
+        assert values["run", "autocast"] == pytest.approx(values["run", "fp32"], rel=0.05)
 
 
 def test_smart_refuses_to_run_under_autocast(tokenizer):
