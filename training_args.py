@@ -424,6 +424,9 @@ class TrainingArguments:
                "--simcse_keep best picks the SimCSE epoch by STS's dev Pearson: add sts to --tasks")
         _check(self.gradient_surgery == "none" or self.schedule != "sequential",
                "--gradient_surgery needs --schedule annealed or round_robin (each step trains several tasks)")
+        _check(self.stage_start == "last" or self.schedule == "sequential",
+               "--stage_start best needs --schedule sequential: annealed and round_robin epochs train every task at "
+               "once, with no block of one task's stages to go on from")
         _check(_finite(self.cagrad_c) and self.cagrad_c >= 0, f"--cagrad_c must be finite and >= 0, got {self.cagrad_c}")
         _check(_finite(self.layerwise_lr_decay) and 0 < self.layerwise_lr_decay <= 1,
                f"--layerwise_lr_decay must be in (0, 1], got {self.layerwise_lr_decay}")

@@ -33,6 +33,8 @@ INVALID = [
     (dict(smart_momentum=1.0), ["--smart_momentum", "1"], "--smart_momentum must be in [0, 1)"),
     (dict(weight_decay=math.nan), ["--weight_decay", "nan"], "--weight_decay must be finite and >= 0"),
     (dict(gradient_surgery="pcgrad"), ["--gradient_surgery", "pcgrad"], "--gradient_surgery needs --schedule"),
+    (dict(stage_start="best", schedule="annealed"), ["--stage_start", "best", "--schedule", "annealed"],
+     "--stage_start best needs --schedule sequential"),
     (dict(cagrad_c=-1.0), ["--cagrad_c", "-1"], "--cagrad_c must be finite and >= 0"),
     (dict(layerwise_lr_decay=0.0), ["--layerwise_lr_decay", "0"], "--layerwise_lr_decay must be in (0, 1]"),
     (dict(head_hidden=-1), ["--head_hidden", "-1"], "--head_hidden must be >= 0"),
