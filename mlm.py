@@ -12,6 +12,7 @@ from __future__ import annotations
 import random
 from collections.abc import Iterator
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -105,14 +106,26 @@ def mlm_batches(sentences: list[str], tokenizer, batch_size: int, seed: int, max
         inputs, labels = mask_tokens(ids, encoding["attention_mask"], special, tokenizer.mask_token_id,
                                      tokenizer.vocab_size, generator)
         if index >= start:
-            yield {"input_ids": inputs, "attention_mask": encoding["attention_mask"], "labels": labels}
+            # On the host, for a step that reads nothing back: the rows' lengths (the encoder's layout) and the
+            # masked positions, flat in (B, T) order (the decoder's).
+            yield {"input_ids": inputs, "attention_mask": encoding["attention_mask"], "labels": labels,
+                   "lengths": encoding["attention_mask"].numpy().sum(axis=1),
+                   "masked": np.flatnonzero(labels.numpy() != IGNORED_LABEL)}
 
 
 def mlm_loss(bert, head: MaskedLanguageModelHead, batch: dict) -> torch.Tensor:
-    """Cross entropy of the tokens at the masked positions (the decoder runs on those positions only)."""
-    hidden = bert.encode(bert.embed(batch["input_ids"]), batch["attention_mask"])  # (B, T, H)
-    targets = batch["labels"] != IGNORED_LABEL  # (B, T)
-    if not targets.any():  # a batch of one-word sentences can draw no position: nothing to learn
+    """Cross entropy of the tokens at the masked positions (the decoder runs on those positions only). The batch's
+    host-side `lengths` and `masked` positions (mlm_batches') spare the device any read back; without them they
+    are found on the device."""
+    mask = batch["attention_mask"]
+    hidden = bert.encode(bert.embed(batch["input_ids"]), mask, bert.encoder.layout(mask, batch.get("lengths")))
+    masked = batch.get("masked")
+    if masked is None:
+        masked = (batch["labels"] != IGNORED_LABEL).reshape(-1).nonzero().squeeze(1)  # (M,), a host sync
+    elif len(masked):
+        masked = torch.from_numpy(masked).to(hidden.device, non_blocking=True)  # (M,)
+    if not len(masked):  # a batch of one-word sentences can draw no position: nothing to learn
         return hidden.sum() * 0.0
-    logits = head(hidden[targets], bert.embeddings.word_embeddings.weight)  # (M, V)
-    return F.cross_entropy(logits.float(), batch["labels"][targets])
+    tokens = hidden.reshape(-1, hidden.shape[-1]).index_select(0, masked)  # (M, H)
+    logits = head(tokens, bert.embeddings.word_embeddings.weight)  # (M, V)
+    return F.cross_entropy(logits.float(), batch["labels"].reshape(-1).index_select(0, masked))

@@ -38,7 +38,7 @@ from distributed import SINGLE_PROCESS, Distributed, global_batch_count
 from evaluation import kept_model_score, overall_score, summarize_line, task_metrics
 from gradient_surgery import GradientSurgery
 from lnsr import LnsrConfig, encode_with_noise_stability
-from mlm import IGNORED_LABEL, MaskedLanguageModelHead, mlm_batches, mlm_loss, task_sentences
+from mlm import MaskedLanguageModelHead, mlm_batches, mlm_loss, task_sentences
 from multitask_bert import (MultitaskBERT, load_trained_tensors, model_metadata, save_multitask_model,
                             trained_tensors)
 from optimizer import AdamW, weight_decay_groups
@@ -503,7 +503,7 @@ class Trainer:
         batch = to_device(batch, self.device)
         with self.amp:
             loss = mlm_loss(self.model.bert, self.mlm_head, batch)
-        self.backward(loss, (batch["labels"] != IGNORED_LABEL).sum(), group_size)  # a count on the device
+        self.backward(loss, len(batch["masked"]), group_size)  # mlm_batches' masked positions, on the host
         self.task_losses.add("mlm", loss)
         return loss.detach()
 

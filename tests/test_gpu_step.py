@@ -263,3 +263,19 @@ def test_a_ranks_share_of_the_global_batch_stays_on_the_device(monkeypatch):
     shares = []
     assert count_syncs(lambda: shares.append(rank.share(torch.tensor(6), torch.device("cpu")))) == []
     assert torch.is_tensor(shares[0]) and shares[0].item() == 1.0 and rank.share(3, torch.device("cpu")).item() == 1.0
+
+
+def test_an_mlm_step_reads_nothing_back_and_equals_finding_the_masked_positions_on_the_device(tmp_path, tokenizer):
+    from mlm import MaskedLanguageModelHead, mlm_batches, mlm_loss
+    trainer = make_trainer(tmp_path, tokenizer, mlm_epochs=1)
+    trainer.mlm_head = MaskedLanguageModelHead(trainer.model.bert.config)  # what the command line builds beside it
+    batch = next(mlm_batches([e.sentence for e in demo_examples("sst", "train", 8)], tokenizer, 8, 0, MAX_LENGTH))
+    trainer.model.train()
+    trainer.mlm_step(batch, 1)
+    trainer.optimizer_step()
+    assert count_syncs(lambda: (trainer.mlm_step(batch, 1), trainer.optimizer_step())) == []
+    bert = tiny_bert(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    head = MaskedLanguageModelHead(bert.config)
+    on_the_device = {k: v for k, v in batch.items() if k not in ("lengths", "masked")}
+    assert len(batch["masked"]) > 0
+    torch.testing.assert_close(mlm_loss(bert, head, batch), mlm_loss(bert, head, on_the_device))
