@@ -20,6 +20,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from base_bert import BertConfig, BertPreTrainedModel
+from runtime import host_indices
 
 
 class BertEmbeddings(nn.Module):
@@ -155,7 +156,7 @@ class TokenLayout:
             if not (pack and padded):
                 return cls(attention_mask, None, padded)
             flat = np.flatnonzero(np.arange(seq_len) < lengths[:, None])  # (N,) on the host
-            return cls(attention_mask, torch.from_numpy(flat).to(attention_mask.device, non_blocking=True), True)
+            return cls(attention_mask, host_indices(flat, attention_mask.device), True)
         if not pack:
             return cls(attention_mask, None, None)
         flat = attention_mask.reshape(-1).bool()  # (B*T,)

@@ -20,6 +20,7 @@ from torch import nn
 from base_bert import BertConfig, CheckpointError, find_weight_file, load_state_dict_file, resolve_pretrained
 from datasets import PairExample, TaskData
 from distributed import cut_global_batches, shard_batch
+from runtime import host_indices
 from tasks import MULTITASK
 
 IGNORED_LABEL = -100
@@ -123,7 +124,7 @@ def mlm_loss(bert, head: MaskedLanguageModelHead, batch: dict) -> torch.Tensor:
     if masked is None:
         masked = (batch["labels"] != IGNORED_LABEL).reshape(-1).nonzero().squeeze(1)  # (M,), a host sync
     elif len(masked):
-        masked = torch.from_numpy(masked).to(hidden.device, non_blocking=True)  # (M,)
+        masked = host_indices(masked, hidden.device)  # (M,)
     if not len(masked):  # a batch of one-word sentences can draw no position: nothing to learn
         return hidden.sum() * 0.0
     tokens = hidden.reshape(-1, hidden.shape[-1]).index_select(0, masked)  # (M, H)
