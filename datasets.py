@@ -253,7 +253,7 @@ def collate_sentences(examples: Sequence[SentenceExample], tokenizer, max_length
         "input_ids": encoding["input_ids"],  # (B, T)
         "attention_mask": encoding["attention_mask"],  # (B, T)
         "token_type_ids": encoding["token_type_ids"],  # (B, T)
-        "lengths": _row_lengths(encoding["attention_mask"]),  # (B,) on the host
+        "lengths": row_lengths(encoding["attention_mask"]),  # (B,) on the host
         "labels": _labels(examples, torch.long),  # (B,) or None
         "ids": [e.id for e in examples],
     }
@@ -275,22 +275,23 @@ def collate_pairs(examples: Sequence[PairExample], tokenizer, max_length: int,
         batch["input_ids"] = encoding["input_ids"]  # (B, T)
         batch["attention_mask"] = encoding["attention_mask"]  # (B, T)
         batch["token_type_ids"] = encoding["token_type_ids"]  # (B, T)
-        batch["lengths"] = _row_lengths(encoding["attention_mask"])  # (B,) on the host
+        batch["lengths"] = row_lengths(encoding["attention_mask"])  # (B,) on the host
     else:
         for suffix, texts in (("_1", first), ("_2", second)):
             encoding = tokenizer(texts, padding=True, truncation=True, max_length=max_length, return_tensors="pt")
             batch["input_ids" + suffix] = encoding["input_ids"]  # (B, T_side)
             batch["attention_mask" + suffix] = encoding["attention_mask"]  # (B, T_side)
             batch["token_type_ids" + suffix] = encoding["token_type_ids"]  # (B, T_side)
-            batch["lengths" + suffix] = _row_lengths(encoding["attention_mask"])  # (B,) on the host
+            batch["lengths" + suffix] = row_lengths(encoding["attention_mask"])  # (B,) on the host
     batch["labels"] = _labels(examples, label_dtype)  # (B,) or None
     batch["ids"] = [e.id for e in examples]
     return batch
 
 
-def _row_lengths(attention_mask: torch.Tensor) -> np.ndarray:
-    """Each row's real tokens, read from a mask on the CPU (the tokenizer pads on the right)."""
-    return attention_mask.numpy().sum(axis=1)
+def row_lengths(attention_mask: torch.Tensor) -> np.ndarray:
+    """Each row's real tokens on the host, read from a right-padded mask (a collate's, on the CPU): the `lengths`
+    that MultitaskBERT builds the encoder's layout from without reading the mask back from the device."""
+    return attention_mask.cpu().numpy().sum(axis=1)
 
 
 def _labels(examples: Sequence[SentenceExample] | Sequence[PairExample], dtype: torch.dtype) -> torch.Tensor | None:

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from base_bert import BertConfig, CheckpointError, find_weight_file, load_state_dict_file, resolve_pretrained
-from datasets import PairExample, TaskData
+from datasets import PairExample, TaskData, row_lengths
 from distributed import cut_global_batches, shard_batch
 from runtime import host_indices
 from tasks import MULTITASK
@@ -110,7 +110,7 @@ def mlm_batches(sentences: list[str], tokenizer, batch_size: int, seed: int, max
             # On the host, for a step that reads nothing back: the rows' lengths (the encoder's layout) and the
             # masked positions, flat in (B, T) order (the decoder's).
             yield {"input_ids": inputs, "attention_mask": encoding["attention_mask"], "labels": labels,
-                   "lengths": encoding["attention_mask"].numpy().sum(axis=1),
+                   "lengths": row_lengths(encoding["attention_mask"]),
                    "masked": np.flatnonzero(labels.numpy() != IGNORED_LABEL)}
 
 

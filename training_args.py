@@ -848,3 +848,47 @@ def build_trainer(args: TrainingArguments, model: MultitaskBERT, tokenizer, data
                                     {task: (s["weight"], s["temperature"]) for task, s in settings.items()})
     return Trainer(model, tokenizer, data, device, loop_config(args, device), optimizer, regularization(args, model),
                    simcse, surgery, qa, mlm_head, distributed, dataclasses.asdict(args), distillation)
+
+
+# --demo: these become the defaults, so that every flag given still wins.
+DEMO_SETTINGS = dict(data_dir=str(Path(__file__).resolve().parent / "data" / "demo"), pretrained="minilm-l6",
+                     option="finetune", batch_size=16, lr=5e-5, hidden_dropout_prob=0.1, first_stages="qqp",
+                     cycle="sts,sst,qqp:0.25", cycles=2, smart=True, max_length=64, qa_max_length=128,
+                     qa_doc_stride=32, output_dir="runs/demo")
+
+
+def parse_training_args(argv, description: str) -> TrainingArguments:
+    """multitask_classifier.py's command line, checked: --demo's and --config's settings under the flags given
+    (an error is one line and exit 2, parser.error's)."""
+    parser = build_parser(TrainingArguments, description)
+    parser.add_argument("--config", metavar="FILE", help="settings from a JSON file: a run's OUTPUT_DIR/args.json "
+                        "(its \"args\") or an object of settings named as the flags; flags given here win "
+                        "(docs/command_line.md, 'A run is its own recipe')")
+    namespace = parser.parse_args(argv)
+    settings = {}
+    if namespace.demo:
+        # The demo's settings become the defaults, so every flag given (abbreviated too) still wins.
+        settings = dict(DEMO_SETTINGS)
+        try:
+            three_tasks = parse_tasks(namespace.tasks) == MULTITASK
+        except ValueError as err:
+            parser.error(f"--tasks: {err}")
+        if not three_tasks:  # its stages are the three tasks'; other tasks get their own default stages
+            del settings["first_stages"], settings["cycle"]
+    config = {}
+    if namespace.config is not None:
+        try:
+            config = read_config(TrainingArguments, namespace.config)
+        except ValueError as err:
+            parser.error(str(err))
+        settings |= config  # a recipe holds the demo's settings already; its own values win over them
+    if settings:
+        parser.set_defaults(**settings)
+        namespace = parser.parse_args(argv)
+    try:
+        args = from_namespace(TrainingArguments, namespace)
+    except ValueError as err:
+        parser.error(str(err))
+    if "output_dir" in config:
+        args.prediction_files = follow_output_dir(args.prediction_files, config, config["output_dir"], args.output_dir)
+    return args

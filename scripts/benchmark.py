@@ -75,10 +75,10 @@ sys.path.insert(0, str(ROOT))
 
 from base_bert import BertConfig, CheckpointError, pretrained_config, resolve_pretrained, to_hf_state_dict  # noqa: E402
 from bert import BertModel  # noqa: E402
-from datasets import standard_paths  # noqa: E402
+from datasets import row_lengths, standard_paths  # noqa: E402
 from files import DataError, unwritable_folder  # noqa: E402
 from runtime import (PRECISIONS, autocast, float32_exact, has_native_bf16, place_encoder,  # noqa: E402
-                     precision_notice, requested_precision, resolve_precision, scaled_step, seed_everything,
+                     precision_notice, requested_precision, resolve_precision, scaled_step,
                      to_device, use_tf32)
 from optimizer import AdamW  # noqa: E402
 import squad  # noqa: E402
@@ -104,11 +104,6 @@ def make_batch(batch_size: int, seq_len: int, vocab_size: int, device: torch.dev
         lengths[:] = seq_len
     mask = (torch.arange(seq_len)[None] < lengths[:, None]).long()
     return (ids * mask).to(device), mask.to(device)
-
-
-def row_lengths(mask: torch.Tensor):
-    """The real tokens of each row, on the host: what a collate hands the encoder's layout (read once, untimed)."""
-    return mask.sum(dim=1).cpu().numpy()
 
 
 def place(bert: BertModel, device: torch.device, args) -> BertModel:
@@ -1127,20 +1122,20 @@ def random_checkpoint(config: BertConfig, folder: Path) -> Path:
 
 
 def audit_trainer(args, device: torch.device, smart: bool, pretrained: str, output_dir: str):
-    """The Trainer that multitask_classifier.py builds from the recipe's command line (audit_training_argv), as its
-    _run does: flags parsed and checked, data loaded, the flags that depend on the model checked, the model built
-    and placed on the device (packed or padded tokens, compiled layers), then training_args.build_trainer; and the
-    run's stages."""
-    import multitask_classifier as command_line
-    from schedules import train_tasks
-    from training_args import build_trainer, run_tasks
-    settings = command_line.parse_args(audit_training_argv(args, smart, pretrained, output_dir))
-    stages, data, _, triplets, teacher = command_line.load_inputs(settings)
-    tokenizer = command_line.check_pretrained(settings, data)
-    seed_everything(settings.seed)
-    model = command_line.build_model(settings, "sts" in train_tasks(stages, run_tasks(settings))).to(device)
-    place_encoder(model.bert.encoder, device, settings.compile, settings.compile_mode)
-    return build_trainer(settings, model, tokenizer, data, triplets, device, teacher=teacher), stages
+    """The Trainer that multitask_classifier.py builds from the recipe's command line (audit_training_argv), through
+    the same run_setup functions as its _run: flags parsed and checked, data loaded, the flags that depend on the
+    model checked, the model built and placed on the device (packed or padded tokens, compiled layers), the
+    Trainer; and the run's stages."""
+    from run_setup import build_run, check_pretrained, load_inputs
+    settings = training_settings(audit_training_argv(args, smart, pretrained, output_dir))
+    stages, data, _, triplets, teacher = load_inputs(settings)
+    return build_run(settings, stages, data, check_pretrained(settings, data), triplets, teacher, device), stages
+
+
+def training_settings(argv: list[str]):
+    """multitask_classifier.py's settings of a command line (training_args.parse_training_args, its parser)."""
+    from training_args import parse_training_args
+    return parse_training_args(argv, "multitask_classifier.py's command line, as step_audit and qqp_epoch build it")
 
 
 def first_training_batches(trainer, stages, args) -> tuple[str, list[dict]]:
@@ -1745,8 +1740,7 @@ def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -
         if problem:
             parser.error(f"--json {args.json}: {problem}")
     if args.which == "step_audit":  # the training command line checks its own flags (one line, exit code 2)
-        import multitask_classifier
-        settings = multitask_classifier.parse_args(audit_training_argv(args, True, args.config, "OUTPUT_DIR"))
+        settings = training_settings(audit_training_argv(args, True, args.config, "OUTPUT_DIR"))
         if settings.compile:
             parser.error("--train_flags --compile: torch.compile does not run under the TorchDispatchMode that counts "
                          "the step's operators; step_audit counts the eager step, and its graph breaks say what "

@@ -59,6 +59,12 @@ def test_library_modules_never_import_a_command_line():
             assert not project_imports(path) & COMMAND_LINES, f"{path.name} imports a command line"
 
 
+def test_scripts_never_import_another_command_line():
+    """A script that trains as multitask_classifier.py does shares its library code (run_setup, training_args)."""
+    for path in ROOT.glob("scripts/*.py"):
+        assert not project_imports(path) & COMMAND_LINES, f"{path.relative_to(ROOT)} imports a command line"
+
+
 def test_the_trainer_reads_no_command_line_settings():
     assert not project_imports(MODULES["trainer"]) & (COMMAND_LINES | {"training_args"})
     assert not project_imports(MODULES["training_state"]) & {"trainer", "training_args"}

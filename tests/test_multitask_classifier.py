@@ -9,6 +9,7 @@ import torch
 from safetensors.torch import load_file
 
 import multitask_classifier as mc
+from run_setup import build_model
 from bert import BertModel
 from conftest import DEMO, MAX_LENGTH, demo_examples, exit_code, output_flags
 from datasets import collate_pairs, collate_sentences
@@ -270,7 +271,7 @@ def encoder_dropouts(model) -> set[float]:
 
 
 def test_hidden_dropout_prob_is_the_head_dropout_only(tiny_checkpoint):
-    model = mc.build_model(mc.parse_args(build_flags(tiny_checkpoint, "--hidden_dropout_prob", "0.3")),
+    model = build_model(mc.parse_args(build_flags(tiny_checkpoint, "--hidden_dropout_prob", "0.3")),
                            trains_sts=True)
     assert model.dropout.p == 0.3
     assert model.bert.config.hidden_dropout_prob == 0.1  # the checkpoint's own (BertConfig's default)
@@ -279,7 +280,7 @@ def test_hidden_dropout_prob_is_the_head_dropout_only(tiny_checkpoint):
 
 def test_encoder_dropout_sets_berts_dropout(tiny_checkpoint):
     args = mc.parse_args(build_flags(tiny_checkpoint, "--encoder_dropout", "0.2"))
-    model = mc.build_model(args, trains_sts=True)
+    model = build_model(args, trains_sts=True)
     assert model.dropout.p == 0.3  # the course's default head dropout
     assert model.bert.config.hidden_dropout_prob == 0.2
     assert model.bert.embeddings.dropout.p == 0.2 and encoder_dropouts(model) == {0.2}
@@ -287,7 +288,7 @@ def test_encoder_dropout_sets_berts_dropout(tiny_checkpoint):
 
 
 def test_pretrain_option_freezes_the_encoder_in_build_model(tiny_checkpoint, capsys):
-    model = mc.build_model(mc.parse_args(build_flags(tiny_checkpoint)), trains_sts=True)
+    model = build_model(mc.parse_args(build_flags(tiny_checkpoint)), trains_sts=True)
     assert not any(p.requires_grad for p in model.bert.parameters())
     assert all(p.requires_grad for n, p in model.named_parameters() if not n.startswith("bert."))
     assert "no trainable weights" in capsys.readouterr().out
