@@ -1,23 +1,5 @@
-"""Load, validate and batch the course's tab-separated task files (SST, CFIMDB, Quora, STS).
-
-File format, as the course ships it (read here with the csv module, delimiter tab, standard
-double-quote quoting, as the course's csv.DictReader reads them, with one record per line: a stray
-quote that would make the csv module swallow the following rows is an error naming its line):
-
-    train/dev:      <index>  id  sentence  sentiment                (ids-sst-*, ids-cfimdb-*)
-                    <index>  id  sentence1  sentence2  is_duplicate  (quora-*) or ... similarity (sts-*)
-    test-student:   the same without the label column; the SST and CFIMDB ones carry two
-                    leading index columns (header "0<TAB><TAB>id<TAB>sentence").
-
-The first column(s) are unnamed pandas indexes and are ignored; only named columns are used.
-Labels are written "3" (SST/CFIMDB) or "0.0"/"4.6" (Quora/STS). Text is kept as written apart
-from stripping surrounding whitespace: the uncased tokenizer does the lowercasing.
-
-Every problem with a file is a DataError "<path>:<line>: <problem>" raised at load time. Two
-kinds of row are dropped, never silently (a DataWarning gives the count, the file and the lines):
-rows whose label cell is empty in a labelled split (the course's quora-dev.csv has two,
-which the course's loader also skipped), and training rows with an empty sentence. Dev and test
-rows with an empty sentence are kept, because every id there must get a prediction.
+"""Load the tasks' files (each task reads and validates its own: tasks/course_files.py for the course's CSVs) and
+batch them.
 
 Evaluation loaders (shuffle=False) visit examples longest first rather than in file order, to
 pad less; every batch carries the examples' `ids`, so predictions are matched back by id.
@@ -28,13 +10,10 @@ reuse them instead of tokenising every batch again.
 """
 from __future__ import annotations
 
-import csv
-import io
 import itertools
 import math
 import random
 import re
-import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -47,26 +26,12 @@ from torch.utils.data import DataLoader, Sampler
 from distributed import SINGLE_PROCESS, Distributed, cut_global_batches, global_batch_count, shard_batch
 from files import DataError, DataWarning, show_data_warnings_on_one_line  # noqa: F401 (the loaders' errors)
 from runtime import bucket_length
-from squad import QAExample, QAWindows, load_squad
-from tasks import PAIR_TASKS, SPLITS, TASKS, class_range, course_file_name
+from squad import QAExample, QAWindows
+from tasks import PAIR_TASKS, SPLITS, TASKS, course_file_name
+from tasks.course_files import PairExample, SentenceExample
 
-SENTENCE_TASKS = tuple(name for name, task in TASKS.items() if not (task.is_pair or task.is_extractive))  # sst, cfimdb
+SENTENCE_TASKS = tuple(name for name, task in TASKS.items() if len(task.text_columns) == 1)  # sst, cfimdb
 _WORD_OR_PUNCTUATION = re.compile(r"\w+|[^\w\s]")
-
-
-@dataclass(frozen=True)
-class SentenceExample:
-    id: str
-    sentence: str
-    label: int | None
-
-
-@dataclass(frozen=True)
-class PairExample:
-    id: str
-    sentence1: str
-    sentence2: str
-    label: float | None
 
 
 def standard_paths(data_dir: str | Path) -> dict[tuple[str, str], Path]:
@@ -79,26 +44,20 @@ def load_sentence_examples(path: str | Path, task: str, split: str) -> list[Sent
     """Read an SST or CFIMDB file; labels are ints (SST 0-4, CFIMDB 0/1), None for split="test"."""
     if task not in SENTENCE_TASKS:
         raise ValueError(f"task must be one of {SENTENCE_TASKS}, got {task!r}")
-    return [SentenceExample(example_id, sentence, None if label is None else int(label))
-            for example_id, (sentence,), label in _load_rows(path, task, split)]
+    return load_examples(path, task, split)
 
 
 def load_pair_examples(path: str | Path, task: str, split: str) -> list[PairExample]:
     """Read a QQP (quora-*.csv) or STS file; labels are floats (QQP 0.0/1.0, STS 0-5), None for split="test"."""
     if task not in PAIR_TASKS:
         raise ValueError(f"task must be one of {PAIR_TASKS}, got {task!r}")
-    return [PairExample(example_id, sentence1, sentence2, label)
-            for example_id, (sentence1, sentence2), label in _load_rows(path, task, split)]
+    return load_examples(path, task, split)
 
 
 def load_examples(path: str | Path, task: str,
                   split: str) -> list[SentenceExample] | list[PairExample] | list[QAExample]:
     """Read a data file of any task: sentences for sst / cfimdb, pairs for qqp / sts, SQuAD questions for qa."""
-    if TASKS[task].is_extractive:
-        return load_squad(path, split)
-    if task in SENTENCE_TASKS:
-        return load_sentence_examples(path, task, split)
-    return load_pair_examples(path, task, split)
+    return TASKS[task].load(path, split)
 
 
 def load_split(data_dir: str | Path, task: str, split: str) -> list[SentenceExample] | list[PairExample]:
@@ -129,119 +88,6 @@ def load_task_data(paths: dict[tuple[str, str], Path], tasks: Sequence[str], tra
         test = None if task in without_test else load_examples(paths[(task, "test")], task, "test")
         data[task] = TaskData(train, load_examples(paths[(task, "dev")], task, "dev"), test)
     return data
-
-
-def _load_rows(path: str | Path, task: str, split: str) -> list[tuple[str, tuple[str, ...], float | None]]:
-    if split not in SPLITS:
-        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-    labelled = split != "test"
-    label_column = TASKS[task].label_column
-    text_columns = TASKS[task].text_columns
-    required = ("id",) + text_columns + ((label_column,) if labelled else ())
-    header, rows = _read_table(path, required)
-    column = {name: i for i, name in enumerate(header)}  # a repeated name keeps its last position, as in DictReader
-
-    loaded = []
-    first_line_of_id: dict[str, int] = {}
-    unlabelled_lines, empty_text_lines = [], []
-    for line, fields in rows:
-        example_id = fields[column["id"]].strip()
-        if not example_id:
-            raise DataError(path, "empty id", line)
-        if example_id in first_line_of_id:
-            raise DataError(path, f"duplicate id {example_id!r} (first on line {first_line_of_id[example_id]})", line)
-        first_line_of_id[example_id] = line
-
-        texts = tuple(fields[column[name]].strip() for name in text_columns)
-        label = None
-        if labelled:
-            label_text = fields[column[label_column]].strip()
-            if not label_text:
-                unlabelled_lines.append(line)
-                continue
-            label = _parse_label(task, label_text, path, line)
-        if split == "train" and not all(texts):
-            empty_text_lines.append(line)
-            continue
-        loaded.append((example_id, texts, label))
-
-    _warn_dropped(path, unlabelled_lines, f"an empty '{label_column}' label")
-    _warn_dropped(path, empty_text_lines, "an empty sentence")
-    if not loaded:
-        raise DataError(path, "no usable rows: every row was dropped (see the warnings)")
-    return loaded
-
-
-def _read_table(path: str | Path, required_columns: Sequence[str]) -> tuple[list[str], list[tuple[int, list[str]]]]:
-    """Header and (first line number, fields) of every record; blank lines are not records."""
-    path = Path(path)
-    if not path.is_file():
-        raise DataError(path, "file not found" if not path.exists() else "not a regular file")
-    raw = path.read_bytes()
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as err:
-        line = raw.count(b"\n", 0, err.start) + 1
-        raise DataError(path, f"text is not valid UTF-8 (byte 0x{raw[err.start]:02x})", line) from None
-    text = text.removeprefix("\ufeff")
-    if not text.strip():
-        raise DataError(path, "file is empty")
-
-    reader = csv.reader(io.StringIO(text, newline=""), delimiter="\t")
-    header: list[str] | None = None
-    header_line = 1
-    rows = []
-    last_line_read = 0
-    try:
-        for fields in reader:
-            first_line, last_line_read = last_line_read + 1, reader.line_num
-            if not fields:
-                continue
-            if header is None:
-                header, header_line = fields, first_line
-                continue
-            if len(fields) != len(header):
-                raise DataError(path, f"expected {len(header)} tab-separated fields as in the header, found "
-                                      f"{len(fields)} (a stray tab or an unbalanced quote?)", first_line)
-            if last_line_read > first_line:
-                # The course's files hold one record per line; a record over several lines is a double
-                # quote opening a field that the csv module then runs on to the next quote, rows and all.
-                raise DataError(path, f"a double quote opens a field that runs on to line {last_line_read}; the "
-                                      "course's files hold one record per line (a stray quote? double it as \"\" "
-                                      "inside a quoted field)", first_line)
-            rows.append((first_line, fields))
-    except csv.Error as err:
-        raise DataError(path, f"malformed CSV ({err})", last_line_read + 1) from None
-
-    for name in required_columns:
-        if name not in header:
-            found = ", ".join(repr(h) for h in header)
-            raise DataError(path, f"missing required column {name!r} (header has {found})", header_line)
-    if not rows:
-        raise DataError(path, "header but no data rows")
-    return header, rows
-
-
-def _parse_label(task: str, text: str, path: str | Path, line: int) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise DataError(path, f"label {text!r} is not a number", line) from None
-    classes = TASKS[task].num_classes
-    if classes is not None:
-        valid, expected = value in range(classes), class_range(task)
-    else:
-        valid, expected = 0.0 <= value <= 5.0, "a number in [0, 5]"  # NaN fails both comparisons
-    if not valid:
-        raise DataError(path, f"{task} label {text!r} out of range (expected {expected})", line)
-    return value
-
-
-def _warn_dropped(path: str | Path, lines: list[int], reason: str) -> None:
-    if not lines:
-        return
-    shown = ", ".join(str(n) for n in lines[:10]) + (", ..." if len(lines) > 10 else "")
-    warnings.warn(f"{path}: dropped {len(lines)} row(s) with {reason} (lines {shown})", DataWarning, stacklevel=4)
 
 
 def collate_sentences(examples: Sequence[SentenceExample], tokenizer, max_length: int) -> dict:

@@ -1,12 +1,13 @@
-"""Ensembles of finished runs: their saved scores (RUN/scores/, scores.py) combined into the six
-leaderboard CSVs, without running any model again.
+"""Ensembles of finished runs: their saved scores (RUN/scores/, scores.py) combined into the leaderboard CSVs (the
+six of the course's three tasks, or those of the tasks the runs trained), without running any model again.
 
     python ensemble.py runs/a runs/b runs/c --output_dir runs/ensemble --data_dir data
     python ensemble.py runs/* --output_dir runs/ensemble --data_dir data --select      # greedy, on dev
 
-SST and QQP: majority vote of the members' predictions (ties go to the class with the higher mean
-probability) or the class of the mean probability (`mean`). STS: the mean of the members' 0-5 scores
-or their mean weighted by each member's dev Pearson r (`weighted`). Members may differ in anything
+SST and QQP (and any classification task): majority vote of the members' predictions (ties go to the class with
+the higher mean probability) or the class of the mean probability (`mean`). STS: the mean of the members' 0-5
+scores or their mean weighted by each member's dev Pearson r (`weighted`). Each task has a flag of its own
+(--sst, --qqp, --sts, ...) naming its method. Members may differ in anything
 (pooling, pair encoder, adapters, model size) as long as they answered the same examples.
 
 --select picks each task's members by greedy forward selection with replacement on dev (Caruana et
@@ -33,21 +34,20 @@ from pathlib import Path
 
 from datasets import DataError, show_data_warnings_on_one_line
 from ensemble_scores import (HELD_OUT_REPEATS, METHODS, EnsembleError, build_ensemble, dev_labels, ensemble_train_scores,
-                             load_members)
+                             load_members, member_tasks)
 from evaluation import summarize_line, write_predictions
 from files import atomic_write_text, describe_os_error, locked_folder, remove_files, unwritable_folder
 from scores import ScoresFileError, scores_path, write_scores
-from tasks import MULTITASK, default_output
+from tasks import TASKS, default_output
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", nargs="+", help="finished runs' output folders (each with scores/)")
-    parser.add_argument("--output_dir", required=True, help="where the six CSVs and ensemble.json go")
+    parser.add_argument("--output_dir", required=True, help="where the CSVs and ensemble.json go")
     parser.add_argument("--data_dir", default="data", help="the course files, for the dev labels")
-    parser.add_argument("--sst", choices=METHODS["sst"], default="vote")
-    parser.add_argument("--qqp", choices=METHODS["qqp"], default="vote")
-    parser.add_argument("--sts", choices=METHODS["sts"], default="mean")
+    for task, methods in METHODS.items():
+        parser.add_argument(f"--{task}", choices=methods, default=methods[0])
     parser.add_argument("--select", action="store_true", help="greedy forward selection of members per task on dev")
     parser.add_argument("--score_train", action="store_true",
                         help="also write the chosen members' combined train scores (OUTPUT_DIR/scores/TASK-train.csv; "
@@ -63,9 +63,9 @@ def main(argv=None) -> int:
         return 2
     try:
         members = load_members(args.runs)
-        gold = dev_labels(args.data_dir, {t: members[0].scores[(t, "dev")][0] for t in MULTITASK})
-        predictions, report = build_ensemble(members, gold, {"sst": args.sst, "qqp": args.qqp, "sts": args.sts},
-                                             args.select)
+        tasks = member_tasks(members)
+        gold = dev_labels(args.data_dir, {t: members[0].scores[(t, "dev")][0] for t in tasks})
+        predictions, report = build_ensemble(members, gold, {t: getattr(args, t) for t in tasks}, args.select)
         train_scores = ensemble_train_scores(report) if args.score_train else {}
     except (ScoresFileError, DataError, EnsembleError) as err:
         print(f"error: {err}", file=sys.stderr)
@@ -79,7 +79,7 @@ def main(argv=None) -> int:
             for task, (ids, scores) in train_scores.items():
                 write_scores(scores_path(output_dir, task, "train"), ids, scores, task)
             # An earlier ensemble's teacher scores of a task this one does not teach would still teach --distill.
-            remove_files(scores_path(output_dir, task, "train") for task in MULTITASK if task not in train_scores)
+            remove_files(scores_path(output_dir, task, "train") for task in METHODS if task not in train_scores)
     except DataError as err:  # the folder's lock: another ensemble writing there now
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -91,7 +91,7 @@ def main(argv=None) -> int:
               f"{info['ensemble_dev']:.4f} ({len(info['chosen'])} chosen)")
     print("ensemble on dev: " + summarize_line(report["dev"]))
     print(f"best member on dev: {report['best_member']['run']} (overall {report['best_member']['overall_dev']:.4f})")
-    if args.select or args.sts == "weighted":
+    if args.select or any(TASKS[t].weighs_members(report["methods"][t]) for t in report["methods"]):
         print("note: the dev set chose the members or weights, so these dev scores are optimistic; quote test scores")
     if args.select:
         held_out = ", ".join(f"{t} {info['held_out_dev']:.4f}" for t, info in report["tasks"].items())
@@ -99,7 +99,7 @@ def main(argv=None) -> int:
               f"halvings): {held_out}, "
               f"overall {report['held_out_overall']:.4f}")
     taught = f" and the train scores of {', '.join(train_scores)}" if train_scores else ""
-    print(f"wrote the six CSVs and ensemble.json{taught} to {output_dir}")
+    print(f"wrote the {len(predictions)} CSVs and ensemble.json{taught} to {output_dir}")
     return 0
 
 

@@ -1,6 +1,8 @@
 """The ensemble library behind ensemble.py (the command, whose help describes the methods): finished runs' saved
 scores (RUN/scores/, scores.py) read as members, combined per task into the ensemble's predictions, greedy forward
-selection of members on dev (Caruana et al. 2004) and the held-out figure that keeps its dev score honest.
+selection of members on dev (Caruana et al. 2004) and the held-out figure that keeps its dev score honest. Each
+task says how its members combine (tasks/: ensemble_methods, ensemble_terms, ensemble_predictions,
+teacher_scores); this module keeps the running sums, the selection and the report.
 """
 from __future__ import annotations
 
@@ -11,14 +13,14 @@ import numpy as np
 import torch
 
 from datasets import DataError, load_split
-from evaluation import overall_score, task_metrics
-from losses import decision
+from evaluation import kept_model_score, overall_of, task_metrics
 from scores import ScoresFileError, read_scores, scores_path
-from tasks import MULTITASK
+from tasks import MULTITASK, RUN_TASKS, TASKS
 
 SPLITS = ("dev", "test")
-METHODS = {"sst": ("vote", "mean"), "qqp": ("vote", "mean"), "sts": ("mean", "weighted")}
-PRIMARY_METRIC = {"sst": "sst_acc", "qqp": "qqp_acc", "sts": "sts_pearson"}  # what selection maximises
+# The tasks a run saves scores of that ensembles combine, and how (each task's first method is the default).
+METHODS = {task: TASKS[task].ensemble_methods for task in RUN_TASKS if TASKS[task].ensemble_methods}
+PRIMARY_METRIC = {task: TASKS[task].score_key for task in METHODS}  # what selection maximises
 HELD_OUT_REPEATS = 5  # random halvings of dev averaged into the held-out figure
 
 
@@ -34,9 +36,10 @@ class Member:
 
 
 def load_members(run_dirs: list[str | Path]) -> list[Member]:
-    """Every run's six scores files; all members must answer the same ids in the same order, and each run is given
-    once: the same folder twice (however spelled), or two folders of the same scores, would weigh one run double
-    without saying so (--select may still choose a member several times, and says so)."""
+    """Every run's dev and test scores of the tasks any member has scores of; all members must have them all and
+    answer the same ids in the same order, and each run is given once: the same folder twice (however spelled), or
+    two folders of the same scores, would weigh one run double without saying so (--select may still choose a
+    member several times, and says so)."""
     folders: dict[Path, Path] = {}
     for run_dir in map(Path, run_dirs):
         if not run_dir.is_dir():
@@ -44,7 +47,12 @@ def load_members(run_dirs: list[str | Path]) -> list[Member]:
         if run_dir.resolve() in folders:
             raise ScoresFileError(f"{run_dir}: the same run as {folders[run_dir.resolve()]}; give each member once")
         folders[run_dir.resolve()] = run_dir
-    members = [Member(Path(d), {(t, s): read_scores(scores_path(d, t, s), t) for t in MULTITASK for s in SPLITS})
+    tasks = [task for task in METHODS
+             if any(scores_path(d, task, s).is_file() for d in run_dirs for s in SPLITS)]
+    if not tasks:
+        raise ScoresFileError(f"{scores_path(run_dirs[0], next(iter(METHODS)), 'dev').parent}: no scores of any task "
+                              f"an ensemble combines ({', '.join(METHODS)}); a run writes them when it finishes")
+    members = [Member(Path(d), {(t, s): read_scores(scores_path(d, t, s), t) for t in tasks for s in SPLITS})
                for d in run_dirs]
     for index, member in enumerate(members[1:], start=1):
         for key, (ids, _) in member.scores.items():
@@ -53,38 +61,30 @@ def load_members(run_dirs: list[str | Path]) -> list[Member]:
                                       f"{scores_path(members[0].run_dir, *key)}; members must answer the same data")
         for earlier in members[:index]:
             if all(np.array_equal(member.scores[key][1], earlier.scores[key][1]) for key in member.scores):
-                raise ScoresFileError(f"{member.run_dir}: its scores are {earlier.run_dir}'s, all six files; the "
-                                      "same run twice (a copy) would count double, give it once")
+                raise ScoresFileError(f"{member.run_dir}: its scores are {earlier.run_dir}'s, all "
+                                      f"{len(member.scores)} files; the same run twice (a copy) would count double, "
+                                      "give it once")
     return members
+
+
+def member_tasks(members: list[Member]) -> list[str]:
+    """The tasks the members have scores of, in the tasks' order."""
+    return list(dict.fromkeys(task for task, _ in members[0].scores))
 
 
 # ---------------------------------------------------------------------------------------------------
 # Combining scores (arrays in, arrays out)
 
 
-def _softmax(logits: np.ndarray) -> np.ndarray:
-    shifted = logits - logits.max(axis=-1, keepdims=True)
-    exponentials = np.exp(shifted)
-    return exponentials / exponentials.sum(axis=-1, keepdims=True)
-
-
 def class_probabilities(task: str, scores: np.ndarray) -> np.ndarray:
-    """(N, C) class probabilities of one member's SST logits (N, 5) or QQP logits (N,)."""
-    if task == "sst":
-        return _softmax(scores)
-    duplicate = 1 / (1 + np.exp(-scores))
-    return np.stack([1 - duplicate, duplicate], axis=-1)
+    """(N, C) class probabilities of one member's scores of a classification task (SST's logits (N, 5), QQP's
+    logit (N,))."""
+    return TASKS[task].probabilities(scores)
 
 
 def member_predictions(task: str, scores: np.ndarray) -> np.ndarray:
-    """One member's predictions, exactly as its own CSV has them: the run's own rule (losses.decision)."""
-    return decision(task, torch.from_numpy(scores)).numpy()
-
-
-def check_sts_weights(weights: list[float] | None, members: int) -> None:
-    """Dev-weighted STS needs one non-negative weight per member, and not all of them zero."""
-    if weights is None or len(weights) != members or min(weights) < 0 or sum(weights) <= 0:
-        raise ValueError("weighted STS needs one non-negative weight per member, not all zero")
+    """One member's predictions, exactly as its own CSV has them: the run's own rule (the task's decide)."""
+    return TASKS[task].decide(torch.from_numpy(scores)).numpy()
 
 
 class _RunningCombination:
@@ -99,16 +99,9 @@ class _RunningCombination:
         self.weights: list[float] = []  # one per added member
 
     def terms(self, scores: np.ndarray, weight: float = 1.0) -> np.ndarray:
-        """What one member adds to the sum: its STS scores (times its weight, in float64 as np.average has it), or
-        its SST / QQP class probabilities (N, C) followed, for a vote, by one vote for its own class (N, 2C)."""
-        if self.task == "sts":
-            return scores * np.float64(weight) if self.method == "weighted" else scores
-        probabilities = class_probabilities(self.task, scores)
-        if self.method == "mean":
-            return probabilities
-        votes = np.zeros_like(probabilities)
-        votes[np.arange(len(scores)), member_predictions(self.task, scores)] = 1
-        return np.concatenate([probabilities, votes], axis=-1)
+        """What one member adds to the sum (the task's ensemble_terms: e.g. its STS scores times its weight, or its
+        SST / QQP class probabilities followed, for a vote, by one vote for its own class)."""
+        return TASKS[self.task].ensemble_terms(scores, weight, self.method)
 
     def add(self, terms: np.ndarray, weight: float = 1.0) -> None:
         self.total = terms if self.total is None else self.total + terms
@@ -122,25 +115,14 @@ class _RunningCombination:
         total, weights = self.total, self.weights
         if terms is not None:
             total, weights = (terms if total is None else total + terms), weights + [weight]
-        if self.task == "sts":
-            if self.method == "mean":
-                return total / len(weights)
-            check_sts_weights(weights, len(weights))
-            return total / np.sum(weights)  # summed afresh, pairwise as np.average sums them: the same bits
-        if self.method == "mean":
-            return (total / len(weights)).argmax(axis=-1)
-        classes = total.shape[-1] // 2
-        probabilities, votes = total[:, :classes] / len(weights), total[:, classes:]
-        # Most votes first; among tied classes, the one with the higher mean probability.
-        leading = votes == votes.max(axis=-1, keepdims=True)
-        return np.where(leading, probabilities, -np.inf).argmax(axis=-1)
+        return TASKS[self.task].ensemble_predictions(total, weights, self.method)
 
 
 def combine(task: str, members: list[np.ndarray], method: str, weights: list[float] | None = None) -> np.ndarray:
     """The ensemble's predictions from its members' scores (one array per member, repeats allowed)."""
     ensemble = _RunningCombination(task, method)
-    if method == "weighted":
-        check_sts_weights(weights, len(members))
+    if TASKS[task].weighs_members(method):
+        TASKS[task].check_weights(weights, len(members))
     for scores, weight in zip(members, weights or [1.0] * len(members)):
         ensemble.add(ensemble.terms(scores, weight), weight)
     return ensemble.predictions()
@@ -158,7 +140,7 @@ def greedy_selection(task: str, members: list[np.ndarray], gold: np.ndarray, met
     best-scoring prefix (the shortest on a tie). The chosen members' sums are kept, so a round costs O(M·N)."""
     rounds = rounds or 2 * len(members)
     single = member_metrics(task, members, gold)
-    weights = member_weights(method, list(range(len(members))), single) or [1.0] * len(members)
+    weights = member_weights(task, method, list(range(len(members))), single) or [1.0] * len(members)
     ensemble = _RunningCombination(task, method)
     terms = [ensemble.terms(scores, weight) for scores, weight in zip(members, weights)]
     chosen = [int(np.argmax(single))]
@@ -186,7 +168,7 @@ def held_out_metric(task: str, members: list[np.ndarray], gold: np.ndarray, meth
             chosen = greedy_selection(task, [m[choose_on] for m in members], gold[choose_on], method)
             single = member_metrics(task, [m[choose_on] for m in members], gold[choose_on])
             predicted = combine(task, [members[i][score_on] for i in chosen], method,
-                                member_weights(method, chosen, single))
+                                member_weights(task, method, chosen, single))
             held_out.append(metric(task, predicted, gold[score_on]))
     return float(np.mean(held_out))
 
@@ -196,9 +178,10 @@ def member_metrics(task: str, members: list[np.ndarray], gold: np.ndarray) -> li
     return [metric(task, member_predictions(task, m), gold) for m in members]
 
 
-def member_weights(method: str, chosen: list[int], metrics: list[float]) -> list[float] | None:
-    """Dev-weighted STS: each chosen member's dev Pearson r (0 if negative); None for the other methods."""
-    return [max(metrics[i], 0.0) for i in chosen] if method == "weighted" else None
+def member_weights(task: str, method: str, chosen: list[int], metrics: list[float]) -> list[float] | None:
+    """The weights of the chosen members (e.g. dev-weighted STS: each one's dev Pearson r, 0 if negative); None for
+    methods of equal weights."""
+    return TASKS[task].member_weights(method, chosen, metrics)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -208,29 +191,37 @@ def member_weights(method: str, chosen: list[int], metrics: list[float]) -> list
 def dev_labels(data_dir: str | Path, ids: dict[str, list[str]]) -> dict[str, np.ndarray]:
     """Gold dev labels per task in the order of the members' ids."""
     labels = {}
-    for task in MULTITASK:
+    for task, task_ids in ids.items():
         by_id = {e.id: e.label for e in load_split(data_dir, task, "dev")}
-        missing = [i for i in ids[task] if i not in by_id]
+        missing = [i for i in task_ids if i not in by_id]
         if missing:
             raise DataError(f"{data_dir}",
                             f"{task} dev has no example with id {missing[0]!r}, which the members answered")
-        labels[task] = np.array([by_id[i] for i in ids[task]])
+        labels[task] = np.array([by_id[i] for i in task_ids])
     return labels
+
+
+def run_score(metrics: dict[str, float], tasks: list[str]) -> float:
+    """What ranks runs on these tasks' dev metrics: the course's overall score when they are its three tasks, else
+    the kept-model score of the tasks (each on [0, 1], averaged)."""
+    return overall_of(metrics) if sorted(tasks) == sorted(MULTITASK) else kept_model_score(metrics, tasks)
 
 
 def build_ensemble(members: list[Member], gold: dict[str, np.ndarray], methods: dict[str, str],
                    select: bool) -> tuple[dict, dict]:
-    """Predictions per (task, split) and a report: members chosen per task, weights, dev metrics."""
+    """Predictions per (task, split) and a report: members chosen per task, weights, dev metrics; `gold` and
+    `methods` per task of the members'."""
+    tasks = member_tasks(members)
     predictions, report = {}, {"members": [str(m.run_dir) for m in members], "methods": methods,
                                "selected_on_dev": select, "tasks": {}}
-    for task in MULTITASK:
+    for task in tasks:
         dev = [m.scores[(task, "dev")][1] for m in members]
         single = member_metrics(task, dev, gold[task])
-        if methods[task] == "weighted" and not any(r > 0 for r in single):
-            raise EnsembleError(f"--{task} weighted: every member's dev Pearson r is <= 0 "
-                                f"({', '.join(f'{r:.4f}' for r in single)}), so none has a weight; use --{task} mean")
+        problem = TASKS[task].ensemble_problem(methods[task], single)
+        if problem:
+            raise EnsembleError(problem)
         chosen = greedy_selection(task, dev, gold[task], methods[task]) if select else list(range(len(members)))
-        weights = member_weights(methods[task], chosen, single)
+        weights = member_weights(task, methods[task], chosen, single)
         for split in SPLITS:
             scores = [members[i].scores[(task, split)][1] for i in chosen]
             predictions[(task, split)] = combine(task, scores, methods[task], weights)
@@ -241,16 +232,17 @@ def build_ensemble(members: list[Member], gold: dict[str, np.ndarray], methods: 
         if select:
             report["tasks"][task]["held_out_dev"] = held_out_metric(task, dev, gold[task], methods[task])
     dev_metrics = {}
-    for task in MULTITASK:
+    for task in tasks:
         dev_metrics.update(task_metrics(task, predictions[(task, "dev")], gold[task]))
-    dev_metrics["overall"] = overall_score(dev_metrics["sst_acc"], dev_metrics["qqp_acc"], dev_metrics["sts_pearson"])
+    dev_metrics["overall"] = run_score(dev_metrics, tasks)
     report["dev"] = dev_metrics
-    member_overall = [overall_score(*(report["tasks"][t]["members_dev"][i] for t in ("sst", "qqp", "sts")))
+    member_overall = [run_score({PRIMARY_METRIC[t]: report["tasks"][t]["members_dev"][i] for t in tasks}, tasks)
                       for i in range(len(members))]
     best = int(np.argmax(member_overall))
     report["best_member"] = {"run": str(members[best].run_dir), "overall_dev": member_overall[best]}
     if select:
-        report["held_out_overall"] = overall_score(*(report["tasks"][t]["held_out_dev"] for t in ("sst", "qqp", "sts")))
+        report["held_out_overall"] = run_score({PRIMARY_METRIC[t]: report["tasks"][t]["held_out_dev"] for t in tasks},
+                                               tasks)
     return predictions, report
 
 
@@ -259,20 +251,14 @@ def build_ensemble(members: list[Member], gold: dict[str, np.ndarray], methods: 
 
 
 def teacher_scores(task: str, members: list[np.ndarray], weights: list[float] | None = None) -> np.ndarray:
-    """The ensemble's soft scores, in the runs' score space: SST the log of the members' mean class probabilities
-    (their softmax is that mean), QQP the logit of the mean duplicate probability, STS the (weighted) mean score.
-    A teacher gives its mean probabilities whichever way the ensemble decides (a vote has no probability)."""
+    """The ensemble's soft scores, in the runs' score space (the task's teacher_scores): SST the log of the members'
+    mean class probabilities (their softmax is that mean), QQP the logit of the mean duplicate probability, STS the
+    (weighted) mean score. A teacher gives its mean probabilities whichever way the ensemble decides (a vote has no
+    probability)."""
     if weights is not None:
-        check_sts_weights(weights, len(members))
+        TASKS[task].check_weights(weights, len(members))
     share = np.asarray(weights if weights is not None else [1.0] * len(members), dtype=np.float64)
-    share = share / share.sum()
-    if task == "sts":
-        return sum(w * scores for w, scores in zip(share, members))
-    mean = sum(w * class_probabilities(task, scores) for w, scores in zip(share, members))
-    mean = np.clip(mean, 1e-12, 1.0)  # a logit of a probability of 0 or 1 would be infinite
-    if task == "sst":
-        return np.log(mean)  # (N, 5)
-    return np.log(mean[:, 1]) - np.log(mean[:, 0])  # (N,)
+    return TASKS[task].teacher_scores(members, share / share.sum())
 
 
 def ensemble_train_scores(report: dict) -> dict[str, tuple[list[str], np.ndarray]]:
@@ -295,6 +281,6 @@ def ensemble_train_scores(report: dict) -> dict[str, tuple[list[str], np.ndarray
         combined[task] = (loaded[0][0], teacher_scores(task, [s for _, s in loaded], info["weights"]))
     if not combined:
         first_member = next(iter(report["tasks"].values()))["chosen"][0]
-        raise ScoresFileError(f"{scores_path(first_member, 'sst', 'train').parent}: no train scores of any task; "
+        raise ScoresFileError(f"{Path(first_member) / 'scores'}: no train scores of any task; "
                               "rerun the members with --score_train")
     return combined

@@ -1,5 +1,6 @@
-"""Metrics, leaderboard prediction files, the forgetting table with its continual-learning figures, and error counts
-for the three multitask tasks.
+"""The tasks' metrics as a run records them, the overall score, leaderboard prediction files, the forgetting table
+with its continual-learning figures, and error counts for the three multitask tasks. Each task says what its metrics
+and its CSV cells are (tasks/); this module asks it.
 
 Tasks: SST-5 sentiment (accuracy), Quora paraphrase detection (accuracy), STS-B similarity
 (Pearson r). The course leaderboard combines them as
@@ -11,10 +12,8 @@ and tests; plots.py draws these numbers.
 """
 
 import csv
-import math
 import os
 import re
-import warnings
 from collections import Counter
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -24,29 +23,23 @@ import numpy as np
 
 from files import atomic_write_csv
 from schedules import tasks_trained_by
-from tasks import MULTITASK, TASKS, class_range, default_output
+from tasks import MULTITASK, RUN_TASKS, TASKS, default_output
+from tasks.metrics import paired_arrays, paraphrase_metrics, sts_metrics  # noqa: F401 (sts_metrics: scripts/sts_objectives.py's)
 
 LEADERBOARD_COLUMNS = {name: task.leaderboard_column for name, task in TASKS.items()}
 DEFAULT_OUTPUTS = {(task, split): default_output(task, split) for task in MULTITASK for split in ("dev", "test")}
 
-# (history key, human label) for the columns of forgetting tables and plots.
-HISTORY_METRICS = (
-    ("sst_acc", "SST acc"),
-    ("qqp_acc", "QQP acc"),
-    ("sts_pearson", "STS r"),
-    ("overall", "overall"),
-)
-# Columns of their own when every entry has them: the thesis' weighted F1s and STS's Spearman (histories written
-# before they were computed lack them) and SQuAD's F1 (--tasks ...,qa).
-OPTIONAL_HISTORY_METRICS = (
-    ("sst_f1_weighted", "SST F1 (w)"),
-    ("qqp_f1_weighted", "QQP F1 (w)"),
-    ("sts_spearman", "STS rho"),
-    ("qa_f1", "SQuAD F1"),
-)
+# (history key, human label) for the columns of forgetting tables and plots: each default task's own score, then
+# the overall score.
+HISTORY_METRICS = (*(TASKS[task].history_columns[0] for task in MULTITASK), ("overall", "overall"))
+# Columns of their own when every entry has them: the default tasks' other metrics (the thesis' weighted F1s and
+# STS's Spearman; histories written before they were computed lack them), then the score of each other task a run
+# may train (SQuAD's F1, --tasks ...,qa).
+OPTIONAL_HISTORY_METRICS = (*(column for task in MULTITASK for column in TASKS[task].history_columns[1:]),
+                            *(TASKS[task].history_columns[0] for task in RUN_TASKS if task not in MULTITASK))
 # The score of each task in the continual-learning figures (forgetting_measures): its own dev metric on its own
 # scale, accuracy for SST and QQP, Pearson r for STS (not the overall score's (r + 1) / 2), F1 for SQuAD.
-TASK_SCORES = {"sst": "sst_acc", "qqp": "qqp_acc", "sts": "sts_pearson", "qa": "qa_f1"}
+TASK_SCORES = {task: TASKS[task].score_key for task in RUN_TASKS}
 # The stage label of the history's first record: the model before any training (trainer.py).
 BEFORE_TRAINING = "pretrained"
 
@@ -59,107 +52,29 @@ class PredictionsFileError(ValueError):
 # Metrics
 
 
-def paired_arrays(predictions, labels) -> tuple[np.ndarray, np.ndarray]:
-    pred = np.asarray(predictions, dtype=float).reshape(-1)
-    gold = np.asarray(labels, dtype=float).reshape(-1)
-    if pred.shape != gold.shape:
-        raise ValueError(f"{pred.size} predictions but {gold.size} labels")
-    if pred.size == 0:
-        raise ValueError("cannot compute metrics on zero examples")
-    return pred, gold
-
-
-def _f1_per_class(pred: np.ndarray, gold: np.ndarray, cls: float) -> float:
-    true_pos = np.sum((pred == cls) & (gold == cls))
-    predicted = np.sum(pred == cls)
-    actual = np.sum(gold == cls)
-    # F1 = 2TP / (predicted + actual); a class absent from both scores 0, as in scikit-learn.
-    return 0.0 if predicted + actual == 0 else float(2 * true_pos / (predicted + actual))
-
-
-def _f1_macro_and_weighted(pred: np.ndarray, gold: np.ndarray) -> tuple[float, float]:
-    """Macro and support-weighted F1 over the classes seen in either input. The class set is the union of
-    predicted and gold labels (scikit-learn's convention), so a class the model predicts but never occurs in the
-    gold data drags the macro F1 down (its weight, a gold support of 0, keeps it out of the weighted F1)."""
-    classes = np.union1d(pred, gold)
-    f1 = np.array([_f1_per_class(pred, gold, c) for c in classes])
-    support = np.array([np.sum(gold == c) for c in classes])
-    return float(np.mean(f1)), float(np.sum(f1 * support) / support.sum())
-
-
-def sst_metrics(predictions, labels) -> dict[str, float]:
-    """Accuracy plus macro and support-weighted F1 (the thesis' SST figures: accuracy and weighted F1)."""
-    pred, gold = paired_arrays(predictions, labels)
-    f1_macro, f1_weighted = _f1_macro_and_weighted(pred, gold)
-    return {"acc": float(np.mean(pred == gold)), "f1_macro": f1_macro, "f1_weighted": f1_weighted}
-
-
-def paraphrase_metrics(predictions, labels) -> dict[str, float]:
-    """Accuracy, F1 of the positive (is-paraphrase) class, and the support-weighted F1 of both classes (the
-    thesis' QQP F1, as for SST); inputs must be 0/1."""
-    pred, gold = paired_arrays(predictions, labels)
-    for name, values in (("predictions", pred), ("labels", gold)):
-        if not np.isin(values, (0.0, 1.0)).all():
-            raise ValueError(f"paraphrase {name} must be 0 or 1 (threshold probabilities first)")
-    return {"acc": float(np.mean(pred == gold)), "f1": _f1_per_class(pred, gold, 1.0),
-            "f1_weighted": _f1_macro_and_weighted(pred, gold)[1]}
-
-
-def average_ranks(values: np.ndarray) -> np.ndarray:
-    """1-based ranks, tied values sharing the mean of their ranks (scipy.stats.rankdata's "average")."""
-    order = np.argsort(values, kind="stable")
-    ranks = np.empty(len(values), dtype=float)
-    ranks[order] = np.arange(1, len(values) + 1)
-    _, groups, counts = np.unique(values, return_inverse=True, return_counts=True)
-    sums = np.bincount(groups, weights=ranks)
-    return sums[groups] / counts[groups]
-
-
-def sts_metrics(predictions, labels) -> dict[str, float]:
-    """Pearson and Spearman correlations between predicted and gold similarity scores (papers report both;
-    Spearman is Pearson's r of the average ranks, so it rewards the right order whatever the scale).
-
-    Both are undefined when either side is constant (zero variance); a collapsed model
-    does exactly that early in training, so they are reported as 0.0 (no relation)
-    with a RuntimeWarning instead of NaN, which would poison the overall score.
-    """
-    pred, gold = paired_arrays(predictions, labels)
-    if np.ptp(pred) == 0 or np.ptp(gold) == 0:
-        side = "predictions" if np.ptp(pred) == 0 else "labels"
-        warnings.warn(f"STS {side} are constant; Pearson and Spearman r reported as 0.0", RuntimeWarning,
-                      stacklevel=2)
-        return {"pearson": 0.0, "spearman": 0.0}
-    return {"pearson": float(np.corrcoef(pred, gold)[0, 1]),
-            "spearman": float(np.corrcoef(average_ranks(pred), average_ranks(gold))[0, 1])}
-
-
 def task_metrics(task: str, predictions, labels) -> dict[str, float]:
     """The history's metric keys for one task: sst_acc, sst_f1_macro, sst_f1_weighted; qqp_acc, qqp_f1,
     qqp_f1_weighted; sts_pearson, sts_spearman."""
-    if task == "sst":
-        m = sst_metrics(predictions, labels)
-        return {"sst_acc": m["acc"], "sst_f1_macro": m["f1_macro"], "sst_f1_weighted": m["f1_weighted"]}
-    if task == "qqp":
-        m = paraphrase_metrics(predictions, labels)
-        return {"qqp_acc": m["acc"], "qqp_f1": m["f1"], "qqp_f1_weighted": m["f1_weighted"]}
-    if task == "sts":
-        m = sts_metrics(predictions, labels)
-        return {"sts_pearson": m["pearson"], "sts_spearman": m["spearman"]}
-    raise ValueError(f"unknown task {task!r}")
+    if task not in TASKS:
+        raise ValueError(f"unknown task {task!r}")
+    return TASKS[task].metrics(predictions, labels)
 
 
 def overall_score(sst_acc: float, paraphrase_acc: float, sts_pearson: float) -> float:
     return ((sts_pearson + 1) / 2 + sst_acc + paraphrase_acc) / 3
 
 
+def overall_of(metrics: Mapping[str, float]) -> float:
+    """The overall score of metrics that hold the score of every default task (the course's three)."""
+    return overall_score(*(metrics[TASKS[task].score_key] for task in MULTITASK))
+
+
 def kept_model_score(metrics: Mapping[str, float], trained_tasks: Iterable[str]) -> float:
     """What picks the model a run keeps: the mean score over the tasks the run trains (SST and QQP accuracy,
     (STS r + 1) / 2, SQuAD F1), so that a run training one task keeps that task's best model rather than the one
     whose untrained heads happen to score best. With the three tasks (or none) it is the overall score."""
-    normalised = {"sst": "sst_acc", "qqp": "qqp_acc", "sts": "sts_pearson", "qa": "qa_f1"}
-    tasks = set(trained_tasks) or {"sst", "qqp", "sts"}
-    scores = [(metrics[key] + 1) / 2 if key == "sts_pearson" else metrics[key]
-              for task, key in normalised.items() if task in tasks]
+    tasks = set(trained_tasks) or set(MULTITASK)
+    scores = [TASKS[task].kept_score(metrics) for task in TASKS if task in tasks]
     return sum(scores) / len(scores)
 
 
@@ -184,24 +99,6 @@ def _column(task: str) -> str:
     return LEADERBOARD_COLUMNS[task]
 
 
-def _format_prediction(value, task: str) -> str:
-    number = float(value)
-    if task == "sts":
-        if not math.isfinite(number):
-            raise ValueError(f"similarity prediction {value!r} is not finite")
-        return f"{number:.6g}"
-    if not number.is_integer():
-        raise ValueError(f"{task} prediction {value!r} is not an integer class")
-    if not _is_class(number, task):
-        raise ValueError(f"{task} prediction {value!r} is not {class_range(task)}")
-    return str(int(number))
-
-
-def _is_class(number: float, task: str) -> bool:
-    """Whether a classification prediction names one of the task's classes (STS predictions are scores)."""
-    return number.is_integer() and int(number) in range(TASKS[task].num_classes)
-
-
 def _first_few(items: Iterable[str], limit: int = 3) -> str:
     items = sorted(items)
     shown = ", ".join(items[:limit])
@@ -222,18 +119,8 @@ def write_predictions(path: str | os.PathLike, ids: Sequence, predictions: Seque
     repeated = [i for i, count in Counter(ids).items() if count > 1]
     if repeated:
         raise ValueError(f"{path}: repeated ids: {_first_few(repeated)}")
-    atomic_write_csv(path, [("id", column), *((i, _format_prediction(p, task)) for i, p in zip(ids, predictions))])
-
-
-def _parse_value(text: str, task: str) -> int | float:
-    number = float(text)  # ValueError on junk, handled by the caller
-    if task == "sts":
-        if not math.isfinite(number):
-            raise ValueError
-        return number
-    if not _is_class(number, task):
-        raise ValueError
-    return int(number)
+    cells = (TASKS[task].format_prediction(p) for p in predictions)
+    atomic_write_csv(path, [("id", column), *zip(ids, cells)])
 
 
 def read_predictions(path: str | os.PathLike, task: str) -> dict[str, int | float]:
@@ -262,7 +149,7 @@ def read_predictions(path: str | os.PathLike, task: str) -> dict[str, int | floa
             if row_id in predictions:
                 raise PredictionsFileError(f"{path}:{line_number}: duplicate id {row_id}")
             try:
-                predictions[row_id] = _parse_value(text, task)
+                predictions[row_id] = TASKS[task].parse_prediction(text)
             except ValueError:
                 raise PredictionsFileError(f"{path}:{line_number}: invalid {column} value {text!r}") from None
     if not predictions:
@@ -308,15 +195,15 @@ def history_matrix(history: Sequence[Mapping]) -> tuple[list[str], list[str], np
     """
     if not history:
         raise ValueError("history is empty; nothing to tabulate")
+    keys = [key for key, _ in HISTORY_METRICS[:-1]]  # the default tasks' scores; the last column is the overall one
     labels, rows = [], []
     for index, entry in enumerate(history, start=1):
         stage = entry.get("stage", f"stage {index}")
-        for key in ("sst_acc", "qqp_acc", "sts_pearson"):
+        for key in keys:
             if key not in entry:
                 raise ValueError(f"history entry {index} ({stage}) lacks {key!r}")
-        overall = entry.get("overall", overall_score(entry["sst_acc"], entry["qqp_acc"], entry["sts_pearson"]))
         labels.append(f"{index}. {stage}")
-        rows.append([entry["sst_acc"], entry["qqp_acc"], entry["sts_pearson"], overall])
+        rows.append([*(entry[key] for key in keys), entry.get("overall", overall_of(entry))])
     names = [name for _, name in HISTORY_METRICS]
     for key, name in OPTIONAL_HISTORY_METRICS:
         if all(key in entry for entry in history):

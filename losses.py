@@ -1,16 +1,17 @@
-"""One training objective per task: its loss, the score a run saves for ensembles, the prediction decided
-from that score, and the divergence SMART compares outputs with. Every function here is pure (tensors
-in, tensors out); a prediction is always decide(score(outputs)).
+"""The objectives the tasks are built from (tasks/: each task picks its own), and the losses distillation compares
+a student with its teacher by. Every function here is pure (tensors in, tensors out); a prediction is always
+decide(score(outputs)).
 
-         model output        loss                     score               prediction   SMART divergence
-    sst  5 logits            cross entropy (or        the 5 logits        argmax       symmetric KL (categorical)
-                             ordinal cross entropy)
-    qqp  1 logit             binary cross entropy     the logit           logit > 0    symmetric KL (Bernoulli)
-    sts  sbert / hybrid:     `similarity_objective`   a 0-5 similarity    the score    squared error
-           a cosine
-         cross: 1 logit      MSE(sigmoid, label / 5)  5 * sigmoid         the score    squared error
-    qa   start and end       cross entropy of the     the logits          per question symmetric KL of the start
-         logits per token    gold start and end                           (squad.py)   and end distributions
+                          model output         loss                     score              prediction   SMART divergence
+    ClassificationObjective  C logits (B, C)   cross entropy (or        the C logits       argmax       symmetric KL
+                                                ordinal cross entropy)                                  (categorical)
+    BinaryObjective          1 logit (B,)      binary cross entropy     the logit          logit > 0    symmetric KL
+                                                                                                        (Bernoulli)
+    CosineSimilarityObjective  cos(u, v) (B,)  `similarity_objective`   a 0-5 similarity   the score    squared error
+    CrossSimilarityObjective   1 logit (B,)    MSE(sigmoid, label / 5)  5 * sigmoid        the score    squared error
+    SpanObjective            start and end     cross entropy of the     the logits         per question symmetric KL of
+                             logits per token  gold start and end                          (squad.py)   the start and end
+                                                                                                        distributions
 
 Similarity objectives for the SBERT cosine (measured in RESULTS.md: `cosine` is best on STS-B dev):
     cosine   MSE(cos, label / 5)              sentence-transformers' CosineSimilarityLoss
@@ -38,17 +39,14 @@ def cosent_loss(cosine: Tensor, labels: Tensor, scale: float = 20.0) -> Tensor:
     return torch.logsumexp(torch.cat([differences.new_zeros(1), differences]), dim=0)
 
 
-def decision(task: str, scores: Tensor) -> Tensor:
-    """The prediction a task's scores decide: SST's argmax class (the lowest one on a tie), QQP's logit > 0, STS's
-    0-5 score as it is. The one rule behind a run's own CSVs (the objectives' decide) and an ensemble's members
-    (ensemble_scores.py, on their saved scores), so that a member predicts exactly what its CSVs hold."""
-    if task == "sst":
-        return scores.argmax(dim=-1)  # (B,)
-    if task == "qqp":
-        return (scores > 0).long()  # (B,)
-    if task == "sts":
-        return scores
-    raise ValueError(f"{task!r} has no per-example decision (SQuAD's answers are decoded per question: squad.py)")
+def argmax_class(scores: Tensor) -> Tensor:
+    """The class of the highest score, the lowest one on a tie: the prediction of class logits (B, C)."""
+    return scores.argmax(dim=-1)  # (B,)
+
+
+def positive_logit(scores: Tensor) -> Tensor:
+    """1 where one logit (B,) is positive, else 0 (a logit of 0 is a 0)."""
+    return (scores > 0).long()  # (B,)
 
 
 def ordinal_cross_entropy(logits: Tensor, labels: Tensor, weight: float) -> Tensor:
@@ -62,9 +60,9 @@ def ordinal_cross_entropy(logits: Tensor, labels: Tensor, weight: float) -> Tens
 
 
 @dataclass(frozen=True)
-class SentimentObjective:
-    """SST-5 on 5 logits (B, 5): cross entropy, or with ordinal_weight > 0 the ordinal cross entropy that
-    also charges probability put on far-off classes; predicts the argmax class."""
+class ClassificationObjective:
+    """C classes on C logits (B, C): cross entropy, or with ordinal_weight > 0 the ordinal cross entropy that
+    also charges probability put on far-off classes (SST-5's ordered sentiments); predicts the argmax class."""
     ordinal_weight: float = 0.0
     divergence: str = "categorical"
 
@@ -74,15 +72,16 @@ class SentimentObjective:
         return F.cross_entropy(logits.float(), labels)
 
     def score(self, logits: Tensor) -> Tensor:
-        return logits.float()  # (B, 5)
+        return logits.float()  # (B, C)
 
     def decide(self, scores: Tensor) -> Tensor:
-        return decision("sst", scores)
+        return argmax_class(scores)
 
 
 @dataclass(frozen=True)
-class ParaphraseObjective:
-    """QQP: binary cross entropy on one logit (B,); predicts 1 where the logit is positive."""
+class BinaryObjective:
+    """Two classes on one logit (B,) (QQP's duplicate logit): binary cross entropy; predicts 1 where the logit is
+    positive."""
     divergence: str = "bernoulli"
 
     def loss(self, logits: Tensor, labels: Tensor) -> Tensor:
@@ -92,7 +91,7 @@ class ParaphraseObjective:
         return logits.float()  # (B,)
 
     def decide(self, scores: Tensor) -> Tensor:
-        return decision("qqp", scores)
+        return positive_logit(scores)
 
 
 @dataclass(frozen=True)
@@ -136,7 +135,7 @@ class CosineSimilarityObjective:
         return 5.0 if self.name == "cosine" else 2.5
 
     def decide(self, scores: Tensor) -> Tensor:
-        return decision("sts", scores)
+        return scores  # the 0-5 similarity is its own prediction
 
 
 @dataclass(frozen=True)
@@ -156,7 +155,7 @@ class CrossSimilarityObjective:
     score_scale = 5.0  # score units per unit of sigmoid(z), which the gold loss fits to label / 5
 
     def decide(self, scores: Tensor) -> Tensor:
-        return decision("sts", scores)
+        return scores  # the 0-5 similarity is its own prediction
 
 
 @dataclass(frozen=True)
@@ -174,20 +173,40 @@ class SpanObjective:
         return logits.float()  # (B, T, 2)
 
 
-Objective = (SentimentObjective | ParaphraseObjective | CosineSimilarityObjective | CrossSimilarityObjective
+Objective = (ClassificationObjective | BinaryObjective | CosineSimilarityObjective | CrossSimilarityObjective
              | SpanObjective)
 
 
-def task_objectives(pair_encoders: dict[str, str], similarity_objective: str = "cosine",
-                    ordinal_weight: float = 0.0) -> dict[str, Objective]:
-    """The objective of each task; pair_encoders gives 'sbert', 'cross' or 'hybrid' for qqp and sts.
-    STS is a cosine (trained by `similarity_objective`) unless it is cross-encoded into one logit."""
-    if pair_encoders["sts"] == "cross":
-        if similarity_objective != "cosine":
-            raise ValueError(f"similarity objective {similarity_objective!r} applies to a cosine (sbert, hybrid); "
-                             "the STS cross-encoder is trained as MSE(sigmoid(logit), label / 5)")
-        similarity = CrossSimilarityObjective()
-    else:
-        similarity = CosineSimilarityObjective(similarity_objective)
-    return {"sst": SentimentObjective(ordinal_weight), "qqp": ParaphraseObjective(), "sts": similarity,
-            "qa": SpanObjective()}
+# -- distillation: how far a student's scores are from its teacher's, 0 where they agree -------------------------
+
+def softened_kl(student: Tensor, teacher: Tensor, temperature: float = 1.0) -> Tensor:
+    """KL(teacher || student) of the softmaxes of class logits (B, C) at temperature T, times T^2 so that the
+    gradients keep their size as T changes (Hinton et al. 2015); batch mean."""
+    log_student = F.log_softmax(student.float() / temperature, dim=-1)  # (B, C)
+    log_teacher = F.log_softmax(teacher.float() / temperature, dim=-1)
+    return F.kl_div(log_student, log_teacher, log_target=True, reduction="batchmean") * temperature ** 2
+
+
+def bernoulli_kl(student: Tensor, teacher: Tensor) -> Tensor:
+    """The KL of the Bernoulli distributions of two logits (B,): the binary cross entropy on the teacher's
+    probability minus that probability's entropy."""
+    student, teacher = student.float(), teacher.float()
+    target = torch.sigmoid(teacher)  # (B,)
+    return (F.binary_cross_entropy_with_logits(student, target)
+            - F.binary_cross_entropy_with_logits(teacher, target))
+
+
+def scaled_squared_error(student: Tensor, teacher: Tensor, scale: float) -> Tensor:
+    """The squared error of two scores (B,) over scale^2: with `scale` the score units per unit of what the gold loss
+    fits (an objective's score_scale), the gold loss's own scale."""
+    return F.mse_loss(student.float(), teacher.float()) / scale ** 2
+
+
+def softened_span_kl(student: Tensor, teacher: Tensor, temperature: float = 1.0) -> Tensor:
+    """softened_kl of the start and of the end distributions over a window's tokens (B, T, 2), averaged, as the
+    span loss averages its two cross entropies; padding holds the padding logit on both sides, so it weighs
+    nothing."""
+    log_student = F.log_softmax(student.float() / temperature, dim=1)  # (B, T, 2): over the tokens
+    log_teacher = F.log_softmax(teacher.float() / temperature, dim=1)
+    kl = F.kl_div(log_student, log_teacher, log_target=True, reduction="sum") / (2 * len(student))
+    return kl * temperature ** 2

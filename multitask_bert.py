@@ -1,17 +1,20 @@
-"""MultitaskBERT: one shared minBERT with Sentence-BERT heads for SST-5, QQP and STS-B.
+"""MultitaskBERT: one shared minBERT with a head per task (tasks/: each task builds its own head and computes its
+outputs from the encoder's hidden states; this module holds what the heads share):
 
-    sst: dropout + linear on the pooled sentence -> 5 logits
-    qa (when among `tasks`): linear on every token's last hidden state of [CLS] question [SEP] context [SEP]
-        -> start and end logits (B, T, 2), padding masked (Devlin et al. 2019's span head; squad.py decodes)
-    qqp, sts: each pair task reads its pairs in one of three ways (pair_encoders, per task):
-      sbert   u, v pooled from two separate encodings; qqp: linear on [u, v, |u - v|]; sts: cos(u, v)
-      cross   one joint [CLS] s1 [SEP] s2 [SEP] encoding (segment ids 0 / 1), pooled, linear -> 1 logit
-      hybrid  the joint encoding, each sentence's own tokens mean-pooled into u and v (AllBERT, seed 004
-              eq. 5), then as sbert: qqp linear on [u, v, |u - v|], sts cos(u, v)
-With head_hidden > 0 each task's features first pass a dense layer of its own (linear -> activation ->
-dropout, a per-task copy of BERT's pooler as in AllBERT). With sts_cosine_dropout the STS cosine reads u and v
-through the heads' dropout, as the thesis' listing A.6 does (off by default: the cosine of the undropped embeddings).
-Losses and decoding are in losses.py.
+    pooling       mean or [CLS] of a sentence's (or a joint pair's) last hidden states
+    pair encoders each pair task (qqp, sts) reads its pairs in one of three ways (pair_encoders, per task):
+      sbert   u, v pooled from two separate encodings, run as one (2B, T) batch
+      cross   one joint [CLS] s1 [SEP] s2 [SEP] encoding (segment ids 0 / 1), pooled
+      hybrid  the joint encoding, each sentence's own tokens mean-pooled into u and v (AllBERT, seed 004 eq. 5)
+    dense heads   with head_hidden > 0 each task's features first pass a dense layer of its own (linear ->
+                  activation -> dropout, a per-task copy of BERT's pooler as in AllBERT)
+    dropout       before each task's linear head (and, with sts_cosine_dropout, on both embeddings before the STS
+                  cosine, as the thesis' listing A.6 does)
+
+The heads as the tasks build them: sst dropout + linear on the pooled sentence -> 5 logits; qqp a linear head on
+[u, v, |u - v|] (cross: on the pooled pair) -> 1 logit; sts cos(u, v) (cross: a linear head -> 1 logit); qa a
+linear head on every token's last hidden state -> start and end logits (B, T, 2), padding masked. Losses,
+scores and decisions are the tasks' objectives (losses.py).
 
 SMART perturbs the embedding output (and LNSR the encoder's layers), so the forward pass also comes in parts:
 
@@ -41,14 +44,12 @@ from adapters import SHARED_SET, AdapterConfig, activate, add_adapters
 from base_bert import BertConfig, CheckpointError
 from bert import BertModel, TokenLayout
 from checkpoint import atomic_save, check_fields, read_checkpoint
-from losses import SIMILARITY_OBJECTIVES, task_objectives
+from losses import SIMILARITY_OBJECTIVES
 from tasks import MULTITASK, PAIR_TASKS, RUN_TASKS, TASKS, task_name
 
 POOLINGS = ("mean", "cls")
 PAIR_ENCODERS = ("sbert", "cross", "hybrid")
 HEAD_ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "gelu": nn.GELU}
-PADDING_LOGIT = -1e4  # a span logit of padding: exp() of it is 0 in float32
-N_SENTIMENT_CLASSES = TASKS["sst"].num_classes
 
 
 def parse_pair_encoders(choice: str | dict) -> dict[str, str]:
@@ -66,7 +67,7 @@ def parse_pair_encoders(choice: str | dict) -> dict[str, str]:
             except ValueError:
                 task = None
             if task not in PAIR_TASKS:
-                raise ValueError(f"pair encoder {item!r}: write TASK:ENCODER with TASK one of qqp, sts")
+                raise ValueError(f"pair encoder {item!r}: write TASK:ENCODER with TASK one of {', '.join(PAIR_TASKS)}")
             encoders[task] = encoder
     if sorted(encoders) != sorted(PAIR_TASKS) or not set(encoders.values()) <= set(PAIR_ENCODERS):
         raise ValueError(f"pair encoder must be one of {PAIR_ENCODERS}, for all pair tasks or per task "
@@ -134,29 +135,25 @@ class MultitaskBERT(nn.Module):
         self.similarity_objective = similarity_objective
         self.sentiment_ordinal_weight = sentiment_ordinal_weight
         self.head_hidden, self.head_activation = head_hidden, head_activation
-        if sts_cosine_dropout and self.pair_encoders["sts"] == "cross":
-            raise ValueError("sts_cosine_dropout applies to the STS cosine (sbert, hybrid); a cross-encoded STS has "
-                             "none")
         self.sts_cosine_dropout = sts_cosine_dropout
-        self.objectives = task_objectives(self.pair_encoders, similarity_objective, sentiment_ordinal_weight)
+        options = {"pair_encoder": self.pair_encoders, "similarity_objective": similarity_objective,
+                   "sentiment_ordinal_weight": sentiment_ordinal_weight, "sts_cosine_dropout": sts_cosine_dropout}
+        for task in RUN_TASKS:
+            TASKS[task].check_options(options)
+        self.objectives = {task: TASKS[task].objective(options) for task in RUN_TASKS}
         self.dropout = nn.Dropout(dropout)
-        qqp_features = hidden if self.pair_encoders["qqp"] == "cross" else 3 * hidden  # [u, v, |u - v|] unless cross
-        features = {"sst": hidden, "qqp": qqp_features, "sts": hidden}
-        features = {task: size for task, size in features.items() if task in self.tasks}
+        # Modules are created, and their weights drawn, in the tasks' order: the dense layers, then the heads.
+        features = {task: TASKS[task].feature_size(self.pair_encoders, hidden) for task in self.tasks}
+        features = {task: size for task, size in features.items() if size is not None}
         if head_hidden:
             self.dense_heads = nn.ModuleDict({
                 task: nn.Sequential(nn.Linear(size, head_hidden), HEAD_ACTIVATIONS[head_activation](),
                                     nn.Dropout(dropout))
                 for task, size in features.items()})
             features = dict.fromkeys(features, head_hidden)
-        if "sst" in self.tasks:
-            self.sentiment_head = nn.Linear(features["sst"], N_SENTIMENT_CLASSES)
-        if "qqp" in self.tasks:
-            self.paraphrase_head = nn.Linear(features["qqp"], 1)
-        if "sts" in self.tasks and self.has_linear_head("sts"):
-            self.similarity_head = nn.Linear(features["sts"], 1)
-        if "qa" in self.tasks:
-            self.span_head = nn.Linear(hidden, 2)  # start and end logit of every token
+        for task in self.tasks:
+            if self.has_linear_head(task):  # a head without features of its own reads every hidden state (SQuAD's)
+                setattr(self, TASKS[task].head_name, TASKS[task].build_head(features.get(task, hidden)))
         self.adapter = AdapterConfig(**adapter) if isinstance(adapter, dict) else adapter
         self.adapter_task: str | None = None  # whose per-task adapters run (set_adapter); None: the base model's
         if self.adapter is not None:
@@ -180,7 +177,7 @@ class MultitaskBERT(nn.Module):
     def has_linear_head(self, task: str) -> bool:
         """Whether the task's output comes from a linear head: every task's but STS's cosine of u and v, which
         only a cross-encoded STS (one joint encoding, one logit) replaces."""
-        return task != "sts" or self.pair_encoders["sts"] == "cross"
+        return TASKS[task].has_head(self.pair_encoders)
 
     def trains_with_frozen_encoder(self, task: str) -> bool:
         """Whether the task has weights beside BERT's own (adapters, a dense head, a linear head): with BERT frozen
@@ -189,7 +186,7 @@ class MultitaskBERT(nn.Module):
 
     def reads_pairs_jointly(self, task: str) -> bool:
         """Whether this task's batches hold each pair as one sequence (collate with cross_encoder=True)."""
-        return task in PAIR_TASKS and self.pair_encoders[task] != "sbert"
+        return self.pair_encoders.get(task, "sbert") != "sbert"
 
     def is_shared(self, parameter_name: str) -> bool:
         """Whether a parameter serves every task (the encoder, shared adapters) rather than one task's
@@ -220,7 +217,7 @@ class MultitaskBERT(nn.Module):
         let the layout be built without reading the mask back from the device."""
         if self.reads_pairs_jointly(task) and "input_ids" not in batch:
             batch = join_pairs(batch)
-        if not (task in PAIR_TASKS and self.pair_encoders[task] == "sbert"):
+        if self.pair_encoders.get(task) != "sbert":  # a sentence, or a pair as one sequence
             mask = batch["attention_mask"]
             return EncoderInputs(batch["input_ids"], mask, batch.get("token_type_ids"),
                                  self.bert.encoder.layout(mask, batch.get("lengths")))
@@ -242,34 +239,26 @@ class MultitaskBERT(nn.Module):
         """The task's own dense layer (head_hidden > 0), else the features as they are."""
         return self.dense_heads[task](features) if self.head_hidden else features
 
+    def head_input(self, task: str, hidden: torch.Tensor, inputs: EncoderInputs) -> torch.Tensor:
+        """What a linear head on the pooled sequence reads: the pooled (B, H), through the task's dense layer and
+        the heads' dropout."""
+        return self.dropout(self.features(task, self.pool(hidden, inputs.attention_mask)))
+
+    def pair_embeddings(self, task: str, hidden: torch.Tensor, inputs: EncoderInputs) -> tuple[torch.Tensor, ...]:
+        """u and v (B, H) each of a pair task read by SBERT (hidden: both sides, (2B, T, H)) or hybrid (one joint
+        encoding, [CLS] s1 [SEP] segment 0 and s2 [SEP] segment 1)."""
+        mask = inputs.attention_mask
+        if self.pair_encoders[task] == "sbert":
+            return self.pool(hidden, mask).chunk(2)
+        second = inputs.token_type_ids.bool() & mask.bool()  # (B, T)
+        return mean_pool(hidden, mask.bool() & ~second), mean_pool(hidden, second)
+
     def outputs_from_hidden(self, task: str, hidden: torch.Tensor, inputs: EncoderInputs) -> torch.Tensor:
         """The task's outputs from the encoder's last hidden states (B, T, H) or (2B, T, H)."""
         if self.has_task_adapters() and self.adapter_task != task:
             raise RuntimeError(f"{task}'s head on an encoding made with {self.adapter_task or 'no task'}'s adapters: "
                                f"call set_adapter({task!r}) before running {task} in parts")
-        mask = inputs.attention_mask
-        if task == "qa":
-            logits = self.span_head(hidden).float()  # (B, T, 2)
-            # Padding can be neither start nor end; a finite floor keeps SMART's KL free of 0 * inf.
-            return logits.masked_fill(~mask.bool().unsqueeze(-1), PADDING_LOGIT)
-        if task == "sst":
-            return self.sentiment_head(self.dropout(self.features(task, self.pool(hidden, mask))))  # (B, 5)
-        encoder = self.pair_encoders[task]
-        if encoder == "cross":
-            head = self.paraphrase_head if task == "qqp" else self.similarity_head
-            return head(self.dropout(self.features(task, self.pool(hidden, mask)))).squeeze(-1)  # (B,)
-        if encoder == "sbert":
-            u, v = self.pool(hidden, mask).chunk(2)  # (B, H) each
-        else:  # hybrid: [CLS] s1 [SEP] is segment 0, s2 [SEP] segment 1
-            second = inputs.token_type_ids.bool() & mask.bool()  # (B, T)
-            u, v = mean_pool(hidden, mask.bool() & ~second), mean_pool(hidden, second)  # (B, H) each
-        if task == "qqp":
-            features = self.features(task, torch.cat([u, v, (u - v).abs()], dim=-1))  # (B, 3H) or (B, head_hidden)
-            return self.paraphrase_head(self.dropout(features)).squeeze(-1)  # (B,)
-        u, v = self.features(task, u), self.features(task, v)  # a dense layer here is a projection of each side
-        if self.sts_cosine_dropout:
-            u, v = self.dropout(u), self.dropout(v)
-        return F.cosine_similarity(u.float(), v.float(), dim=-1)  # (B,)
+        return TASKS[task].outputs(self, hidden, inputs)
 
     def forward(self, task: str, batch: dict) -> torch.Tensor:
         self.set_adapter(task)  # a whole pass (predictions, SMART's teacher) always runs its task's adapters
@@ -277,7 +266,7 @@ class MultitaskBERT(nn.Module):
         return self.outputs_from_embeddings(task, self.embed(inputs), inputs)
 
     def score(self, task: str, batch: dict) -> torch.Tensor:
-        """What a run saves for ensembles: SST's 5 logits, QQP's logit, STS's 0-5 similarity (losses.py)."""
+        """What a run saves for ensembles: SST's 5 logits, QQP's logit, STS's 0-5 similarity (its objective's)."""
         return self.objectives[task].score(self(task, batch))
 
     def predict(self, task: str, batch: dict) -> torch.Tensor:

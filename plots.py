@@ -11,9 +11,9 @@ from pathlib import Path
 
 import numpy as np
 
-from evaluation import (HISTORY_METRICS, error_counts, forgetting_table_markdown, history_matrix, paired_arrays,
-                        paraphrase_metrics, sst_metrics, sts_metrics)
+from evaluation import HISTORY_METRICS, error_counts, forgetting_table_markdown, history_matrix
 from files import atomic_write_text
+from tasks.metrics import paired_arrays, paraphrase_metrics, sst_metrics, sts_metrics
 
 
 def pyplot():
@@ -56,11 +56,11 @@ def plot_forgetting_matrix(history: Sequence[Mapping], path: str | os.PathLike) 
 
 
 def plot_training_curves(history: Sequence[Mapping], path: str | os.PathLike) -> Path:
-    """One panel per task: dev metric over history entries, plus train metric when logged
+    """One panel per default task: dev metric over history entries, plus train metric when logged
     (keys 'train_sst_acc', 'train_qqp_acc', 'train_sts_pearson')."""
     plt = pyplot()
     labels, _, matrix = history_matrix(history)
-    tasks = HISTORY_METRICS[:3]
+    tasks = HISTORY_METRICS[:-1]  # the last column is the overall score
     fig, axes = plt.subplots(1, len(tasks), figsize=(5 * len(tasks), 4), sharex=True)
     steps = np.arange(len(labels))
     for col, (ax, (key, name)) in enumerate(zip(axes, tasks)):

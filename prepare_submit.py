@@ -23,6 +23,7 @@ from pathlib import Path
 from datasets import DataError, load_examples, show_data_warnings_on_one_line, standard_paths
 from evaluation import DEFAULT_OUTPUTS, PredictionsFileError, check_predictions_file
 from files import atomic_write, describe_os_error, unwritable_folder
+from tasks import PART1_TASKS
 
 MINBERT_CODE_FILES = ("bert.py", "classifier.py", "optimizer.py")
 
@@ -38,7 +39,7 @@ def submission_predictions(part: str) -> list[tuple[str, str, str]]:
     return [
         (f"{mode}-{dataset}-{split}-out.csv", dataset, split)
         for mode in ("pretrain", "finetune")
-        for dataset in ("sst", "cfimdb")
+        for dataset in PART1_TASKS
         for split in ("dev", "test")
     ]
 

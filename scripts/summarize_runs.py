@@ -20,7 +20,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: make the repo's modules importable
-from evaluation import history_forgetting_measures, overall_score  # noqa: E402
+from evaluation import history_forgetting_measures, overall_of  # noqa: E402
+from tasks import MULTITASK, TASKS  # noqa: E402
 
 COLUMNS = [("SST acc", "sst_acc"), ("SST F1 (w)", "sst_f1_weighted"), ("QQP acc", "qqp_acc"),
            ("QQP F1", "qqp_f1"), ("QQP F1 (w)", "qqp_f1_weighted"), ("STS r", "sts_pearson"),
@@ -71,10 +72,10 @@ def final_metric(record: dict) -> tuple[str, str]:
 
 def each_task_best(stages: list[dict]) -> str:
     """'SST 0.471 (stage 4), QQP 0.832 (stage 8), STS 0.879 (stage 6): overall 0.7475' over a run's stage records."""
-    best = {key: max(stages, key=lambda record: record[key]) for key in ("sst_acc", "qqp_acc", "sts_pearson")}
-    overall = overall_score(best["sst_acc"]["sst_acc"], best["qqp_acc"]["qqp_acc"], best["sts_pearson"]["sts_pearson"])
-    parts = [f"{name} {best[key][key]:.3f} (stage {best[key]['index'] + 1})"
-             for name, key in (("SST", "sst_acc"), ("QQP", "qqp_acc"), ("STS", "sts_pearson"))]
+    keys = {TASKS[task].title: TASKS[task].score_key for task in MULTITASK}
+    best = {key: max(stages, key=lambda record: record[key]) for key in keys.values()}
+    overall = overall_of({key: record[key] for key, record in best.items()})
+    parts = [f"{name} {best[key][key]:.3f} (stage {best[key]['index'] + 1})" for name, key in keys.items()]
     return ", ".join(parts) + f": overall {overall:.4f}"
 
 

@@ -1,5 +1,6 @@
-"""distillation.py: the losses on hand-made tensors, the teacher's scores by id, and --score_train / --distill
-through the command line on the demo data with a tiny BERT (SQuAD's window logits too)."""
+"""distillation.py and each task's distillation loss: the losses on hand-made tensors, the teacher's scores by id,
+and --score_train / --distill through the command line on the demo data with a tiny BERT (SQuAD's window logits
+too)."""
 import json
 import math
 import re
@@ -15,13 +16,12 @@ from safetensors.numpy import save
 import ensemble
 import multitask_classifier as mc
 from conftest import DEMO, exit_code, prediction_flags, skip_figures
-from distillation import Distillation, TeacherScores, TeacherSpans, distillation_loss, load_teacher
+from distillation import Distillation, TeacherScores, TeacherSpans, load_teacher
 from ensemble_scores import teacher_scores
-from losses import (SIMILARITY_OBJECTIVES, CosineSimilarityObjective, CrossSimilarityObjective,
-                    SentimentObjective)
-from multitask_bert import PADDING_LOGIT
-from scores import (ScoresFileError, read_scores, read_span_logits, scores_path, span_logits_path, write_scores,
-                    write_span_logits)
+from losses import SIMILARITY_OBJECTIVES, ClassificationObjective, CosineSimilarityObjective, CrossSimilarityObjective
+from scores import ScoresFileError, read_scores, scores_path, span_logits_path, write_scores, write_span_logits
+from tasks import TASKS
+from tasks.qa import PADDING_LOGIT, read_span_logits
 
 pytestmark = pytest.mark.usefixtures("one_thread", "no_plots")
 
@@ -41,6 +41,16 @@ def random_scores(task: str, n: int = 6, seed: int = 0) -> torch.Tensor:
 
 # ---------------------------------------------------------------------------------------------------
 # The losses
+
+# Scores as they are: what a task's distillation_loss compares (SST's, QQP's and SQuAD's objective score, STS's
+# unclamped score, on the cosine objective's scale 5).
+AS_SCORED = SimpleNamespace(score=lambda outputs: outputs, unclamped_score=lambda outputs: outputs, score_scale=5.0)
+
+
+def distillation_loss(task: str, student: torch.Tensor, teacher: torch.Tensor, temperature: float = 1.0):
+    """The task's distillation loss of a student's scores against a teacher's (looked up by no id here)."""
+    return TASKS[task].distillation_loss(AS_SCORED, student, SimpleNamespace(of=lambda ids, like: teacher), [],
+                                         temperature)
 
 
 @pytest.mark.parametrize("task", ["sst", "qqp", "sts", "qa"])
@@ -72,8 +82,6 @@ def test_qqp_is_the_kl_of_two_bernoullis_with_the_gradient_of_bce_on_soft_labels
 def test_sts_is_the_squared_error_of_the_0_to_5_scores_on_the_gold_loss_scale():
     student, teacher = torch.tensor([1.0, 4.0]), torch.tensor([2.0, 2.0])
     assert distillation_loss("sts", student, teacher).item() == pytest.approx((1 + 4) / 2 / 25)
-    with pytest.raises(ValueError, match="no distillation loss"):
-        distillation_loss("mlm", student, teacher)
 
 
 def test_qa_is_the_mean_kl_of_the_start_and_end_distributions_and_padding_weighs_nothing():
@@ -117,7 +125,7 @@ def test_mix_weighs_gold_and_teacher_and_leaves_other_tasks_alone():
     gold, cosine, objective = torch.tensor(0.4), torch.tensor([0.6, 0.6]), CosineSimilarityObjective()
     expected = 0.75 * 0.4 + 0.25 * F.mse_loss(5 * cosine, torch.tensor([1.0, 3.0])).item() / 25
     assert distillation.mix("sts", gold, objective, cosine, ["b", "a"]).item() == pytest.approx(expected)
-    assert distillation.mix("sst", gold, SentimentObjective(), torch.zeros(2, 5), ["b", "a"]) is gold
+    assert distillation.mix("sst", gold, ClassificationObjective(), torch.zeros(2, 5), ["b", "a"]) is gold
     for weight, temperature in ((0.0, 1.0), (1.5, 1.0), (0.5, 0.0), (math.nan, 1.0)):
         with pytest.raises(ValueError):
             Distillation({}, weight, temperature)
@@ -130,7 +138,7 @@ def test_a_task_may_have_its_own_weight_and_temperature():
     student, gold = torch.zeros(1, 5), torch.tensor(0.7)
     distillation = Distillation({"sst": teacher}, weight=0.5, temperature=1.0, per_task={"sst": (1.0, 2.0)})
     expected = distillation_loss("sst", student, torch.tensor([[0.0, 0.0, 3.0, 0.0, 0.0]]), temperature=2.0)
-    assert distillation.mix("sst", gold, SentimentObjective(), student, ["a"]).item() == pytest.approx(
+    assert distillation.mix("sst", gold, ClassificationObjective(), student, ["a"]).item() == pytest.approx(
         expected.item())  # no gold left
     assert distillation.setting("qqp") == (0.5, 1.0)
 

@@ -109,7 +109,7 @@ def brute_force_selection(task, members, gold, method):
     best, best_size = single[chosen[0]], 1
     for _ in range(2 * len(members) - 1):
         trials = [metric(task, stacked_combine(task, [members[i] for i in chosen + [j]], method,
-                                               member_weights(method, chosen + [j], single)), gold)
+                                               member_weights(task, method, chosen + [j], single)), gold)
                   for j in range(len(members))]
         chosen.append(int(np.argmax(trials)))
         if max(trials) > best:
@@ -316,7 +316,7 @@ def test_the_same_run_twice_or_a_copy_of_it_is_refused(finished_run, tmp_path, c
     copy = tmp_path / "copy"
     shutil.copytree(member / "scores", copy / "scores")
     assert main([str(member), str(copy), "--output_dir", str(tmp_path / "e"), "--data_dir", str(DEMO)]) == 2
-    assert f"{copy}: its scores are {member}'s, all six files" in capsys.readouterr().err
+    assert f"{copy}: its scores are {member}'s, all 6 files" in capsys.readouterr().err
 
 
 def test_weighted_sts_with_no_member_above_zero_r_is_one_line(finished_run, tmp_path, capsys):

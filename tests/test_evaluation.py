@@ -16,14 +16,12 @@ from evaluation import (
     history_forgetting_measures,
     kept_model_score,
     overall_score,
-    paraphrase_metrics,
     error_counts,
     read_predictions,
-    sst_metrics,
-    sts_metrics,
     summarize_line,
     write_predictions,
 )
+from tasks.metrics import paraphrase_metrics, sst_metrics, sts_metrics
 
 HISTORY = [
     {"stage": "qqp", "sst_acc": 0.20, "qqp_acc": 0.80, "sts_pearson": 0.70, "train_qqp_acc": 0.85},

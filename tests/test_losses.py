@@ -1,13 +1,22 @@
-"""losses.py: each task's loss, its score and the prediction decided from it, and CoSENT by hand."""
+"""losses.py's objectives, as each task picks them (tasks/: objective(options)): the loss, the score and the
+prediction decided from it, and CoSENT by hand."""
 import math
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from losses import (SIMILARITY_OBJECTIVES, CosineSimilarityObjective, CrossSimilarityObjective, ParaphraseObjective,
-                    SpanObjective,
-                    SentimentObjective, cosent_loss, ordinal_cross_entropy, task_objectives)
+from losses import (SIMILARITY_OBJECTIVES, BinaryObjective, ClassificationObjective, CosineSimilarityObjective,
+                    CrossSimilarityObjective, SpanObjective, cosent_loss, ordinal_cross_entropy)
+from tasks import RUN_TASKS, TASKS
+
+
+def task_objectives(pair_encoders: dict[str, str], similarity_objective: str = "cosine",
+                    ordinal_weight: float = 0.0) -> dict:
+    """Each trainable task's objective under these head options, as MultitaskBERT builds them."""
+    options = {"pair_encoder": pair_encoders, "similarity_objective": similarity_objective,
+               "sentiment_ordinal_weight": ordinal_weight, "sts_cosine_dropout": False}
+    return {task: TASKS[task].objective(options) for task in RUN_TASKS}
 
 
 def cosent_by_hand(cosine, labels, scale):
@@ -62,12 +71,12 @@ def test_ordinal_objective_charges_far_mistakes_more_and_weight_zero_is_cross_en
     labels = torch.tensor([0])
     near = torch.tensor([[0.0, 3.0, 0.0, 0.0, 0.0]])  # mass on class 1, next to the label
     far = torch.tensor([[0.0, 0.0, 0.0, 0.0, 3.0]])  # the same mass on class 4
-    ordinal = SentimentObjective(ordinal_weight=1.0)
+    ordinal = ClassificationObjective(ordinal_weight=1.0)
     assert F.cross_entropy(near, labels) == pytest.approx(F.cross_entropy(far, labels))
     assert ordinal.loss(near, labels) < ordinal.loss(far, labels)
     logits, classes = torch.randn(6, 5), torch.randint(5, (6,))
-    assert SentimentObjective(0.0).loss(logits, classes) == F.cross_entropy(logits, classes)
-    assert task_objectives(ALL_SBERT, ordinal_weight=0.3)["sst"] == SentimentObjective(0.3)
+    assert ClassificationObjective(0.0).loss(logits, classes) == F.cross_entropy(logits, classes)
+    assert task_objectives(ALL_SBERT, ordinal_weight=0.3)["sst"] == ClassificationObjective(0.3)
 
 
 def test_task_loss_per_task_and_objective():
@@ -91,7 +100,7 @@ def test_task_loss_per_task_and_objective():
 
 
 def test_task_objectives_per_pair_encoder():
-    assert task_objectives(ALL_SBERT, "cosent") == {"sst": SentimentObjective(), "qqp": ParaphraseObjective(),
+    assert task_objectives(ALL_SBERT, "cosent") == {"sst": ClassificationObjective(), "qqp": BinaryObjective(),
                                                    "sts": CosineSimilarityObjective("cosent"), "qa": SpanObjective()}
     assert task_objectives(ALL_CROSS, "cosine")["sts"] == CrossSimilarityObjective()
     assert task_objectives({"qqp": "cross", "sts": "hybrid"}, "cosent")["sts"] == CosineSimilarityObjective("cosent")
@@ -110,14 +119,14 @@ def test_divergences_smart_compares_outputs_with():
 
 def test_losses_are_computed_in_float32_from_bf16_outputs():
     logits = torch.randn(4, 5).bfloat16()
-    loss = SentimentObjective().loss(logits, torch.tensor([0, 1, 2, 3]))
+    loss = ClassificationObjective().loss(logits, torch.tensor([0, 1, 2, 3]))
     assert loss.dtype == torch.float32
-    assert ParaphraseObjective().loss(torch.randn(4).bfloat16(), torch.ones(4)).dtype == torch.float32
+    assert BinaryObjective().loss(torch.randn(4).bfloat16(), torch.ones(4)).dtype == torch.float32
 
 
 def test_sentiment_and_paraphrase_scores_are_logits_and_decide_the_class():
     logits = torch.tensor([[0.1, 2.0, -1.0, 0.0, 0.5], [3.0, 0.0, 0.0, 0.0, 0.0]]).bfloat16()
-    sst, qqp = SentimentObjective(), ParaphraseObjective()
+    sst, qqp = ClassificationObjective(), BinaryObjective()
     assert sst.score(logits).dtype == torch.float32 and torch.equal(sst.score(logits), logits.float())
     assert sst.decide(sst.score(logits)).tolist() == [1, 0]
     assert qqp.decide(qqp.score(torch.tensor([-0.1, 0.0, 0.2]))).tolist() == [0, 0, 1]

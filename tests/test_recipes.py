@@ -15,8 +15,8 @@ import torch
 from conftest import DEMO
 from datasets import load_examples
 from schedules import build_schedule
-from scores import SCORE_COLUMNS, scores_path, write_scores
-from tasks import MULTITASK, course_file_name
+from scores import scores_path, write_scores
+from tasks import MULTITASK, TASKS, course_file_name
 from training_args import TrainingArguments, adapter_config, build_parser, from_namespace, run_tasks
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,7 +58,7 @@ def recipe_runs(tmp_path_factory, tiny_checkpoint) -> dict:
     teacher = runs / "teacher"  # cpu_distill.sh's: scores of every demo training example
     for task in MULTITASK:
         ids = [e.id for e in load_examples(DEMO / course_file_name(task, "train"), task, "train")]
-        columns = len(SCORE_COLUMNS[task])
+        columns = len(TASKS[task].score_columns)
         write_scores(scores_path(teacher, task, "train"), ids, np.linspace(0, 4, len(ids) * columns), task)
 
     def run(recipe: str):

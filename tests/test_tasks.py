@@ -1,8 +1,15 @@
-"""tasks.py: one internal name per task, the course's names (quora files, para flags) mapped in one table."""
+"""tasks/: one module per task, found by the package; one internal name per task, the course's names (quora files,
+para flags) mapped by each task's fields."""
+import dataclasses
+import sys
+
 import pytest
 
+import tasks
 from conftest import DEMO
-from tasks import (MULTITASK, RUN_TASKS, SPLITS, TASKS, course_file_name, data_flag, default_output, output_flag, task_name)
+from tasks import (MULTITASK, PART1_TASKS, RUN_TASKS, SPLITS, TASKS, course_file_name, data_flag, default_output,
+                   output_flag, task_name)
+from tasks.base import Task
 
 COURSE_DATA_FLAGS = {"sst_train", "sst_dev", "sst_test", "para_train", "para_dev", "para_test",
                      "sts_train", "sts_dev", "sts_test"}
@@ -84,3 +91,43 @@ def test_other_modules_read_the_table():
         (t, s): course_file_name(t, s) for t in TASKS for s in SPLITS}
     assert DEFAULT_OUTPUTS == {(t, s): default_output(t, s) for t in MULTITASK for s in ("dev", "test")}
     assert {t: LEADERBOARD_COLUMNS[t] for t in MULTITASK} == {t: TASKS[t].leaderboard_column for t in MULTITASK}
+
+
+def test_every_task_module_of_the_folder_is_found_and_ordered_by_its_fields():
+    assert list(TASKS) == ["sst", "qqp", "sts", "cfimdb", "qa"]  # their `order`
+    assert all(isinstance(task, Task) and sys.modules[type(task).__module__] for task in TASKS.values())
+    assert {name: type(task).__module__ for name, task in TASKS.items() if type(task).__module__ != f"tasks.{name}"} \
+        == {"cfimdb": "tasks.classification"}  # CFIMDB is a SentenceClassification declared in tasks/cfimdb.py
+    assert (MULTITASK, RUN_TASKS, PART1_TASKS) == (("sst", "qqp", "sts"), ("sst", "qqp", "sts", "qa"), ("sst", "cfimdb"))
+    assert tasks.cfimdb.TASK is TASKS["cfimdb"] and tasks.qa.TASK is TASKS["qa"]
+
+
+@pytest.mark.parametrize("field, value, message", [("name", "sst", "its name 'sst' is already tasks/sst.py's"),
+                                                   ("aliases", ("quora",), "its name 'quora' is already tasks/qqp.py's"),
+                                                   ("order", 2, "its order 2 is already tasks/sts.py's")])
+def test_a_new_task_that_takes_another_tasks_name_or_place_is_refused(tmp_path, monkeypatch, field, value, message):
+    replaced = {"name": "toy", "order": 99, field: value}
+    (tmp_path / "toy.py").write_text("import dataclasses\nfrom tasks.cfimdb import TASK as CFIMDB\n"
+                                     f"TASK = dataclasses.replace(CFIMDB, **{replaced!r})\n")
+    monkeypatch.setattr(tasks, "__path__", [*tasks.__path__, str(tmp_path)])
+    try:
+        with pytest.raises(ValueError, match=rf"^tasks/toy.py: {message}$"):
+            tasks._discover()
+    finally:
+        sys.modules.pop("tasks.toy", None)
+
+
+def test_each_task_writes_and_reads_back_its_leaderboard_cells():
+    assert [TASKS["sst"].format_prediction(v) for v in (0, 4.0)] == ["0", "4"]
+    assert TASKS["sts"].format_prediction(1.23456789) == "1.23457" and TASKS["sts"].parse_prediction(" 2.5") == 2.5
+    for task, bad in (("sst", 5), ("qqp", 0.5), ("cfimdb", 2), ("sts", float("nan"))):
+        with pytest.raises(ValueError):
+            TASKS[task].format_prediction(bad)
+    with pytest.raises(ValueError, match="official JSON"):
+        TASKS["qa"].format_prediction("an answer")
+
+
+def test_kept_scores_are_on_0_to_1():
+    metrics = {"sst_acc": 0.5, "qqp_acc": 0.75, "sts_pearson": -0.2, "qa_f1": 0.6}
+    assert [TASKS[t].kept_score(metrics) for t in RUN_TASKS] == [0.5, 0.75, pytest.approx(0.4), 0.6]
+    assert dataclasses.replace(TASKS["sts"], name="sim").score_key == "sim_pearson"
