@@ -6,10 +6,11 @@ import torch
 
 from conftest import deterministic_tiny_model, pair_batch, sentence_batch, tiny_model
 from adapters import AdapterConfig
-from multitask_bert import PADDING_LOGIT, MultitaskBERT, freeze_encoder, load_multitask_model, save_multitask_model
+from multitask_bert import MultitaskBERT, freeze_encoder, load_multitask_model, save_multitask_model
 from smart import SmartConfig, SmartRegularizer
 from squad import QAExample, QAWindows
 from tasks import MULTITASK, RUN_TASKS
+from tasks.qa import PADDING_LOGIT
 from trainer import compute_task_loss, predict_answers
 
 pytestmark = pytest.mark.usefixtures("one_thread")
