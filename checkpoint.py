@@ -156,6 +156,29 @@ def restore_rng(tensors: dict[str, torch.Tensor], saved: dict) -> None:
     np.random.set_state((numpy_state[0], np.array(numpy_state[1], dtype=np.uint32), *numpy_state[2:]))
 
 
+def gather_rank_states(distributed, local: dict[str, torch.Tensor] | None = None
+                       ) -> tuple[dict[str, torch.Tensor], dict] | None:
+    """Every rank's RNG states and `local` tensors for a checkpoint, on rank 0: its own by their names, rank R's as
+    NAME.rankR, and rank 0's Python and NumPy states as JSON; None on the other ranks. A collective under torchrun
+    (`distributed`: distributed.Distributed): every rank calls it."""
+    rng_tensors, rng_info = rng_state()
+    own = rng_tensors | {name: tensor.cpu() for name, tensor in (local or {}).items()}
+    ranks = distributed.gather_objects(own)
+    if not distributed.is_main:
+        return None
+    for rank, rank_tensors in enumerate(ranks[1:], start=1):
+        own.update({f"{name}.rank{rank}": tensor for name, tensor in rank_tensors.items()})
+    return own, rng_info
+
+
+def rank_states(tensors: dict[str, torch.Tensor], rank: int) -> dict[str, torch.Tensor]:
+    """The tensors gather_rank_states saved for `rank`, by their names without the rank suffix (rank 0: all)."""
+    if rank == 0:
+        return tensors
+    suffix = f".rank{rank}"
+    return {name[:-len(suffix)]: tensor for name, tensor in tensors.items() if name.endswith(suffix)}
+
+
 def check_resume_settings(saved: dict, current: dict, free: set[str], defaults: dict | None = None) -> None:
     """Refuse to resume when a setting outside `free` (those that cannot change the result) differs.
 

@@ -25,15 +25,16 @@ from distributed import Distributed, data_parallel
 from embedding_analysis import MIN_TSNE_POINTS, plot_tsne, sentence_embeddings
 from evaluation import summarize_line, write_predictions
 from files import describe_os_error, locked_folder, remove_files
+from inference import decide
 from plots import write_run_reports
 from run_record import RECORD_FILE, run_record, write_run_record
 from run_setup import build_run, check_pretrained, load_inputs
 from runtime import precision_notice
 from scores import as_saved, scores_path, span_logits_path, write_qa_scores, write_scores, write_span_logits
 from squad import predictions, write_squad_predictions
-from step_log import STEPS_FILE, TENSORBOARD_DIR
+from step_log import STEPS_FILE, TENSORBOARD_DIR, TrainingDiverged
 from tasks import RUN_TASKS, SPLITS, TASKS, default_output
-from trainer import Trainer, TrainingDiverged, decide
+from trainer import Trainer
 from training_state import check_resumable, kept_inside_stage, read_training_state, saved_position
 from training_args import (TrainingArguments, UsageError, check_resume_arguments, parse_training_args,
                            prediction_paths)
@@ -70,23 +71,24 @@ def earlier_run_files(output_dir: Path, predictions: list[Path]) -> list[Path]:
 def write_leaderboard_files(trainer: Trainer, paths: dict, dev_scores: dict, run_dir: Path) -> None:
     """The six CSVs (and SQuAD's two prediction JSONs) and, for ensembles, the scores they were decided from
     (run_dir/scores/): dev from the scores already computed, test predicted now (by every rank, written by
-    rank 0); SQuAD's answers use the no-answer threshold trainer.qa_threshold."""
+    rank 0); SQuAD's answers use the no-answer threshold chosen on dev (trainer.evaluator.qa_threshold)."""
+    predictor, threshold = trainer.predictor, trainer.evaluator.qa_threshold
     for split in ("dev", "test"):
         for task in trainer.tasks:
             if TASKS[task].is_extractive:
                 if split == "test" and trainer.data[task].test is None:
                     continue  # no SQuAD test file (load_inputs said so)
-                answers = dev_scores[task] if split == "dev" else trainer.answer(trainer.data[task].test)
+                answers = dev_scores[task] if split == "dev" else predictor.answer(trainer.data[task].test)
                 if trainer.distributed.is_main:
-                    write_squad_predictions(paths[(task, split)], predictions(answers, trainer.qa_threshold))
+                    write_squad_predictions(paths[(task, split)], predictions(answers, threshold))
                     write_qa_scores(scores_path(run_dir, task, split), answers)
                     print(f"wrote {paths[(task, split)]} ({len(answers)} questions, no-answer threshold "
-                          f"{trainer.qa_threshold:.4f})")
+                          f"{threshold:.4f})")
                 continue
             if split == "dev":
                 ids, scores = dev_scores[task]
             else:
-                ids, scores = trainer.predict(task, trainer.data[task].test, scores=True)
+                ids, scores = predictor.predict(task, trainer.data[task].test, scores=True)
             if trainer.distributed.is_main:
                 scores = as_saved(scores)  # what an ensemble reads back, so that it decides the same CSVs
                 predicted = decide(trainer.model, task, scores)
@@ -103,12 +105,12 @@ def write_train_scores(trainer: Trainer, run_dir: Path) -> None:
         if task not in DISTILLED_TASKS or train is None:
             continue
         if task == "qa":
-            ids, logits = trainer.span_logits(train)
+            ids, logits = trainer.predictor.span_logits(train)
             if trainer.distributed.is_main:
                 write_span_logits(span_logits_path(run_dir), ids, logits, trainer.qa.max_length, trainer.qa.doc_stride)
                 print(f"wrote {span_logits_path(run_dir)} ({len(ids)} windows)")
             continue
-        ids, scores = trainer.predict(task, train, scores=True)
+        ids, scores = trainer.predictor.predict(task, train, scores=True)
         if trainer.distributed.is_main:
             write_scores(scores_path(run_dir, task, "train"), ids, scores, task)
             print(f"wrote {scores_path(run_dir, task, 'train')} ({len(ids)} rows)")
@@ -152,9 +154,6 @@ def run(args: TrainingArguments) -> Trainer:
 def _run(args: TrainingArguments, distributed: Distributed, device) -> Trainer:
     stages, data, dropped_rows, triplets, teacher = load_inputs(args)
     output_dir = Path(args.output_dir)
-    if args.resume and not any((output_dir / name).exists() for name in ("last.json", "last.safetensors")):
-        raise UsageError(f"{output_dir}: nothing to resume yet (no checkpoint saved); "
-                         "start without --resume")
     tokenizer = check_pretrained(args, data)
     # One run at a time in a folder: a second would interleave its metrics and checkpoints with this one's.
     with locked_folder(output_dir) if distributed.is_main else nullcontext():

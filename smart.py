@@ -22,8 +22,8 @@ Usage with a model that splits into `embed(...)` and `outputs_from_embeddings(..
     forward_fn = lambda e: model.outputs_from_embeddings(task, e, inputs)
     outputs = forward_fn(embeddings)                                        # the one clean forward
     loss = task_loss(outputs) + regularizer.penalty(forward_fn, embeddings, outputs, "categorical",
-                                                    teacher_args=(task, batch))
-    loss.backward(); optimizer.step(); regularizer.teacher.update(model)
+                                                    anchor_args=(task, batch))
+    loss.backward(); optimizer.step(); regularizer.anchor.update(model)
 
 Precision (SmartConfig.precision): by default the passes run in the run's own precision. The perturbation is
 of order epsilon = 1e-5 relative to embeddings of order 1, which bf16 (8-bit mantissa), fp16 and TF32 (11 bits)
@@ -34,7 +34,7 @@ perturbed passes' dropout masks dominates R_s and its gradient in every precisio
 scripts/smart_perturbation.py); the clean outputs then come from the same precision as the perturbed ones, or
 R_s would measure the precision gap, and penalty() refuses to run under autocast.
 
-Several regularizers of one model (one per task) share one BregmanTeacher; whoever steps the optimizer
+Several regularizers of one model (one per task) share one BregmanAnchor; whoever steps the optimizer
 updates it once per step, with the momentum of `bregman_momentum`.
 """
 
@@ -132,9 +132,9 @@ class SmartConfig:
     adv_weight: float = 1.0
     """lambda_s: weight of the smoothness-inducing adversarial regularizer R_s (0 disables it)."""
     bregman_weight: float = 1.0
-    """mu: weight of the Bregman proximal point term D_Breg (0 disables it and the teacher copy)."""
-    teacher_momentum: float = 0.99
-    """beta of the teacher a regularizer builds for itself (a shared teacher has its own; see
+    """mu: weight of the Bregman proximal point term D_Breg (0 disables it and the anchor's copy)."""
+    anchor_momentum: float = 0.99
+    """beta of the anchor a regularizer builds for itself (a shared anchor has its own; see
     bregman_momentum): theta_tilde <- (1 - beta) * theta + beta * theta_tilde; 0 is vanilla BPP."""
     noise_std: float = 1e-5
     """sigma: standard deviation of the random start of the perturbation."""
@@ -167,8 +167,8 @@ class SmartConfig:
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"SmartConfig: {name} must be finite and >= 0, got {value!r}")
-        if not 0 <= self.teacher_momentum < 1:
-            raise ValueError(f"SmartConfig: teacher_momentum must be in [0, 1), got {self.teacher_momentum!r}")
+        if not 0 <= self.anchor_momentum < 1:
+            raise ValueError(f"SmartConfig: anchor_momentum must be in [0, 1), got {self.anchor_momentum!r}")
         for name in ("noise_std", "epsilon", "step_size"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
@@ -329,8 +329,9 @@ def bregman_momentum(update: int, total_updates: int, fixed: float | None = None
     return 0.99 if update < 0.1 * total_updates else 0.999
 
 
-class BregmanTeacher:
-    """theta_tilde, the moving average of the model's parameters that D_Breg anchors to.
+class BregmanAnchor:
+    """theta_tilde, the weights D_Breg anchors to: the moving average of the model's parameters (update), or the
+    weights a stage started from when it is reset before every stage and never updated (anchor "stage_start").
 
     Holds one detached copy of each trainable parameter (not a copy of the module); frozen parameters and
     buffers are read from the live model at call time. Build it after the model is on its final device and dtype.
@@ -338,9 +339,9 @@ class BregmanTeacher:
 
     def __init__(self, model: nn.Module, momentum: float):
         if not 0 <= momentum < 1:
-            raise ValueError(f"BregmanTeacher: momentum must be in [0, 1), got {momentum!r}")
+            raise ValueError(f"BregmanAnchor: momentum must be in [0, 1), got {momentum!r}")
         self.momentum = momentum
-        # Frozen parameters are the same in theta and theta_tilde: the teacher reads them from the model.
+        # Frozen parameters are the same in theta and theta_tilde: the anchor reads them from the model.
         self.params: dict[str, Tensor] = {
             name: p.detach().clone(memory_format=torch.contiguous_format)
             for name, p in model.named_parameters() if p.requires_grad
@@ -374,12 +375,12 @@ class BregmanTeacher:
         live = dict(model.named_parameters())
         missing = self.params.keys() - live.keys()
         if missing:
-            raise ValueError(f"BregmanTeacher.update: model lacks parameters {sorted(missing)}")
+            raise ValueError(f"BregmanAnchor.update: model lacks parameters {sorted(missing)}")
         names = list(self.params)
         torch._foreach_lerp_([self.params[n] for n in names], [live[n].detach() for n in names], 1 - self.momentum)
 
     def state_dict(self) -> dict[str, Tensor]:
-        """The teacher parameters by name (the live tensors, contiguous: safetensors can save them)."""
+        """The anchor's parameters by name (the live tensors, contiguous: safetensors can save them)."""
         return dict(self.params)
 
     @torch.no_grad()
@@ -387,30 +388,30 @@ class BregmanTeacher:
         missing, unexpected = self.params.keys() - state.keys(), state.keys() - self.params.keys()
         if missing or unexpected:
             raise ValueError(
-                f"BregmanTeacher.load_state_dict: missing {sorted(missing)}, unexpected {sorted(unexpected)}"
+                f"BregmanAnchor.load_state_dict: missing {sorted(missing)}, unexpected {sorted(unexpected)}"
             )
         for name, tensor in self.params.items():
             if state[name].shape != tensor.shape:
                 raise ValueError(
-                    f"BregmanTeacher.load_state_dict: {name} has shape {tuple(state[name].shape)}, "
+                    f"BregmanAnchor.load_state_dict: {name} has shape {tuple(state[name].shape)}, "
                     f"expected {tuple(tensor.shape)}"
                 )
             tensor.copy_(state[name])
 
 
 class SmartRegularizer:
-    """lambda_s * R_s + mu * D_Breg for one model, plus the teacher bookkeeping between steps."""
+    """lambda_s * R_s + mu * D_Breg for one model, plus the anchor bookkeeping between steps."""
 
-    def __init__(self, model: nn.Module, config: SmartConfig, teacher: BregmanTeacher | None = None):
-        """`teacher`: a BregmanTeacher shared with other regularizers of the same model (one parameter
-        copy for all tasks); without one, a teacher is built here. Unused when bregman_weight is 0."""
+    def __init__(self, model: nn.Module, config: SmartConfig, anchor: BregmanAnchor | None = None):
+        """`anchor`: a BregmanAnchor shared with other regularizers of the same model (one parameter
+        copy for all tasks); without one, an anchor is built here. Unused when bregman_weight is 0."""
         self.model = model
         self.config = config
         if config.bregman_weight == 0:
-            teacher = None
-        elif teacher is None:
-            teacher = BregmanTeacher(model, config.teacher_momentum)
-        self.teacher = teacher
+            anchor = None
+        elif anchor is None:
+            anchor = BregmanAnchor(model, config.anchor_momentum)
+        self.anchor = anchor
         self.skipped_steps = 0
         # The terms of the last penalty, weighted as added (lambda_s * R_s as "adversarial", mu * D_Breg as
         # "bregman"), detached on the device: a caller that logs them sums them there and reads them back rarely.
@@ -422,14 +423,14 @@ class SmartRegularizer:
         embeddings: Tensor,
         clean_outputs: Tensor,
         divergence: str,
-        teacher_args: tuple = (),
-        teacher_kwargs: Mapping | None = None,
+        anchor_args: tuple = (),
+        anchor_kwargs: Mapping | None = None,
         token_mask: Tensor | None = None,
     ) -> Tensor:
-        """lambda_s * R_s + mu * divergence(clean_outputs, teacher(model, *teacher_args, **teacher_kwargs)).
+        """lambda_s * R_s + mu * divergence(clean_outputs, anchor(model, *anchor_args, **anchor_kwargs)).
 
         clean_outputs = forward_fn(embeddings) from the caller's one clean forward, reused here; the
-        teacher outputs are a fixed target. A skipped adversarial term adds 0 and bumps skipped_steps. The two terms
+        anchor's outputs are a fixed target. A skipped adversarial term adds 0 and bumps skipped_steps. The two terms
         are kept in `terms`. `token_mask`: the embeddings' attention mask (ascend's).
         """
         divergence_fn = _divergence(divergence)
@@ -445,8 +446,8 @@ class SmartRegularizer:
             )
             self.skipped_steps += skipped
             terms["adversarial"] = self.config.adv_weight * smoothness
-        if self.teacher is not None:
-            teacher_outputs = self.teacher(self.model, *teacher_args, **(teacher_kwargs or {}))
-            terms["bregman"] = self.config.bregman_weight * divergence_fn(clean_outputs, teacher_outputs)
+        if self.anchor is not None:
+            anchor_outputs = self.anchor(self.model, *anchor_args, **(anchor_kwargs or {}))
+            terms["bregman"] = self.config.bregman_weight * divergence_fn(clean_outputs, anchor_outputs)
         self.terms = {name: term.detach() for name, term in terms.items()}
         return sum(terms.values(), torch.zeros((), device=clean_outputs.device))

@@ -47,6 +47,88 @@ class DeviceSums:
         self.counts = dict(counts)
 
 
+class TrainingDiverged(RuntimeError):
+    """A loss that is not finite: the run stops there rather than train every later stage on NaN."""
+
+
+class StageLosses:
+    """A stage's losses, kept on the device: adding one reads nothing back, so the device runs ahead of the host.
+    The host reads them (read_recent, read_mean) only every logging_steps updates and at the stage's end, and
+    then also learns whether some loss was not finite, and at which update the first one was."""
+
+    def __init__(self, device: torch.device):
+        self.total = torch.zeros((), dtype=torch.float64, device=device)
+        self.recent = torch.zeros((), dtype=torch.float64, device=device)
+        self.first_nonfinite = torch.full((), -1, dtype=torch.int64, device=device)  # an update, or -1
+        self.count = self.recent_count = 0
+
+    def add(self, loss: torch.Tensor, update: int) -> None:
+        """One micro-step's loss (a 0-dim tensor on the device), taken during optimizer update `update` (0-based)."""
+        loss = loss.to(torch.float64)
+        self.total += loss
+        self.recent += loss
+        self.count += 1
+        self.recent_count += 1
+        self.first_nonfinite.masked_fill_((self.first_nonfinite < 0) & ~torch.isfinite(loss), update)
+
+    def read_recent(self, where: str, also: dict | None = None) -> tuple[float, dict[object, float]]:
+        """The mean loss since the last read_recent, and the 0-dim device tensors of `also` as host floats (by the
+        same keys): all read back in one transfer, a host sync. TrainingDiverged if a loss was not finite."""
+        also = also or {}
+        recent, first_nonfinite, *values = read_back([self.recent, self.first_nonfinite, *also.values()])
+        self.raise_if_diverged(int(first_nonfinite), where)
+        self.recent.zero_()
+        mean = recent / max(self.recent_count, 1)
+        self.recent_count = 0
+        return mean, dict(zip(also, values))
+
+    def read_mean(self, where: str) -> float:
+        """The mean loss of the stage (a host sync; NaN for a stage of no step); TrainingDiverged as read_recent."""
+        if not self.count:
+            return float("nan")
+        self.check(where)
+        return self.total.item() / self.count
+
+    def check(self, where: str) -> None:
+        self.raise_if_diverged(int(self.first_nonfinite), where)
+
+    def state(self) -> tuple[dict[str, torch.Tensor], dict[str, int]]:
+        """The sums (device tensors) and counts so far, which a checkpoint inside the stage keeps (load_state)."""
+        return ({"total": self.total, "recent": self.recent, "first_nonfinite": self.first_nonfinite},
+                {"count": self.count, "recent_count": self.recent_count})
+
+    def load_state(self, tensors: dict[str, torch.Tensor], counts: dict[str, int]) -> None:
+        for name, tensor in tensors.items():
+            getattr(self, name).copy_(tensor)
+        self.count, self.recent_count = counts["count"], counts["recent_count"]
+
+    @staticmethod
+    def raise_if_diverged(update: int, where: str) -> None:
+        if update >= 0:
+            raise TrainingDiverged(f"training diverged in {where}: the loss of update {update + 1} of the run is not "
+                                   "finite; nothing after the last checkpoint is saved. Lower --lr and rerun")
+
+
+def read_line(losses: StageLosses, where: str, tasks: DeviceSums, penalties: DeviceSums, learning_rate: float,
+              grad_norm: torch.Tensor) -> dict:
+    """The fields of a line of steps.jsonl from the summed values since the last one, read back in one transfer,
+    the sums cleared after: the tasks trained ("task"), the mean loss, each task's mean loss when there are
+    several, the learning rate (the base rate of the last update, which parameter groups scale), the last update's
+    gradient norm (before clipping) and each penalty's mean. TrainingDiverged if a loss was not finite."""
+    values = {("task", name): value for name, value in tasks.sums.items()}
+    values |= {("penalty", name): value for name, value in penalties.sums.items()}
+    values["grad_norm"] = grad_norm
+    loss, read = losses.read_recent(where, values)
+    line = {"task": ",".join(tasks.sums), "loss": loss}
+    if len(tasks.sums) > 1:
+        line["task_loss"] = {name: read["task", name] / tasks.counts[name] for name in tasks.sums}
+    line |= {"lr": learning_rate, "grad_norm": read["grad_norm"]}
+    line |= {name: read["penalty", name] / penalties.counts[name] for name in penalties.sums}
+    tasks.clear()
+    penalties.clear()
+    return line
+
+
 class RunLog:
     """Writes steps.jsonl and, with report_to "tensorboard", the TensorBoard events; a process that is not the main
     one (`active` False) writes nothing. TensorBoard is imported only when it is chosen, at the first write."""

@@ -1,15 +1,16 @@
-"""The settings of both command lines, each defined once as a dataclass field.
+"""The settings of both command lines, each defined once as a dataclass field: the flag schema.
 
 `--help`, the argparse groups, validation, the resume check (`resume_free` fields may change between a
 stopped run and its --resume) and the `args` saved in checkpoints all read these definitions:
 
+    args = parse_training_args(argv, description)    # multitask_classifier.py's, --demo's and --config's too
     parser = build_parser(TrainingArguments, description)
-    args = from_namespace(TrainingArguments, parser.parse_args(argv))   # validated in __post_init__
+    args = from_namespace(TrainingArguments, parser.parse_args(argv))   # validated in __post_init__ (validate)
 
-Library code receives plain values or the objects built from them, never the argparse Namespace:
-build_trainer builds multitask_classifier.py's run (the trainer's loop settings, optimizer, SMART and LNSR,
-SimCSE loss, gradient surgery, distillation) from TrainingArguments. The course's per-file flags (--sst_train
-... --sts_test_out) are generated from the task table.
+Every flag is validated in one pass (validate) when the settings are made, before anything is read. The settings
+derived from several flags (the schedule, SMART's per-task configs, the distillation teachers...) are functions
+here; building a run from them is run_setup.py's. The course's per-file flags (--sst_train ... --sts_test_out) are
+generated from the task table.
 """
 from __future__ import annotations
 
@@ -19,37 +20,29 @@ import importlib.util
 import json
 import math
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
-
-import torch
 
 from base_bert import CheckpointError
 from checkpoint import check_resume_settings
 from datasets import standard_paths
-from distillation import SOFTENED_TASKS, Distillation, TeacherScores, TeacherSpans
-from distributed import SINGLE_PROCESS, Distributed
+from distillation import DISTILLED_TASKS, SOFTENED_TASKS
 from files import DataError, read_input_bytes, unwritable_folder
 from adapters import ADAPTERS as ADAPTER_KINDS
 from adapters import SHARINGS, TARGETS, AdapterConfig
-from continual import L2SP, ElasticWeightConsolidation
 from gradient_surgery import GRADIENT_SURGERIES, GradientSurgery
 from lnsr import LnsrConfig
 from losses import SENTIMENT_OBJECTIVES, SIMILARITY_OBJECTIVES
-from mlm import MaskedLanguageModelHead
-from multitask_bert import HEAD_ACTIVATIONS, POOLINGS, MultitaskBERT, parse_pair_encoders
+from multitask_bert import HEAD_ACTIVATIONS, POOLINGS, parse_pair_encoders
 from run_record import RECORD_KEYS
-from runtime import COMPILE_MODES, PRECISIONS, pad_to_multiple_of, requested_precision, resolve_precision
-from schedules import LR_SCHEDULES, SCHEDULES, STAGE_STARTS
+from runtime import COMPILE_MODES, PRECISIONS, requested_precision
+from schedules import LR_SCHEDULES, SCHEDULES, STAGE_STARTS, Stage, StageKind, build_schedule, train_tasks
 from simcse import SIMCSE_OBJECTIVES
-from smart import (ANCHORS, MOMENTUM_SCHEDULES, NORM_LEVELS, NORMS, PROJECTIONS, BregmanTeacher, SmartConfig,
-                   SmartRegularizer, bregman_momentum)
+from smart import ANCHORS, MOMENTUM_SCHEDULES, NORM_LEVELS, NORMS, PROJECTIONS, SmartConfig
 from smart import PRECISIONS as SMART_PRECISIONS
 from squad import QASettings
 from step_log import REPORT_TO
 from tasks import MULTITASK, RUN_TASKS, SPLITS, course_file_name, data_flag, default_output, output_flag, task_name
 from tokenizer import shortest_max_length
-from trainer import LoopConfig, Regularization, SimcseStage, Trainer, build_optimizer
 
 COURSE = "course options (defaults unchanged)"
 RUN = "data, model and run"
@@ -288,14 +281,15 @@ class TrainingArguments:
     smart_tasks: str | None = flag(None, "default: every task of --tasks", group=SMART)
     smart_adv_weight: float = flag(1.0, "lambda_s", SMART, type=float)
     smart_bregman_weight: float = flag(1.0, "mu", SMART, type=float)
-    smart_momentum: float | None = flag(None, "beta of the Bregman teacher (default: the SMART paper's 0.99 for "
-                                          "the first 10%% of the updates, then 0.999: see --smart_momentum_schedule; "
-                                          "a number fixes it; 0: vanilla)", SMART, type=float)
+    smart_momentum: float | None = flag(None, "beta of the Bregman anchor's moving average (default: the SMART "
+                                          "paper's 0.99 for the first 10%% of the updates, then 0.999: see "
+                                          "--smart_momentum_schedule; a number fixes it; 0: vanilla)", SMART,
+                                        type=float)
     smart_momentum_schedule: str = flag("run", "what the default momentum's 10%% is of: run, the run's updates (the "
                                         "SMART paper's), or stage, each stage's, restarting every stage (the thesis' "
                                         "code restarts it every epoch)", SMART, choices=MOMENTUM_SCHEDULES)
-    smart_anchor: str = flag("moving_average", "what D_Breg compares with: moving_average (the teacher theta_tilde) "
-                             "or stage_start, the weights the stage started from (the thesis' code: a variable-name "
+    smart_anchor: str = flag("moving_average", "what D_Breg compares with: moving_average (theta_tilde, the "
+                             "weights' moving average) or stage_start, the weights the stage started from (the thesis' code: a variable-name "
                              "slip never loads its moving average, so its anchor is the epoch's first weights)",
                              SMART, choices=ANCHORS)
     smart_projection: str = flag("clamp", "how an ascent step returns to the eps-ball: clamp (every coordinate within "
@@ -368,7 +362,6 @@ class TrainingArguments:
                               "the trainable weights that came from --pretrained", FORGETTING, type=float)
 
     def __post_init__(self):
-        _check_common(self, texts_per_input=2)  # QQP and STS may be encoded jointly (--pair_encoder cross, hybrid)
         self.precision = requested_precision(self.precision, self.bf16)
         try:
             self.tasks = ",".join(parse_tasks(self.tasks))
@@ -381,90 +374,151 @@ class TrainingArguments:
             self.cycle = THREE_TASK_STAGES[1] if three else ""
         if self.smart_tasks is None:
             self.smart_tasks = self.tasks
-        for name in ("qa_max_length", "qa_doc_stride", "qa_max_answer_tokens", "qa_n_best"):
-            _check(getattr(self, name) >= 1, f"--{name} must be >= 1, got {getattr(self, name)}")
-        _check(self.qa_doc_stride < self.qa_max_length, "--qa_doc_stride must be below --qa_max_length")
-        _check(self.grad_accumulation_steps >= 1, "--grad_accumulation_steps must be >= 1")
-        _check(self.logging_steps >= 1, f"--logging_steps must be >= 1, got {self.logging_steps}")
-        _check(self.save_steps >= 0, f"--save_steps must be >= 0, got {self.save_steps}")
-        _check(self.save_every_minutes is None or (_finite(self.save_every_minutes) and self.save_every_minutes >= 0),
-               f"--save_every_minutes must be a number >= 0, got {self.save_every_minutes}")
-        _check(self.report_to != "tensorboard" or importlib.util.find_spec("tensorboard") is not None,
-               "--report_to tensorboard needs the tensorboard package: pip install tensorboard")
-        for name in ("cycles", "mlm_epochs", "simcse_epochs", "eval_train_examples", "num_workers"):
-            _check(getattr(self, name) >= 0, f"--{name} must be >= 0, got {getattr(self, name)}")
-        # 0 would stop before the first checkpoint, leaving nothing that --resume could continue
-        _check(self.patience is None or self.patience >= 1, f"--patience must be >= 1, got {self.patience}")
-        _check(self.stop_after_stages is None or self.stop_after_stages >= 1,
-               f"--stop_after_stages must be >= 1, got {self.stop_after_stages}")
-        _check(self.simcse_max_examples is None or self.simcse_max_examples >= 1, "--simcse_max_examples must be >= 1")
-        _check(_finite(self.simcse_lr) and self.simcse_lr > 0, f"--simcse_lr must be > 0, got {self.simcse_lr}")
-        _check(_finite(self.simcse_temperature) and self.simcse_temperature > 0,
-               f"--simcse_temperature must be a finite number > 0, got {self.simcse_temperature}")
-        _check(self.encoder_dropout is None or (_finite(self.encoder_dropout) and 0 <= self.encoder_dropout < 1),
-               f"--encoder_dropout must be in [0, 1), got {self.encoder_dropout}")
-        for name in ("weight_decay", "max_grad_norm"):
-            _check(_finite(getattr(self, name)) and getattr(self, name) >= 0, f"--{name} must be finite and >= 0")
-        _check(_finite(self.warmup_ratio) and 0 <= self.warmup_ratio < 1, "--warmup_ratio must be in [0, 1)")
-        _check(self.smart_momentum is None or (_finite(self.smart_momentum) and 0 <= self.smart_momentum < 1),
-               f"--smart_momentum must be in [0, 1), got {self.smart_momentum}")
-        for name in ("ewc_weight", "l2sp_weight"):
-            _check(_finite(getattr(self, name)) and getattr(self, name) >= 0,
-                   f"--{name} must be a finite number >= 0, got {getattr(self, name)}")
-        _check(self.ewc_fisher_batches >= 1, f"--ewc_fisher_batches must be >= 1, got {self.ewc_fisher_batches}")
-        _check(not (self.ewc_weight or self.l2sp_weight) or self.schedule == "sequential",
-               "--ewc_weight and --l2sp_weight regularise the sequential schedule's stages; use --schedule sequential")
-        _check(not self.l2sp_weight or self.option == "finetune",
-               "--l2sp_weight holds the pretrained weights, which --option pretrain freezes; use --option finetune")
-        _check(not self.ewc_weight or self.option == "finetune" or (self.adapter != "none"
-                                                                     and self.adapter_sharing == "shared"),
-               "--ewc_weight holds the trainable encoder parameters shared by the tasks: with --option pretrain that "
-               "needs --adapter ... --adapter_sharing shared")
-        _check(self.simcse_keep == "last" or "sts" in self.tasks.split(","),
-               "--simcse_keep best picks the SimCSE epoch by STS's dev Pearson: add sts to --tasks")
-        _check(self.gradient_surgery == "none" or self.schedule != "sequential",
-               "--gradient_surgery needs --schedule annealed or round_robin (each step trains several tasks)")
-        _check(self.stage_start == "last" or self.schedule == "sequential",
-               "--stage_start best needs --schedule sequential: annealed and round_robin epochs train every task at "
-               "once, with no block of one task's stages to go on from")
-        _check(_finite(self.cagrad_c) and self.cagrad_c >= 0, f"--cagrad_c must be finite and >= 0, got {self.cagrad_c}")
-        _check(_finite(self.layerwise_lr_decay) and 0 < self.layerwise_lr_decay <= 1,
-               f"--layerwise_lr_decay must be in (0, 1], got {self.layerwise_lr_decay}")
-        _check(self.head_hidden >= 0, f"--head_hidden must be >= 0, got {self.head_hidden}")
-        _check(self.pal_size is None or self.pal_size >= 1, f"--pal_size must be >= 1, got {self.pal_size}")
-        _check(_finite(self.ordinal_weight) and self.ordinal_weight >= 0, "--ordinal_weight must be finite and >= 0")
-        try:
-            encoders = parse_pair_encoders(self.pair_encoder)
-        except ValueError as err:
-            raise ValueError(f"--pair_encoder: {err}") from None
-        _check(encoders["sts"] != "cross" or self.similarity_objective == "cosine",
-               "--similarity_objective applies to a cosine; a cross-encoded STS is trained as MSE(sigmoid, label/5)")
-        _check(encoders["sts"] != "cross" or not self.sts_cosine_dropout,
-               "--sts_cosine_dropout applies to the STS cosine (sbert, hybrid); a cross-encoded STS has none")
-        if self.adapter != "none":
-            adapter_config(self)
-            _check(not (self.adapter_sharing == "per_task" and self.simcse_data),
-                   "the SimCSE stage trains one encoder for every task: with an adapter use --adapter_sharing shared")
-        if self.lnsr:
-            lnsr_tasks(self)
-            lnsr_config(self, num_layers=None)  # LnsrConfig checks the weight, the noise and the layer
-        regularized_tasks(self)  # SMART's and LNSR's tasks must be among the run's
-        if self.smart:
-            smart_configs(self)
-        _check(not self.distill_override or distill_teachers(self),
-               "--distill_override sets how tasks learn from a teacher: name one with --distill DIR "
-               "(or TASK:teacher=DIR)")
-        for task, setting in distill_settings(self).items():
-            name = "" if not self.distill_override else f" ({task})"
-            _check(_finite(setting["weight"]) and 0 < setting["weight"] <= 1,
-                   f"--distill_weight must be in (0, 1], got {setting['weight']}{name}")
-            _check(_finite(setting["temperature"]) and setting["temperature"] > 0,
-                   f"--distill_temperature must be > 0, got {setting['temperature']}{name}")
-            _check(task in SOFTENED_TASKS or setting["temperature"] == self.distill_temperature,
-                   f"--distill_override {task}:temperature={setting['temperature']:g}: {task}'s distillation loss "
-                   f"has no temperature (only {' and '.join(SOFTENED_TASKS)} soften a distribution)")
-        _check(not (self.simcse_data and self.option == "pretrain"),
-               "the SimCSE stage trains the encoder, which --option pretrain freezes; use --option finetune")
+        validate(self)
+
+
+# -- validation: every flag, alone and against the others, in one pass before anything is read ------------------
+
+def validate(args: TrainingArguments) -> None:
+    """Every setting of multitask_classifier.py checked: each feature's flags, then the schedule they make against
+    the flags that depend on it. ValueError naming the flag. What needs the files or the model's config is checked
+    once they are read, still before the model loads (run_setup.load_inputs, check_pretrained)."""
+    _check_common(args, texts_per_input=2)  # QQP and STS may be encoded jointly (--pair_encoder cross, hybrid)
+    for check in (_check_run, _check_squad, _check_optimisation, _check_schedule_flags, _check_heads,
+                  _check_adapters, _check_simcse, _check_forgetting, _check_smart_and_lnsr, _check_distillation):
+        check(args)
+    _check_stages(args, run_schedule(args))
+
+
+def _check_run(args: TrainingArguments) -> None:
+    _check(args.logging_steps >= 1, f"--logging_steps must be >= 1, got {args.logging_steps}")
+    _check(args.save_steps >= 0, f"--save_steps must be >= 0, got {args.save_steps}")
+    _check(args.save_every_minutes is None or (_finite(args.save_every_minutes) and args.save_every_minutes >= 0),
+           f"--save_every_minutes must be a number >= 0, got {args.save_every_minutes}")
+    _check(args.report_to != "tensorboard" or importlib.util.find_spec("tensorboard") is not None,
+           "--report_to tensorboard needs the tensorboard package: pip install tensorboard")
+    for name in ("eval_train_examples", "num_workers"):
+        _check(getattr(args, name) >= 0, f"--{name} must be >= 0, got {getattr(args, name)}")
+    # 0 would stop before the first checkpoint, leaving nothing that --resume could continue
+    _check(args.stop_after_stages is None or args.stop_after_stages >= 1,
+           f"--stop_after_stages must be >= 1, got {args.stop_after_stages}")
+
+
+def _check_squad(args: TrainingArguments) -> None:
+    for name in ("qa_max_length", "qa_doc_stride", "qa_max_answer_tokens", "qa_n_best"):
+        _check(getattr(args, name) >= 1, f"--{name} must be >= 1, got {getattr(args, name)}")
+    _check(args.qa_doc_stride < args.qa_max_length, "--qa_doc_stride must be below --qa_max_length")
+
+
+def _check_optimisation(args: TrainingArguments) -> None:
+    _check(args.grad_accumulation_steps >= 1, "--grad_accumulation_steps must be >= 1")
+    for name in ("weight_decay", "max_grad_norm"):
+        _check(_finite(getattr(args, name)) and getattr(args, name) >= 0, f"--{name} must be finite and >= 0")
+    _check(_finite(args.warmup_ratio) and 0 <= args.warmup_ratio < 1, "--warmup_ratio must be in [0, 1)")
+    _check(_finite(args.layerwise_lr_decay) and 0 < args.layerwise_lr_decay <= 1,
+           f"--layerwise_lr_decay must be in (0, 1], got {args.layerwise_lr_decay}")
+
+
+def _check_schedule_flags(args: TrainingArguments) -> None:
+    for name in ("cycles", "mlm_epochs", "simcse_epochs"):
+        _check(getattr(args, name) >= 0, f"--{name} must be >= 0, got {getattr(args, name)}")
+    _check(args.patience is None or args.patience >= 1, f"--patience must be >= 1, got {args.patience}")
+    _check(args.gradient_surgery == "none" or args.schedule != "sequential",
+           "--gradient_surgery needs --schedule annealed or round_robin (each step trains several tasks)")
+    _check(_finite(args.cagrad_c) and args.cagrad_c >= 0, f"--cagrad_c must be finite and >= 0, got {args.cagrad_c}")
+    _check(args.stage_start == "last" or args.schedule == "sequential",
+           "--stage_start best needs --schedule sequential: annealed and round_robin epochs train every task at "
+           "once, with no block of one task's stages to go on from")
+    _check(args.simcse_keep == "last" or "sts" in run_tasks(args),
+           "--simcse_keep best picks the SimCSE epoch by STS's dev Pearson: add sts to --tasks")
+
+
+def _check_heads(args: TrainingArguments) -> None:
+    _check(args.encoder_dropout is None or (_finite(args.encoder_dropout) and 0 <= args.encoder_dropout < 1),
+           f"--encoder_dropout must be in [0, 1), got {args.encoder_dropout}")
+    _check(args.head_hidden >= 0, f"--head_hidden must be >= 0, got {args.head_hidden}")
+    _check(_finite(args.ordinal_weight) and args.ordinal_weight >= 0, "--ordinal_weight must be finite and >= 0")
+    try:
+        encoders = parse_pair_encoders(args.pair_encoder)
+    except ValueError as err:
+        raise ValueError(f"--pair_encoder: {err}") from None
+    _check(encoders["sts"] != "cross" or args.similarity_objective == "cosine",
+           "--similarity_objective applies to a cosine; a cross-encoded STS is trained as MSE(sigmoid, label/5)")
+    _check(encoders["sts"] != "cross" or not args.sts_cosine_dropout,
+           "--sts_cosine_dropout applies to the STS cosine (sbert, hybrid); a cross-encoded STS has none")
+
+
+def _check_adapters(args: TrainingArguments) -> None:
+    _check(args.pal_size is None or args.pal_size >= 1, f"--pal_size must be >= 1, got {args.pal_size}")
+    adapter_config(args)  # AdapterConfig checks the kind, rank, alpha, dropout and targets
+
+
+def _check_simcse(args: TrainingArguments) -> None:
+    _check(args.simcse_max_examples is None or args.simcse_max_examples >= 1, "--simcse_max_examples must be >= 1")
+    _check(_finite(args.simcse_lr) and args.simcse_lr > 0, f"--simcse_lr must be > 0, got {args.simcse_lr}")
+    _check(_finite(args.simcse_temperature) and args.simcse_temperature > 0,
+           f"--simcse_temperature must be a finite number > 0, got {args.simcse_temperature}")
+
+
+def _check_forgetting(args: TrainingArguments) -> None:
+    for name in ("ewc_weight", "l2sp_weight"):
+        _check(_finite(getattr(args, name)) and getattr(args, name) >= 0,
+               f"--{name} must be a finite number >= 0, got {getattr(args, name)}")
+    _check(args.ewc_fisher_batches >= 1, f"--ewc_fisher_batches must be >= 1, got {args.ewc_fisher_batches}")
+    _check(not (args.ewc_weight or args.l2sp_weight) or args.schedule == "sequential",
+           "--ewc_weight and --l2sp_weight regularise the sequential schedule's stages; use --schedule sequential")
+    _check(not args.l2sp_weight or args.option == "finetune",
+           "--l2sp_weight holds the pretrained weights, which --option pretrain freezes; use --option finetune")
+    _check(not args.ewc_weight or args.option == "finetune" or (args.adapter != "none"
+                                                                 and args.adapter_sharing == "shared"),
+           "--ewc_weight holds the trainable encoder parameters shared by the tasks: with --option pretrain that "
+           "needs --adapter ... --adapter_sharing shared")
+
+
+def _check_smart_and_lnsr(args: TrainingArguments) -> None:
+    _check(args.smart_momentum is None or (_finite(args.smart_momentum) and 0 <= args.smart_momentum < 1),
+           f"--smart_momentum must be in [0, 1), got {args.smart_momentum}")
+    if args.lnsr:
+        lnsr_tasks(args)
+        lnsr_config(args, num_layers=None)  # LnsrConfig checks the weight, the noise and the layer
+    regularized_tasks(args)  # SMART's and LNSR's tasks must be among the run's
+    if args.smart:
+        smart_configs(args)
+
+
+def _check_distillation(args: TrainingArguments) -> None:
+    _check(not args.distill_override or distill_teachers(args),
+           "--distill_override sets how tasks learn from a teacher: name one with --distill DIR "
+           "(or TASK:teacher=DIR)")
+    for task, setting in distill_settings(args).items():
+        name = "" if not args.distill_override else f" ({task})"
+        _check(_finite(setting["weight"]) and 0 < setting["weight"] <= 1,
+               f"--distill_weight must be in (0, 1], got {setting['weight']}{name}")
+        _check(_finite(setting["temperature"]) and setting["temperature"] > 0,
+               f"--distill_temperature must be > 0, got {setting['temperature']}{name}")
+        _check(task in SOFTENED_TASKS or setting["temperature"] == args.distill_temperature,
+               f"--distill_override {task}:temperature={setting['temperature']:g}: {task}'s distillation loss "
+               f"has no temperature (only {' and '.join(SOFTENED_TASKS)} soften a distribution)")
+
+
+def _check_stages(args: TrainingArguments, stages: list[Stage]) -> None:
+    """The flags that depend on the schedule's stages. SimCSE's and mlm's stages train the one encoder every task
+    shares, so it must train, and per-task adapters would leave no encoder for them (an mlm stage may train shared
+    adapters over a frozen BERT; SimCSE's never runs over one)."""
+    mlm = any(stage.kind is StageKind.MLM for stage in stages)
+    _check(not mlm or set(MULTITASK) & set(run_tasks(args)),
+           "the mlm stage reads the training sentences of sst, qqp and sts; none of them is among --tasks")
+    frozen = args.option == "pretrain"
+    per_task_adapters = args.adapter != "none" and args.adapter_sharing == "per_task"
+    for stage, present, trains_nothing in (("SimCSE", bool(args.simcse_data), frozen),
+                                           ("mlm", mlm, frozen and args.adapter == "none")):
+        _check(not (present and per_task_adapters),
+               f"the {stage} stage trains one encoder for every task: with an adapter use --adapter_sharing shared")
+        _check(not (present and trains_nothing),
+               f"the {stage} stage trains the encoder, which --option pretrain freezes; use --option finetune")
+    teachers = distill_teachers(args)
+    _check(not teachers or distilled_tasks(args, stages),
+           f"--distill {' '.join(sorted(set(teachers.values())))}: the schedule trains none of {', '.join(teachers)}")
 
 
 @dataclass
@@ -666,6 +720,20 @@ def run_tasks(args: TrainingArguments) -> tuple[str, ...]:
     return tuple(args.tasks.split(","))
 
 
+def run_schedule(args: TrainingArguments) -> list[Stage]:
+    """The run's stages: schedules.build_schedule of --schedule, --first_stages, --cycle, --cycles, --epochs and the
+    SimCSE and mlm epochs."""
+    return build_schedule(args.schedule, args.first_stages, args.cycle, args.cycles, args.epochs,
+                          args.simcse_epochs if args.simcse_data else 0, args.mlm_epochs, run_tasks(args))
+
+
+def distilled_tasks(args: TrainingArguments, stages: list[Stage]) -> list[str]:
+    """The tasks that learn from a --distill teacher: those with one whose train split the stages read, in
+    distillation.DISTILLED_TASKS' order."""
+    teachers, trained = distill_teachers(args), train_tasks(stages, run_tasks(args))
+    return [task for task in DISTILLED_TASKS if task in teachers and task in trained]
+
+
 def _task_list(enabled: bool, text: str, flag: str, tasks: tuple[str, ...]) -> set[str]:
     """The tasks named in a comma-separated flag (none when its feature is off), each among the run's."""
     if not enabled:
@@ -683,7 +751,7 @@ def regularized_tasks(args: TrainingArguments) -> set[str]:
 
 def smart_configs(args: TrainingArguments) -> dict[str, SmartConfig]:
     """SMART settings per task: the global flags, then any --smart_override TASK:key=value,...
-    The teacher's momentum is shared by all tasks, so it is not among them."""
+    The Bregman anchor's momentum is shared by all tasks, so it is not among them."""
     base = dict(adv_weight=args.smart_adv_weight, bregman_weight=args.smart_bregman_weight,
                 noise_std=args.smart_noise_std, epsilon=args.smart_epsilon, step_size=args.smart_step_size,
                 ascent_steps=args.smart_ascent_steps, norm=args.smart_norm, norm_level=args.smart_norm_level,
@@ -779,75 +847,6 @@ def check_resume_arguments(saved: dict, args: TrainingArguments) -> None:
                                   f"resume with --cycles {saved.get('cycles')}")
     check_resume_settings(saved, dataclasses.asdict(args), resume_free_fields(TrainingArguments),
                           field_defaults(TrainingArguments))
-
-
-def save_minutes(requested: float | None, device: torch.device) -> float:
-    """--save_every_minutes for the device: as given, or by default every CUDA_SAVE_MINUTES on a GPU (a Colab session
-    may end at any moment) and never on the CPU (short runs, whose saves would cost more than they keep)."""
-    if requested is not None:
-        return requested
-    return CUDA_SAVE_MINUTES if device.type == "cuda" else 0.0
-
-
-def loop_config(args: TrainingArguments, device: torch.device) -> LoopConfig:
-    """The training loop's settings; the precision resolved for the device."""
-    return LoopConfig(output_dir=Path(args.output_dir), lr=args.lr, seed=args.seed, batch_size=args.batch_size,
-                      eval_batch_size=args.eval_batch_size, max_length=args.max_length, num_workers=args.num_workers,
-                      grad_accumulation_steps=args.grad_accumulation_steps, max_grad_norm=args.max_grad_norm,
-                      lr_schedule=args.lr_schedule, warmup_ratio=args.warmup_ratio, schedule=args.schedule,
-                      epochs=args.epochs, precision=resolve_precision(device, args.precision), quiet=args.quiet,
-                      stop_after_stages=args.stop_after_stages, keep_stage_models=args.keep_stage_models,
-                      eval_train_examples=args.eval_train_examples, logging_steps=args.logging_steps,
-                      report_to=args.report_to, patience=args.patience, save_steps=args.save_steps,
-                      stage_start=args.stage_start, simcse_keep=args.simcse_keep,
-                      save_every_minutes=save_minutes(args.save_every_minutes, device),
-                      pad_to_multiple_of=pad_to_multiple_of(device, args.compile))
-
-
-def regularization(args: TrainingArguments, model: MultitaskBERT) -> Regularization:
-    """SMART's regularizers (one Bregman teacher shared by every task that needs one), LNSR's configs, and EWC and
-    L2-SP (built on the model as it is: the pretrained weights, before a resume loads the run's)."""
-    tasks = regularized_tasks(args)
-    configs = smart_configs(args) if tasks else {}
-    teacher = None
-    if any(configs[task].bregman_weight > 0 for task in tasks):
-        teacher = BregmanTeacher(model, bregman_momentum(0, 1, args.smart_momentum))
-    num_layers = model.bert.config.num_hidden_layers
-    trainable = [name for name, p in model.named_parameters() if p.requires_grad]
-    ewc = l2sp = None
-    if args.ewc_weight:  # the encoder (and shared adapters): a task's own head or adapters no other task trains
-        ewc = ElasticWeightConsolidation(model, args.ewc_weight, [name for name in trainable if model.is_shared(name)])
-    if args.l2sp_weight:  # BERT's own weights, all of them from the checkpoint; adapters start from no pretrained value
-        l2sp = L2SP(model, args.l2sp_weight, [name for name in trainable
-                                              if name.startswith("bert.") and ".adapters." not in name])
-    return Regularization(smart={task: SmartRegularizer(model, configs[task], teacher) for task in tasks},
-                          teacher=teacher, teacher_momentum=args.smart_momentum,
-                          momentum_schedule=args.smart_momentum_schedule, anchor=args.smart_anchor,
-                          lnsr={task: lnsr_config(args, num_layers) for task in lnsr_tasks(args)},
-                          ewc=ewc, ewc_fisher_batches=args.ewc_fisher_batches, l2sp=l2sp)
-
-
-def build_trainer(args: TrainingArguments, model: MultitaskBERT, tokenizer, data: dict, triplets: list,
-                  device: torch.device, mlm_head: MaskedLanguageModelHead | None = None,
-                  distributed: Distributed = SINGLE_PROCESS,
-                  teacher: dict[str, TeacherScores | TeacherSpans] | None = None) -> Trainer:
-    """The run's Trainer, its objects built from the settings. Build it once the model is on its device and
-    the same on every rank (the SMART teacher copies the model's weights). `teacher`: --distill's scores
-    (distillation.load_teacher)."""
-    simcse = None
-    if triplets:
-        simcse = SimcseStage(triplets, partial(SIMCSE_OBJECTIVES[args.simcse_objective],
-                                               temperature=args.simcse_temperature), args.simcse_lr)
-    surgery = None if args.gradient_surgery == "none" else GradientSurgery(args.gradient_surgery, args.cagrad_c)
-    qa = QASettings(args.qa_max_length, args.qa_doc_stride, args.qa_n_best, args.qa_max_answer_tokens)
-    optimizer = build_optimizer(model, args.lr, args.weight_decay, args.layerwise_lr_decay, mlm_head, args.compile)
-    distillation = None
-    if teacher:
-        settings = distill_settings(args)
-        distillation = Distillation(teacher, args.distill_weight, args.distill_temperature,
-                                    {task: (s["weight"], s["temperature"]) for task, s in settings.items()})
-    return Trainer(model, tokenizer, data, device, loop_config(args, device), optimizer, regularization(args, model),
-                   simcse, surgery, qa, mlm_head, distributed, dataclasses.asdict(args), distillation)
 
 
 # --demo: these become the defaults, so that every flag given still wins.

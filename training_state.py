@@ -9,21 +9,56 @@ wants to continue it. What the state holds is the trainer's (Trainer.state_dict 
 """
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import math
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import torch
 
 from base_bert import CheckpointError
 from checkpoint import atomic_save, check_fields, read_checkpoint
+from datasets import TaskData
 
 TRAINING_STATE_FIELDS = {"args": dict, "data_sha256": dict, "next_stage": int, "history": list, "best_score": (int, float),
                          "updates": int, "optimizer": dict, "rng": dict, "smart_skipped_steps": dict}
-# "position": where a stage stood when the checkpoint was saved inside it (Trainer.save_inside_stage)
+# "position": where a stage stood when the checkpoint was saved inside it (StepLoop.save_inside_stage)
 OPTIONAL_FIELDS = {"grad_scaler": dict, "skipped_updates": int, "skipped_stages": list,
                    "block_best": (dict, type(None)), "position": dict}
+
+
+@dataclass
+class TrainingState:
+    """Where a run stands between stages; with the tensors, what Trainer.state_dict saves for --resume."""
+    next_stage: int = 0
+    updates: int = 0  # optimizer steps taken; the learning rate and SMART's momentum follow it
+    best_score: float = -math.inf  # kept_model_score of the model kept so far
+    history: list[dict] = field(default_factory=list)  # one record per evaluation (index 0: the pretrained model)
+    skipped_updates: int = 0  # fp16 steps skipped for inf / NaN gradients
+    skipped_stages: list[int] = field(default_factory=list)  # schedule positions early stopping skipped (0-based)
+
+    def restore(self, metadata: dict) -> None:
+        """The state a checkpoint holds, in place (the trainer's loops share this object); fields added later read
+        as a run saved before them did."""
+        self.next_stage, self.updates, self.best_score = metadata["next_stage"], metadata["updates"], \
+            metadata["best_score"]
+        self.history = metadata["history"]
+        self.skipped_updates = metadata.get("skipped_updates", 0)
+        self.skipped_stages = metadata.get("skipped_stages", [])
+
+
+def data_fingerprints(data: dict[str, TaskData], triplets: list) -> dict[str, str]:
+    """SHA-256 of the examples (ids, texts, labels) of every split a run reads, by 'task/split': --resume
+    compares the data itself, so a moved or renamed data folder resumes and a changed file does not."""
+    parts = {f"{task}/{split}": getattr(task_data, split) for task, task_data in data.items()
+             for split in ("train", "dev", "test") if getattr(task_data, split) is not None}
+    if triplets:
+        parts["simcse/train"] = triplets
+    return {name: hashlib.sha256("".join(map(repr, examples)).encode()).hexdigest()
+            for name, examples in parts.items()}
 
 
 def save_training_state(prefix: Path, tensors: dict[str, torch.Tensor], metadata: dict) -> None:
@@ -76,11 +111,26 @@ def check_consistent(metadata: dict, info: Path) -> None:
         raise CheckpointError(f"{info}: {problem}; the file was edited or damaged: resume from an intact copy or "
                               "start again without --resume")
     history, next_stage, skipped = metadata["history"], metadata["next_stage"], metadata.get("skipped_stages", [])
+    check_history(history, next_stage, skipped, refuse)
+    done = len(history) - 1
+    position = metadata.get("position")
+    # A checkpoint follows a stage, or is inside one (the first too); more stages done than the schedule has is
+    # check_resumable's own refusal.
+    if next_stage != done + len(skipped) or (done < 1 and position is None):
+        refuse(f"next_stage {next_stage!r} does not follow the history's {done} stage(s) done"
+               + (f" and the {len(skipped)} early stopping skipped" if skipped else ""))
+    if position is not None:
+        check_position(position, next_stage, refuse)
+    check_values(metadata, refuse)
+
+
+def check_history(history: list, next_stage: int, skipped: list, refuse: Callable[[str], None]) -> None:
+    """The history's records number the stages done, those before next_stage that early stopping did not skip
+    (`skipped`), each with the first record's metrics, as numbers; the first is the pretrained model's."""
     if not all(isinstance(s, int) and not isinstance(s, bool) and 0 <= s < next_stage for s in skipped) or \
             skipped != sorted(set(skipped)):
         refuse(f"skipped_stages {skipped!r} must be distinct stage positions below next_stage, in order")
-    # A record's index is its stage's position in the schedule (1-based; 0: the pretrained model's), so the
-    # records number the stages done: those before next_stage that early stopping did not skip.
+    # A record's index is its stage's position in the schedule (1-based; 0: the pretrained model's).
     skipped_positions = set(skipped)
     done_positions = (position for position in itertools.count() if position not in skipped_positions)
     indices = [0] + [position + 1 for position in itertools.islice(done_positions, len(history))]
@@ -96,15 +146,10 @@ def check_consistent(metadata: dict, info: Path) -> None:
                    f"({', '.join(sorted(set(history[0]) - set(record)))})")
     if not history or history[0]["stage"] != "pretrained":
         refuse("the history must begin with the pretrained model's record")
-    done = len(history) - 1
-    position = metadata.get("position")
-    # A checkpoint follows a stage, or is inside one (the first too); more stages done than the schedule has is
-    # check_resumable's own refusal.
-    if next_stage != done + len(skipped) or (done < 1 and position is None):
-        refuse(f"next_stage {next_stage!r} does not follow the history's {done} stage(s) done"
-               + (f" and the {len(skipped)} early stopping skipped" if skipped else ""))
-    if position is not None:
-        check_position(position, next_stage, refuse)
+
+
+def check_values(metadata: dict, refuse: Callable[[str], None]) -> None:
+    """The best score (a score, or -inf), the counters, the data's hashes and the block's best stage."""
     best = metadata["best_score"]
     if not (best == -math.inf or 0 <= best <= 1):  # -inf before any stage is kept; scores are means of [0, 1] metrics
         refuse(f"best_score {best!r} is not a score in [0, 1]")
@@ -118,7 +163,8 @@ def check_consistent(metadata: dict, info: Path) -> None:
         refuse("data_sha256 must map names to hashes")
     block_best = metadata.get("block_best")  # the best stage so far of a block that --stage_start best resolves
     if block_best is not None and not (
-            set(block_best) == {"index", "score"} and any(r["index"] == block_best["index"] for r in history[1:])
+            set(block_best) == {"index", "score"} and any(r["index"] == block_best["index"]
+                                                         for r in metadata["history"][1:])
             and isinstance(block_best["score"], (int, float)) and 0 <= block_best["score"] <= 1):
         refuse(f"block_best {block_best!r} must name a stage done (its 'index') and its 'score' in [0, 1]")
 

@@ -442,9 +442,9 @@ def multitask_setup(args, device, smart: bool, adapter: str | None = None, check
 
 
 def multitask_step_fn(model, optimizer, regularizer, batch, device, precision: str, task="qqp"):
-    """One training step as trainer.py takes it: with SMART at precision exact, compute_task_loss runs the whole loss
+    """One training step as the trainer takes it: with SMART at precision exact, compute_task_loss runs the whole loss
     in float32 whatever the autocast around it."""
-    from trainer import compute_task_loss
+    from training_steps import compute_task_loss
     if task == "qqp":
         batch = {**batch, "labels": (batch["labels"] > 2.5).float()}
     update = Update(optimizer, device, precision)
@@ -454,7 +454,7 @@ def multitask_step_fn(model, optimizer, regularizer, batch, device, precision: s
         with autocast(device, precision):
             loss = compute_task_loss(model, task, batch, regularizer)
         if update(loss) and regularizer is not None:
-            regularizer.teacher.update(model)
+            regularizer.anchor.update(model)
     return step
 
 
@@ -549,7 +549,8 @@ def smart_phase_fns(model, regularizer, batch, device: torch.device, precision: 
         "clean forward + backward": as_in_smart_step(lambda: objective.loss(clean()[0], batch["labels"]).backward()),
         "clean forward + ascent step": as_in_smart_step(ascent),
         "clean forward + perturbed forward": as_in_smart_step(lambda: forward_fn(clean()[1])),
-        "teacher forward": as_in_smart_step(lambda: regularizer.teacher(model, task, batch)),
+        # "teacher": the name the results files and BENCHMARKS.md give SMART's anchor in this phase and its copy
+        "teacher forward": as_in_smart_step(lambda: regularizer.anchor(model, task, batch)),
     }
 
 
@@ -574,7 +575,7 @@ class TransformersSbertQQP(torch.nn.Module):
 
 def transformers_step_fn(args, device, smart: bool):
     """A plain or SMART QQP step of TransformersSbertQQP on the same batch as multitask_setup's, with this
-    project's SMART functions (one ascent step, gradient to the perturbation only, teacher without gradient);
+    project's SMART functions (one ascent step, gradient to the perturbation only, the anchor without gradient);
     a SMART step at the run's precision, as compute_task_loss runs this code's by default."""
 
     from smart import SmartConfig, SmartRegularizer
@@ -598,14 +599,14 @@ def transformers_step_fn(args, device, smart: bool):
             logits = forward_fn(embeddings)
             loss = F.binary_cross_entropy_with_logits(logits.float(), labels)
             if regularizer is not None:
-                loss = loss + regularizer.penalty(forward_fn, embeddings, logits, "bernoulli", teacher_args=(ids, mask))
+                loss = loss + regularizer.penalty(forward_fn, embeddings, logits, "bernoulli", anchor_args=(ids, mask))
         if update(loss) and regularizer is not None:
-            regularizer.teacher.update(model)
+            regularizer.anchor.update(model)
     return step
 
 
 def bench_smart(args, device) -> dict:
-    """SMART step (clean forward, 1 ascent step, perturbed forward, teacher forward) vs a plain step, here
+    """SMART step (clean forward, 1 ascent step, perturbed forward, the anchor's forward) vs a plain step, here
     and with the same SMART functions around transformers.BertModel (its ratio is the issue's yardstick)."""
     steps = {}
     for name, smart in (("plain", False), ("smart", True)):
@@ -630,7 +631,7 @@ def bench_smart(args, device) -> dict:
         "smart_step_speedup_vs_transformers": medians["transformers_smart"] / medians["smart"],
         "smart_phase_s": {name: round(value, 4) for name, value in phases.items()},
         "peak_step_memory_mib": {k: round(v / 2**20, 1) for k, v in memory.items()},
-        "teacher_copy_mib": round(sum(t.numel() * t.element_size() for t in regularizer.teacher.params.values())
+        "teacher_copy_mib": round(sum(t.numel() * t.element_size() for t in regularizer.anchor.params.values())
                                   / 2**20, 1),
         "smart_memory_ratio": memory["smart"] / max(memory["plain"], 1),
     }
@@ -640,7 +641,7 @@ def bench_pipeline(args, device) -> dict:
     """Real-text training throughput: loading, tokenizing, collating, forward, backward, AdamW."""
     from datasets import load_sentence_examples, make_dataloader
     from multitask_bert import MultitaskBERT
-    from trainer import compute_task_loss
+    from training_steps import compute_task_loss
     data = Path(args.data_dir) / "ids-sst-train.csv"
     examples = load_sentence_examples(data, "sst", "train")
     tokenizer = build_tokenizer(args)
@@ -827,7 +828,7 @@ def step_memory(args, device, smart: bool, checkpointing: bool, precision: str, 
         "gradients": tensor_bytes(p.grad for p in model.parameters() if p.grad is not None),
         "adamw_states": tensor_bytes(t for state in optimizer.state.values() for t in state.values()
                                      if torch.is_tensor(t)),
-        "smart_teacher_copy": tensor_bytes(regularizer.teacher.params.values()) if smart else 0}
+        "smart_teacher_copy": tensor_bytes(regularizer.anchor.params.values()) if smart else 0}
     if device.type == "cuda":
         figures["cuda_peak_allocated"] = torch.cuda.max_memory_allocated(device) - base
     return figures
@@ -836,11 +837,11 @@ def step_memory(args, device, smart: bool, checkpointing: bool, precision: str, 
 def bench_memory(args, device) -> dict:
     """Peak memory of one QQP SBERT training step, counted tensor by tensor (LiveTensorBytes), for every
     sequence of the batch full length (the worst case): plain and SMART steps (SMART computes in float32
-    whatever the precision: trainer.compute_task_loss), with and without gradient checkpointing, plain steps
+    whatever the precision: training_steps.compute_task_loss), with and without gradient checkpointing, plain steps
     in float32 and 16-bit autocast (bf16 and fp16 keep activations in 2 bytes alike). On the CPU every row is
     measured twice: with the attention the CPU runs in training (the math path: dropout rules out its fused
     kernel) and with a fused kernel's memory (as CUDA runs it); on CUDA once, as it runs. The GPU estimate of
-    a row: weights + AdamW states (+ SMART's teacher copy) + the step's peak with fused attention
+    a row: weights + AdamW states (+ SMART's anchor copy) + the step's peak with fused attention
     + CUDA_CONTEXT_GIB."""
     half = sixteen_bit(args, device)
     variants = {"fused_attention": True, "attention_as_run_here": False} if device.type == "cpu" else {
@@ -857,7 +858,7 @@ def bench_memory(args, device) -> dict:
             rows[name][f"step_s_{variant}"] = round(figures["step_s"], 2)
             if "cuda_peak_allocated" in figures:
                 rows[name]["cuda_peak_allocated_mib"] = round(figures["cuda_peak_allocated"] / 2**20, 1)
-            # The plain step's: SMART's teacher forward, in eval mode, has no dropout to keep it off the flash kernel.
+            # The plain step's: SMART's anchor forward, in eval mode, has no dropout to keep it off the flash kernel.
             kernels.setdefault(variant, figures["attention"])
             for key in ("weights", "gradients", "adamw_states", "smart_teacher_copy"):
                 static[key] = max(static.get(key, 0), figures[key])
@@ -879,7 +880,7 @@ def _data_parallel_worker(rank: int, world_size: int, port: int, args, results) 
     gradients averaged by distributed.py; rank 0 reports the median step and all-reduce times."""
     import os
     from distributed import Distributed
-    from trainer import compute_task_loss
+    from training_steps import compute_task_loss
     if world_size > 1:
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
                           WORLD_SIZE=str(world_size))
@@ -940,7 +941,7 @@ def bench_ensemble(args, device) -> dict:
     from ensemble_scores import combine
     from multitask_bert import MultitaskBERT
     from tasks import MULTITASK
-    from trainer import predict_examples
+    from inference import predict_examples
     model = MultitaskBERT(build_minbert(args)).to(device).eval()
     tokenizer = build_tokenizer(args)
     splits = {(t, s): load_split(args.data_dir, t, s) for t in MULTITASK for s in ("dev", "test")}
@@ -1143,7 +1144,8 @@ def first_training_batches(trainer, stages, args) -> tuple[str, list[dict]]:
     seed included): one to warm up on and the one to count."""
     from schedules import StageKind
     index, stage = next((i, s) for i, s in enumerate(stages) if s.kind is StageKind.TASK)
-    loader = trainer.train_loader(stage.task, trainer.config.seed + 1000 * index, trainer.stage_size(stage))
+    stage_data = trainer.stage_data
+    loader = stage_data.train_loader(stage.task, trainer.config.seed + 1000 * index, stage_data.stage_size(stage))
     batches = [batch for _, batch in zip(range(2), loader)]
     if len(batches) < 2:
         raise UsageError(f"--batch_size {args.batch_size}: {args.data_dir}'s {stage.task} training set makes fewer "
@@ -1153,14 +1155,15 @@ def first_training_batches(trainer, stages, args) -> tuple[str, list[dict]]:
 
 def audited_step(trainer, task: str, warm_up: dict, counted: dict) -> StepCount:
     """One training step as run_steps takes it (task_step, then optimizer_step), counted after an uncounted one on
-    `warm_up` (the optimizer's state, SMART's teacher). task_step's loss, a float or a tensor on the device, is not
+    `warm_up` (the optimizer's state, SMART's anchor). task_step's loss, a float or a tensor on the device, is not
     read here: reading it is the training loop's affair, once per step or once per log line."""
     trainer.model.train()
-    trainer.task_step(task, warm_up, 1)
-    trainer.optimizer_step()
+    steps = trainer.steps
+    steps.task_step(task, warm_up, 1)
+    steps.optimizer_step()
     with counting(trainer.device) as count:
-        trainer.task_step(task, counted, 1)
-        trainer.optimizer_step()
+        steps.task_step(task, counted, 1)
+        steps.optimizer_step()
     return count
 
 
@@ -1183,19 +1186,19 @@ def plain_step_graph_breaks(trainer, task: str, batch: dict) -> dict:
     to capture, its inputs and token layout prepared on the host beforehand, as the step prepares them) and of the
     step's whole loss computation (compute_task_loss under the run's autocast, as task_step runs it: the host-side
     preparation included)."""
-    from trainer import compute_task_loss
+    from training_steps import compute_task_loss
     model, regularization = trainer.model, trainer.regularization
     batch = to_device(batch, trainer.device)
 
     def loss():
-        with trainer.amp:
+        with trainer.steps.amp:
             return compute_task_loss(model, task, batch, regularization.smart.get(task), regularization.lnsr.get(task),
-                                     trainer.distillation)
+                                     trainer.steps.distillation)
     model.set_adapter(task)
     inputs = model.encoder_inputs(task, batch)
 
     def forward():
-        with trainer.amp:
+        with trainer.steps.amp:
             return model.outputs_from_embeddings(task, model.embed(inputs), inputs)
     return {"model forward": graph_breaks(forward), "loss computation": graph_breaks(loss)}
 
@@ -1250,18 +1253,19 @@ def bench_qqp_epoch(args, device) -> dict:
         config = random_config(args.config)
         pretrained = args.config if config is None else str(random_checkpoint(config, Path(folder) / "model"))
         trainer, _ = audit_trainer(args, device, True, pretrained, folder)
-        loader = trainer.train_loader("qqp", trainer.config.seed)
+        loader = trainer.stage_data.train_loader("qqp", trainer.config.seed)
         needed = args.warmup + args.steps * args.rounds
         batches = [batch for _, batch in zip(range(needed), itertools.cycle(loader))]
         trainer.model.train()
+        steps = trainer.steps
         for batch in batches[:args.warmup]:
-            trainer.task_step("qqp", batch, 1)
-            trainer.optimizer_step()
+            steps.task_step("qqp", batch, 1)
+            steps.optimizer_step()
         synchronize(device)
         start = time.perf_counter()
         for batch in batches[args.warmup:]:
-            trainer.task_step("qqp", batch, 1)
-            trainer.optimizer_step()
+            steps.task_step("qqp", batch, 1)
+            steps.optimizer_step()
         synchronize(device)
         step_s = (time.perf_counter() - start) / (needed - args.warmup)
     epoch_steps = math.ceil(COURSE_QQP_TRAIN_PAIRS / args.batch_size)
@@ -1360,7 +1364,7 @@ QA_COMPARE_WARMUP = 2  # untimed steps per side before --compare_steps' timed on
 QA_METRIC_KEYS = ("em", "f1", "has_answer_em", "has_answer_f1", "no_answer_em", "no_answer_f1")
 
 
-def qa_peer_arguments(argv=None) -> argparse.Namespace:
+def qa_peer_parser() -> OneLineErrorParser:
     parser = OneLineErrorParser(prog="benchmark.py qa_peer", description=QA_PEER_DOC,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data_dir", default=str(ROOT.parent / "shared" / "data" / "squad"),
@@ -1382,6 +1386,12 @@ def qa_peer_arguments(argv=None) -> argparse.Namespace:
     parser.add_argument("--compare_steps", type=int, default=0,
                         help="only time N training steps of minBERT + span head vs transformers on the same batches")
     parser.add_argument("--out", type=Path, help="write the results here (JSON)")
+    return parser
+
+
+def qa_peer_arguments(argv=None) -> argparse.Namespace:
+    """qa_peer's flags, checked: one line and exit code 2 for a bad one, before anything loads."""
+    parser = qa_peer_parser()
     args = parser.parse_args(argv)
     for name in ("max_length", "doc_stride", "max_answer_tokens", "n_best", "batch_size", "epochs"):
         if getattr(args, name) < 1:

@@ -29,7 +29,8 @@ from multitask_bert import MultitaskBERT  # noqa: E402
 from runtime import seed_everything  # noqa: E402
 from schedules import Stage, StageKind  # noqa: E402
 from tokenizer import BertTokenizer  # noqa: E402
-from training_args import TrainingArguments, build_trainer  # noqa: E402
+from run_setup import build_trainer  # noqa: E402
+from training_args import TrainingArguments  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -64,10 +65,10 @@ def main(argv=None) -> int:
         model = MultitaskBERT(bert, args.pooling, args.hidden_dropout_prob, similarity_objective=objective)
         data = {"sts": TaskData(train, dev, [])}
         trainer = build_trainer(args, model, tokenizer, data, [], torch.device("cpu"))
-        before = sts_metrics(trainer.predict("sts", dev)[1], gold)["pearson"]
+        before = sts_metrics(trainer.predictor.predict("sts", dev)[1], gold)["pearson"]
         start = time.time()
         trainer.run_stage(0, Stage(StageKind.TASK, "sts"))
-        after = sts_metrics(trainer.predict("sts", dev)[1], gold)["pearson"]
+        after = sts_metrics(trainer.predictor.predict("sts", dev)[1], gold)["pearson"]
         print(json.dumps({"objective": objective, "pretrained": options.pretrained, "dev_pearson_before": before,
                           "dev_pearson_after_1_epoch": after, "train_seconds": time.time() - start,
                           "lr": options.lr, "batch_size": options.batch_size, "seed": options.seed}), flush=True)

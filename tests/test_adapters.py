@@ -187,7 +187,7 @@ def test_bad_adapter_settings_are_value_errors(settings, problem):
         AdapterConfig(**settings)
 
 
-# --- adapters in MultitaskBERT: forgetting, checkpoints, the Bregman teacher ------------------------
+# --- adapters in MultitaskBERT: forgetting, checkpoints, the Bregman anchor -------------------------
 
 def adapted_multitask(kind="lora", sharing="per_task"):
     from multitask_bert import MultitaskBERT, freeze_encoder
@@ -284,9 +284,9 @@ def test_an_adapter_checkpoint_refuses_a_base_with_other_weights(tmp_path, tiny_
         load_multitask_model(tmp_path / "adapters")
 
 
-def test_the_bregman_teacher_copies_only_trainable_parameters():
-    from smart import BregmanTeacher
+def test_the_bregman_anchor_copies_only_trainable_parameters():
+    from smart import BregmanAnchor
     model = adapted_multitask()
-    teacher = BregmanTeacher(model, 0.99)
-    assert set(teacher.params) == {n for n, p in model.named_parameters() if p.requires_grad}
-    assert not any(n.startswith("bert.") and ".adapters." not in n for n in teacher.params)
+    anchor = BregmanAnchor(model, 0.99)
+    assert set(anchor.params) == {n for n, p in model.named_parameters() if p.requires_grad}
+    assert not any(n.startswith("bert.") and ".adapters." not in n for n in anchor.params)

@@ -285,13 +285,13 @@ def test_step_audit_ends_with_its_two_summary_lines(tmp_path, tiny_config_for_te
     """One plain and one SMART step of the tiny BERT built by the training command line on the demo data: the
     counts in the last two lines are the --json line's, and every sync is listed above them. A sync added to the
     optimizer step is counted once per audited step: the warm-up step before it is not counted."""
-    import trainer
-    optimizer_step = trainer.Trainer.optimizer_step
+    from training_steps import StepLoop
+    optimizer_step = StepLoop.optimizer_step
 
     def optimizer_step_with_a_sync(self, *args, **kwargs):
         optimizer_step(self, *args, **kwargs)
         deliberate_sync()
-    monkeypatch.setattr(trainer.Trainer, "optimizer_step", optimizer_step_with_a_sync)
+    monkeypatch.setattr(StepLoop, "optimizer_step", optimizer_step_with_a_sync)
     out = tmp_path / "audit.jsonl"
     assert benchmark.main(["step_audit", "--config", tiny_config_for_text, "--batch_size", "4", "--seq_len", "16",
                            "--threads", "1", "--data_dir", str(DEMO), "--json", str(out)]) == 0

@@ -126,19 +126,19 @@ def _one_step(trainer, task: str, batches: dict) -> dict[str, torch.Tensor]:
         step()
     trainer.optimizer.step = recording_step
     if task in ("cagrad", "pcgrad"):
-        trainer.gradient_surgery = GradientSurgery(task)
-        surgery = partial(trainer.surgery_step, rng=random.Random(0))
-        trainer.run_steps([(surgery, list(batches.items()))], 1, "test", gradients_reduced=True)
+        trainer.steps.gradient_surgery = GradientSurgery(task)
+        surgery = partial(trainer.steps.surgery_step, rng=random.Random(0))
+        trainer.steps.run_steps([(surgery, list(batches.items()))], 1, "test", gradients_reduced=True)
     elif task == "distilled":  # each rank looks its own examples' teacher scores up by id
         examples = demo_examples("sst", "train", 7)
         logits = np.random.default_rng(0).normal(size=(len(examples), 5))
-        trainer.distillation = Distillation({"sst": TeacherScores({e.id: i for i, e in enumerate(examples)}, logits)})
-        trainer.run_steps([(partial(trainer.task_step, "sst"), batches["sst"])], 1, "test")
+        trainer.steps.distillation = Distillation({"sst": TeacherScores({e.id: i for i, e in enumerate(examples)}, logits)})
+        trainer.steps.run_steps([(partial(trainer.steps.task_step, "sst"), batches["sst"])], 1, "test")
     elif task == "accumulated":
-        trainer.config = dataclasses.replace(trainer.config, grad_accumulation_steps=2)
-        trainer.run_steps([(partial(trainer.task_step, t), batches[t]) for t in ("sst", "sts")], 2, "test")
+        trainer.steps.config = dataclasses.replace(trainer.config, grad_accumulation_steps=2)
+        trainer.steps.run_steps([(partial(trainer.steps.task_step, t), batches[t]) for t in ("sst", "sts")], 2, "test")
     else:
-        trainer.run_steps([(partial(trainer.task_step, task), batches[task])], 1, "test")
+        trainer.steps.run_steps([(partial(trainer.steps.task_step, task), batches[task])], 1, "test")
     return seen
 
 
@@ -150,7 +150,8 @@ def _batches(task: str, tokenizer, rank: int = 0, world_size: int = 1) -> dict:
 
 
 def _step_trainer(distributed, tmp_path, tokenizer, smart: bool):
-    from training_args import TrainingArguments, build_trainer
+    from run_setup import build_trainer
+    from training_args import TrainingArguments
     from datasets import TaskData
     # float32: the default (auto) is bf16 on a CPU with native bf16, and the steps are compared to float32 precision.
     args = TrainingArguments(option="finetune", batch_size=4, lr=1e-3, max_length=MAX_LENGTH, quiet=True,

@@ -9,7 +9,7 @@ from conftest import deterministic_tiny_model, pair_batch, sentence_batch
 from multitask_bert import freeze_encoder, trained_tensors
 from schedules import Stage, StageKind
 from test_trainer import demo_data, make_trainer
-from trainer import compute_task_loss, task_loss_and_penalties
+from training_steps import compute_task_loss, task_loss_and_penalties
 from training_args import TrainingArguments, adapter_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -59,13 +59,13 @@ def test_a_training_step_trains_on_the_penalties(tmp_path, tokenizer):
     pretrained = moved(trainer)
     batch = pair_batch(tokenizer, "sts", 4)
     trainer.model.train()
-    loss = trainer.task_step("sts", batch, 1)
+    loss = trainer.steps.task_step("sts", batch, 1)
     trainer.model.eval()
     live = dict(trainer.model.named_parameters())
     expected = compute_task_loss(trainer.model, "sts", batch) + sum(
         ((live[n] - pretrained[n]) ** 2).sum() for n in trainer.regularization.l2sp.start)
     torch.testing.assert_close(loss, expected.detach())
-    assert set(trainer.penalties.sums) == {"l2sp"}
+    assert set(trainer.steps.penalties.sums) == {"l2sp"}
 
 
 def test_l2sp_holds_the_pretrained_weights_and_ewc_the_shared_encoder_with_adapters(tmp_path, tokenizer):

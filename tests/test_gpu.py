@@ -179,7 +179,7 @@ def test_a_batch_32x128_smart_step_of_bert_base_fits_in_12_gib(checkpointing):
         optimizer.zero_grad(set_to_none=True)
         compute_task_loss(model, "qqp", batch, regularizer).backward()
         optimizer.step()
-        regularizer.teacher.update(model)
+        regularizer.anchor.update(model)
     peak = torch.cuda.max_memory_allocated() / 2**30
     print(f"peak memory of a batch-32 x 128 SMART step of bert-base (checkpointing {checkpointing}): {peak:.2f} GiB")
     if not checkpointing and peak >= 12:

@@ -13,10 +13,9 @@ import multitask_classifier as mc
 from conftest import DEMO, MAX_LENGTH, deterministic_tiny_model, demo_examples, prediction_flags, skip_figures, tiny_bert
 from datasets import TokenizedExamples, tokenized_dataloader
 import step_log
-import trainer as trainer_module
 from runtime import bucket_length
 from test_trainer import make_trainer
-from trainer import StageLosses, TrainingDiverged
+from step_log import StageLosses, TrainingDiverged
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -133,7 +132,7 @@ def test_bucketed_loaders_pad_to_few_shapes_and_keep_the_tokens(tokenizer):
 
 
 def first_batch(trainer, task: str) -> dict:
-    return next(iter(trainer.train_loader(task, seed=0)))
+    return next(iter(trainer.stage_data.train_loader(task, seed=0)))
 
 
 @pytest.mark.parametrize("task", ["sst", "qqp", "sts"])
@@ -141,12 +140,12 @@ def test_a_plain_training_step_waits_for_the_device_nowhere(tmp_path, tokenizer,
     trainer = make_trainer(tmp_path, tokenizer, max_grad_norm=1.0, weight_decay=0.01)
     batch = first_batch(trainer, task)
     trainer.model.train()
-    trainer.task_step(task, batch, 1)
-    trainer.optimizer_step()  # the optimizer's state exists from here on
+    trainer.steps.task_step(task, batch, 1)
+    trainer.steps.optimizer_step()  # the optimizer's state exists from here on
 
     def step():
-        loss = trainer.task_step(task, batch, 1)
-        trainer.optimizer_step()
+        loss = trainer.steps.task_step(task, batch, 1)
+        trainer.steps.optimizer_step()
         assert torch.is_tensor(loss) and loss.requires_grad is False
     assert count_syncs(step) == []
 
@@ -155,23 +154,25 @@ def test_a_smart_step_reads_one_flag_back(tmp_path, tokenizer):
     trainer = make_trainer(tmp_path, tokenizer, smart=True, smart_adv_weight=1.0, smart_bregman_weight=1.0)
     batch = first_batch(trainer, "sst")
     trainer.model.train()
-    trainer.task_step("sst", batch, 1)
-    trainer.optimizer_step()
-    syncs = count_syncs(lambda: (trainer.task_step("sst", batch, 1), trainer.optimizer_step()))
+    trainer.steps.task_step("sst", batch, 1)
+    trainer.steps.optimizer_step()
+    syncs = count_syncs(lambda: (trainer.steps.task_step("sst", batch, 1), trainer.steps.optimizer_step()))
     assert syncs == ["aten::is_nonzero"] or syncs == ["aten::_local_scalar_dense"]
 
 
 def test_losses_are_read_back_every_logging_steps_updates_and_at_the_stage_end(tmp_path, tokenizer, monkeypatch):
     trainer = make_trainer(tmp_path, tokenizer, logging_steps=2)
     batch = first_batch(trainer, "sst")
-    steps = [(lambda b, g: trainer.task_step("sst", b, g), batch)] * 5
+    steps = [(lambda b, g: trainer.steps.task_step("sst", b, g), batch)] * 5
     transfers = []  # one stacked read (tolist, which the dispatch counter does not see) per line of steps.jsonl
+
+    original = step_log.read_back
 
     def read_back(values):
         transfers.append(trainer.state.updates)
-        return step_log.read_back(values)
-    monkeypatch.setattr(trainer_module, "read_back", read_back)
-    seen = count_syncs(lambda: trainer.run_steps(iter(steps), 5, "stage 1 sst"))
+        return original(values)
+    monkeypatch.setattr(step_log, "read_back", read_back)
+    seen = count_syncs(lambda: trainer.steps.run_steps(iter(steps), 5, "stage 1 sst"))
     # updates 2 and 4 log, and the stage's end (its last line; then its mean and the divergence flag again)
     assert transfers == [2, 4, 5] and len(seen) == 2, (transfers, seen)
 
@@ -247,9 +248,9 @@ def test_an_inductor_compiled_training_step_equals_the_eager_one(tmp_path, token
         batch = first_batch(trainer, "sts")
         trainer.model.train()
         torch.manual_seed(0)
-        losses.append([trainer.task_step("sts", batch, 1).item() for _ in range(2)])
-        trainer.optimizer_step()
-        losses[-1].append(trainer.task_step("sts", batch, 1).item())
+        losses.append([trainer.steps.task_step("sts", batch, 1).item() for _ in range(2)])
+        trainer.steps.optimizer_step()
+        losses[-1].append(trainer.steps.task_step("sts", batch, 1).item())
     np.testing.assert_allclose(losses[1], losses[0], rtol=1e-4)
 
 
@@ -268,12 +269,12 @@ def test_a_ranks_share_of_the_global_batch_stays_on_the_device(monkeypatch):
 def test_an_mlm_step_reads_nothing_back_and_equals_finding_the_masked_positions_on_the_device(tmp_path, tokenizer):
     from mlm import MaskedLanguageModelHead, mlm_batches, mlm_loss
     trainer = make_trainer(tmp_path, tokenizer, mlm_epochs=1)
-    trainer.mlm_head = MaskedLanguageModelHead(trainer.model.bert.config)  # what the command line builds beside it
+    trainer.steps.mlm_head = MaskedLanguageModelHead(trainer.model.bert.config)  # what the command line builds beside it
     batch = next(mlm_batches([e.sentence for e in demo_examples("sst", "train", 8)], tokenizer, 8, 0, MAX_LENGTH))
     trainer.model.train()
-    trainer.mlm_step(batch, 1)
-    trainer.optimizer_step()
-    assert count_syncs(lambda: (trainer.mlm_step(batch, 1), trainer.optimizer_step())) == []
+    trainer.steps.mlm_step(batch, 1)
+    trainer.steps.optimizer_step()
+    assert count_syncs(lambda: (trainer.steps.mlm_step(batch, 1), trainer.steps.optimizer_step())) == []
     bert = tiny_bert(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     head = MaskedLanguageModelHead(bert.config)
     on_the_device = {k: v for k, v in batch.items() if k not in ("lengths", "masked")}

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import multitask_classifier as mc
-import trainer as trainer_module
+import training_steps
 from conftest import DEMO, ROOT, exit_code, prediction_flags, skip_figures
 from training_state import read_training_state
 
@@ -47,13 +47,13 @@ class Killed(BaseException):
 
 def killed_after(monkeypatch, updates: int) -> None:
     """The next run dies as its update `updates` + 1 begins (its gradients computed, nothing stepped)."""
-    original = trainer_module.Trainer.optimizer_step
+    original = training_steps.StepLoop.optimizer_step
 
     def optimizer_step(self, *args, **kwargs):
         if self.state.updates == updates:
             raise Killed
         return original(self, *args, **kwargs)
-    monkeypatch.setattr(trainer_module.Trainer, "optimizer_step", optimizer_step)
+    monkeypatch.setattr(training_steps.StepLoop, "optimizer_step", optimizer_step)
 
 
 def saved_position(out) -> dict | None:
@@ -79,7 +79,7 @@ def never_stopped(tiny_checkpoint, tmp_path_factory):
     ("sequential", 17, 16),  # stage 3, one update before its end
     ("annealed", 5, 4),      # the first multi-task epoch: the loaders restart, the tasks in annealed order
     ("annealed", 10, 10),    # right after the first update of the second epoch
-    ("smart", 3, 2),         # SMART's Bregman teacher and its momentum schedule
+    ("smart", 3, 2),         # SMART's Bregman anchor and its momentum schedule
 ])
 def test_a_run_killed_inside_a_stage_resumes_to_the_same_bytes(never_stopped, tiny_checkpoint, tmp_path, monkeypatch,
                                                                flags, killed_at, kept):
@@ -130,20 +130,20 @@ def test_gradient_surgery_resumes_its_random_draws(tiny_checkpoint, tmp_path, mo
     several gradients conflict): the checkpoint keeps where the generator stood."""
     flags = [*ANNEALED, "--epochs", "1", "--max_train_examples", "24", "--gradient_surgery", "pcgrad"]
     draws = {}  # by run: the generator's state at each update
-    original = trainer_module.Trainer.surgery_step
+    original = training_steps.StepLoop.surgery_step
 
     def surgery_step(self, batches, group_size, rng):
-        draws[self.output_dir][self.state.updates] = rng.getstate()
+        draws[self.config.output_dir][self.state.updates] = rng.getstate()
         return original(self, batches, group_size, rng)
-    monkeypatch.setattr(trainer_module.Trainer, "surgery_step", surgery_step)
+    monkeypatch.setattr(training_steps.StepLoop, "surgery_step", surgery_step)
     draws[tmp_path / "whole" / "run"], draws[tmp_path / "run"] = {}, {}
-    optimizer_step = trainer_module.Trainer.optimizer_step
+    optimizer_step = training_steps.StepLoop.optimizer_step
     assert mc.main(run_flags(tiny_checkpoint, tmp_path / "whole", *flags)) == 0
     killed_after(monkeypatch, 3)
     with pytest.raises(Killed):
         mc.main(run_flags(tiny_checkpoint, tmp_path, *flags, "--save_steps", "1"))
     assert saved_position(tmp_path)["updates"] == 3
-    monkeypatch.setattr(trainer_module.Trainer, "optimizer_step", optimizer_step)
+    monkeypatch.setattr(training_steps.StepLoop, "optimizer_step", optimizer_step)
     assert mc.main(run_flags(tiny_checkpoint, tmp_path, *flags, "--resume")) == 0
     assert outputs(tmp_path) == outputs(tmp_path / "whole")
     assert draws[tmp_path / "run"] == draws[tmp_path / "whole" / "run"]
@@ -168,13 +168,13 @@ def test_the_resumed_stage_logs_its_loss_as_the_uninterrupted_one(tiny_checkpoin
 
 
 def test_a_stop_inside_a_stage_says_how_much_was_kept(tiny_checkpoint, tmp_path, monkeypatch, capsys):
-    original = trainer_module.Trainer.optimizer_step
+    original = training_steps.StepLoop.optimizer_step
 
     def interrupted(self, *args, **kwargs):
         if self.state.updates == 9:
             raise KeyboardInterrupt
         return original(self, *args, **kwargs)
-    monkeypatch.setattr(trainer_module.Trainer, "optimizer_step", interrupted)
+    monkeypatch.setattr(training_steps.StepLoop, "optimizer_step", interrupted)
     assert mc.main(run_flags(tiny_checkpoint, tmp_path, *SEQUENTIAL, "--save_steps", "2")) == 130
     last = tmp_path / "run" / "last"
     assert (f"interrupted: {last}.* kept 2 of 6 updates of stage 2 qqp and every stage before it; rerun the same "
@@ -188,8 +188,8 @@ def test_a_stop_inside_a_stage_says_how_much_was_kept(tiny_checkpoint, tmp_path,
 def test_the_minutes_decide_when_to_save_never_what_is_trained(never_stopped, tiny_checkpoint, tmp_path, monkeypatch):
     """Saves due after a fraction of a microsecond: a checkpoint after nearly every update, and the same bytes."""
     saves = []
-    original = trainer_module.Trainer.save_inside_stage
-    monkeypatch.setattr(trainer_module.Trainer, "save_inside_stage",
+    original = training_steps.StepLoop.save_inside_stage
+    monkeypatch.setattr(training_steps.StepLoop, "save_inside_stage",
                         lambda self, *args: saves.append(original(self, *args)))
     assert mc.main(run_flags(tiny_checkpoint, tmp_path, *SEQUENTIAL, "--save_every_minutes", "1e-8")) == 0
     assert len(saves) >= 10
@@ -198,7 +198,8 @@ def test_the_minutes_decide_when_to_save_never_what_is_trained(never_stopped, ti
 
 def test_save_every_minutes_is_on_for_cuda_only_by_default():
     import torch
-    from training_args import CUDA_SAVE_MINUTES, save_minutes
+    from run_setup import save_minutes
+    from training_args import CUDA_SAVE_MINUTES
     assert save_minutes(None, torch.device("cuda")) == CUDA_SAVE_MINUTES == 20
     assert save_minutes(None, torch.device("cpu")) == 0
     assert save_minutes(0.0, torch.device("cuda")) == 0 and save_minutes(5.0, torch.device("cpu")) == 5

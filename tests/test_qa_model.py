@@ -11,7 +11,8 @@ from smart import SmartConfig, SmartRegularizer
 from squad import QAExample, QAWindows
 from tasks import MULTITASK, RUN_TASKS
 from tasks.qa import PADDING_LOGIT
-from trainer import compute_task_loss, predict_answers
+from inference import predict_answers
+from training_steps import compute_task_loss
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

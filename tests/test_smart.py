@@ -11,7 +11,7 @@ from torch import nn
 from conftest import deterministic_tiny_model, sentence_batch
 from smart import (
     DIVERGENCES,
-    BregmanTeacher,
+    BregmanAnchor,
     SmartConfig,
     SmartRegularizer,
     adversarial_regularizer,
@@ -40,7 +40,7 @@ class TinyMultitask(nn.Module):
         self.dropout = nn.Dropout(dropout)
         self.sentiment = nn.Linear(HIDDEN, 3)
         self.paraphrase = nn.Linear(3 * HIDDEN, 1)
-        # A buffer the teacher must read from the live model.
+        # A buffer the anchor must read from the live model.
         self.register_buffer("similarity_scale", torch.tensor(2.5))
 
     def embed(self, task, batch):
@@ -204,8 +204,8 @@ def test_divergence_rejects_mismatched_shapes():
     [
         {"adv_weight": -1.0},
         {"bregman_weight": math.nan},
-        {"teacher_momentum": 1.0},
-        {"teacher_momentum": -0.1},
+        {"anchor_momentum": 1.0},
+        {"anchor_momentum": -0.1},
         {"noise_std": 0.0},
         {"epsilon": -1e-5},
         {"step_size": math.inf},
@@ -396,7 +396,7 @@ def test_non_finite_ascent_is_skipped_and_counted(poison):
         return model.outputs_from_embeddings("paraphrase", perturbed, batch) * poison
 
     assert adversarial_regularizer(poisoned, embeddings, outputs, "bernoulli", regularizer.config)[1]
-    penalty = regularizer.penalty(poisoned, embeddings, outputs, "bernoulli", teacher_args=("paraphrase", batch))
+    penalty = regularizer.penalty(poisoned, embeddings, outputs, "bernoulli", anchor_args=("paraphrase", batch))
     assert regularizer.skipped_steps == 1
     assert torch.isfinite(penalty)
     (task_loss("paraphrase", outputs, batch["labels"]) + penalty).backward()
@@ -404,75 +404,75 @@ def test_non_finite_ascent_is_skipped_and_counted(poison):
     assert all(torch.isfinite(p).all() for p in model.parameters())
 
 
-# --- Bregman teacher -------------------------------------------------------------------------------------
+# --- Bregman anchor -------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("momentum", [0.99, 0.0])
-def test_teacher_update_follows_the_momentum_formula(momentum):
+def test_anchor_update_follows_the_momentum_formula(momentum):
     model = make_model()
-    teacher = BregmanTeacher(model, momentum)
+    anchor = BregmanAnchor(model, momentum)
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn_like(p))
-    before = {name: t.clone() for name, t in teacher.params.items()}
-    teacher.update(model)
+    before = {name: t.clone() for name, t in anchor.params.items()}
+    anchor.update(model)
     for name, p in model.named_parameters():
         expected = (1 - momentum) * p.detach() + momentum * before[name]
         if momentum == 0:
-            assert torch.equal(teacher.params[name], p.detach())
+            assert torch.equal(anchor.params[name], p.detach())
         else:
-            torch.testing.assert_close(teacher.params[name], expected, rtol=1e-14, atol=1e-14)
+            torch.testing.assert_close(anchor.params[name], expected, rtol=1e-14, atol=1e-14)
 
 
-def test_teacher_holds_parameter_copies_not_the_module():
+def test_anchor_holds_parameter_copies_not_the_module():
     model = make_model()
-    teacher = BregmanTeacher(model, 0.99)
-    assert set(teacher.params) == {name for name, _ in model.named_parameters()}
+    anchor = BregmanAnchor(model, 0.99)
+    assert set(anchor.params) == {name for name, _ in model.named_parameters()}
     for name, p in model.named_parameters():
-        assert teacher.params[name].data_ptr() != p.data_ptr()
-        assert not teacher.params[name].requires_grad
+        assert anchor.params[name].data_ptr() != p.data_ptr()
+        assert not anchor.params[name].requires_grad
 
 
-def test_teacher_matches_the_model_until_the_model_moves():
+def test_anchor_matches_the_model_until_the_model_moves():
     model = make_model()
     batch = make_batch("similarity")
-    teacher = BregmanTeacher(model, 0.99)
-    remembered = teacher(model, "similarity", batch)
-    assert model.training, "the teacher restores the model's train mode"
+    anchor = BregmanAnchor(model, 0.99)
+    remembered = anchor(model, "similarity", batch)
+    assert model.training, "the anchor restores the model's train mode"
     model.eval()
     live = model("similarity", batch)
     model.train()
     assert torch.equal(live, remembered) and not remembered.requires_grad
-    assert torch.equal(teacher(model, "similarity", batch), remembered), "no dropout noise in the target"
+    assert torch.equal(anchor(model, "similarity", batch), remembered), "no dropout noise in the target"
 
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
     task_loss("similarity", live, batch["labels"]).backward()
     optimizer.step()
     model.eval()
-    assert not torch.allclose(model("similarity", batch), teacher(model, "similarity", batch))
+    assert not torch.allclose(model("similarity", batch), anchor(model, "similarity", batch))
 
     # The buffer is read from the live model, not copied.
     model.similarity_scale.fill_(0.0)
-    assert torch.equal(teacher(model, "similarity", batch), torch.zeros(4, dtype=torch.float64))
+    assert torch.equal(anchor(model, "similarity", batch), torch.zeros(4, dtype=torch.float64))
 
 
-def test_teacher_state_dict_round_trips_through_safetensors(tmp_path):
+def test_anchor_state_dict_round_trips_through_safetensors(tmp_path):
     model = make_model()
-    teacher = BregmanTeacher(model, 0.9)
+    anchor = BregmanAnchor(model, 0.9)
     with torch.no_grad():
         for p in model.parameters():
             p.mul_(2.0)
-    teacher.update(model)
-    save_file(teacher.state_dict(), tmp_path / "teacher.safetensors")
+    anchor.update(model)
+    save_file(anchor.state_dict(), tmp_path / "anchor.safetensors")
 
-    restored = BregmanTeacher(make_model(seed=1), 0.9)
-    restored.load_state_dict(load_file(tmp_path / "teacher.safetensors"))
-    assert restored.params.keys() == teacher.params.keys()
-    assert all(torch.equal(restored.params[name], teacher.params[name]) for name in teacher.params)
+    restored = BregmanAnchor(make_model(seed=1), 0.9)
+    restored.load_state_dict(load_file(tmp_path / "anchor.safetensors"))
+    assert restored.params.keys() == anchor.params.keys()
+    assert all(torch.equal(restored.params[name], anchor.params[name]) for name in anchor.params)
 
     with pytest.raises(ValueError, match="missing"):
-        restored.load_state_dict({"embedding.weight": teacher.params["embedding.weight"]})
-    wrong_shape = {name: t.clone() for name, t in teacher.params.items()}
+        restored.load_state_dict({"embedding.weight": anchor.params["embedding.weight"]})
+    wrong_shape = {name: t.clone() for name, t in anchor.params.items()}
     wrong_shape["sentiment.bias"] = torch.zeros(5, dtype=torch.float64)
     with pytest.raises(ValueError, match="shape"):
         restored.load_state_dict(wrong_shape)
@@ -496,12 +496,12 @@ def train(config, optimizer_class, tasks=("sentiment", "paraphrase", "similarity
             loss = task_loss(task, outputs, batch["labels"])
             if regularizer is not None:
                 loss = loss + regularizer.penalty(
-                    forward_fn, embeddings, outputs, TASK_DIVERGENCE[task], teacher_args=(task, batch)
+                    forward_fn, embeddings, outputs, TASK_DIVERGENCE[task], anchor_args=(task, batch)
                 )
             loss.backward()
             optimizer.step()
-            if regularizer is not None and regularizer.teacher is not None:
-                regularizer.teacher.update(model)
+            if regularizer is not None and regularizer.anchor is not None:
+                regularizer.anchor.update(model)
     return model, regularizer
 
 
@@ -509,7 +509,7 @@ def train(config, optimizer_class, tasks=("sentiment", "paraphrase", "similarity
 def test_zero_weights_reproduce_plain_training_exactly(optimizer_class):
     plain, _ = train(None, optimizer_class)
     regularized, regularizer = train(SmartConfig(adv_weight=0.0, bregman_weight=0.0), optimizer_class)
-    assert regularizer.teacher is None
+    assert regularizer.anchor is None
     for (name, p), q in zip(plain.named_parameters(), regularized.parameters()):
         assert torch.equal(p, q), name
     # The same loop with SMART switched on does move the weights differently.
@@ -525,16 +525,16 @@ def test_penalty_is_the_weighted_sum_of_both_terms():
     config = SmartConfig(adv_weight=3.0, bregman_weight=0.5, epsilon=1e-3, noise_std=1e-4)
     regularizer = SmartRegularizer(model, config)
     with torch.no_grad():
-        model.sentiment.weight.add_(0.3)  # so the teacher lags behind the model
+        model.sentiment.weight.add_(0.3)  # so the anchor lags behind the model
     embeddings = model.embed("sentiment", batch)
     forward_fn = forward_fn_for(model, "sentiment", batch)
     outputs = forward_fn(embeddings)
 
     torch.manual_seed(7)
     smoothness, _ = adversarial_regularizer(forward_fn, embeddings, outputs, "categorical", config)
-    proximity = symmetric_kl_categorical(outputs, regularizer.teacher(model, "sentiment", batch))
+    proximity = symmetric_kl_categorical(outputs, regularizer.anchor(model, "sentiment", batch))
     torch.manual_seed(7)
-    penalty = regularizer.penalty(forward_fn, embeddings, outputs, "categorical", teacher_args=("sentiment", batch))
+    penalty = regularizer.penalty(forward_fn, embeddings, outputs, "categorical", anchor_args=("sentiment", batch))
     assert smoothness.item() > 0 and proximity.item() > 0
     assert penalty.item() == pytest.approx(3.0 * smoothness.item() + 0.5 * proximity.item(), rel=1e-12)
 
@@ -552,22 +552,22 @@ def test_zero_weights_skip_the_work_they_switch_off():
         return model.outputs_from_embeddings("sentiment", perturbed, batch)
 
     no_adversary = SmartRegularizer(model, SmartConfig(adv_weight=0.0, bregman_weight=1.0))
-    no_adversary.penalty(counting_forward, embeddings, outputs, "categorical", teacher_args=("sentiment", batch))
+    no_adversary.penalty(counting_forward, embeddings, outputs, "categorical", anchor_args=("sentiment", batch))
     assert perturbed_calls == [] and model_calls == [1]
 
-    no_teacher = SmartRegularizer(model, SmartConfig(adv_weight=1.0, bregman_weight=0.0, ascent_steps=2))
+    no_anchor = SmartRegularizer(model, SmartConfig(adv_weight=1.0, bregman_weight=0.0, ascent_steps=2))
     model_calls.clear()
-    no_teacher.penalty(counting_forward, embeddings, outputs, "categorical")
-    assert no_teacher.teacher is None and model_calls == [] and len(perturbed_calls) == 3
+    no_anchor.penalty(counting_forward, embeddings, outputs, "categorical")
+    assert no_anchor.anchor is None and model_calls == [] and len(perturbed_calls) == 3
 
 
-def test_regularizers_of_one_model_can_share_one_teacher():
+def test_regularizers_of_one_model_can_share_one_anchor():
     model = make_model()
-    shared = BregmanTeacher(model, 0.99)
+    shared = BregmanAnchor(model, 0.99)
     first = SmartRegularizer(model, SmartConfig(), shared)
     second = SmartRegularizer(model, SmartConfig(adv_weight=5.0), shared)
-    assert first.teacher is shared and second.teacher is shared
-    assert SmartRegularizer(model, SmartConfig(bregman_weight=0.0), shared).teacher is None
+    assert first.anchor is shared and second.anchor is shared
+    assert SmartRegularizer(model, SmartConfig(bregman_weight=0.0), shared).anchor is None
 
 
 def test_bregman_momentum_schedule():

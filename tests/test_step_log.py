@@ -12,7 +12,6 @@ import torch
 
 import multitask_classifier as mc
 import step_log
-import trainer as trainer_module
 from conftest import DEMO, prediction_flags, skip_figures
 from test_gpu_step import count_syncs, first_batch
 from test_trainer import make_trainer
@@ -33,11 +32,11 @@ def train_steps(trainer, tasks=("sst",), batches: int = 5) -> list[float]:
     losses = []
 
     def step(task, batch, group_size):
-        loss = trainer.task_step(task, batch, group_size)
+        loss = trainer.steps.task_step(task, batch, group_size)
         losses.append(float(loss))
         return loss
     pairs = [(partial(step, tasks[i % len(tasks)]), fixed[tasks[i % len(tasks)]]) for i in range(batches)]
-    trainer.run_steps(iter(pairs), batches, "stage 1 " + "+".join(tasks))
+    trainer.steps.run_steps(iter(pairs), batches, "stage 1 " + "+".join(tasks))
     return losses
 
 
@@ -82,12 +81,14 @@ def test_only_the_lines_read_the_device_back_one_transfer_each(tmp_path, tokeniz
     trainer = make_trainer(tmp_path, tokenizer, logging_steps=3, max_grad_norm=max_grad_norm)
     transfers = []
 
+    original = step_log.read_back
+
     def read_back(values):
         transfers.append(trainer.state.updates)
-        return step_log.read_back(values)
-    monkeypatch.setattr(trainer_module, "read_back", read_back)
-    steps = [(partial(trainer.task_step, "sst"), first_batch(trainer, "sst"))] * 7
-    syncs = count_syncs(lambda: trainer.run_steps(iter(steps), 7, "stage 1 sst"))
+        return original(values)
+    monkeypatch.setattr(step_log, "read_back", read_back)
+    steps = [(partial(trainer.steps.task_step, "sst"), first_batch(trainer, "sst"))] * 7
+    syncs = count_syncs(lambda: trainer.steps.run_steps(iter(steps), 7, "stage 1 sst"))
     assert transfers == [3, 6, 7] and len(syncs) == 2, syncs  # the stage's end: its mean and divergence flag
 
 
@@ -106,13 +107,13 @@ def test_smart_lnsr_and_fp16_add_their_terms(tmp_path, tokenizer):
                            lnsr_tasks="sst", lnsr_layer=0, precision="fp16")
     regularizer = trainer.regularization.smart["sst"]
     terms = []
-    task_step = trainer.task_step
+    task_step = trainer.steps.task_step
 
     def recording_step(*args):
         loss = task_step(*args)
         terms.append({name: float(value) for name, value in regularizer.terms.items()})
         return loss
-    trainer.task_step = recording_step
+    trainer.steps.task_step = recording_step
     train_steps(trainer, batches=3)
     lines = lines_of(tmp_path / "run")
     added = {"smart_adversarial", "smart_bregman", "smart_skipped_steps", "lnsr", "fp16_scale", "fp16_skipped_updates"}
@@ -122,7 +123,7 @@ def test_smart_lnsr_and_fp16_add_their_terms(tmp_path, tokenizer):
         assert [line[f"smart_{name}"] for line in lines] == pytest.approx(
             [(terms[0][name] + terms[1][name]) / 2, terms[2][name]])
     assert all(line["lnsr"] > 0 and math.isfinite(line["lnsr"]) for line in lines)
-    assert all(line["fp16_scale"] == trainer.scaler.get_scale() for line in lines)
+    assert all(line["fp16_scale"] == trainer.steps.scaler.get_scale() for line in lines)
     assert lines[-1]["fp16_skipped_updates"] == trainer.state.skipped_updates
     assert lines[-1]["smart_skipped_steps"] == regularizer.skipped_steps
 

@@ -9,9 +9,10 @@ from conftest import deterministic_tiny_model, pair_batch, tiny_model
 from multitask_bert import trained_tensors
 from nli import NLITriplet
 from schedules import Stage, StageKind, block_length, parse_stage_list
-from smart import BregmanTeacher, SmartConfig, ascend
-from test_trainer import demo_data, make_trainer, record_teacher_momentum
-from training_args import TrainingArguments, build_trainer
+from smart import BregmanAnchor, SmartConfig, ascend
+from test_trainer import demo_data, make_trainer, record_anchor_momentum
+from run_setup import build_trainer
+from training_args import TrainingArguments
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -25,6 +26,12 @@ SST, QQP = Stage(StageKind.TASK, "sst"), Stage(StageKind.TASK, "qqp")
 def test_a_block_is_a_run_of_equal_consecutive_stages():
     stages = parse_stage_list("qqp,sts*3,sst,sst:0.5*2")
     assert [block_length(stages, i) for i in range(len(stages))] == [1, 3, 3, 3, 1, 2, 2]
+
+
+def score_stages(monkeypatch, score) -> None:
+    """Stage records scored by `score(record, tasks)`, for the block's best stage and the kept model alike."""
+    for module in ("stage_transitions", "trainer"):
+        monkeypatch.setattr(f"{module}.kept_model_score", score)
 
 
 def weights_at_each_stage_start(trainer, monkeypatch) -> list[dict]:
@@ -46,18 +53,18 @@ def test_the_stage_after_a_block_starts_from_its_best_dev_epoch_with_best(tmp_pa
                                                                           stage_start):
     trainer = make_trainer(tmp_path, tokenizer, stage_start=stage_start)
     scores = {1: 0.2, 2: 0.9, 3: 0.1, 4: 0.5, 5: 0.3}  # by stage: the sst block's best is its first epoch (stage 2)
-    monkeypatch.setattr("trainer.kept_model_score", lambda record, tasks: scores[record["index"]])
+    score_stages(monkeypatch, lambda record, tasks: scores[record["index"]])
     starts = weights_at_each_stage_start(trainer, monkeypatch)
     trainer.train([QQP, SST, SST, SST, QQP])
     after_first_sst = starts[2]
     assert equal(starts[4], after_first_sst) == (stage_start == "best")
     assert not equal(starts[3], after_first_sst)  # inside the block every epoch goes on from the one before
-    assert trainer.block_best is None
+    assert trainer.transitions.block_best is None
 
 
 def test_a_block_whose_last_epoch_is_best_goes_on_unchanged(tmp_path, tokenizer, monkeypatch):
     trainer = make_trainer(tmp_path, tokenizer, stage_start="best")
-    monkeypatch.setattr("trainer.kept_model_score", lambda record, tasks: record["index"] / 10)
+    score_stages(monkeypatch, lambda record, tasks: record["index"] / 10)
     starts = weights_at_each_stage_start(trainer, monkeypatch)
     trainer.train([SST, SST, QQP])
     assert not equal(starts[2], starts[1])
@@ -68,7 +75,7 @@ def test_a_resumed_block_goes_on_from_the_best_epoch_it_had_kept(tmp_path, token
     the uninterrupted run does."""
     scores = {1: 0.9, 2: 0.1, 3: 0.5}
     stages = [SST, SST, QQP]
-    monkeypatch.setattr("trainer.kept_model_score", lambda record, tasks: scores.get(record["index"], 0.0))
+    score_stages(monkeypatch, lambda record, tasks: scores.get(record["index"], 0.0))
     whole = make_trainer(tmp_path / "whole", tokenizer, stage_start="best")
     whole.train(stages)
     stopped = make_trainer(tmp_path / "parts", tokenizer, stage_start="best", stop_after_stages=1)
@@ -77,7 +84,7 @@ def test_a_resumed_block_goes_on_from_the_best_epoch_it_had_kept(tmp_path, token
     assert metadata["block_best"] == {"index": 1, "score": 0.9}
     resumed = make_trainer(tmp_path / "parts", tokenizer, stage_start="best")
     resumed.load_state_dict(tensors, metadata)
-    assert resumed.block_best.index == 1 and equal(resumed.block_best.tensors, stopped.block_best.tensors)
+    assert resumed.transitions.block_best.index == 1 and equal(resumed.transitions.block_best.tensors, stopped.transitions.block_best.tensors)
     resumed.train(stages)
     assert equal(trained_tensors(resumed.model), trained_tensors(whole.model))
 
@@ -95,7 +102,7 @@ def test_simcse_keep_best_goes_on_from_the_simcse_epoch_with_the_best_sts_dev(tm
         if record["stage"] == "simcse":
             picked.append(tasks)
         return {1: 0.8, 2: 0.3}.get(record["index"], 0.0)
-    monkeypatch.setattr("trainer.kept_model_score", score)
+    score_stages(monkeypatch, score)
     starts = weights_at_each_stage_start(trainer, monkeypatch)
     simcse = Stage(StageKind.SIMCSE)
     trainer.train([simcse, simcse, SST])
@@ -162,7 +169,7 @@ def test_the_stage_momentum_schedule_restarts_every_stage(tmp_path, tokenizer, m
     # Two stages of 40 SST examples in batches of 4: 10 updates each, the first of each (10%) at 0.99.
     trainer = make_trainer(tmp_path, tokenizer, data=demo_data(train=40, dev=4, test=2), smart=True,
                            smart_tasks="sst", smart_momentum_schedule="stage")
-    momenta = record_teacher_momentum(trainer, monkeypatch)
+    momenta = record_anchor_momentum(trainer, monkeypatch)
     trainer.train([SST, SST])
     assert momenta == ([0.99] + [0.999] * 9) * 2
 
@@ -170,28 +177,28 @@ def test_the_stage_momentum_schedule_restarts_every_stage(tmp_path, tokenizer, m
 def test_the_stage_start_anchor_is_the_weights_each_stage_began_with(tmp_path, tokenizer, monkeypatch):
     trainer = make_trainer(tmp_path, tokenizer, data=demo_data(train=12, dev=4, test=2), smart=True,
                            smart_tasks="sst", smart_anchor="stage_start")
-    teacher = trainer.regularization.teacher
-    monkeypatch.setattr(teacher, "update", lambda model: pytest.fail("the stage_start anchor never moves"))
+    anchor = trainer.regularization.anchor
+    monkeypatch.setattr(anchor, "update", lambda model: pytest.fail("the stage_start anchor never moves"))
     anchors, run_stage = [], trainer.run_stage
 
     def recording(index, stage):
         live = dict(trainer.model.named_parameters())
-        anchors.append(all(torch.equal(teacher.params[n], live[n]) for n in teacher.params))
+        anchors.append(all(torch.equal(anchor.params[n], live[n]) for n in anchor.params))
         return run_stage(index, stage)
     monkeypatch.setattr(trainer, "run_stage", recording)
     trainer.train([SST, QQP, SST])
     assert anchors == [True, True, True]
 
 
-def test_teacher_reset_copies_the_live_weights():
+def test_anchor_reset_copies_the_live_weights():
     model = tiny_model()
-    teacher = BregmanTeacher(model, 0.99)
+    anchor = BregmanAnchor(model, 0.99)
     with torch.no_grad():
         for p in model.parameters():
             p.add_(1.0)
-    teacher.reset(model)
-    assert all(torch.equal(teacher.params[n], p) for n, p in model.named_parameters())
-    assert all(t.data_ptr() != p.data_ptr() for t, p in zip(teacher.params.values(), model.parameters()))
+    anchor.reset(model)
+    assert all(torch.equal(anchor.params[n], p) for n, p in model.named_parameters())
+    assert all(t.data_ptr() != p.data_ptr() for t, p in zip(anchor.params.values(), model.parameters()))
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -13,8 +13,9 @@ from datasets import (LengthBucketSampler, PairExample, TaskData, TokenizationCa
                       collate_sentences, example_lengths, make_dataloader, subsample, subsample_indices,
                       tokenized_dataloader)
 from schedules import Stage, StageKind
-from trainer import predict_examples
-from training_args import TrainingArguments, build_trainer
+from inference import predict_examples
+from run_setup import build_trainer
+from training_args import TrainingArguments
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -147,8 +148,8 @@ def test_the_trainer_tokenises_each_split_once_across_stages_and_evaluations(tmp
     def one_round(first_index: int) -> None:
         for index, stage in enumerate(stages, first_index):
             trainer.run_stage(index, stage)
-            trainer.evaluate("dev")
-        trainer.predict("sts", trainer.data["sts"].test)
+            trainer.evaluator.evaluate("dev")
+        trainer.predictor.predict("sts", trainer.data["sts"].test)
 
     one_round(0)
     # train: sst 1, qqp 2 (SBERT: a call per side), sts 2; dev: 1 + 2 + 2; sts test 2

@@ -13,8 +13,12 @@ from checkpoint import read_checkpoint
 from datasets import TaskData, collate_sentences, make_dataloader
 from gradient_surgery import cagrad_combine, pcgrad_combine
 from schedules import Stage, StageKind, learning_rate_factor
-from trainer import RestartingLoaders, Trainer, compute_task_loss, predict_examples
-from training_args import TrainingArguments, build_trainer
+from inference import predict_examples
+from run_setup import build_trainer
+from stage_data import RestartingLoaders
+from trainer import Trainer
+from training_args import TrainingArguments
+from training_steps import compute_task_loss
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -74,7 +78,7 @@ def test_predict_examples_answers_in_the_examples_order(tokenizer):
 
 def test_evaluate_reports_every_metric_under_the_internal_names(tmp_path, tokenizer):
     trainer = make_trainer(tmp_path, tokenizer)
-    metrics, predictions = trainer.evaluate("dev")
+    metrics, predictions = trainer.evaluator.evaluate("dev")
     assert set(metrics) == {"sst_acc", "sst_f1_macro", "sst_f1_weighted", "qqp_acc", "qqp_f1", "qqp_f1_weighted",
                             "sts_pearson", "sts_spearman", "overall"}
     assert set(predictions) == {"sst", "qqp", "sts"}
@@ -94,7 +98,7 @@ def test_pcgrad_step_leaves_each_head_exactly_its_own_task_gradient(tmp_path, to
                "sts": pair_batch(tokenizer, "sts", 6)}
     own = {task: loss_gradient(model, task, batch) for task, batch in batches.items()}  # each task alone
 
-    trainer.surgery_step(list(batches.items()), 1, random.Random(0))
+    trainer.steps.surgery_step(list(batches.items()), 1, random.Random(0))
     combined = gradients(model)
     for name in ("sentiment_head.weight", "sentiment_head.bias"):
         assert torch.equal(combined[name], own["sst"][name]), name
@@ -126,7 +130,7 @@ def test_cagrad_step_leaves_heads_their_own_gradient_and_combines_the_encoder_by
     own = {"sst": loss_gradient(model, "sst", batches[1][1])}
     first, second = loss_gradient(model, "qqp", batches[0][1]), loss_gradient(model, "qqp", batches[2][1])
     own["qqp"] = {name: first[name] + second[name] for name in first}
-    trainer.surgery_step(batches, 1, random.Random(0))
+    trainer.steps.surgery_step(batches, 1, random.Random(0))
     combined = gradients(model)
     torch.testing.assert_close(combined["sentiment_head.weight"], own["sst"]["sentiment_head.weight"])
     torch.testing.assert_close(combined["paraphrase_head.weight"], own["qqp"]["paraphrase_head.weight"])
@@ -142,9 +146,9 @@ def test_surgery_step_adds_to_gradients_accumulated_before(tmp_path, tokenizer):
     trainer = make_trainer(tmp_path, tokenizer, schedule="round_robin", gradient_surgery="pcgrad")
     batches = [("sst", sentence_batch(tokenizer, 4)), ("qqp", pair_batch(tokenizer, "qqp", 4)),
                ("sts", pair_batch(tokenizer, "sts", 4))]
-    trainer.surgery_step(batches, 2, random.Random(0))
+    trainer.steps.surgery_step(batches, 2, random.Random(0))
     once = gradients(trainer.model)
-    trainer.surgery_step(batches, 2, random.Random(0))
+    trainer.steps.surgery_step(batches, 2, random.Random(0))
     twice = gradients(trainer.model)
     for name in once:
         torch.testing.assert_close(twice[name], 2 * once[name])
@@ -165,8 +169,8 @@ def test_the_last_short_accumulation_group_is_divided_by_its_own_size(tmp_path, 
         captured.append(gradients(model))
         trainer.optimizer.zero_grad(set_to_none=True)
         return torch.zeros(())  # the gradient norm steps.jsonl's line at the stage's end reports
-    monkeypatch.setattr(trainer, "optimizer_step", capture_instead_of_stepping)
-    trainer.run_steps(((partial(trainer.task_step, "sst"), b) for b in batches), 3, "test")
+    monkeypatch.setattr(trainer.steps, "optimizer_step", capture_instead_of_stepping)
+    trainer.steps.run_steps(((partial(trainer.steps.task_step, "sst"), b) for b in batches), 3, "test")
 
     assert len(captured) == 2  # groups [1, 2] and [3]
     g1, g2, g3 = (loss_gradient(model, "sst", b) for b in batches)
@@ -178,7 +182,7 @@ def test_the_last_short_accumulation_group_is_divided_by_its_own_size(tmp_path, 
 def test_accumulation_takes_one_update_per_group(tmp_path, tokenizer):
     trainer = make_trainer(tmp_path, tokenizer, grad_accumulation_steps=3)
     batches = [sentence_batch(tokenizer, 2) for _ in range(7)]
-    trainer.run_steps(((partial(trainer.task_step, "sst"), b) for b in batches), 7, "test")
+    trainer.steps.run_steps(((partial(trainer.steps.task_step, "sst"), b) for b in batches), 7, "test")
     assert trainer.state.updates == 3  # 3 + 3 + 1
 
 
@@ -205,7 +209,7 @@ def test_linear_schedule_sets_each_update_learning_rate(tmp_path, tokenizer, mon
     rates = record_learning_rates(trainer, monkeypatch)
     trainer.train([Stage(StageKind.TASK, "sst"), Stage(StageKind.TASK, "sst")])
     total = 2 * math.ceil(4 / accumulation)
-    assert trainer.total_updates == total and trainer.state.updates == total
+    assert trainer.steps.total_updates == total and trainer.state.updates == total
     expected = [1e-3 * learning_rate_factor(u, total, "linear", 0.25) for u in range(total)]
     assert [r[0] for r in rates] == pytest.approx(expected, rel=1e-12)
     assert all(len(set(r)) == 1 for r in rates)  # every parameter group
@@ -215,40 +219,40 @@ def test_linear_schedule_sets_each_update_learning_rate(tmp_path, tokenizer, mon
 def test_constant_schedule_keeps_the_stage_learning_rate(tmp_path, tokenizer, monkeypatch):
     trainer = make_trainer(tmp_path, tokenizer)
     rates = record_learning_rates(trainer, monkeypatch)
-    trainer.total_updates = 5
+    trainer.steps.total_updates = 5
     for _ in range(3):
-        trainer.task_step("sst", sentence_batch(tokenizer, 2), 1)
-        trainer.optimizer_step()
+        trainer.steps.task_step("sst", sentence_batch(tokenizer, 2), 1)
+        trainer.steps.optimizer_step()
     assert rates == [[1e-3] * len(trainer.optimizer.param_groups)] * 3
     assert all(group["lr"] == 1e-3 for group in trainer.optimizer.param_groups)
 
 
-def record_teacher_momentum(trainer, monkeypatch) -> list[float]:
+def record_anchor_momentum(trainer, monkeypatch) -> list[float]:
     momenta = []
-    update = trainer.regularization.teacher.update
+    update = trainer.regularization.anchor.update
 
     def recording_update(model):
-        momenta.append(trainer.regularization.teacher.momentum)
+        momenta.append(trainer.regularization.anchor.momentum)
         return update(model)
-    monkeypatch.setattr(trainer.regularization.teacher, "update", recording_update)
+    monkeypatch.setattr(trainer.regularization.anchor, "update", recording_update)
     return momenta
 
 
-def test_smart_teacher_momentum_is_099_for_the_first_tenth_of_the_run_then_0999(tmp_path, tokenizer, monkeypatch):
+def test_smart_anchor_momentum_is_099_for_the_first_tenth_of_the_run_then_0999(tmp_path, tokenizer, monkeypatch):
     # Two stages of 40 SST examples in batches of 4: 20 updates, the first 2 (10%) at 0.99.
     trainer = make_trainer(tmp_path, tokenizer, data=demo_data(train=40, dev=4, test=2), smart=True,
                            smart_tasks="sst")
-    momenta = record_teacher_momentum(trainer, monkeypatch)
+    momenta = record_anchor_momentum(trainer, monkeypatch)
     trainer.train([Stage(StageKind.TASK, "sst"), Stage(StageKind.TASK, "sst")])
-    assert trainer.total_updates == 20
+    assert trainer.steps.total_updates == 20
     assert momenta == [0.99] * 2 + [0.999] * 18
 
 
 def test_a_fixed_smart_momentum_holds_for_the_whole_run(tmp_path, tokenizer, monkeypatch):
     trainer = make_trainer(tmp_path, tokenizer, data=demo_data(train=12, dev=4, test=2), smart=True,
                            smart_tasks="sst", smart_momentum=0.5)
-    assert trainer.regularization.teacher.momentum == 0.5
-    momenta = record_teacher_momentum(trainer, monkeypatch)
+    assert trainer.regularization.anchor.momentum == 0.5
+    momenta = record_anchor_momentum(trainer, monkeypatch)
     trainer.train([Stage(StageKind.TASK, "sst")])
     assert momenta == [0.5] * 3
 
@@ -269,13 +273,13 @@ def test_the_kept_model_comes_back_without_a_reload_or_another_dev_pass(tmp_path
 
     def no_evaluation(*args, **kwargs):
         raise AssertionError("the kept model's dev evaluation is reused, not run again")
-    monkeypatch.setattr(trainer, "evaluate_with_scores", no_evaluation)
+    monkeypatch.setattr(trainer.evaluator, "evaluate_with_scores", no_evaluation)
     metrics, predictions, _ = trainer.use_kept_model()
     assert all(torch.equal(v, saved[k]) for k, v in trainer.model.state_dict().items())
     assert [id(p) for p in trainer.model.parameters()] == live_parameters  # the optimizer's parameters still
     assert metrics == {k: v for k, v in kept_record.items() if k not in ("stage", "index", "train_loss", "seconds")}
     monkeypatch.undo()
-    again, predictions_again, _ = trainer.evaluate_with_scores("dev")
+    again, predictions_again, _ = trainer.evaluator.evaluate_with_scores("dev")
     assert again == metrics
     assert all(np.array_equal(predictions[t][1], predictions_again[t][1]) for t in predictions)
 
@@ -285,7 +289,7 @@ def test_a_stage_records_its_training_seconds_without_the_dev_evaluation(tmp_pat
     clock = {"now": 0.0}
     monkeypatch.setattr("trainer.time.time", lambda: clock["now"])
     trainer = make_trainer(tmp_path, tokenizer)
-    train_stage, evaluate = trainer.run_stage, trainer.evaluate_with_scores
+    train_stage, evaluate = trainer.run_stage, trainer.evaluator.evaluate_with_scores
 
     def slow(function, seconds):
         def run(*args, **kwargs):
@@ -293,7 +297,7 @@ def test_a_stage_records_its_training_seconds_without_the_dev_evaluation(tmp_pat
             return function(*args, **kwargs)
         return run
     monkeypatch.setattr(trainer, "run_stage", slow(train_stage, 3.0))
-    monkeypatch.setattr(trainer, "evaluate_with_scores", slow(evaluate, 100.0))
+    monkeypatch.setattr(trainer.evaluator, "evaluate_with_scores", slow(evaluate, 100.0))
     trainer.train([Stage(StageKind.TASK, "sst")])
     assert [record["seconds"] for record in trainer.state.history] == [100.0, 3.0]
 
@@ -317,8 +321,8 @@ def test_state_dict_round_trip_restores_the_state_and_weights(tmp_path, tokenize
     fresh.load_state_dict(tensors, metadata)
     assert fresh.state == trainer.state
     assert all(torch.equal(p, q) for p, q in zip(fresh.model.parameters(), trainer.model.parameters()))
-    assert all(torch.equal(fresh.regularization.teacher.params[n], t)
-               for n, t in trainer.regularization.teacher.params.items())
+    assert all(torch.equal(fresh.regularization.anchor.params[n], t)
+               for n, t in trainer.regularization.anchor.params.items())
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -388,27 +392,27 @@ def test_trainer_decays_matrices_only_and_skips_frozen_parameters(tmp_path, toke
 
 def scaled_backward(trainer, tokenizer):
     batch = sentence_batch(tokenizer, 4)
-    trainer.backward(compute_task_loss(trainer.model, "sst", batch), 4, 1)
+    trainer.steps.backward(compute_task_loss(trainer.model, "sst", batch), 4, 1)
 
 
 def test_an_fp16_step_with_inf_gradients_moves_nothing(tmp_path, tokenizer):
-    """A skipped step (inf / NaN gradients) leaves weights, teacher, optimizer state and the schedules' position
+    """A skipped step (inf / NaN gradients) leaves weights, anchor, optimizer state and the schedules' position
     alone, and halves the scale; the next finite step updates all of them."""
     trainer = make_trainer(tmp_path, tokenizer, precision="fp16", smart=True)
     scaled_backward(trainer, tokenizer)
     next(p for p in trainer.model.parameters() if p.grad is not None).grad[0] = math.inf
     weights = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
-    teacher = {n: t.clone() for n, t in trainer.regularization.teacher.params.items()}
-    scale = trainer.scaler.get_scale()
-    trainer.optimizer_step()
-    assert (trainer.state.updates, trainer.state.skipped_updates, trainer.scaler.get_scale()) == (0, 1, scale / 2)
+    anchor = {n: t.clone() for n, t in trainer.regularization.anchor.params.items()}
+    scale = trainer.steps.scaler.get_scale()
+    trainer.steps.optimizer_step()
+    assert (trainer.state.updates, trainer.state.skipped_updates, trainer.steps.scaler.get_scale()) == (0, 1, scale / 2)
     assert all(torch.equal(p, weights[n]) for n, p in trainer.model.named_parameters())
-    assert all(torch.equal(t, teacher[n]) for n, t in trainer.regularization.teacher.params.items())
+    assert all(torch.equal(t, anchor[n]) for n, t in trainer.regularization.anchor.params.items())
     assert not trainer.optimizer.state
     scaled_backward(trainer, tokenizer)
-    trainer.optimizer_step()
+    trainer.steps.optimizer_step()
     assert (trainer.state.updates, trainer.state.skipped_updates) == (1, 1)
-    assert not all(torch.equal(t, teacher[n]) for n, t in trainer.regularization.teacher.params.items())
+    assert not all(torch.equal(t, anchor[n]) for n, t in trainer.regularization.anchor.params.items())
 
 
 def test_fp16_gradients_are_unscaled_before_clipping(tmp_path, tokenizer, monkeypatch):
@@ -423,5 +427,5 @@ def test_fp16_gradients_are_unscaled_before_clipping(tmp_path, tokenizer, monkey
     norms = []
     clip = torch.nn.utils.clip_grad_norm_
     monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", lambda params, max_norm: norms.append(clip(params, max_norm)))
-    trainer.optimizer_step()
-    assert trainer.scaler.get_scale() == 65536.0 and norms[0].item() == pytest.approx(expected, rel=1e-5)
+    trainer.steps.optimizer_step()
+    assert trainer.steps.scaler.get_scale() == 65536.0 and norms[0].item() == pytest.approx(expected, rel=1e-5)
