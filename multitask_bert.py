@@ -175,8 +175,8 @@ class MultitaskBERT(nn.Module):
         return self.adapter is not None and self.adapter.sharing == "per_task"
 
     def has_linear_head(self, task: str) -> bool:
-        """Whether the task's output comes from a linear head: every task's but STS's cosine of u and v, which
-        only a cross-encoded STS (one joint encoding, one logit) replaces."""
+        """Whether the task's output comes from a linear head (the task says: every task's but an SBERT or hybrid STS,
+        whose output is the cosine of u and v)."""
         return TASKS[task].has_head(self.pair_encoders)
 
     def trains_with_frozen_encoder(self, task: str) -> bool:

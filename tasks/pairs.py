@@ -7,6 +7,7 @@ model may read them by (MultitaskBERT's pair_encoders, per task):
 """
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -17,9 +18,8 @@ from tasks.course_files import PairExample, read_rows
 PAIR_COLUMNS = ("sentence1", "sentence2")  # the text columns of the course's pair files
 
 
-class SentencePairs:
-    """What the pair tasks share, beside their own kind (a tasks.base.Task first in their bases: QQP's
-    Classification, STS's Task)."""
+class SentencePairs(ABC):
+    """What the pair tasks share, mixed in before their own kind (QQP's Classification, STS's Task)."""
 
     def load(self, path: str | Path, split: str) -> list[PairExample]:
         """Labels are floats (QQP 0.0 / 1.0, STS 0-5), None for split="test"."""
@@ -31,6 +31,17 @@ class SentencePairs:
     def is_cross_encoded(self, pair_encoders: Mapping[str, str]) -> bool:
         return pair_encoders[self.name] == "cross"
 
-    def cross_encoded_logit(self, model: nn.Module, hidden: Tensor, inputs) -> Tensor:
-        """A joint encoding's one logit: the pooled pair through the dense layer, dropout and the head."""
-        return self.head(model)(model.head_input(self.name, hidden, inputs)).squeeze(-1)  # (B,)
+    def build_head(self, in_features: int) -> nn.Module:
+        return nn.Linear(in_features, 1)  # one logit
+
+    def outputs(self, model: nn.Module, hidden: Tensor, inputs) -> Tensor:
+        """A cross-encoded pair's logit: the pooled pair through the dense layer, dropout and the head; else what
+        the task makes of the two sentence embeddings."""
+        if self.is_cross_encoded(model.pair_encoders):
+            return self.head(model)(model.head_input(self.name, hidden, inputs)).squeeze(-1)  # (B,)
+        u, v = model.pair_embeddings(self.name, hidden, inputs)  # (B, H) each
+        return self.outputs_of_embeddings(model, u, v)
+
+    @abstractmethod
+    def outputs_of_embeddings(self, model: nn.Module, u: Tensor, v: Tensor) -> Tensor:
+        """The task's outputs (B,) from the embeddings u and v (B, H) of the two sentences (SBERT, hybrid)."""

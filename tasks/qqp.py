@@ -28,13 +28,7 @@ class Paraphrase(SentencePairs, Classification):
     def feature_size(self, pair_encoders: Mapping[str, str], hidden: int) -> int:
         return hidden if self.is_cross_encoded(pair_encoders) else 3 * hidden  # [u, v, |u - v|] unless cross
 
-    def build_head(self, in_features: int) -> nn.Module:
-        return nn.Linear(in_features, 1)
-
-    def outputs(self, model: nn.Module, hidden: Tensor, inputs) -> Tensor:
-        if self.is_cross_encoded(model.pair_encoders):
-            return self.cross_encoded_logit(model, hidden, inputs)
-        u, v = model.pair_embeddings(self.name, hidden, inputs)  # (B, H) each
+    def outputs_of_embeddings(self, model: nn.Module, u: Tensor, v: Tensor) -> Tensor:
         features = model.features(self.name, torch.cat([u, v, (u - v).abs()], dim=-1))  # (B, 3H) or (B, head_hidden)
         return self.head(model)(model.dropout(features)).squeeze(-1)  # (B,)
 

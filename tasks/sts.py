@@ -45,13 +45,7 @@ class Similarity(SentencePairs, Task):
         """Only a cross-encoded STS has a linear head: the others' output is the cosine of u and v."""
         return self.is_cross_encoded(pair_encoders)
 
-    def build_head(self, in_features: int) -> nn.Module:
-        return nn.Linear(in_features, 1)
-
-    def outputs(self, model: nn.Module, hidden: Tensor, inputs) -> Tensor:
-        if self.is_cross_encoded(model.pair_encoders):
-            return self.cross_encoded_logit(model, hidden, inputs)
-        u, v = model.pair_embeddings(self.name, hidden, inputs)  # (B, H) each
+    def outputs_of_embeddings(self, model: nn.Module, u: Tensor, v: Tensor) -> Tensor:
         u, v = model.features(self.name, u), model.features(self.name, v)  # a dense layer projects each side
         if model.sts_cosine_dropout:
             u, v = model.dropout(u), model.dropout(v)
