@@ -197,9 +197,10 @@ def test_a_score_on_a_rounding_boundary_is_decided_as_saved(tmp_path):
     assert np.array_equal(as_saved(np.array([score])), read_scores(tmp_path / "s.csv", "sts")[1])
     # a run's leaderboard files: the CSV says what its saved score decides, as a one-member ensemble would
     data = SimpleNamespace(test=["a test example"])
+    predictor = SimpleNamespace(predict=lambda task, examples, scores: (["t"], np.array([score])))
     trainer = SimpleNamespace(tasks=("sts",), data={"sts": data}, distributed=SimpleNamespace(is_main=True),
                               model=SimpleNamespace(objectives={"sts": CosineSimilarityObjective()}),
-                              predict=lambda task, examples, scores: (["t"], np.array([score])))
+                              predictor=predictor, evaluator=SimpleNamespace(qa_threshold=0.0))
     paths = {("sts", split): tmp_path / f"sts-{split}-out.csv" for split in ("dev", "test")}
     multitask_classifier.write_leaderboard_files(trainer, paths, {"sts": (["d"], np.array([score]))}, tmp_path / "run")
     for split, row in (("dev", "d"), ("test", "t")):
