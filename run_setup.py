@@ -35,6 +35,7 @@ from scores import ScoresFileError
 from simcse import SIMCSE_OBJECTIVES
 from smart import BregmanAnchor, SmartRegularizer, bregman_momentum
 from squad import QASettings, check_window_room
+from stage_transitions import TransitionSettings
 from tokenizer import BertTokenizer
 from trainer import SimcseStage, Trainer
 from training_args import (CUDA_SAVE_MINUTES, TrainingArguments, UsageError, adapter_config, check_max_length,
@@ -234,9 +235,9 @@ def loop_config(args: TrainingArguments, device: torch.device) -> LoopConfig:
                       epochs=args.epochs, precision=resolve_precision(device, args.precision), quiet=args.quiet,
                       stop_after_stages=args.stop_after_stages, keep_stage_models=args.keep_stage_models,
                       eval_train_examples=args.eval_train_examples, logging_steps=args.logging_steps,
-                      report_to=args.report_to, patience=args.patience, save_steps=args.save_steps,
-                      stage_start=args.stage_start, simcse_keep=args.simcse_keep,
+                      report_to=args.report_to, save_steps=args.save_steps,
                       save_every_minutes=save_minutes(args.save_every_minutes, device),
+                      transitions=TransitionSettings(args.patience, args.stage_start, args.simcse_keep),
                       pad_to_multiple_of=pad_to_multiple_of(device, args.compile))
 
 

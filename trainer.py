@@ -43,7 +43,7 @@ from runtime import to_device, use_tf32
 from schedules import Stage, StageKind, multitask_order, trained_heads
 from squad import QASettings
 from stage_data import StageData
-from stage_transitions import StageTransitions, TransitionSettings
+from stage_transitions import StageTransitions
 from step_log import RunLog
 from training_state import TrainingState, data_fingerprints, save_training_state
 from training_steps import LoopConfig, ResumedStage, StagePlace, StepLoop, compute_task_loss
@@ -108,9 +108,8 @@ class Trainer:
         self.evaluator = Evaluator(self.predictor, data, config.seed)
         self.stage_data = StageData(data, splits, triplets, config.batch_size, config.num_workers,
                                     config.pad_to_multiple_of, device, distributed, gradient_surgery is not None)
-        self.transitions = StageTransitions(model, device, self.tasks, TransitionSettings(
-            config.patience, config.stage_start, config.simcse_keep), self.regularization, self.consolidate,
-            distributed)
+        self.transitions = StageTransitions(model, device, self.tasks, config.transitions, self.regularization,
+                                            self.consolidate, distributed)
         self.kept: KeptModel | None = None  # the best model of this process's stages (a resumed run may have none)
         self.resumed: ResumedStage | None = None  # a checkpoint inside a stage, until run_stage continues it
 

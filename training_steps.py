@@ -34,6 +34,7 @@ from regularization import Regularization
 from runtime import autocast, float32_exact, to_device
 from schedules import learning_rate_factor
 from smart import SmartRegularizer, computes_exactly
+from stage_transitions import TransitionSettings
 from step_log import DeviceSums, RunLog, StageLosses, read_line
 from training_state import TrainingState
 
@@ -129,12 +130,8 @@ class LoopConfig:
     # updates, and every this many minutes (0: neither).
     save_steps: int = 0
     save_every_minutes: float = 0.0
-    # Between stages (stage_transitions.TransitionSettings): early stopping of a multi-epoch stage after this many
-    # epochs without a better dev score (None: every epoch runs), and what the stage after a block of repeated task
-    # stages, or of SimCSE stages, starts from (schedules.STAGE_STARTS).
-    patience: int | None = None
-    stage_start: str = "last"
-    simcse_keep: str = "last"
+    # Between stages: early stopping and what the stage after a block of repeated stages starts from.
+    transitions: TransitionSettings = TransitionSettings()
 
 
 @dataclass
