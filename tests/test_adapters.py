@@ -200,7 +200,7 @@ def adapted_multitask(kind="lora", sharing="per_task"):
 def test_training_one_task_leaves_another_tasks_outputs_bit_identical(kind, tokenizer):
     from conftest import pair_batch, sentence_batch
     from optimizer import AdamW
-    from trainer import compute_task_loss
+    from training_steps import compute_task_loss
     model = adapted_multitask(kind)
     randomise_adapters(model)
     sentences, pairs = sentence_batch(tokenizer, 4), pair_batch(tokenizer, "sts", 4)

@@ -45,7 +45,7 @@ def minilm_multitask(**options):
 
 def loss_and_grads(model, task: str, batch: dict, precision: str, regularizer=None):
     from runtime import autocast
-    from trainer import compute_task_loss
+    from training_steps import compute_task_loss
     model.zero_grad(set_to_none=True)
     torch.manual_seed(0)
     with autocast(torch.device("cuda"), precision):
@@ -164,7 +164,7 @@ def test_a_batch_32x128_smart_step_of_bert_base_fits_in_12_gib(checkpointing):
     from multitask_bert import MultitaskBERT
     from optimizer import AdamW
     from smart import SmartConfig, SmartRegularizer
-    from trainer import compute_task_loss
+    from training_steps import compute_task_loss
     torch.manual_seed(0)
     model = MultitaskBERT(BertModel(BertConfig())).cuda().train()
     model.bert.encoder.gradient_checkpointing = checkpointing

@@ -8,7 +8,6 @@ import sys
 from functools import partial
 
 import pytest
-import torch
 
 import multitask_classifier as mc
 import step_log

@@ -193,7 +193,7 @@ def test_smart_configs_apply_flags_then_per_task_overrides():
 
 @pytest.mark.parametrize("override, problem", [
     ("sst", "expected TASK:key=value"), ("mnli:adv_weight=1", "expected TASK:key=value"),
-    ("sst:teacher_momentum=0.5", "shared setting 'teacher_momentum'"), ("sst:alpha=1", "unknown or shared"),
+    ("sst:anchor_momentum=0.5", "shared setting 'anchor_momentum'"), ("sst:alpha=1", "unknown or shared"),
     ("sst:ascent_steps=two", "ascent_steps must be a int"), ("sts:epsilon=-1", "epsilon must be finite and > 0"),
 ])
 def test_smart_override_errors(override, problem):
