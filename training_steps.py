@@ -4,7 +4,7 @@ SimCSE or masked-LM batch; gradient surgery's batch of every task), the optimize
 learning rate, a line of steps.jsonl every logging_steps updates and the checkpoints inside the stage.
 
     loss = compute_task_loss(model, task, batch, regularizer)       # one task batch's loss, SMART's penalty included
-    steps = StepLoop(model, device, config, optimizer, state, run_log, save_checkpoint, ...)
+    steps = StepLoop(model, device, config, optimizer, state, run_log, save_checkpoint, regularization)
     mean_loss = steps.run_steps(((partial(steps.task_step, "sst"), b) for b in loader), len(loader), "stage 1 sst")
 """
 from __future__ import annotations
