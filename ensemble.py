@@ -86,21 +86,26 @@ def main(argv=None) -> int:
     except OSError as err:
         print(f"error: {describe_os_error(err)}", file=sys.stderr)
         return 2
+    print_report(report, args.select, len(predictions), train_scores, output_dir)
+    return 0
+
+
+def print_report(report: dict, selected: bool, csvs: int, train_scores: dict, output_dir: Path) -> None:
+    """The members' and the ensemble's dev figures (held out too, after --select) and what was written."""
     for task, info in report["tasks"].items():
         print(f"{task}: members on dev {', '.join(f'{v:.4f}' for v in info['members_dev'])} -> ensemble "
               f"{info['ensemble_dev']:.4f} ({len(info['chosen'])} chosen)")
     print("ensemble on dev: " + summarize_line(report["dev"]))
     print(f"best member on dev: {report['best_member']['run']} (overall {report['best_member']['overall_dev']:.4f})")
-    if args.select or any(TASKS[t].weighs_members(report["methods"][t]) for t in report["methods"]):
+    if selected or any(TASKS[t].weighs_members(report["methods"][t]) for t in report["methods"]):
         print("note: the dev set chose the members or weights, so these dev scores are optimistic; quote test scores")
-    if args.select:
+    if selected:
         held_out = ", ".join(f"{t} {info['held_out_dev']:.4f}" for t, info in report["tasks"].items())
         print(f"held out (chosen on half of dev, scored on the other half, both ways, {HELD_OUT_REPEATS} random "
               f"halvings): {held_out}, "
               f"overall {report['held_out_overall']:.4f}")
     taught = f" and the train scores of {', '.join(train_scores)}" if train_scores else ""
-    print(f"wrote the {len(predictions)} CSVs and ensemble.json{taught} to {output_dir}")
-    return 0
+    print(f"wrote the {csvs} CSVs and ensemble.json{taught} to {output_dir}")
 
 
 if __name__ == "__main__":

@@ -142,18 +142,7 @@ class MultitaskBERT(nn.Module):
             TASKS[task].check_options(options)
         self.objectives = {task: TASKS[task].objective(options) for task in RUN_TASKS}
         self.dropout = nn.Dropout(dropout)
-        # Modules are created, and their weights drawn, in the tasks' order: the dense layers, then the heads.
-        features = {task: TASKS[task].feature_size(self.pair_encoders, hidden) for task in self.tasks}
-        features = {task: size for task, size in features.items() if size is not None}
-        if head_hidden:
-            self.dense_heads = nn.ModuleDict({
-                task: nn.Sequential(nn.Linear(size, head_hidden), HEAD_ACTIVATIONS[head_activation](),
-                                    nn.Dropout(dropout))
-                for task, size in features.items()})
-            features = dict.fromkeys(features, head_hidden)
-        for task in self.tasks:
-            if self.has_linear_head(task):  # a head without features of its own reads every hidden state (SQuAD's)
-                setattr(self, TASKS[task].head_name, TASKS[task].build_head(features.get(task, hidden)))
+        self.add_heads(hidden, dropout)
         self.adapter = AdapterConfig(**adapter) if isinstance(adapter, dict) else adapter
         self.adapter_task: str | None = None  # whose per-task adapters run (set_adapter); None: the base model's
         if self.adapter is not None:
@@ -161,6 +150,21 @@ class MultitaskBERT(nn.Module):
             if pals is not None:
                 self.pals = pals
             activate(self, None if self.has_task_adapters() else SHARED_SET)  # per task: set_adapter chooses
+
+    def add_heads(self, hidden: int, dropout: float) -> None:
+        """Each task's dense layer (head_hidden > 0) and linear head, created (and their weights drawn) in the
+        tasks' order: the dense layers, then the heads."""
+        features = {task: TASKS[task].feature_size(self.pair_encoders, hidden) for task in self.tasks}
+        features = {task: size for task, size in features.items() if size is not None}
+        if self.head_hidden:
+            self.dense_heads = nn.ModuleDict({
+                task: nn.Sequential(nn.Linear(size, self.head_hidden), HEAD_ACTIVATIONS[self.head_activation](),
+                                    nn.Dropout(dropout))
+                for task, size in features.items()})
+            features = dict.fromkeys(features, self.head_hidden)
+        for task in self.tasks:
+            if self.has_linear_head(task):  # a head without features of its own reads every hidden state (SQuAD's)
+                setattr(self, TASKS[task].head_name, TASKS[task].build_head(features.get(task, hidden)))
 
     def head_options(self) -> dict:
         return {"pooling": self.pooling, "dropout": self.dropout.p, "pair_encoder": self.pair_encoders,
