@@ -27,7 +27,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from files import atomic_write_text  # noqa: E402
 
-SIZES = {"sst": (160, 40, 40), "cfimdb": (60, 20, 20), "quora": (160, 40, 40), "sts": (160, 40, 40)}
+# Examples per split (train, dev, test) of each course file.
+SST_SIZES = QUORA_SIZES = STS_SIZES = (160, 40, 40)
+CFIMDB_SIZES = (60, 20, 20)
 SPLIT_NAMES = ("train", "dev", "test-student")
 SQUAD_ARTICLES = (12, 4, 4)  # towns per split (train, dev, test); each gives SQUAD_QUESTIONS questions
 SQUAD_QUESTIONS = (5, 5)  # answerable, unanswerable questions per town
@@ -542,21 +544,21 @@ def main(argv: list[str] | None = None) -> None:
     args.out_dir.mkdir(parents=True, exist_ok=True)
     rng = random.Random(args.seed)
 
-    sst_total = sum(SIZES["sst"])
+    sst_total = sum(SST_SIZES)
     write_sentence_task(args.out_dir, "ids-sst",
-                        split_stratified(rng, sst_sentences(rng, sst_total // 5), SIZES["sst"]))
-    cfimdb_total = sum(SIZES["cfimdb"])
+                        split_stratified(rng, sst_sentences(rng, sst_total // 5), SST_SIZES))
+    cfimdb_total = sum(CFIMDB_SIZES)
     write_sentence_task(args.out_dir, "ids-cfimdb",
-                        split_stratified(rng, cfimdb_reviews(rng, cfimdb_total // 2), SIZES["cfimdb"]))
+                        split_stratified(rng, cfimdb_reviews(rng, cfimdb_total // 2), CFIMDB_SIZES))
 
-    quora_total = sum(SIZES["quora"])
+    quora_total = sum(QUORA_SIZES)
     n_duplicates = round(0.4 * quora_total)
     quora = quora_pairs(rng, n_duplicates, quora_total - n_duplicates)
-    splits = split_stratified(rng, quora, SIZES["quora"])
+    splits = split_stratified(rng, quora, QUORA_SIZES)
     write_pair_task(args.out_dir, "quora", "is_duplicate",
                     [[(a, b, float(label)) for label, (a, b) in split] for split in splits])
 
-    splits = split_stratified(rng, sts_pairs(rng, sum(SIZES["sts"])), SIZES["sts"])
+    splits = split_stratified(rng, sts_pairs(rng, sum(STS_SIZES)), STS_SIZES)
     write_pair_task(args.out_dir, "sts", "similarity", [[item for _, item in split] for split in splits])
     write_squad(args.out_dir, args.seed)
     print(f"wrote the demo data to {args.out_dir}")

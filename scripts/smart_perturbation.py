@@ -28,6 +28,7 @@ from datasets import DataError, collate_pairs, collate_sentences, load_split  # 
 from multitask_bert import MultitaskBERT, load_multitask_model  # noqa: E402
 from runtime import autocast  # noqa: E402
 from smart import DIVERGENCES, SmartConfig, find_perturbation  # noqa: E402
+from tasks import TASKS  # noqa: E402
 from tokenizer import BertTokenizer  # noqa: E402
 
 MEASURED_TASKS = ("sst", "sts")
@@ -35,7 +36,7 @@ MEASURED_TASKS = ("sst", "sts")
 
 def batches(data_dir: str, task: str, tokenizer, count: int, size: int, max_length: int) -> list[dict]:
     examples = load_split(data_dir, task, "dev")[: count * size]
-    collate = collate_sentences if task == "sst" else collate_pairs
+    collate = collate_pairs if TASKS[task].is_pair else collate_sentences
     return [collate(examples[i:i + size], tokenizer, max_length) for i in range(0, len(examples), size)]
 
 
