@@ -1,0 +1,38 @@
+"""Size limits that keep each piece readable in one sitting (issue 38): no class over 250 lines and no function over
+50, in the project's own code (the library, the course's files and the scripts; tests are exempt: a test reads top
+to bottom). A class that grows past the limit is doing two jobs; split it rather than raise the limit."""
+import ast
+from pathlib import Path
+
+
+ROOT = Path(__file__).resolve().parents[1]
+MAX_CLASS_LINES = 250
+MAX_FUNCTION_LINES = 50
+
+
+def project_sources() -> list[Path]:
+    sources = [*ROOT.glob("*.py"), *ROOT.glob("scripts/*.py"), *ROOT.glob("minbert/**/*.py")]
+    return sorted(path for path in sources if path.is_file())
+
+
+def oversized(path: Path) -> list[str]:
+    name = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path.name
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        limit = (MAX_CLASS_LINES if isinstance(node, ast.ClassDef)
+                 else MAX_FUNCTION_LINES if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) else None)
+        if limit is not None and node.end_lineno - node.lineno + 1 > limit:
+            found.append(f"{name}:{node.lineno} {node.name} "
+                         f"({node.end_lineno - node.lineno + 1} lines, limit {limit})")
+    return found
+
+
+def test_no_class_or_function_over_the_limits():
+    assert not [entry for path in project_sources() for entry in oversized(path)]
+
+
+def test_the_check_sees_an_oversized_function(tmp_path):
+    body = "\n".join(f"    x{i} = {i}" for i in range(MAX_FUNCTION_LINES))
+    module = tmp_path / "long.py"
+    module.write_text(f"def long():\n{body}\n")
+    assert oversized(module) == [f"long.py:1 long ({MAX_FUNCTION_LINES + 1} lines, limit {MAX_FUNCTION_LINES})"]
