@@ -21,9 +21,9 @@ from pathlib import Path
 
 import numpy as np
 
-from files import atomic_write_csv
 from schedules import tasks_trained_by
 from tasks import MULTITASK, RUN_TASKS, TASKS, default_output
+from tasks.base import first_few
 from tasks.metrics import paired_arrays, paraphrase_metrics, sts_metrics  # noqa: F401 (sts_metrics: scripts/sts_objectives.py's)
 
 LEADERBOARD_COLUMNS = {name: task.leaderboard_column for name, task in TASKS.items()}
@@ -99,28 +99,11 @@ def _column(task: str) -> str:
     return LEADERBOARD_COLUMNS[task]
 
 
-def _first_few(items: Iterable[str], limit: int = 3) -> str:
-    items = sorted(items)
-    shown = ", ".join(items[:limit])
-    return shown + (f" (+{len(items) - limit} more)" if len(items) > limit else "")
-
-
 def write_predictions(path: str | os.PathLike, ids: Sequence, predictions: Sequence, task: str) -> None:
-    """Write a leaderboard CSV `id,<column>` with one row per id, in the order given.
-
-    The file is written to a temporary sibling and moved into place, so a crash mid-write
-    never leaves a truncated predictions file that looks complete.
-    """
-    path = Path(path)
-    column = _column(task)
-    ids = [str(i) for i in ids]
-    if len(ids) != len(predictions):
-        raise ValueError(f"{path}: {len(ids)} ids but {len(predictions)} predictions")
-    repeated = [i for i, count in Counter(ids).items() if count > 1]
-    if repeated:
-        raise ValueError(f"{path}: repeated ids: {_first_few(repeated)}")
-    cells = (TASKS[task].format_prediction(p) for p in predictions)
-    atomic_write_csv(path, [("id", column), *zip(ids, cells)])
+    """Write a leaderboard CSV `id,<column>` with one row per id, in the order given (Task.write_predictions: moved
+    into place whole)."""
+    _column(task)  # an unknown task is refused as read_predictions refuses it
+    TASKS[task].write_predictions(Path(path), ids, predictions)
 
 
 def read_predictions(path: str | os.PathLike, task: str) -> dict[str, int | float]:
@@ -175,9 +158,9 @@ def check_predictions_file(
         extra = predictions.keys() - expected
         problems = []
         if missing:
-            problems.append(f"{len(missing)} missing ids ({_first_few(missing)})")
+            problems.append(f"{len(missing)} missing ids ({first_few(missing)})")
         if extra:
-            problems.append(f"{len(extra)} unexpected ids ({_first_few(extra)})")
+            problems.append(f"{len(extra)} unexpected ids ({first_few(extra)})")
         if problems:
             raise PredictionsFileError(f"{path}: " + "; ".join(problems))
     return predictions

@@ -4,7 +4,7 @@ SQuAD's answers and window logits, batched for evaluation and, under torchrun, s
     splits = TokenizedSplits(tokenizer, model, max_length, qa)        # each split tokenised once per run
     predictor = Predictor(model, splits, device, PredictionSettings(batch_size, max_length, precision, quiet))
     ids, scores = predictor.predict("sst", examples, scores=True)
-    answers = predictor.answer(questions)                              # SQuAD: squad.Answer by question id
+    answers = predictor.answer("qa", questions)                        # SQuAD: squad.Answer by question id
 """
 from __future__ import annotations
 
@@ -55,22 +55,22 @@ def predict_examples(model: MultitaskBERT, task: str, examples: list | Tokenized
 
 
 @torch.inference_mode()
-def predict_span_logits(model: MultitaskBERT, windows: QAWindows, device: torch.device, batch_size: int,
+def predict_span_logits(model: MultitaskBERT, task: str, windows: QAWindows, device: torch.device, batch_size: int,
                         precision: str = "fp32", quiet: bool = True,
                         distributed: Distributed = SINGLE_PROCESS) -> tuple[list[str], np.ndarray]:
-    """The start and end logits of every SQuAD window, (window ids, (N, max_length, 2)) in the windows' order,
-    zero beyond each window's tokens; under torchrun each rank reads every world_size-th window and all ranks
-    get every window's."""
+    """The start and end logits of every window of an extractive task (SQuAD), (window ids, (N, max_length, 2)) in
+    the windows' order, zero beyond each window's tokens; under torchrun each rank reads every world_size-th window
+    and all ranks get every window's."""
     model.eval()
 
     def predict_shard(shard: QAWindows) -> tuple[list[str], np.ndarray]:
         loader = tokenized_dataloader(shard, batch_size, shuffle=False, pin_memory=device.type == "cuda",
                                       pad_to_multiple_of=pad_to_multiple_of(device))
         ids, logits = [], []
-        for batch in tqdm(loader, desc="predict qa", leave=False, disable=quiet):
+        for batch in tqdm(loader, desc=f"predict {task}", leave=False, disable=quiet):
             batch = to_device(batch, device)
             with autocast(device, precision):
-                values = model.score("qa", batch).float().cpu().numpy()  # (B, T, 2)
+                values = model.score(task, batch).float().cpu().numpy()  # (B, T, 2)
             logits.append(np.pad(values, ((0, 0), (0, windows.max_length - values.shape[1]), (0, 0))))
             ids += batch["ids"]
         return ids, np.concatenate(logits)  # (B, max_length, 2)
@@ -78,12 +78,12 @@ def predict_span_logits(model: MultitaskBERT, windows: QAWindows, device: torch.
 
 
 @torch.inference_mode()
-def predict_answers(model: MultitaskBERT, windows: QAWindows, device: torch.device, batch_size: int,
+def predict_answers(model: MultitaskBERT, task: str, windows: QAWindows, device: torch.device, batch_size: int,
                     precision: str = "fp32", quiet: bool = True, distributed: Distributed = SINGLE_PROCESS,
                     n_best: int = 20, max_answer_tokens: int = 30) -> dict[str, Answer]:
     """Every SQuAD question's best span and no-answer margin (squad.decode_answers) from the logits of all
     of its windows (predict_span_logits)."""
-    _, logits = predict_span_logits(model, windows, device, batch_size, precision, quiet, distributed)
+    _, logits = predict_span_logits(model, task, windows, device, batch_size, precision, quiet, distributed)
     return decode_answers(windows, logits, n_best, max_answer_tokens)
 
 
@@ -105,9 +105,8 @@ class TokenizedSplits:
         return self.cache.tokenizer
 
     def get(self, task: str, examples: list) -> TokenizedExamples | QAWindows:
-        if TASKS[task].is_extractive:
-            return self.cache.windows(examples, self.qa.max_length, self.qa.doc_stride)
-        return self.cache.get(examples, self.max_length, self.model.reads_pairs_jointly(task))
+        joint_pairs = self.model.reads_pairs_jointly(task)
+        return TASKS[task].tokenize(self.cache, examples, self.max_length, joint_pairs, self.qa)
 
 
 @dataclass(frozen=True)
@@ -136,16 +135,16 @@ class Predictor:
                                 self.device, settings.batch_size, settings.max_length, settings.precision,
                                 settings.quiet, self.distributed, scores)
 
-    def answer(self, questions: list[QAExample]) -> dict[str, Answer]:
-        """SQuAD questions' best spans and no-answer margins (predict_answers)."""
+    def answer(self, task: str, questions: list[QAExample]) -> dict[str, Answer]:
+        """An extractive task's (SQuAD's) questions' best spans and no-answer margins (predict_answers)."""
         settings, qa = self.settings, self.splits.qa
-        return predict_answers(self.model, self.splits.get("qa", questions), self.device, settings.batch_size,
+        return predict_answers(self.model, task, self.splits.get(task, questions), self.device, settings.batch_size,
                                settings.precision, settings.quiet, self.distributed, qa.n_best, qa.max_answer_tokens)
 
-    def span_logits(self, questions: list[QAExample]) -> tuple[list[str], list[np.ndarray]]:
-        """The window ids of SQuAD questions and each window's (length, 2) start and end logits
-        (predict_span_logits): what --score_train saves for --distill."""
-        windows = self.splits.get("qa", questions)
-        ids, logits = predict_span_logits(self.model, windows, self.device, self.settings.batch_size,
+    def span_logits(self, task: str, questions: list[QAExample]) -> tuple[list[str], list[np.ndarray]]:
+        """The window ids of an extractive task's (SQuAD's) questions and each window's (length, 2) start and end
+        logits (predict_span_logits): what --score_train saves for --distill."""
+        windows = self.splits.get(task, questions)
+        ids, logits = predict_span_logits(self.model, task, windows, self.device, self.settings.batch_size,
                                           self.settings.precision, self.settings.quiet, self.distributed)
         return ids, [row[:length] for row, length in zip(logits, windows.lengths)]

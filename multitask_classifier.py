@@ -23,15 +23,13 @@ from datasets import DataError, show_data_warnings_on_one_line
 from distillation import DISTILLED_TASKS
 from distributed import Distributed, data_parallel
 from embedding_analysis import MIN_TSNE_POINTS, plot_tsne, sentence_embeddings
-from evaluation import summarize_line, write_predictions
+from evaluation import summarize_line
 from files import describe_os_error, locked_folder, remove_files
-from inference import decide
 from plots import write_run_reports
 from run_record import RECORD_FILE, run_record, write_run_record
 from run_setup import build_run, check_pretrained, load_inputs
 from runtime import precision_notice
-from scores import as_saved, scores_path, span_logits_path, write_qa_scores, write_scores, write_span_logits
-from squad import predictions, write_squad_predictions
+from scores import scores_path, span_logits_path
 from step_log import STEPS_FILE, TENSORBOARD_DIR, TrainingDiverged
 from tasks import RUN_TASKS, SPLITS, TASKS, default_output
 from trainer import Trainer
@@ -46,10 +44,15 @@ def parse_args(argv=None) -> TrainingArguments:
     return parse_training_args(argv, __doc__)
 
 
-# What a run writes in its folder besides checkpoints and scores (trainer.py, plots.write_run_reports, write_sst_tsne).
+def tsne_file(task: str) -> str:
+    """The plot of a task's dev embeddings in a run's folder (write_tsne): sst_tsne.png."""
+    return f"{task}_tsne.png"
+
+
+# What a run writes in its folder besides checkpoints and scores (trainer.py, plots.write_run_reports, write_tsne).
 RUN_REPORTS = (RECORD_FILE, "metrics.jsonl", STEPS_FILE, "history.json", "forgetting.md", "forgetting_matrix.png",
                "training_curves.png", "sst_error_histogram.png", "qqp_confusion_matrix.png", "sts_scatter.png",
-               "sst_tsne.png")
+               *(tsne_file(name) for name, task in TASKS.items() if task.plots_embeddings))
 CHECKPOINT = re.compile(r"(last|best|stage_\d+)\.(json|safetensors)(\.tmp)?")
 
 
@@ -69,65 +72,51 @@ def earlier_run_files(output_dir: Path, predictions: list[Path]) -> list[Path]:
 
 
 def write_leaderboard_files(trainer: Trainer, paths: dict, dev_scores: dict, run_dir: Path) -> None:
-    """The six CSVs (and SQuAD's two prediction JSONs) and, for ensembles, the scores they were decided from
-    (run_dir/scores/): dev from the scores already computed, test predicted now (by every rank, written by
-    rank 0); SQuAD's answers use the no-answer threshold chosen on dev (trainer.evaluator.qa_threshold)."""
-    predictor, threshold = trainer.predictor, trainer.evaluator.qa_threshold
+    """Each task's leaderboard file (the six CSVs, SQuAD's prediction JSONs) and, for ensembles, the scores it was
+    decided from (run_dir/scores/): dev from the scores already computed, test predicted now (by every rank,
+    written by rank 0), decided under the settings chosen on dev (trainer.evaluator.chosen: SQuAD's no-answer
+    threshold)."""
     for split in ("dev", "test"):
         for task in trainer.tasks:
-            if TASKS[task].is_extractive:
-                if split == "test" and trainer.data[task].test is None:
-                    continue  # no SQuAD test file (load_inputs said so)
-                answers = dev_scores[task] if split == "dev" else predictor.answer(trainer.data[task].test)
-                if trainer.distributed.is_main:
-                    write_squad_predictions(paths[(task, split)], predictions(answers, threshold))
-                    write_qa_scores(scores_path(run_dir, task, split), answers)
-                    print(f"wrote {paths[(task, split)]} ({len(answers)} questions, no-answer threshold "
-                          f"{threshold:.4f})")
-                continue
-            if split == "dev":
-                ids, scores = dev_scores[task]
-            else:
-                ids, scores = predictor.predict(task, trainer.data[task].test, scores=True)
+            if split == "test" and trainer.data[task].test is None:
+                continue  # no test file where the task's is optional (SQuAD's: load_inputs said so)
+            scores = (dev_scores[task] if split == "dev"
+                      else TASKS[task].predict_scores(trainer.predictor, trainer.data[task].test))
             if trainer.distributed.is_main:
-                scores = as_saved(scores)  # what an ensemble reads back, so that it decides the same CSVs
-                predicted = decide(trainer.model, task, scores)
-                write_predictions(paths[(task, split)], ids, predicted.tolist(), task)
-                write_scores(scores_path(run_dir, task, split), ids, scores, task)
-                print(f"wrote {paths[(task, split)]} ({len(ids)} rows)")
+                written = TASKS[task].write_outputs(scores, paths[(task, split)], scores_path(run_dir, task, split),
+                                                    trainer.evaluator.chosen)
+                print(f"wrote {paths[(task, split)]} ({written})")
 
 
 def write_train_scores(trainer: Trainer, run_dir: Path) -> None:
-    """--score_train: the kept model's scores of every train split the run read (run_dir/scores/TASK-train.csv),
-    what --distill reads from a teacher."""
+    """--score_train: the kept model's scores of every train split the run read (run_dir/scores/TASK-train.csv;
+    SQuAD's windows' logits), what --distill reads from a teacher."""
     for task in trainer.tasks:
         train = trainer.data[task].train
         if task not in DISTILLED_TASKS or train is None:
             continue
-        if task == "qa":
-            ids, logits = trainer.predictor.span_logits(train)
-            if trainer.distributed.is_main:
-                write_span_logits(span_logits_path(run_dir), ids, logits, trainer.qa.max_length, trainer.qa.doc_stride)
-                print(f"wrote {span_logits_path(run_dir)} ({len(ids)} windows)")
-            continue
-        ids, scores = trainer.predictor.predict(task, train, scores=True)
+        scores = TASKS[task].train_scores(trainer.predictor, train)
         if trainer.distributed.is_main:
-            write_scores(scores_path(run_dir, task, "train"), ids, scores, task)
-            print(f"wrote {scores_path(run_dir, task, 'train')} ({len(ids)} rows)")
+            print(f"wrote {TASKS[task].write_train_scores(run_dir, scores, trainer.qa)}")
 
 
-def write_sst_tsne(trainer: Trainer, path: Path) -> None:
-    """The best model's SST dev embeddings in 2-D, coloured by gold label, beside the run's other plots."""
-    if "sst" not in trainer.data:
-        return
-    examples = trainer.data["sst"].dev
+def write_tsne(trainer: Trainer, output_dir: Path) -> None:
+    """The best model's dev embeddings in 2-D, coloured by gold label, of each task that plots them (SST's), beside
+    the run's other plots."""
+    for task in trainer.tasks:
+        if TASKS[task].plots_embeddings:
+            plot_embeddings(trainer, task, output_dir / tsne_file(task))
+
+
+def plot_embeddings(trainer: Trainer, task: str, path: Path) -> None:
+    examples, title = trainer.data[task].dev, TASKS[task].title
     if len(examples) < MIN_TSNE_POINTS:
-        print(f"note: no {path.name}: t-SNE needs at least {MIN_TSNE_POINTS} SST dev sentences")
+        print(f"note: no {path.name}: t-SNE needs at least {MIN_TSNE_POINTS} {title} dev sentences")
         return
     config = trainer.config
-    embeddings = sentence_embeddings(trainer.model, "sst", examples, trainer.tokenizer, trainer.device,
+    embeddings = sentence_embeddings(trainer.model, task, examples, trainer.tokenizer, trainer.device,
                                      config.eval_batch_size, config.max_length, trainer.precision)
-    plot_tsne({"SST dev, best model": embeddings}, [e.label for e in examples], path, config.seed)
+    plot_tsne({f"{title} dev, best model": embeddings}, [e.label for e in examples], path, config.seed)
 
 
 def resume(trainer: Trainer, args: TrainingArguments, prefix: Path, stage_labels: list[str]) -> None:
@@ -188,7 +177,7 @@ def _run(args: TrainingArguments, distributed: Distributed, device) -> Trainer:
                 table = write_run_reports(trainer.state.history, dev_predictions, output_dir)
                 if table:
                     print(table)
-                write_sst_tsne(trainer, output_dir / "sst_tsne.png")
+                write_tsne(trainer, output_dir)
             for message in dropped_rows:
                 print(f"note: not in the predictions: {message}")
         return trainer

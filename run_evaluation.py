@@ -11,17 +11,17 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
-
 from datasets import TaskData, subsample
-from evaluation import overall_score, summarize_line, task_metrics
-from inference import Predictor, decide
-from squad import best_threshold, qa_metrics
+from evaluation import overall_of, summarize_line
+from inference import Predictor
 from step_log import RunLog
-from tasks import TASKS
+from tasks import MULTITASK, RUN_TASKS, TASKS
 
-SUMMARY_KEYS = ("index", "stage", "train_loss", "seconds", "sst_acc", "sst_f1_weighted", "qqp_acc", "qqp_f1_weighted",
-                "sts_pearson", "sts_spearman", "overall", "qa_f1")
+# The console's line of a stage: its place, then each default task's metrics (tables' columns), the overall score
+# and each other task's.
+SUMMARY_KEYS = ("index", "stage", "train_loss", "seconds",
+                *(key for task in MULTITASK for key, _ in TASKS[task].history_columns), "overall",
+                *(key for task in RUN_TASKS if task not in MULTITASK for key, _ in TASKS[task].history_columns))
 STAGE_FIELDS = ("seconds", "fp16_skipped_updates")  # in a stage's record, with train_loss: what is not a dev metric
 METRICS_FILE = "metrics.jsonl"
 
@@ -32,7 +32,9 @@ class Evaluator:
 
     def __init__(self, predictor: Predictor, data: dict[str, TaskData], seed: int):
         self.predictor, self.data, self.seed = predictor, data, seed
-        self.qa_threshold = 0.0  # SQuAD's no-answer threshold, chosen on dev at every dev evaluation
+        # The metrics of the last dev evaluation: the decision settings chosen there (SQuAD's no-answer threshold),
+        # which the other splits' predictions use.
+        self.chosen: dict = {}
 
     def evaluate(self, split: str = "dev", limit: int | None = None) -> tuple[dict, dict]:
         """Metrics of every task on a split, and (ids, predictions, gold labels) per task."""
@@ -40,32 +42,24 @@ class Evaluator:
         return metrics, predictions
 
     def evaluate_with_scores(self, split: str = "dev", limit: int | None = None,
-                             qa_threshold: float | None = None) -> tuple[dict, dict, dict]:
-        """evaluate's metrics and predictions, and (ids, scores) per task: the scores they were decided from.
-        SQuAD's no-answer threshold is `qa_threshold` if given, else chosen on dev to maximise F1 (and kept
-        for other splits); its predictions and scores are the questions' answers (squad.Answer by id)."""
+                             chosen: dict | None = None) -> tuple[dict, dict, dict]:
+        """evaluate's metrics and predictions, and per task the scores they were decided from (tasks.base's
+        TaskEvaluation). The decision settings are those of the dev metrics `chosen` if given (a kept model's), else
+        chosen afresh by a dev evaluation (SQuAD's no-answer threshold, to maximise its F1) and kept for the other
+        splits."""
+        reused = chosen if chosen is not None else (None if split == "dev" else self.chosen)
         metrics, predictions, scores = {}, {}, {}
         for task, data in self.data.items():
             examples = getattr(data, split)
             if examples is None:
                 continue
-            examples = subsample(examples, limit, self.seed)
-            if TASKS[task].is_extractive:
-                answers = self.predictor.answer(examples)
-                if qa_threshold is not None:
-                    self.qa_threshold = qa_threshold
-                elif split == "dev":
-                    self.qa_threshold = best_threshold(answers, examples)
-                metrics.update(qa_metrics(answers, examples, self.qa_threshold))
-                predictions[task] = scores[task] = answers
-                continue
-            ids, task_scores = self.predictor.predict(task, examples, scores=True)
-            predicted = decide(self.predictor.model, task, task_scores)
-            gold = np.array([e.label for e in examples])
-            predictions[task], scores[task] = (ids, predicted, gold), (ids, task_scores)
-            metrics.update(task_metrics(task, predicted, gold))
-        if {"sst_acc", "qqp_acc", "sts_pearson"} <= metrics.keys():
-            metrics["overall"] = overall_score(metrics["sst_acc"], metrics["qqp_acc"], metrics["sts_pearson"])
+            evaluation = TASKS[task].evaluate(self.predictor, subsample(examples, limit, self.seed), reused)
+            metrics.update(evaluation.metrics)
+            predictions[task], scores[task] = evaluation.predictions, evaluation.scores
+        if all(TASKS[task].score_key in metrics for task in MULTITASK):
+            metrics["overall"] = overall_of(metrics)
+        if split == "dev" or chosen is not None:  # settings chosen now, or the kept model's: they hold from now on
+            self.chosen = metrics
         return metrics, predictions, scores
 
 

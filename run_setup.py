@@ -34,14 +34,14 @@ from schedules import Stage, StageKind, train_tasks
 from scores import ScoresFileError
 from simcse import SIMCSE_OBJECTIVES
 from smart import BregmanAnchor, SmartRegularizer, bregman_momentum
-from squad import QASettings, check_window_room
 from stage_transitions import TransitionSettings
+from tasks import TASKS, data_flag
 from tokenizer import BertTokenizer
 from trainer import SimcseStage, Trainer
 from training_args import (CUDA_SAVE_MINUTES, TrainingArguments, UsageError, adapter_config, check_max_length,
                            check_writable, data_paths, distill_settings, distill_teachers, distilled_tasks,
-                           lnsr_config, lnsr_tasks, prediction_paths, regularized_tasks, run_schedule, run_tasks,
-                           smart_configs)
+                           lnsr_config, lnsr_tasks, prediction_paths, qa_settings, regularized_tasks, run_schedule,
+                           run_tasks, smart_configs)
 from training_steps import LoopConfig
 
 
@@ -75,13 +75,14 @@ def load_data(args: TrainingArguments, stages: list[Stage]) -> tuple[dict[str, T
     with warnings.catch_warnings(record=True) as dropped:
         warnings.simplefilter("always", DataWarning)
         paths = data_paths(args.data_dir, args.data_files, tasks)
-        without_test = set()
-        if "qa" in tasks and not args.data_files.get("squad_test") and not paths[("qa", "test")].exists():
-            # The official SQuAD 2.0 download has no test file (its test set is hidden): dev only.
-            print(f"note: no {paths[('qa', 'test')]}: SQuAD's test set is not predicted (--squad_test FILE)")
-            without_test.add("qa")
+        # A task whose official test set is hidden (SQuAD's) may come without a test file: dev only.
+        without_test = [task for task in tasks if TASKS[task].test_file_optional
+                        and not args.data_files.get(data_flag(task, "test")) and not paths[(task, "test")].exists()]
+        for task in without_test:
+            print(f"note: no {paths[(task, 'test')]}: {TASKS[task].title}'s test set is not predicted "
+                  f"(--{data_flag(task, 'test')} FILE)")
         data = load_task_data(paths, tasks, train_tasks(stages, tasks), args.max_train_examples, args.seed,
-                              without_test)
+                              set(without_test))
     for warning in dropped:
         warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
     return data, [str(warning.message) for warning in dropped]
@@ -129,12 +130,12 @@ def check_pretrained(args: TrainingArguments, data: dict) -> BertTokenizer:
     tokenizer = BertTokenizer.from_pretrained(args.pretrained)
     tokenizer.check_fits(config.vocab_size, args.pretrained)
     check_max_length(args.max_length, config.max_position_embeddings, args.pretrained)
+
+    def check_length(length: int, flag: str) -> None:
+        check_max_length(length, config.max_position_embeddings, args.pretrained, flag)
     try:
-        if "qa" in data:
-            check_max_length(args.qa_max_length, config.max_position_embeddings, args.pretrained, "--qa_max_length")
-            for split in (data["qa"].train, data["qa"].dev, data["qa"].test):
-                if split is not None:
-                    check_window_room(split, tokenizer, args.qa_max_length, args.qa_doc_stride)
+        for task, task_data in data.items():
+            TASKS[task].check_inputs(task_data, tokenizer, qa_settings(args), check_length)
         if args.lnsr:
             lnsr_config(args, config.num_hidden_layers)
         if args.adapter == "pals" and args.pal_size and args.pal_size % config.num_attention_heads:
@@ -145,9 +146,9 @@ def check_pretrained(args: TrainingArguments, data: dict) -> BertTokenizer:
     return tokenizer
 
 
-def build_model(args: TrainingArguments, trains_sts: bool) -> MultitaskBERT:
+def build_model(args: TrainingArguments, trained: set[str]) -> MultitaskBERT:
     """The pretrained encoder (its own dropout unless --encoder_dropout) with fresh task heads; check_pretrained
-    has checked the flags that depend on it."""
+    has checked the flags that depend on it. `trained`: the tasks the schedule trains."""
     overrides = {} if args.encoder_dropout is None else {"hidden_dropout_prob": args.encoder_dropout}
     bert = BertModel.from_pretrained(args.pretrained, **overrides)
     bert.encoder.gradient_checkpointing = args.gradient_checkpointing
@@ -157,11 +158,13 @@ def build_model(args: TrainingArguments, trains_sts: bool) -> MultitaskBERT:
                           args.sts_cosine_dropout)
     if args.option == "pretrain":
         freeze_encoder(model)
-        # STS outputs a cosine of the frozen encoder's embeddings unless a head or adapters give it weights.
-        sts_trains = model.trains_with_frozen_encoder("sts")
-        if trains_sts and not sts_trains:
-            print("note: with --option pretrain the STS cosine has no trainable weights; "
-                  "STS training steps change nothing")
+        # A task without a head (STS's cosine of the frozen encoder's embeddings) trains nothing unless adapters or
+        # a dense layer give it weights.
+        for task in run_tasks(args):
+            if task in trained and not model.trains_with_frozen_encoder(task):
+                title = TASKS[task].title
+                print(f"note: with --option pretrain the {title} {TASKS[task].headless_output} has no trainable "
+                      f"weights; {title} training steps change nothing")
     return model
 
 
@@ -171,7 +174,7 @@ def build_run(args: TrainingArguments, stages: list[Stage], data: dict, tokenize
     padded tokens, compiled layers), the MLM head when a stage needs one, rank 0's weights on every rank, and the
     Trainer that build_trainer builds around them."""
     seed_everything(args.seed)
-    model = build_model(args, "sts" in train_tasks(stages, run_tasks(args))).to(device)
+    model = build_model(args, train_tasks(stages, run_tasks(args))).to(device)
     place_encoder(model.bert.encoder, device, args.compile, args.compile_mode)
     mlm_head = None
     if any(stage.kind is StageKind.MLM for stage in stages):
@@ -186,9 +189,9 @@ def build_run(args: TrainingArguments, stages: list[Stage], data: dict, tokenize
               f"{args.grad_accumulation_steps} = {examples} examples per update; learning rate {args.lr} (not scaled "
               "with the batch)")
     trainer = build_trainer(args, model, tokenizer, data, triplets, device, mlm_head, distributed, teacher)
-    if teacher is not None and "qa" in teacher:
-        try:  # the teacher's SQuAD windows must be the student's: the same ids and token counts
-            teacher["qa"].check_windows(trainer.predictor.splits.get("qa", data["qa"].train))
+    for task, scores in (teacher or {}).items():
+        try:  # a teacher's SQuAD windows must be the student's: the same ids and token counts
+            scores.check_windows(trainer.predictor.splits.get(task, data[task].train))
         except ScoresFileError as err:
             raise UsageError(str(err)) from None
     return trainer
@@ -206,7 +209,6 @@ def build_trainer(args: TrainingArguments, model: MultitaskBERT, tokenizer, data
         simcse = SimcseStage(triplets, partial(SIMCSE_OBJECTIVES[args.simcse_objective],
                                                temperature=args.simcse_temperature), args.simcse_lr)
     surgery = None if args.gradient_surgery == "none" else GradientSurgery(args.gradient_surgery, args.cagrad_c)
-    qa = QASettings(args.qa_max_length, args.qa_doc_stride, args.qa_n_best, args.qa_max_answer_tokens)
     optimizer = build_optimizer(model, args.lr, args.weight_decay, args.layerwise_lr_decay, mlm_head, args.compile)
     distillation = None
     if teacher:
@@ -214,7 +216,7 @@ def build_trainer(args: TrainingArguments, model: MultitaskBERT, tokenizer, data
         distillation = Distillation(teacher, args.distill_weight, args.distill_temperature,
                                     {task: (s["weight"], s["temperature"]) for task, s in settings.items()})
     return Trainer(model, tokenizer, data, device, loop_config(args, device), optimizer,
-                   build_regularization(args, model), simcse, surgery, qa, mlm_head, distributed,
+                   build_regularization(args, model), simcse, surgery, qa_settings(args), mlm_head, distributed,
                    dataclasses.asdict(args), distillation)
 
 

@@ -15,7 +15,7 @@ Each task names its columns and checks its values (tasks/: score_columns, score_
 tasks/score_files.py's, SQuAD's train logits tasks/qa.py's.
 
 The scores are those of the best model, the one that wrote the run's leaderboard CSVs, so that
-decide(score) gives exactly the CSVs' predictions (the task's objective): the run decides from its scores as saved
+the task's decide(score) gives exactly the CSVs' predictions: the run decides from its scores as saved
 (`as_saved`), the values an ensemble reads back. Plain CSV, nothing to unpickle; floats are written with 9
 significant digits, which float32 reads back exactly.
 """
@@ -27,17 +27,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from tasks import TASKS
-from tasks.qa import span_logits_path, write_qa_scores, write_span_logits  # noqa: F401 (SQuAD's, written by a run)
-from tasks.score_files import ScoresFileError, score_text, scores_path  # noqa: F401 (read where a run's folder is)
-
-
-def as_saved(scores: np.ndarray) -> np.ndarray:
-    """The scores as a scores file holds them: float64 read back from their 9-digit text. A run decides its CSVs
-    from these, not from the model's float32, so a one-member ensemble writes the same CSVs: the float32 STS score
-    1.2917850017... rounds to "1.29179", but its text "1.291785" reads back as 1.2917849999... and rounds to
-    "1.29178"."""
-    scores = np.asarray(scores, dtype=np.float64)
-    return np.array([float(score_text(v)) for v in scores.ravel()], dtype=np.float64).reshape(scores.shape)
+from tasks.qa import span_logits_path, write_span_logits  # noqa: F401 (SQuAD's train logits, in a run's folder)
+from tasks.score_files import ScoresFileError, as_saved, scores_path  # noqa: F401 (read where a run's folder is)
 
 
 def write_scores(path: str | os.PathLike, ids: Sequence[str], scores: np.ndarray, task: str) -> None:

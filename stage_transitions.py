@@ -15,6 +15,7 @@ from evaluation import kept_model_score
 from multitask_bert import MultitaskBERT, load_trained_tensors, trained_tensors
 from regularization import Regularization
 from schedules import Stage, StageKind, block_length, multi_epoch_stages, patience_exhausted, trained_heads
+from tasks import SIMCSE_TASKS
 from training_state import TrainingState
 
 BLOCK_BEST_KEY = "block_best."  # the best stage's tensors in a checkpoint
@@ -90,7 +91,7 @@ class StageTransitions:
         "stage_start"."""
         stage = stages[index]
         if self.block_policy(stage) == "best" and block_length(stages, index) > 1:
-            score = kept_model_score(record, {stage.task or "sts"})  # SimCSE's block: STS's dev Pearson
+            score = kept_model_score(record, {stage.task} if stage.task else set(SIMCSE_TASKS))  # SimCSE's: STS's r
             if self.block_best is None or score > self.block_best.score:
                 self.block_best = BlockBest(index + 1, score, {k: v.to("cpu", copy=True)
                                                                for k, v in trained_tensors(self.model).items()})

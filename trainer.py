@@ -66,7 +66,6 @@ class KeptModel:
     metrics: dict
     predictions: dict
     scores: dict
-    qa_threshold: float
 
 
 class Trainer:
@@ -228,8 +227,7 @@ class Trainer:
         score = kept_model_score(record, kept_on)
         if score > self.state.best_score:  # every rank holds the same gathered metrics
             self.state.best_score = score
-            self.kept = KeptModel({k: v.to("cpu", copy=True) for k, v in trained_tensors(self.model).items()},
-                                  *dev, qa_threshold=self.evaluator.qa_threshold)
+            self.kept = KeptModel({k: v.to("cpu", copy=True) for k, v in trained_tensors(self.model).items()}, *dev)
             if self.distributed.is_main:
                 save_multitask_model(self.model, self.output_dir / "best", saved)
         if self.config.keep_stage_models and self.distributed.is_main:
@@ -237,14 +235,15 @@ class Trainer:
 
     def use_kept_model(self) -> tuple[dict, dict, dict]:
         """Put the kept model's weights back into the model (the one the optimizer and SMART's anchor hold) and
-        return its dev metrics, predictions and scores, with SQuAD's threshold as it was chosen then. A run resumed
-        after its best stage has no copy in memory: it reads OUTPUT_DIR/best.* and evaluates dev again."""
+        return its dev metrics, predictions and scores, with the decision settings chosen then (SQuAD's no-answer
+        threshold, among its metrics). A run resumed after its best stage has no copy in memory: it reads
+        OUTPUT_DIR/best.* and evaluates dev again under the settings its metrics hold."""
         if self.kept is None:
             tensors, metadata = read_checkpoint(self.output_dir / "best")
             load_trained_tensors(self.model, {k: v.to(self.device) for k, v in tensors.items()})
-            return self.evaluator.evaluate_with_scores("dev", qa_threshold=metadata["metrics"].get("qa_threshold"))
+            return self.evaluator.evaluate_with_scores("dev", chosen=metadata["metrics"])
         load_trained_tensors(self.model, {k: v.to(self.device) for k, v in self.kept.tensors.items()})
-        self.evaluator.qa_threshold = self.kept.qa_threshold
+        self.evaluator.chosen = self.kept.metrics
         return self.kept.metrics, self.kept.predictions, self.kept.scores
 
     def log(self, record: dict) -> None:

@@ -41,7 +41,8 @@ from smart import ANCHORS, MOMENTUM_SCHEDULES, NORM_LEVELS, NORMS, PROJECTIONS, 
 from smart import PRECISIONS as SMART_PRECISIONS
 from squad import QASettings
 from step_log import REPORT_TO
-from tasks import MULTITASK, RUN_TASKS, SPLITS, course_file_name, data_flag, default_output, output_flag, task_name
+from tasks import (MULTITASK, PART1_TASKS, RUN_TASKS, SIMCSE_TASKS, SPLITS, TASKS, course_file_name, data_flag,
+                   default_output, output_flag, task_name)
 from tokenizer import shortest_max_length
 
 COURSE = "course options (defaults unchanged)"
@@ -150,8 +151,8 @@ class TrainingArguments:
     # Data, model and run.
     data_dir: str = flag("data", "folder with the course's file names (and SQuAD's official train-v2.0.json, "
                            "dev-v2.0.json, test-v2.0.json)", resume_free=True)
-    tasks: str = flag(",".join(MULTITASK), "the run's tasks, some of sst, qqp, sts and qa (SQuAD 2.0); its heads, "
-                      "data, dev metrics and predictions; annealed and round_robin epochs train all of them")
+    tasks: str = flag(",".join(MULTITASK), f"the run's tasks, some of {', '.join(RUN_TASKS)}; its heads, data, dev "
+                      "metrics and predictions; annealed and round_robin epochs train all of them")
     pretrained: str = flag("bert-base-uncased", "hub id, local directory, or minilm-l6 (bundled, offline)")
     max_train_examples: int | None = flag(None, "subsample each train set (quick runs)", type=int)
     max_length: int = flag(128, "tokens per sentence (or per pair)", type=int)
@@ -429,8 +430,10 @@ def _check_schedule_flags(args: TrainingArguments) -> None:
     _check(args.stage_start == "last" or args.schedule == "sequential",
            "--stage_start best needs --schedule sequential: annealed and round_robin epochs train every task at "
            "once, with no block of one task's stages to go on from")
-    _check(args.simcse_keep == "last" or "sts" in run_tasks(args),
-           "--simcse_keep best picks the SimCSE epoch by STS's dev Pearson: add sts to --tasks")
+    _check(args.simcse_keep == "last" or set(SIMCSE_TASKS) <= set(run_tasks(args)),
+           "--simcse_keep best picks the SimCSE epoch by "
+           + " and ".join(f"{TASKS[task].title}'s {TASKS[task].simcse_score}" for task in SIMCSE_TASKS)
+           + f": add {','.join(SIMCSE_TASKS)} to --tasks")
 
 
 def _check_heads(args: TrainingArguments) -> None:
@@ -536,7 +539,7 @@ class ClassifierArguments:
     lr: float = flag(1e-5, "learning rate; the course suggests 1e-3 for pretrain and 1e-5 for finetune",
                        COURSE, type=float)
     data_dir: str = flag("data", "folder with the course's file names (ids-sst-*.csv, ...)", "data and outputs")
-    data_files: dict = per_file_options("data", ("sst", "cfimdb"), "data and outputs")
+    data_files: dict = per_file_options("data", PART1_TASKS, "data and outputs")
     predictions_dir: str = flag("predictions", "where the {option}-{dataset}-{dev,test}-out.csv files go",
                                   "data and outputs")
     output_dir: str = flag("runs/classifier", "best-dev checkpoints", "data and outputs")
@@ -720,6 +723,12 @@ def run_tasks(args: TrainingArguments) -> tuple[str, ...]:
     return tuple(args.tasks.split(","))
 
 
+def qa_settings(args: TrainingArguments) -> QASettings:
+    """How SQuAD is cut into windows and answered (--qa_max_length, --qa_doc_stride, --qa_n_best,
+    --qa_max_answer_tokens)."""
+    return QASettings(args.qa_max_length, args.qa_doc_stride, args.qa_n_best, args.qa_max_answer_tokens)
+
+
 def run_schedule(args: TrainingArguments) -> list[Stage]:
     """The run's stages: schedules.build_schedule of --schedule, --first_stages, --cycle, --cycles, --epochs and the
     SimCSE and mlm epochs."""
@@ -734,17 +743,19 @@ def distilled_tasks(args: TrainingArguments, stages: list[Stage]) -> list[str]:
     return [task for task in DISTILLED_TASKS if task in teachers and task in trained]
 
 
-def _task_list(enabled: bool, text: str, flag: str, tasks: tuple[str, ...]) -> set[str]:
-    """The tasks named in a comma-separated flag (none when its feature is off), each among the run's."""
+def _task_list(enabled: bool, text: str, flag: str, tasks: tuple[str, ...]) -> tuple[str, ...]:
+    """The tasks named in a comma-separated flag (none when its feature is off), each among the run's, in their
+    order: what is built from them (SMART's skipped steps in a checkpoint) comes out the same in every process."""
     if not enabled:
-        return set()
+        return ()
     try:
-        return {task_name(t, tasks) for t in text.split(",") if t.strip()}
+        named = {task_name(t, tasks) for t in text.split(",") if t.strip()}
     except ValueError as err:
         raise ValueError(f"--{flag}: {err} (the run's --tasks)") from None
+    return tuple(task for task in tasks if task in named)
 
 
-def regularized_tasks(args: TrainingArguments) -> set[str]:
+def regularized_tasks(args: TrainingArguments) -> tuple[str, ...]:
     """The tasks --smart regularises (none without --smart)."""
     return _task_list(args.smart, args.smart_tasks, "smart_tasks", run_tasks(args))
 
@@ -808,7 +819,7 @@ def task_overrides(flag: str, overrides: list[str], base: dict, tasks: tuple[str
     return per_task
 
 
-def lnsr_tasks(args: TrainingArguments) -> set[str]:
+def lnsr_tasks(args: TrainingArguments) -> tuple[str, ...]:
     """The tasks --lnsr regularises (none without --lnsr)."""
     return _task_list(args.lnsr, args.lnsr_tasks, "lnsr_tasks", run_tasks(args))
 

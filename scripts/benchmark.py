@@ -82,7 +82,7 @@ from runtime import (PRECISIONS, autocast, float32_exact, has_native_bf16, place
                      to_device, use_tf32)
 from optimizer import AdamW  # noqa: E402
 import squad  # noqa: E402
-from tasks import MULTITASK  # noqa: E402
+from tasks import MULTITASK, TASKS  # noqa: E402
 from tokenizer import BertTokenizer, shortest_max_length  # noqa: E402
 from training_args import OneLineErrorParser, UsageError  # noqa: E402
 
@@ -445,7 +445,7 @@ def multitask_step_fn(model, optimizer, regularizer, batch, device, precision: s
     """One training step as the trainer takes it: with SMART at precision exact, compute_task_loss runs the whole loss
     in float32 whatever the autocast around it."""
     from training_steps import compute_task_loss
-    if task == "qqp":
+    if TASKS[task].num_classes == 2:  # two classes on one logit: the 0-5 labels cut at their middle
         batch = {**batch, "labels": (batch["labels"] > 2.5).float()}
     update = Update(optimizer, device, precision)
 
@@ -933,6 +933,13 @@ def bench_data_parallel(args, device) -> dict:
             "figures": figures}
 
 
+def scores_shape(task: str, rows: int) -> tuple[int, ...]:
+    """The shape of a run's saved scores of `rows` examples, as read_scores gives them: (rows, columns), or (rows,)
+    for one column."""
+    columns = len(TASKS[task].score_columns)
+    return (rows, columns) if columns > 1 else (rows,)
+
+
 def bench_ensemble(args, device) -> dict:
     """What an ensemble costs at prediction time: one model's inference on the real dev and test files of
     --data_dir (the six leaderboard splits), against combining five members' saved scores of the same sizes
@@ -940,7 +947,6 @@ def bench_ensemble(args, device) -> dict:
     from datasets import load_split
     from ensemble_scores import combine
     from multitask_bert import MultitaskBERT
-    from tasks import MULTITASK
     from inference import predict_examples
     model = MultitaskBERT(build_minbert(args)).to(device).eval()
     tokenizer = build_tokenizer(args)
@@ -953,9 +959,9 @@ def bench_ensemble(args, device) -> dict:
         synchronize(device)
         seconds[f"{task}-{split}"] = time.perf_counter() - start
     generator = np.random.default_rng(0)
-    members = {key: [generator.normal(size=(len(examples), 5) if key[0] == "sst" else len(examples))
-                     for _ in range(5)] for key, examples in splits.items()}
-    methods = {"sst": "vote", "qqp": "vote", "sts": "mean"}
+    members = {key: [generator.normal(size=scores_shape(key[0], len(examples))) for _ in range(5)]
+               for key, examples in splits.items()}
+    methods = {task: TASKS[task].ensemble_methods[0] for task in MULTITASK}  # each task's default
     start = time.perf_counter()
     for (task, _), scores in members.items():
         combine(task, scores, methods[task])

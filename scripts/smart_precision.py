@@ -1,10 +1,11 @@
 """What does exact float32 buy SMART in training? --smart_precision exact against the run's precision.
 
 For a few batches per task, with dropout on (training mode) and the same random state in every variant (so the
-dropout masks and SMART's random start are the same draws), one SMART step of the trainer (trainer.compute_task_loss,
-the thesis' weights: lambda_s 5 for the pair tasks, 10 for SST; mu 1) runs in exact float32 and again in each
-other precision the device offers: bf16 autocast (CPUs with native bf16, Ampere+ GPUs), fp16 autocast (CUDA) and
-float32 with TF32 matmuls (CUDA). Against exact float32 it prints, averaged over the batches:
+dropout masks and SMART's random start are the same draws), one SMART step of the trainer
+(training_steps.compute_task_loss, the thesis' weights: lambda_s 5 for the pair tasks, 10 for SST; mu 1) runs in
+exact float32 and again in each other precision the device offers: bf16 autocast (CPUs with native bf16, Ampere+
+GPUs), fp16 autocast (CUDA) and float32 with TF32 matmuls (CUDA). Against exact float32 it prints, averaged over
+the batches:
 
   * sign agreement: the share of coordinates where the first ascent gradient (d divergence / d delta, the direction
     the perturbation moves) has the same sign;
@@ -17,6 +18,7 @@ float32 with TF32 matmuls (CUDA). Against exact float32 it prints, averaged over
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from contextlib import nullcontext
 from pathlib import Path
@@ -32,12 +34,15 @@ from bert import BertModel  # noqa: E402
 from datasets import DataError, TokenizedExamples, load_split  # noqa: E402
 from multitask_bert import MultitaskBERT, load_multitask_model  # noqa: E402
 from runtime import has_native_bf16, place_encoder, to_device  # noqa: E402
-from smart import SmartConfig, SmartRegularizer  # noqa: E402
+from smart import SmartRegularizer  # noqa: E402
+from tasks import MULTITASK  # noqa: E402
 from tokenizer import BertTokenizer  # noqa: E402
-from trainer import compute_task_loss  # noqa: E402
+from training_args import parse_training_args, smart_configs  # noqa: E402
+from training_steps import compute_task_loss  # noqa: E402
 
-TASKS = ("sst", "qqp", "sts")
-ADV_WEIGHTS = {"sst": 10.0, "qqp": 5.0, "sts": 5.0}  # the thesis' lambda_s (scripts/_common.sh's SMART_FLAGS)
+# The thesis' SMART settings per task, read as a run reads the recipes' flags (scripts/_common.sh's SMART_FLAGS).
+THESIS_SMART = smart_configs(parse_training_args(["--smart", "--smart_adv_weight", "5", "--smart_bregman_weight", "1",
+                                                  "--smart_override", "sst:adv_weight=10"], __doc__))
 
 
 def precisions(device: torch.device) -> list[str]:
@@ -57,8 +62,7 @@ def one_step(model: MultitaskBERT, task: str, batch: dict, precision: str, seed:
     """The first ascent gradient, R_s and the weight gradient of one SMART step in `precision`."""
     device = next(model.parameters()).device
     torch.set_float32_matmul_precision("high" if precision == "tf32" else "highest")
-    config = SmartConfig(adv_weight=ADV_WEIGHTS[task], bregman_weight=1.0,
-                         precision="exact" if precision == "exact" else "run")
+    config = dataclasses.replace(THESIS_SMART[task], precision="exact" if precision == "exact" else "run")
     regularizer = SmartRegularizer(model, config)
     seen: dict = {}
     normalise, regularize = smart._normalise, smart.adversarial_regularizer
@@ -118,7 +122,7 @@ def main(argv=None) -> int:
                  else MultitaskBERT(BertModel.from_pretrained("minilm-l6")))
         tokenizer = BertTokenizer.from_pretrained("minilm-l6")  # every supported checkpoint shares this vocabulary
         batches = {}
-        for task in TASKS:
+        for task in MULTITASK:
             examples = load_split(args.data_dir, task, args.split)[: args.batches * args.batch_size]
             tokenized = TokenizedExamples.tokenize(examples, tokenizer, args.max_length)
             batches[task] = [to_device(tokenized.collate(range(i, min(i + args.batch_size, len(examples)))), device)
@@ -136,7 +140,7 @@ def main(argv=None) -> int:
           f"{args.batch_size} per task, max_length {args.max_length}, dropout on; means over batches\n")
     print("| task | precision | ascent sign agreement | R_s relative difference | weight-gradient cosine |")
     print("|---|---|---|---|---|")
-    for task in TASKS:
+    for task in MULTITASK:
         references = [one_step(model, task, batch, "exact", args.seed + i) for i, batch in enumerate(batches[task])]
         for precision in variants:
             rows = [compare(reference, one_step(model, task, batch, precision, args.seed + i))

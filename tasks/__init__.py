@@ -16,7 +16,7 @@ on the command line the course's names are accepted as aliases of the internal o
 A task is the TASK object of a module here (a tasks.base.Task): every module of this folder is looked at when the
 package is imported, so a new task is a new file and nothing else. Its fields place it: `order` in every list of
 tasks, `default` among the multitask model's default tasks, `trainable` by multitask_classifier.py, `part1` by
-classifier.py.
+classifier.py, `simcse_score` among the tasks whose dev score picks SimCSE's best epoch.
 """
 from __future__ import annotations
 
@@ -50,6 +50,7 @@ MULTITASK = tuple(name for name, task in TASKS.items() if task.default)  # the c
 RUN_TASKS = tuple(name for name, task in TASKS.items() if task.trainable)  # what --tasks may name, in this order
 PART1_TASKS = tuple(name for name, task in TASKS.items() if task.part1)  # classifier.py's, in this order
 PAIR_TASKS = tuple(name for name, task in TASKS.items() if task.is_pair)  # qqp, sts: each example is two sentences
+SIMCSE_TASKS = tuple(name for name, task in TASKS.items() if task.simcse_score)  # sts: picks SimCSE's best epoch
 _BY_ANY_NAME = {alias: task.name for task in TASKS.values() for alias in (task.name, *task.aliases)}
 
 

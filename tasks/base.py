@@ -4,12 +4,16 @@ model's heads, evaluation, the scores files, ensembles, distillation) ask the ta
 A task is one object, `TASK`, in one module of this folder (tasks/sst.py, ...); tasks/__init__.py finds it there.
 Its fields say who it is and where its files and flags are; its methods are its behaviour:
 
-    reading      load(path, split) -> examples; tokenize(cache, examples, ...) -> what its batches are cut from
+    reading      load(path, split) -> examples; tokenize(cache, examples, ...) -> what its batches are cut from;
+                 check_inputs(data, ...): what the pretrained model cannot read with the run's settings
     the model    feature_size, has_head, build_head: its head; outputs(model, hidden, inputs): the head's outputs
                  from the encoder's last hidden states; objective(options): loss, score, decision, SMART divergence
-    predictions  decide(scores) -> predictions; metrics(predictions, gold) -> its history keys; kept_score
+    predictions  decide(scores) -> predictions; metrics(predictions, gold) -> its history keys; kept_score;
+                 evaluate(predictor, examples, chosen): a run's metrics of a split, with what they come from
     files        format_prediction / parse_prediction: its leaderboard CSV cells; score_columns, write_scores,
-                 read_scores: its saved scores; load_teacher: its saved train scores as a distillation teacher
+                 read_scores: its saved scores; predict_scores and write_outputs: a run's leaderboard file and
+                 scores of a split; train_scores and write_train_scores: --score_train's, which load_teacher reads
+                 back as a distillation teacher
     ensembles    ensemble_methods, ensemble_terms, ensemble_predictions, teacher_scores (ensemble_scores.py)
     distilling   distillation_loss(objective, outputs, teacher, ids, temperature)
 
@@ -22,18 +26,38 @@ from __future__ import annotations
 
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
 from torch import Tensor, nn
 
+from files import atomic_write_csv
 from tasks.course_files import SPLITS
-from tasks.score_files import (ScoresFileError, TeacherScores, logit_problem, read_score_rows, scores_path,
+from tasks.score_files import (ScoresFileError, TeacherScores, as_saved, logit_problem, read_score_rows, scores_path,
                                write_score_rows)
 
 COURSE_SPLIT_NAMES = {"train": "train", "dev": "dev", "test": "test-student"}  # the course's file name of a split
+
+
+@dataclass(frozen=True)
+class TaskEvaluation:
+    """A task's evaluation on a split (Task.evaluate): its metrics under their history keys, the predictions they
+    score ((ids, predictions, gold labels); SQuAD: its answers by question id) and the scores those were decided
+    from ((ids, scores); SQuAD: the same answers), what write_outputs writes of a dev split."""
+    metrics: dict[str, float]
+    predictions: object
+    scores: object
+
+
+def first_few(items: Iterable[str], limit: int = 3) -> str:
+    """A few of `items`, sorted, and how many more: 'a, b, c (+2 more)'."""
+    items = sorted(items)
+    shown = ", ".join(items[:limit])
+    return shown + (f" (+{len(items) - limit} more)" if len(items) > limit else "")
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -57,18 +81,18 @@ class Task(ABC):
     head_name: str  # the model's attribute holding its head: the checkpoint's key prefix
     ensemble_methods: tuple[str, ...] = ()  # how ensemble.py may combine its members, the default first; () none
     softens: bool = False  # its distillation loss compares distributions at a temperature
+    test_file_optional: bool = False  # a run without its test file predicts dev only (SQuAD's official test is hidden)
+    plots_embeddings: bool = False  # a run plots its dev sentences' embeddings by gold label (TASK_tsne.png)
+    # Its dev score in words when that score picks SimCSE's best epoch (--simcse_keep best): SimCSE trains sentence
+    # embeddings for what a similarity task measures. "" for the others.
+    simcse_score: str = ""
+    headless_output: str = "output"  # what its outputs are called in messages when it has no head: STS's "cosine"
 
     # -- files and flags ---------------------------------------------------------------------------
     @property
     def is_pair(self) -> bool:
         """Each example is two sentences."""
         return len(self.text_columns) == 2
-
-    @property
-    def is_extractive(self) -> bool:
-        """Its answers are spans decoded per question (SQuAD), not one decision per example: what trainer.py and
-        multitask_classifier.py still branch on."""
-        return False
 
     def file_name(self, split: str) -> str:
         """Its data file's name, e.g. quora-test-student.csv."""
@@ -94,6 +118,11 @@ class Task(ABC):
         """What its batches are cut from, tokenised once per run by `cache` (datasets.TokenizationCache): its
         examples, each pair as one sequence when `joint_pairs`; `windowing` (squad.QASettings) is SQuAD's."""
         return cache.get(examples, max_length, joint_pairs)
+
+    def check_inputs(self, data, tokenizer, windowing, check_length: Callable[[int, str], None]) -> None:
+        """Refuse (ValueError) its splits (`data`: datasets.TaskData) that the pretrained model cannot read with the
+        run's settings, before its weights load; `check_length(length, flag)` refuses a length beyond the model's
+        positions. Nothing by default: a text longer than --max_length is cut."""
 
     # -- the model ---------------------------------------------------------------------------------
     def feature_size(self, pair_encoders: Mapping[str, str], hidden: int) -> int | None:
@@ -133,6 +162,15 @@ class Task(ABC):
     def metrics(self, predictions, gold) -> dict[str, float]:
         """Its dev metrics under their history keys (sst_acc, ...)."""
 
+    def evaluate(self, predictor, examples: list, chosen: Mapping[str, float] | None) -> TaskEvaluation:
+        """Its metrics on labelled `examples`, predicted by `predictor` (inference.Predictor). `chosen`: the dev
+        metrics whose decision settings the predictions use (SQuAD's no-answer threshold); None: a dev evaluation,
+        which chooses them. The default decides every example from its own scores: there is nothing to choose."""
+        ids, scores = predictor.predict(self.name, examples, scores=True)
+        predicted = self.decide(torch.from_numpy(scores)).numpy()
+        gold = np.array([e.label for e in examples])
+        return TaskEvaluation(self.metrics(predicted, gold), (ids, predicted, gold), (ids, scores))
+
     @property
     @abstractmethod
     def history_columns(self) -> tuple[tuple[str, str], ...]:
@@ -154,6 +192,45 @@ class Task(ABC):
     @abstractmethod
     def parse_prediction(self, text: str) -> int | float:
         """A leaderboard CSV cell back into a prediction; ValueError on anything the grader would refuse."""
+
+    def write_predictions(self, path: str | os.PathLike, ids: Sequence, predictions: Sequence) -> None:
+        """Its leaderboard CSV `id,<leaderboard_column>`, one row per id in the order given, written to a temporary
+        sibling and moved into place (a crash never leaves a truncated file that looks complete)."""
+        ids = [str(i) for i in ids]
+        if len(ids) != len(predictions):
+            raise ValueError(f"{path}: {len(ids)} ids but {len(predictions)} predictions")
+        repeated = [i for i, count in Counter(ids).items() if count > 1]
+        if repeated:
+            raise ValueError(f"{path}: repeated ids: {first_few(repeated)}")
+        atomic_write_csv(path, [("id", self.leaderboard_column), *zip(ids, map(self.format_prediction, predictions))])
+
+    # -- a run's files -----------------------------------------------------------------------------
+    def predict_scores(self, predictor, examples: list):
+        """The model's scores of `examples` (a split without labels too), as evaluate gives them: what write_outputs
+        writes. Every rank predicts (a collective under torchrun)."""
+        return predictor.predict(self.name, examples, scores=True)
+
+    def write_outputs(self, scores, predictions_path: Path, scores_file: Path, chosen: Mapping[str, float]) -> str:
+        """A split's leaderboard file and, for ensembles, the `scores` (predict_scores') it was decided from, under
+        the decision settings `chosen` on dev (Task.evaluate); what it wrote, in words. The predictions are decided
+        from the scores as saved, so that an ensemble of this one run decides the same."""
+        ids, values = scores[0], as_saved(scores[1])
+        self.write_predictions(predictions_path, ids, self.decide(torch.from_numpy(values)).numpy().tolist())
+        self.write_scores(scores_file, ids, values)
+        return f"{len(ids)} rows"
+
+    def train_scores(self, predictor, examples: list):
+        """--score_train: the model's scores of its train `examples`, what a student distils from. Every rank
+        predicts (a collective under torchrun)."""
+        return predictor.predict(self.name, examples, scores=True)
+
+    def write_train_scores(self, run_dir: str | os.PathLike, scores, windowing) -> str:
+        """train_scores' `scores` in run_dir/scores/, where load_teacher reads them; `windowing` (squad.QASettings)
+        is SQuAD's. Returns the file and what it holds, in words."""
+        ids, values = scores
+        path = scores_path(run_dir, self.name, "train")
+        self.write_scores(path, ids, values)
+        return f"{path} ({len(ids)} rows)"
 
     # -- saved scores ------------------------------------------------------------------------------
     @property

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,8 +24,9 @@ from torch import Tensor, nn
 
 from files import atomic_write_bytes, atomic_write_csv
 from losses import SpanObjective, softened_span_kl
-from squad import Answer, QAExample, QAWindows, load_squad
-from tasks.base import Task
+from squad import (Answer, QAExample, QAWindows, best_threshold, check_window_room, load_squad, predictions,
+                   qa_metrics, write_squad_predictions)
+from tasks.base import Task, TaskEvaluation
 from tasks.score_files import MAX_LOGIT, ScoresFileError, fingerprint, score_text
 
 PADDING_LOGIT = -1e4  # a span logit of padding: exp() of it is 0 in float32
@@ -34,10 +35,6 @@ PADDING_LOGIT = -1e4  # a span logit of padding: exp() of it is 0 in float32
 @dataclass(frozen=True, kw_only=True, eq=False)
 class QuestionAnswering(Task):
     score_columns = ("no_answer_margin", "answer")
-
-    @property
-    def is_extractive(self) -> bool:
-        return True
 
     @property
     def history_columns(self) -> tuple[tuple[str, str], ...]:
@@ -49,6 +46,14 @@ class QuestionAnswering(Task):
     def tokenize(self, cache, examples: Sequence[QAExample], max_length: int, joint_pairs: bool, windowing):
         """Its questions cut into windows of `windowing` (squad.QASettings), once per run."""
         return cache.windows(examples, windowing.max_length, windowing.doc_stride)
+
+    def check_inputs(self, data, tokenizer, windowing, check_length: Callable[[int, str], None]) -> None:
+        """Its windows (--qa_max_length) fit the model's positions, and leave more than --qa_doc_stride context
+        tokens beside the longest question of each split: what cutting the windows would find only mid-run."""
+        check_length(windowing.max_length, "--qa_max_length")
+        for split in (data.train, data.dev, data.test):
+            if split is not None:
+                check_window_room(split, tokenizer, windowing.max_length, windowing.doc_stride)
 
     # -- the model ---------------------------------------------------------------------------------
     def feature_size(self, pair_encoders: Mapping[str, str], hidden: int) -> None:
@@ -73,11 +78,45 @@ class QuestionAnswering(Task):
     def metrics(self, predictions, gold) -> dict[str, float]:
         raise ValueError(f"{self.name!r}'s metrics are those of its answers at a no-answer threshold: squad.qa_metrics")
 
+    def evaluate(self, predictor, examples: list[QAExample], chosen: Mapping[str, float] | None) -> TaskEvaluation:
+        """Its answers' metrics at the no-answer threshold `chosen` on dev, or on a dev evaluation (`chosen` None) at
+        the threshold that maximises their F1 (squad.best_threshold), recorded among the metrics."""
+        answers = predictor.answer(self.name, examples)
+        threshold = best_threshold(answers, examples) if chosen is None else self.threshold(chosen)
+        return TaskEvaluation(qa_metrics(answers, examples, threshold), answers, answers)
+
+    def threshold(self, chosen: Mapping[str, float]) -> float:
+        """The no-answer threshold of dev metrics (qa_metrics' qa_threshold); 0 before any dev evaluation chose one:
+        answer where the best span scores above no answer."""
+        return chosen.get(f"{self.name}_threshold", 0.0)
+
     def format_prediction(self, value) -> str:
         raise ValueError(f"{self.name!r} predictions are the official JSON file (squad.write_squad_predictions)")
 
     def parse_prediction(self, text: str) -> str:
         raise ValueError(f"{self.name!r} predictions are the official JSON file (squad.write_squad_predictions)")
+
+    # -- a run's files: per question, its answers; --score_train: per window, its logits ---------------
+    def predict_scores(self, predictor, examples: list[QAExample]) -> dict[str, Answer]:
+        return predictor.answer(self.name, examples)
+
+    def write_outputs(self, scores: dict[str, Answer], predictions_path: Path, scores_file: Path,
+                      chosen: Mapping[str, float]) -> str:
+        """The official predictions JSON of the answers at the no-answer threshold chosen on dev, and their
+        scores."""
+        threshold = self.threshold(chosen)
+        write_squad_predictions(predictions_path, predictions(scores, threshold))
+        write_qa_scores(scores_file, scores)
+        return f"{len(scores)} questions, no-answer threshold {threshold:.4f}"
+
+    def train_scores(self, predictor, examples: list[QAExample]) -> tuple[list[str], list[np.ndarray]]:
+        return predictor.span_logits(self.name, examples)
+
+    def write_train_scores(self, run_dir: str | os.PathLike, scores, windowing) -> str:
+        ids, logits = scores
+        path = span_logits_path(run_dir)
+        write_span_logits(path, ids, logits, windowing.max_length, windowing.doc_stride)
+        return f"{path} ({len(ids)} windows)"
 
     # -- distillation ------------------------------------------------------------------------------
     def load_teacher(self, run_dir: str | os.PathLike, ids: list[str],
@@ -108,7 +147,7 @@ class QuestionAnswering(Task):
 TASK = QuestionAnswering(name="qa", order=4, trainable=True, aliases=("squad",), title="SQuAD", file_prefix="squad",
                          flag_prefix="squad", file_names=("train-v2.0.json", "dev-v2.0.json", "test-v2.0.json"),
                          output_extension="json", label_column="answers", text_columns=(), leaderboard_column="answer",
-                         head_name="span_head", softens=True)
+                         head_name="span_head", softens=True, test_file_optional=True)
 
 
 def write_qa_scores(path: str | os.PathLike, answers: dict[str, Answer]) -> None:

@@ -36,6 +36,15 @@ def score_text(value: float) -> str:
     return f"{value:.9g}"
 
 
+def as_saved(scores: np.ndarray) -> np.ndarray:
+    """The scores as a scores file holds them: float64 read back from their 9-digit text. A run decides its CSVs
+    from these, not from the model's float32, so a one-member ensemble writes the same CSVs: the float32 STS score
+    1.2917850017... rounds to "1.29179", but its text "1.291785" reads back as 1.2917849999... and rounds to
+    "1.29178"."""
+    scores = np.asarray(scores, dtype=np.float64)
+    return np.array([float(score_text(v)) for v in scores.ravel()], dtype=np.float64).reshape(scores.shape)
+
+
 def write_score_rows(path: str | os.PathLike, columns: Sequence[str], ids: Sequence[str], scores: np.ndarray) -> None:
     """One row per id, in the order given, `scores` (N, len(columns)); written to a temporary sibling and moved
     into place."""
@@ -114,3 +123,7 @@ class TeacherScores:
     def fingerprint(self) -> str:
         """SHA-256 of the scores by id, whatever their row order."""
         return fingerprint((i, self.scores[row]) for i, row in self.rows.items())
+
+    def check_windows(self, inputs) -> None:
+        """Nothing to refuse in the student's tokenised train split: these scores are one per example, and
+        load_teacher found every example's (a teacher of SQuAD's windows, tasks/qa.py's TeacherSpans, checks them)."""

@@ -30,6 +30,7 @@ SCORE_ROUNDING = 1e-4
 class Similarity(SentencePairs, Task):
     text_columns: tuple[str, ...] = PAIR_COLUMNS
     ensemble_methods: tuple[str, ...] = ("mean", "weighted")
+    headless_output: str = "cosine"
     score_columns = ("score",)  # the 0-5 similarity the leaderboard CSV reports
 
     @property
@@ -131,4 +132,5 @@ class Similarity(SentencePairs, Task):
 
 
 TASK = Similarity(name="sts", order=2, default=True, trainable=True, title="STS", file_prefix="sts", flag_prefix="sts",
-                  label_column="similarity", leaderboard_column="Predicted_Similarity", head_name="similarity_head")
+                  label_column="similarity", leaderboard_column="Predicted_Similarity", head_name="similarity_head",
+                  simcse_score="dev Pearson")

@@ -59,7 +59,7 @@ def skip_figures(monkeypatch) -> None:
     import plots
     for name in ("plot_forgetting_matrix", "plot_training_curves", "plot_error_analysis"):
         monkeypatch.setattr(plots, name, lambda *args, **kwargs: None)
-    monkeypatch.setattr(multitask_classifier, "write_sst_tsne", lambda *args, **kwargs: None)
+    monkeypatch.setattr(multitask_classifier, "write_tsne", lambda *args, **kwargs: None)
 
 
 @pytest.fixture

@@ -15,7 +15,6 @@ from ensemble import main
 from ensemble_scores import (METHODS, class_probabilities, combine, greedy_selection, held_out_metric,
                              member_predictions, member_weights, metric)
 from evaluation import write_predictions
-from losses import CosineSimilarityObjective
 from scores import ScoresFileError, as_saved, read_scores, scores_path, write_scores
 from tasks import MULTITASK
 
@@ -199,8 +198,7 @@ def test_a_score_on_a_rounding_boundary_is_decided_as_saved(tmp_path):
     data = SimpleNamespace(test=["a test example"])
     predictor = SimpleNamespace(predict=lambda task, examples, scores: (["t"], np.array([score])))
     trainer = SimpleNamespace(tasks=("sts",), data={"sts": data}, distributed=SimpleNamespace(is_main=True),
-                              model=SimpleNamespace(objectives={"sts": CosineSimilarityObjective()}),
-                              predictor=predictor, evaluator=SimpleNamespace(qa_threshold=0.0))
+                              predictor=predictor, evaluator=SimpleNamespace(chosen={}))
     paths = {("sts", split): tmp_path / f"sts-{split}-out.csv" for split in ("dev", "test")}
     multitask_classifier.write_leaderboard_files(trainer, paths, {"sts": (["d"], np.array([score]))}, tmp_path / "run")
     for split, row in (("dev", "d"), ("test", "t")):

@@ -19,10 +19,6 @@ ORACLES = {"transformers", "sentence_transformers", "peft"}
 ORACLE_USERS = {ROOT / "sanity_check.py", ROOT / "scripts" / "benchmark.py"}
 TRAINER = {"trainer", "training_args", "run_setup", "multitask_classifier"}  # the loop and the run built around it
 TASK_NAMES = {name for task in TASKS.values() for name in (task.name, *task.aliases)}
-# The files that may still test a task's name, until they ask the task instead (then they leave this list).
-TASK_NAME_TESTS_LEFT = {"inference.py", "multitask_classifier.py", "run_evaluation.py", "run_setup.py", "trainer.py",
-                        "training_args.py", "scripts/benchmark.py", "scripts/make_demo_data.py",
-                        "scripts/smart_perturbation.py", "scripts/smart_precision.py"}
 
 
 def imported_modules(path: Path) -> set[str]:
@@ -100,8 +96,7 @@ def test_no_module_outside_tasks_tests_a_task_name():
         tests = task_name_tests(path)
         if tests:
             found[str(path.relative_to(ROOT))] = tests
-    unexpected = {name: tests for name, tests in found.items() if name not in TASK_NAME_TESTS_LEFT}
-    assert not unexpected, f"ask the task (tasks/base.py) instead of testing its name: {unexpected}"
+    assert not found, f"ask the task (tasks/base.py) instead of testing its name: {found}"
 
 
 def test_the_test_only_oracles_stay_out_of_training_and_prediction():
@@ -112,14 +107,12 @@ def test_the_test_only_oracles_stay_out_of_training_and_prediction():
 
 def task_name_tests(path: Path) -> list[str]:
     """Where a module tests a task's name: a comparison with a task's name or alias ('task == "sst"', '"qa" in
-    tasks'), a task's is_extractive, a dict literal keyed by two or more task names ({"sst": ..., "qqp": ...})."""
+    tasks') or a dict literal keyed by two or more task names ({"sst": ..., "qqp": ...})."""
     tests = []
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Compare) and any(isinstance(part, ast.Constant) and part.value in TASK_NAMES
                                                  for part in (node.left, *node.comparators)):
             tests.append((node.lineno, "compares a task's name"))
-        elif isinstance(node, ast.Attribute) and node.attr == "is_extractive":
-            tests.append((node.lineno, "is_extractive"))
         elif isinstance(node, ast.Dict) and sum(isinstance(key, ast.Constant) and key.value in TASK_NAMES
                                                 for key in node.keys) >= 2:
             tests.append((node.lineno, "a dict keyed by task names"))
@@ -132,10 +125,10 @@ def test_the_boundary_checks_can_fail(tmp_path):
                       "def f():\n    from transformers import BertModel\n", encoding="utf-8")
     assert imported_modules(cyclic) == {"trainer", "typing", "transformers"}
     named = tmp_path / "named.py"
-    named.write_text('if task == "sst":\n    pass\nuse = "quora" in tasks or TASKS[task].is_extractive\n'
-                     'heads = {"sst": 5, "qqp": 1}\n', encoding="utf-8")
+    named.write_text('if task == "sst":\n    pass\nuse = "quora" in tasks\nheads = {"sst": 5, "qqp": 1}\n',
+                     encoding="utf-8")
     assert task_name_tests(named) == ["line 1: compares a task's name", "line 3: compares a task's name",
-                                      "line 3: is_extractive", "line 4: a dict keyed by task names"]
+                                      "line 4: a dict keyed by task names"]
     asking = tmp_path / "asking.py"
     asking.write_text('if encoder == "cross":\n    pass\nhead = {"sst": 5}\nname = "sst"\n', encoding="utf-8")
     assert task_name_tests(asking) == []

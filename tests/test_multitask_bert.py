@@ -213,7 +213,7 @@ def test_which_tasks_read_pairs_jointly():
                                    dict(head_hidden=8), dict(adapter=dict(kind="lora", rank=2))])
 def test_trains_with_frozen_encoder_says_whether_a_frozen_bert_leaves_sts_anything_to_train(tokenizer, heads):
     from multitask_bert import freeze_encoder
-    from trainer import compute_task_loss
+    from training_steps import compute_task_loss
     model = tiny_model(**heads)
     freeze_encoder(model)
     batch = pair_batch(tokenizer, "sts", 3, cross=model.reads_pairs_jointly("sts"))

@@ -107,12 +107,12 @@ def test_predicted_answers_are_the_decoding_of_every_windows_logits(tokenizer):
     model = deterministic_tiny_model(tasks=RUN_TASKS)
     windows = QAWindows.build(QUESTIONS, tokenizer, max_length=24, doc_stride=6)  # several windows a question
     assert len(windows) > len(QUESTIONS)
-    answers = predict_answers(model, windows, torch.device("cpu"), batch_size=2, max_answer_tokens=5)
+    answers = predict_answers(model, "qa", windows, torch.device("cpu"), batch_size=2, max_answer_tokens=5)
     assert list(answers) == [q.id for q in QUESTIONS]
     for question in QUESTIONS:
         assert answers[question.id].text in question.context and answers[question.id].text.strip()
         assert np.isfinite(answers[question.id].margin)
     # The same answers whatever the batching (padding is masked; kernels may round differently).
-    rebatched = predict_answers(model, windows, torch.device("cpu"), batch_size=5, max_answer_tokens=5)
+    rebatched = predict_answers(model, "qa", windows, torch.device("cpu"), batch_size=5, max_answer_tokens=5)
     assert {q: a.text for q, a in rebatched.items()} == {q: a.text for q, a in answers.items()}
     assert all(rebatched[q].margin == pytest.approx(answers[q].margin, abs=1e-4) for q in answers)

@@ -584,7 +584,7 @@ def test_bregman_momentum_schedule():
 def smoothness_term(model, task, batch, epsilon, context, monkeypatch) -> float:
     """R_s (dropout off) as the trainer's SMART step computes it under `context`, read where penalty() gets it."""
     import smart
-    from trainer import compute_task_loss
+    from training_steps import compute_task_loss
     seen = []
 
     def recording(*args, **kwargs):
@@ -605,7 +605,7 @@ def test_a_smart_step_computes_in_float32_under_autocast(dtype, tokenizer):
     """The trainer's task step under bf16 (L4) or fp16 (T4) autocast: with SMART at precision exact, loss and
     penalty are exactly the float32 ones; the ascent gradient is a float32 one, so fp16 cannot underflow it. At
     the run's precision (the default) the same step computes under the autocast."""
-    from trainer import compute_task_loss
+    from training_steps import compute_task_loss
     model = deterministic_tiny_model().eval()
     batch = sentence_batch(tokenizer, 8)
     values = {}

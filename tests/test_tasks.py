@@ -7,8 +7,8 @@ import pytest
 
 import tasks
 from conftest import DEMO
-from tasks import (MULTITASK, PART1_TASKS, RUN_TASKS, SPLITS, TASKS, course_file_name, data_flag, default_output,
-                   output_flag, task_name)
+from tasks import (MULTITASK, PART1_TASKS, RUN_TASKS, SIMCSE_TASKS, SPLITS, TASKS, course_file_name, data_flag,
+                   default_output, output_flag, task_name)
 from tasks.base import Task
 
 COURSE_DATA_FLAGS = {"sst_train", "sst_dev", "sst_test", "para_train", "para_dev", "para_test",
@@ -41,7 +41,8 @@ def test_the_table():
     assert [TASKS[t].is_pair for t in ("sst", "qqp", "sts", "cfimdb")] == [False, True, True, False]
     assert {t: TASKS[t].label_column for t in TASKS} == {"sst": "sentiment", "qqp": "is_duplicate",
                                                          "sts": "similarity", "cfimdb": "sentiment", "qa": "answers"}
-    assert [t for t in TASKS if TASKS[t].is_extractive] == ["qa"] and RUN_TASKS == (*MULTITASK, "qa")
+    assert [t for t in TASKS if TASKS[t].test_file_optional] == ["qa"] and RUN_TASKS == (*MULTITASK, "qa")
+    assert [t for t in TASKS if TASKS[t].plots_embeddings] == ["sst"] and SIMCSE_TASKS == ("sts",)
     assert task_name("squad", RUN_TASKS) == "qa"
     assert {t: TASKS[t].leaderboard_column for t in MULTITASK} == {
         "sst": "Predicted_Sentiment", "qqp": "Predicted_Is_Paraphrase", "sts": "Predicted_Similarity"}

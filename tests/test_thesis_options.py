@@ -111,8 +111,9 @@ def test_simcse_keep_best_goes_on_from_the_simcse_epoch_with_the_best_sts_dev(tm
 
 
 def test_simcse_keep_best_needs_sts_among_the_tasks():
-    with pytest.raises(ValueError, match="--simcse_keep best"):
+    with pytest.raises(ValueError) as refused:
         TrainingArguments(tasks="sst,qqp", simcse_keep="best")
+    assert str(refused.value) == "--simcse_keep best picks the SimCSE epoch by STS's dev Pearson: add sts to --tasks"
 
 
 # ---------------------------------------------------------------------------------------------------

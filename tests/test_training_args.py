@@ -1,6 +1,9 @@
 """training_args.py: the settings dataclasses, their validation, the parser built from them, SMART settings."""
 import math
+import os
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -8,7 +11,7 @@ import multitask_classifier as mc
 from smart import SmartConfig
 from training_args import (ClassifierArguments, TrainingArguments, build_parser, data_paths, from_namespace,
                            prediction_paths, regularized_tasks, resume_free_fields, smart_configs)
-from conftest import DEMO, exit_code
+from conftest import DEMO, ROOT, exit_code
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -202,11 +205,24 @@ def test_smart_override_errors(override, problem):
 
 
 def test_regularized_tasks():
-    assert regularized_tasks(TrainingArguments(smart_tasks="sst")) == set()
-    assert regularized_tasks(TrainingArguments(smart=True, smart_tasks="qqp, sts")) == {"qqp", "sts"}
-    assert regularized_tasks(TrainingArguments(smart=True, smart_tasks="para,sst")) == {"qqp", "sst"}
+    assert regularized_tasks(TrainingArguments(smart_tasks="sst")) == ()
+    assert regularized_tasks(TrainingArguments(smart=True, smart_tasks="qqp, sts")) == ("qqp", "sts")
+    assert regularized_tasks(TrainingArguments(smart=True, smart_tasks="para,sst")) == ("sst", "qqp")
     with pytest.raises(ValueError, match="unknown task 'nli'"):
         regularized_tasks(TrainingArguments(smart=True, smart_tasks="sst,nli"))
+
+
+def test_smart_and_lnsr_tasks_come_in_the_run_order_whatever_the_hash_seed():
+    """SMART's regularizers, and so the smart_skipped_steps of every checkpoint, are keyed in the run's task order:
+    a set's order changes with the process's string hashes (under each of these seeds a set of the three iterates
+    in another order than the run's), and last.json with it."""
+    code = ("from training_args import TrainingArguments, lnsr_tasks, regularized_tasks\n"
+            "args = TrainingArguments(smart=True, smart_tasks='sts,qqp,sst', lnsr=True, lnsr_tasks='sts,qqp,sst')\n"
+            "print(','.join(regularized_tasks(args)), ','.join(lnsr_tasks(args)))")
+    for seed in ("0", "1", "3", "5"):
+        printed = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True,
+                                 env={**os.environ, "PYTHONHASHSEED": seed}).stdout
+        assert printed.split() == ["sst,qqp,sts", "sst,qqp,sts"], f"PYTHONHASHSEED={seed}"
 
 
 def test_compile_must_match_on_resume_its_cpu_buckets_change_the_training():
