@@ -20,7 +20,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from base_bert import BertConfig, BertPreTrainedModel
-from runtime import host_indices
+from minbert.runtime import host_indices
 
 
 class BertEmbeddings(nn.Module):

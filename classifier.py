@@ -34,18 +34,18 @@ from tqdm import tqdm
 
 from base_bert import BertConfig, CheckpointError, pretrained_config
 from bert import BertModel
-from checkpoint import atomic_save, read_checkpoint
-from datasets import (DataError, SentenceExample, TaskData, load_task_data, make_dataloader, predict_in_file_order,
-                      show_data_warnings_on_one_line)
-from distributed import SINGLE_PROCESS, Distributed, data_parallel
 from evaluation import summarize_line, write_predictions
-from files import describe_os_error
+from minbert.data.batches import (DataError, SentenceExample, TaskData, load_task_data, make_dataloader,
+                                  predict_in_file_order, show_data_warnings_on_one_line)
+from minbert.distributed import SINGLE_PROCESS, Distributed, data_parallel
+from minbert.files import describe_os_error
+from minbert.model.checkpoint import atomic_save, read_checkpoint
+from minbert.run.training_args import (ClassifierArguments, UsageError, build_parser, check_max_length, check_writable,
+                                       data_paths, from_namespace)
+from minbert.runtime import seed_everything
+from minbert.tasks import PART1_TASKS, TASKS
 from optimizer import AdamW
-from runtime import seed_everything
-from tasks import PART1_TASKS, TASKS
 from tokenizer import BertTokenizer
-from training_args import (ClassifierArguments, UsageError, build_parser, check_max_length, check_writable, data_paths,
-                           from_namespace)
 
 NUM_LABELS = {task: TASKS[task].num_classes for task in PART1_TASKS}  # trained in PART1_TASKS' order, as in the course
 OPTIONS = ("pretrain", "finetune")

@@ -1,6 +1,6 @@
 """The tasks' metrics as a run records them, the overall score, leaderboard prediction files, the forgetting table
 with its continual-learning figures, and error counts for the three multitask tasks. Each task says what its metrics
-and its CSV cells are (tasks/); this module asks it.
+and its CSV cells are (minbert/tasks/); this module asks it.
 
 Tasks: SST-5 sentiment (accuracy), Quora paraphrase detection (accuracy), STS-B similarity
 (Pearson r). The course leaderboard combines them as
@@ -21,10 +21,11 @@ from pathlib import Path
 
 import numpy as np
 
-from schedules import tasks_trained_by
-from tasks import MULTITASK, RUN_TASKS, TASKS, default_output
-from tasks.base import first_few
-from tasks.metrics import paired_arrays, paraphrase_metrics, sts_metrics  # noqa: F401 (sts_metrics: scripts/sts_objectives.py's)
+from minbert.tasks import MULTITASK, RUN_TASKS, TASKS, default_output
+from minbert.tasks.base import first_few
+from minbert.tasks.metrics import paired_arrays  # noqa: F401 (sts_metrics: scripts/sts_objectives.py's)
+from minbert.tasks.metrics import paraphrase_metrics, sts_metrics
+from minbert.training.schedules import tasks_trained_by
 
 LEADERBOARD_COLUMNS = {name: task.leaderboard_column for name, task in TASKS.items()}
 DEFAULT_OUTPUTS = {(task, split): default_output(task, split) for task in MULTITASK for split in ("dev", "test")}

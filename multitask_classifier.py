@@ -19,23 +19,23 @@ from contextlib import nullcontext
 from pathlib import Path
 
 from base_bert import CheckpointError
-from datasets import DataError, show_data_warnings_on_one_line
-from distillation import DISTILLED_TASKS
-from distributed import Distributed, data_parallel
-from embedding_analysis import MIN_TSNE_POINTS, plot_tsne, sentence_embeddings
 from evaluation import summarize_line
-from files import describe_os_error, locked_folder, remove_files
-from plots import write_run_reports
-from run_record import RECORD_FILE, run_record, write_run_record
-from run_setup import build_run, check_pretrained, load_inputs
-from runtime import precision_notice
-from scores import scores_path, span_logits_path
-from step_log import STEPS_FILE, TENSORBOARD_DIR, TrainingDiverged
-from tasks import RUN_TASKS, SPLITS, TASKS, default_output
-from trainer import Trainer
-from training_state import check_resumable, kept_inside_stage, read_training_state, saved_position
-from training_args import (TrainingArguments, UsageError, check_resume_arguments, parse_training_args,
-                           prediction_paths)
+from minbert.data.batches import DataError, show_data_warnings_on_one_line
+from minbert.data.scores import scores_path, span_logits_path
+from minbert.distributed import Distributed, data_parallel
+from minbert.files import describe_os_error, locked_folder, remove_files
+from minbert.reports.embedding_analysis import MIN_TSNE_POINTS, plot_tsne, sentence_embeddings
+from minbert.reports.plots import write_run_reports
+from minbert.run.run_record import RECORD_FILE, run_record, write_run_record
+from minbert.run.run_setup import build_run, check_pretrained, load_inputs
+from minbert.run.training_args import (TrainingArguments, UsageError, check_resume_arguments, parse_training_args,
+                                       prediction_paths)
+from minbert.runtime import precision_notice
+from minbert.step_log import STEPS_FILE, TENSORBOARD_DIR, TrainingDiverged
+from minbert.tasks import RUN_TASKS, SPLITS, TASKS, default_output
+from minbert.training.distillation import DISTILLED_TASKS
+from minbert.training.trainer import Trainer
+from minbert.training.training_state import check_resumable, kept_inside_stage, read_training_state, saved_position
 
 ROOT = Path(__file__).resolve().parent
 

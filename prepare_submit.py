@@ -20,10 +20,10 @@ import sys
 import zipfile
 from pathlib import Path
 
-from datasets import DataError, load_examples, show_data_warnings_on_one_line, standard_paths
 from evaluation import DEFAULT_OUTPUTS, PredictionsFileError, check_predictions_file
-from files import atomic_write, describe_os_error, unwritable_folder
-from tasks import PART1_TASKS
+from minbert.data.batches import DataError, load_examples, show_data_warnings_on_one_line, standard_paths
+from minbert.files import atomic_write, describe_os_error, unwritable_folder
+from minbert.tasks import PART1_TASKS
 
 MINBERT_CODE_FILES = ("bert.py", "classifier.py", "optimizer.py")
 

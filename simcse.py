@@ -15,9 +15,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from distributed import cut_global_batches, shard_batch
-from nli import NLITriplet
-from runtime import float32_exact
+from minbert.data.nli import NLITriplet
+from minbert.distributed import cut_global_batches, shard_batch
+from minbert.runtime import float32_exact
 
 
 def _unit(x: Tensor) -> Tensor:

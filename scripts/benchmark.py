@@ -70,21 +70,18 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from base_bert import BertConfig, CheckpointError, pretrained_config, resolve_pretrained, to_hf_state_dict
+from bert import BertModel
+from minbert.data.batches import row_lengths, standard_paths
+from minbert.files import DataError, unwritable_folder
+from minbert.run.training_args import OneLineErrorParser, UsageError
+from minbert.runtime import (PRECISIONS, autocast, float32_exact, has_native_bf16, place_encoder, precision_notice,
+                             requested_precision, resolve_precision, scaled_step, to_device, use_tf32)
+from minbert.tasks import MULTITASK, TASKS, squad
+from optimizer import AdamW
+from tokenizer import BertTokenizer, shortest_max_length
 
-from base_bert import BertConfig, CheckpointError, pretrained_config, resolve_pretrained, to_hf_state_dict  # noqa: E402
-from bert import BertModel  # noqa: E402
-from datasets import row_lengths, standard_paths  # noqa: E402
-from files import DataError, unwritable_folder  # noqa: E402
-from runtime import (PRECISIONS, autocast, float32_exact, has_native_bf16, place_encoder,  # noqa: E402
-                     precision_notice, requested_precision, resolve_precision, scaled_step,
-                     to_device, use_tf32)
-from optimizer import AdamW  # noqa: E402
-import squad  # noqa: E402
-from tasks import MULTITASK, TASKS  # noqa: E402
-from tokenizer import BertTokenizer, shortest_max_length  # noqa: E402
-from training_args import OneLineErrorParser, UsageError  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def synchronize(device: torch.device) -> None:
@@ -170,7 +167,8 @@ def build_tokenizer(args):
 def build_encoders(args, device):
     """minBERT and transformers.BertModel holding identical weights (random ones for a random --config: the
     transformers model's own initialisation, converted into minBERT)."""
-    from transformers import BertConfig as HFConfig, BertModel as HFBertModel
+    from transformers import BertConfig as HFConfig
+    from transformers import BertModel as HFBertModel
     config = random_config(args.config)
     if config is not None:
         from base_bert import convert_hf_state_dict
@@ -421,8 +419,8 @@ def multitask_setup(args, device, smart: bool, adapter: str | None = None, check
     """A MultitaskBERT with its optimizer and (optionally) SMART, its passes at `smart_precision`, on one fixed
     STS-like pair batch; with an adapter kind, per-task adapters of rank 8 over a frozen encoder; `full_length`: no
     padding."""
-    from adapters import AdapterConfig
-    from multitask_bert import MultitaskBERT, freeze_encoder
+    from minbert.model.adapters import AdapterConfig
+    from minbert.model.multitask_bert import MultitaskBERT, freeze_encoder
     from smart import SmartConfig, SmartRegularizer
     bert = build_minbert(args, **config_overrides)
     model = MultitaskBERT(bert, adapter=AdapterConfig(adapter) if adapter else None)
@@ -444,7 +442,7 @@ def multitask_setup(args, device, smart: bool, adapter: str | None = None, check
 def multitask_step_fn(model, optimizer, regularizer, batch, device, precision: str, task="qqp"):
     """One training step as the trainer takes it: with SMART at precision exact, compute_task_loss runs the whole loss
     in float32 whatever the autocast around it."""
-    from training_steps import compute_task_loss
+    from minbert.training.training_steps import compute_task_loss
     if TASKS[task].num_classes == 2:  # two classes on one logit: the 0-5 labels cut at their middle
         batch = {**batch, "labels": (batch["labels"] > 2.5).float()}
     update = Update(optimizer, device, precision)
@@ -564,7 +562,7 @@ class TransformersSbertQQP(torch.nn.Module):
         self.head = torch.nn.Linear(3 * bert.config.hidden_size, 1)
 
     def outputs_from_word_embeddings(self, word_embeddings, mask):
-        from multitask_bert import mean_pool
+        from minbert.model.multitask_bert import mean_pool
         hidden = self.bert(inputs_embeds=word_embeddings, attention_mask=mask).last_hidden_state  # (2B, T, H)
         u, v = mean_pool(hidden, mask).chunk(2)  # (B, H) each
         return self.head(torch.cat([u, v, (u - v).abs()], dim=-1)).squeeze(-1)  # (B,)
@@ -639,9 +637,9 @@ def bench_smart(args, device) -> dict:
 
 def bench_pipeline(args, device) -> dict:
     """Real-text training throughput: loading, tokenizing, collating, forward, backward, AdamW."""
-    from datasets import load_sentence_examples, make_dataloader
-    from multitask_bert import MultitaskBERT
-    from training_steps import compute_task_loss
+    from minbert.data.batches import load_sentence_examples, make_dataloader
+    from minbert.model.multitask_bert import MultitaskBERT
+    from minbert.training.training_steps import compute_task_loss
     data = Path(args.data_dir) / "ids-sst-train.csv"
     examples = load_sentence_examples(data, "sst", "train")
     tokenizer = build_tokenizer(args)
@@ -675,7 +673,8 @@ def bench_adapters(args, device) -> dict:
     """Full fine-tuning against per-task LoRA, DoRA (rank 8 on query and value) and PALs over a frozen
     encoder: trainable parameters, checkpoint size, train-step time and peak step memory."""
     import tempfile
-    from multitask_bert import save_multitask_model
+
+    from minbert.model.multitask_bert import save_multitask_model
     kinds = {"full fine-tuning": None, "lora": "lora", "dora": "dora", "pals": "pals"}
     steps, sizes, trainable = {}, {}, {}
     for name, kind in kinds.items():
@@ -879,8 +878,9 @@ def _data_parallel_worker(rank: int, world_size: int, port: int, args, results) 
     """One rank of the data-parallel benchmark: QQP SBERT train steps on a per-rank slice of the global batch,
     gradients averaged by distributed.py; rank 0 reports the median step and all-reduce times."""
     import os
-    from distributed import Distributed
-    from training_steps import compute_task_loss
+
+    from minbert.distributed import Distributed
+    from minbert.training.training_steps import compute_task_loss
     if world_size > 1:
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
                           WORLD_SIZE=str(world_size))
@@ -917,6 +917,7 @@ def bench_data_parallel(args, device) -> dict:
     """The same global batch trained by one process with all threads and by two gloo processes with half
     the threads each: examples per second and the all-reduce's share of a step."""
     import socket
+
     import torch.multiprocessing as mp
     context = mp.get_context("spawn")
     figures = {}
@@ -944,10 +945,10 @@ def bench_ensemble(args, device) -> dict:
     """What an ensemble costs at prediction time: one model's inference on the real dev and test files of
     --data_dir (the six leaderboard splits), against combining five members' saved scores of the same sizes
     (ensemble_scores.combine); the members' own inference is paid once, at the end of their runs."""
-    from datasets import load_split
-    from ensemble_scores import combine
-    from multitask_bert import MultitaskBERT
-    from inference import predict_examples
+    from minbert.data.batches import load_split
+    from minbert.model.multitask_bert import MultitaskBERT
+    from minbert.prediction.ensemble_scores import combine
+    from minbert.prediction.inference import predict_examples
     model = MultitaskBERT(build_minbert(args)).to(device).eval()
     tokenizer = build_tokenizer(args)
     splits = {(t, s): load_split(args.data_dir, t, s) for t in MULTITASK for s in ("dev", "test")}
@@ -1133,7 +1134,7 @@ def audit_trainer(args, device: torch.device, smart: bool, pretrained: str, outp
     the same run_setup functions as its _run: flags parsed and checked, data loaded, the flags that depend on the
     model checked, the model built and placed on the device (packed or padded tokens, compiled layers), the
     Trainer; and the run's stages."""
-    from run_setup import build_run, check_pretrained, load_inputs
+    from minbert.run.run_setup import build_run, check_pretrained, load_inputs
     settings = training_settings(audit_training_argv(args, smart, pretrained, output_dir))
     stages, data, _, triplets, teacher = load_inputs(settings)
     return build_run(settings, stages, data, check_pretrained(settings, data), triplets, teacher, device), stages
@@ -1141,14 +1142,14 @@ def audit_trainer(args, device: torch.device, smart: bool, pretrained: str, outp
 
 def training_settings(argv: list[str]):
     """multitask_classifier.py's settings of a command line (training_args.parse_training_args, its parser)."""
-    from training_args import parse_training_args
+    from minbert.run.training_args import parse_training_args
     return parse_training_args(argv, "multitask_classifier.py's command line, as step_audit and qqp_epoch build it")
 
 
 def first_training_batches(trainer, stages, args) -> tuple[str, list[dict]]:
     """The task of the run's first task stage and its first two batches, from the loader that run_stage makes (its
     seed included): one to warm up on and the one to count."""
-    from schedules import StageKind
+    from minbert.training.schedules import StageKind
     index, stage = next((i, s) for i, s in enumerate(stages) if s.kind is StageKind.TASK)
     stage_data = trainer.stage_data
     loader = stage_data.train_loader(stage.task, trainer.config.seed + 1000 * index, stage_data.stage_size(stage))
@@ -1192,7 +1193,7 @@ def plain_step_graph_breaks(trainer, task: str, batch: dict) -> dict:
     to capture, its inputs and token layout prepared on the host beforehand, as the step prepares them) and of the
     step's whole loss computation (compute_task_loss under the run's autocast, as task_step runs it: the host-side
     preparation included)."""
-    from training_steps import compute_task_loss
+    from minbert.training.training_steps import compute_task_loss
     model, regularization = trainer.model, trainer.regularization
     batch = to_device(batch, trainer.device)
 
@@ -1297,8 +1298,8 @@ def bench_padding(args, device) -> dict:
     sides stacked, as MultitaskBERT.encoder_inputs stacks them), padded to each batch's longest row and to buckets
     of PADDING_MULTIPLES tokens, beside the real tokens (all that the CPU's packed layout computes on) and the
     number of batch widths each gives (a compiled graph or CUDA graph each)."""
-    from datasets import TokenizedExamples, load_split, tokenized_dataloader
-    from runtime import PAD_TO_MULTIPLE_OF
+    from minbert.data.batches import TokenizedExamples, load_split, tokenized_dataloader
+    from minbert.runtime import PAD_TO_MULTIPLE_OF
     tokenizer = build_tokenizer(args)
     paddings = {"longest": None, **{f"multiple_{m}": m for m in PADDING_MULTIPLES}}
     result = {"benchmark": f"padded tokens of length buckets on the train files (training pads to multiples of "

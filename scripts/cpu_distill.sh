@@ -2,7 +2,7 @@
 # CPU protocol, one model that carries an ensemble's gain: the best recipe (cpu_best.sh) trained on its gold
 # labels mixed with a teacher's scores of the training examples (--distill, distillation.py; w = 0.5, T = 1 unless
 # given). TEACHER is a folder with scores/{sst,qqp,sts}-train.csv:
-#   an ensemble: its members run with --score_train, then `python ensemble.py MEMBERS... --select --score_train
+#   an ensemble: its members run with --score_train, then `python scripts/ensemble.py MEMBERS... --select --score_train
 #     --output_dir runs/teacher --data_dir "$DATA_DIR"`;
 #   one run written with --score_train: self-distillation, the control that separates the ensemble's knowledge
 #     from the effect of soft labels.

@@ -11,4 +11,5 @@ for scores in results/*/scores results/*/*/scores; do
     # runs of the three tasks (a SQuAD-only run's scores hold no SST, QQP or STS)
     if [[ -f "$scores/sst-dev.csv" ]]; then MEMBERS+=("$(dirname "$scores")"); fi
 done
-python ensemble.py "${MEMBERS[@]}" --select --output_dir "${OUTPUT_DIR:-$RUNS_DIR/cpu_ensemble}" --data_dir "$DATA_DIR" "$@"
+python scripts/ensemble.py "${MEMBERS[@]}" --select \
+    --output_dir "${OUTPUT_DIR:-$RUNS_DIR/cpu_ensemble}" --data_dir "$DATA_DIR" "$@"

@@ -26,9 +26,8 @@ import sys
 import urllib.request
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: make the repo's modules importable
-from datasets import standard_paths  # noqa: E402
-from files import atomic_write_bytes  # noqa: E402
+from minbert.data.batches import standard_paths
+from minbert.files import atomic_write_bytes
 
 SOURCE_URL = "https://raw.githubusercontent.com/gpoesia/minbert-default-final-project/HEAD/data/"
 SQUAD_URL = "https://rajpurkar.github.io/SQuAD-explorer/dataset/"

@@ -5,7 +5,7 @@
 
 The dev CSVs are those the run wrote where its flags sent them (its best.json records them: `--demo` writes
 predictions/ beside the repository, not in runs/demo/), else the three files (sst-dev-out.csv, para-dev-out.csv,
-sts-dev-out.csv) in the folder's predictions/ or directly in it, as the recipes' and ensemble.py's folders hold
+sts-dev-out.csv) in the folder's predictions/ or directly in it, as the recipes' and scripts/ensemble.py's folders hold
 them; every dev example needs exactly one prediction. --data_dir defaults to the run's own.
 """
 from __future__ import annotations
@@ -15,12 +15,11 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: make the repo's modules importable
-from datasets import DataError, load_split, show_data_warnings_on_one_line  # noqa: E402
-from evaluation import PredictionsFileError, check_predictions_file, error_counts  # noqa: E402
-from files import unwritable_folder  # noqa: E402
-from plots import plot_error_analysis  # noqa: E402
-from tasks import MULTITASK, default_output, output_flag  # noqa: E402
+from evaluation import PredictionsFileError, check_predictions_file, error_counts
+from minbert.data.batches import DataError, load_split, show_data_warnings_on_one_line
+from minbert.files import unwritable_folder
+from minbert.reports.plots import plot_error_analysis
+from minbert.tasks import MULTITASK, default_output, output_flag
 
 
 def run_settings(run: Path) -> dict:

@@ -22,14 +22,12 @@ import shutil
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from adapters import SHARED_SET, merge_adapters  # noqa: E402
-from base_bert import CheckpointError, resolve_pretrained, to_hf_state_dict  # noqa: E402
-from checkpoint import save_tensors  # noqa: E402
-from files import atomic_write, atomic_write_text, describe_os_error, unwritable_folder  # noqa: E402
-from multitask_bert import load_multitask_checkpoint  # noqa: E402
-from tasks import MULTITASK, task_name  # noqa: E402
+from base_bert import CheckpointError, resolve_pretrained, to_hf_state_dict
+from minbert.files import atomic_write, atomic_write_text, describe_os_error, unwritable_folder
+from minbert.model.adapters import SHARED_SET, merge_adapters
+from minbert.model.checkpoint import save_tensors
+from minbert.model.multitask_bert import load_multitask_checkpoint
+from minbert.tasks import MULTITASK, task_name
 
 TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 

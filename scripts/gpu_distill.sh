@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU twin of cpu_distill.sh on bert-base-uncased: gpu_best.sh's recipe trained on gold labels mixed with the
-# train scores of TEACHER (an ensemble.py --score_train output, or a run written with --score_train).
+# train scores of TEACHER (an scripts/ensemble.py --score_train output, or a run written with --score_train).
 #   TEACHER=runs/teacher bash scripts/gpu_distill.sh
 # Extra flags are passed on (--distill_weight, --distill_temperature). Output: runs/gpu_distill/ (runs/$RUN_NAME/)
 set -euo pipefail

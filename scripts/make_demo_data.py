@@ -19,13 +19,10 @@ import hashlib
 import io
 import json
 import random
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from files import atomic_write_text  # noqa: E402
+from minbert.files import atomic_write_text
 
 # Examples per split (train, dev, test) of each course file.
 SST_SIZES = QUORA_SIZES = STS_SIZES = (160, 40, 40)

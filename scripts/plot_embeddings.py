@@ -13,17 +13,16 @@ import argparse
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from base_bert import CheckpointError
+from bert import BertModel
+from minbert.data.batches import DataError, load_split
+from minbert.files import unwritable_folder
+from minbert.model.multitask_bert import MultitaskBERT, load_multitask_checkpoint
+from minbert.reports.embedding_analysis import plot_tsne, sentence_embeddings
+from minbert.runtime import resolve_device
+from tokenizer import BertTokenizer
 
-from base_bert import CheckpointError  # noqa: E402
-from bert import BertModel  # noqa: E402
-from datasets import DataError, load_split  # noqa: E402
-from embedding_analysis import plot_tsne, sentence_embeddings  # noqa: E402
-from files import unwritable_folder  # noqa: E402
-from multitask_bert import MultitaskBERT, load_multitask_checkpoint  # noqa: E402
-from runtime import resolve_device  # noqa: E402
-from tokenizer import BertTokenizer  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def load_model(name: str, device) -> tuple[MultitaskBERT, str]:

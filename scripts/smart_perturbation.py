@@ -19,17 +19,16 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from base_bert import CheckpointError
+from bert import BertModel
+from minbert.data.batches import DataError, collate_pairs, collate_sentences, load_split
+from minbert.model.multitask_bert import MultitaskBERT, load_multitask_model
+from minbert.runtime import autocast
+from minbert.tasks import TASKS
+from smart import DIVERGENCES, SmartConfig, find_perturbation
+from tokenizer import BertTokenizer
 
-from base_bert import CheckpointError  # noqa: E402
-from bert import BertModel  # noqa: E402
-from datasets import DataError, collate_pairs, collate_sentences, load_split  # noqa: E402
-from multitask_bert import MultitaskBERT, load_multitask_model  # noqa: E402
-from runtime import autocast  # noqa: E402
-from smart import DIVERGENCES, SmartConfig, find_perturbation  # noqa: E402
-from tasks import TASKS  # noqa: E402
-from tokenizer import BertTokenizer  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 MEASURED_TASKS = ("sst", "sts")
 

@@ -25,20 +25,19 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+import smart
+from base_bert import CheckpointError
+from bert import BertModel
+from minbert.data.batches import DataError, TokenizedExamples, load_split
+from minbert.model.multitask_bert import MultitaskBERT, load_multitask_model
+from minbert.run.training_args import parse_training_args, smart_configs
+from minbert.runtime import has_native_bf16, place_encoder, to_device
+from minbert.tasks import MULTITASK
+from minbert.training.training_steps import compute_task_loss
+from smart import SmartRegularizer
+from tokenizer import BertTokenizer
 
-import smart  # noqa: E402
-from base_bert import CheckpointError  # noqa: E402
-from bert import BertModel  # noqa: E402
-from datasets import DataError, TokenizedExamples, load_split  # noqa: E402
-from multitask_bert import MultitaskBERT, load_multitask_model  # noqa: E402
-from runtime import has_native_bf16, place_encoder, to_device  # noqa: E402
-from smart import SmartRegularizer  # noqa: E402
-from tasks import MULTITASK  # noqa: E402
-from tokenizer import BertTokenizer  # noqa: E402
-from training_args import parse_training_args, smart_configs  # noqa: E402
-from training_steps import compute_task_loss  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 # The thesis' SMART settings per task, read as a run reads the recipes' flags (scripts/_common.sh's SMART_FLAGS).
 THESIS_SMART = smart_configs(parse_training_args(["--smart", "--smart_adv_weight", "5", "--smart_bregman_weight", "1",

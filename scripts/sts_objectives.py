@@ -18,19 +18,17 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from base_bert import CheckpointError  # noqa: E402
-from bert import BertModel  # noqa: E402
-from datasets import DataError, TaskData, load_split  # noqa: E402
-from evaluation import sts_metrics  # noqa: E402
-from losses import SIMILARITY_OBJECTIVES  # noqa: E402
-from multitask_bert import MultitaskBERT  # noqa: E402
-from runtime import seed_everything  # noqa: E402
-from schedules import Stage, StageKind  # noqa: E402
-from tokenizer import BertTokenizer  # noqa: E402
-from run_setup import build_trainer  # noqa: E402
-from training_args import TrainingArguments  # noqa: E402
+from base_bert import CheckpointError
+from bert import BertModel
+from evaluation import sts_metrics
+from minbert.data.batches import DataError, TaskData, load_split
+from minbert.model.multitask_bert import MultitaskBERT
+from minbert.run.run_setup import build_trainer
+from minbert.run.training_args import TrainingArguments
+from minbert.runtime import seed_everything
+from minbert.tasks.losses import SIMILARITY_OBJECTIVES
+from minbert.training.schedules import Stage, StageKind
+from tokenizer import BertTokenizer
 
 
 def main(argv=None) -> int:

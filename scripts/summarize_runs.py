@@ -19,9 +19,8 @@ import statistics
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: make the repo's modules importable
-from evaluation import history_forgetting_measures, overall_of  # noqa: E402
-from tasks import MULTITASK, TASKS  # noqa: E402
+from evaluation import history_forgetting_measures, overall_of
+from minbert.tasks import MULTITASK, TASKS
 
 COLUMNS = [("SST acc", "sst_acc"), ("SST F1 (w)", "sst_f1_weighted"), ("QQP acc", "qqp_acc"),
            ("QQP F1", "qqp_f1"), ("QQP F1 (w)", "qqp_f1_weighted"), ("STS r", "sts_pearson"),

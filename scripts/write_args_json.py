@@ -17,9 +17,8 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: make the repo's modules importable
-from run_record import RECORD_FILE, write_run_record  # noqa: E402
-from training_args import TrainingArguments  # noqa: E402
+from minbert.run.run_record import RECORD_FILE, write_run_record
+from minbert.run.training_args import TrainingArguments
 
 SETTINGS_FILES = ("best.json", "last.json")  # where a run saved its settings ("args"), best first
 RUN_FILES = (*SETTINGS_FILES, "history.json", "metrics.jsonl")  # any of these makes a folder a run's

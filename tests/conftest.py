@@ -55,8 +55,8 @@ def skip_figures(monkeypatch) -> None:
     """Whole runs without their figures: drawing and saving them (matplotlib, t-SNE) is most of a tiny run's time.
     For tests of training, resuming and the CSVs; history.json and forgetting.md are still written. The figures
     have their own tests (test_plots.py, test_embedding_analysis.py, test_end_to_end_with_smart)."""
+    import minbert.reports.plots as plots
     import multitask_classifier
-    import plots
     for name in ("plot_forgetting_matrix", "plot_training_curves", "plot_error_analysis"):
         monkeypatch.setattr(plots, name, lambda *args, **kwargs: None)
     monkeypatch.setattr(multitask_classifier, "write_tsne", lambda *args, **kwargs: None)
@@ -84,7 +84,7 @@ def tiny_bert(seed: int = 0, **config):
 
 def tiny_model(seed: int = 0, bert_config: dict | None = None, **heads):
     """A MultitaskBERT on a random tiny BERT; `heads` are MultitaskBERT's options (pooling, dropout, ...)."""
-    from multitask_bert import MultitaskBERT
+    from minbert.model.multitask_bert import MultitaskBERT
     bert = tiny_bert(seed, **(bert_config or {}))
     return MultitaskBERT(bert, **heads)
 
@@ -121,24 +121,24 @@ def tiny_checkpoint(tmp_path_factory):
 
 def demo_examples(task: str, split: str, n: int | None = None) -> list:
     """The first n examples of a demo split; task is an internal name (sst, qqp, sts)."""
-    from datasets import load_examples
-    from tasks import course_file_name
+    from minbert.data.batches import load_examples
+    from minbert.tasks import course_file_name
     return load_examples(DEMO / course_file_name(task, split), task, split)[:n]
 
 
 def pair_batch(tokenizer, task: str = "sts", n: int = 6, cross: bool = False) -> dict:
-    from datasets import collate_pairs
+    from minbert.data.batches import collate_pairs
     return collate_pairs(demo_examples(task, "dev", n), tokenizer, MAX_LENGTH, cross_encoder=cross)
 
 
 def sentence_batch(tokenizer, n: int = 6, split: str = "dev") -> dict:
-    from datasets import collate_sentences
+    from minbert.data.batches import collate_sentences
     return collate_sentences(demo_examples("sst", split, n), tokenizer, MAX_LENGTH)
 
 
 def output_flags() -> dict[tuple[str, str], str]:
     """(task, split) -> the course's flag of its leaderboard CSV, e.g. ('qqp', 'dev') -> 'para_dev_out'."""
-    from tasks import MULTITASK, output_flag
+    from minbert.tasks import MULTITASK, output_flag
     return {(task, split): output_flag(task, split) for task in MULTITASK for split in ("dev", "test")}
 
 

@@ -27,7 +27,8 @@ ROOT = Path(__file__).resolve().parents[1]
 def main(runs_file: str) -> int:
     sys.path.insert(0, str(ROOT))  # the scripts' modules (this file's own folder is tests/)
     import torch.distributed as dist
-    from distributed import Distributed
+
+    from minbert.distributed import Distributed
     leave_group = Distributed.shutdown
     Distributed.shutdown = lambda self: None  # how each run leaves the group; the ranks leave once, below
     rank = os.environ.get("RANK", "0")

@@ -4,8 +4,8 @@ import pytest
 import torch
 from torch import nn
 
-from adapters import AdapterConfig, AdaptedLinear, activate, add_adapters, merge_adapters
 from conftest import TINY, hf_state_dict, tiny_bert
+from minbert.model.adapters import AdaptedLinear, AdapterConfig, activate, add_adapters, merge_adapters
 
 transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
@@ -190,7 +190,7 @@ def test_bad_adapter_settings_are_value_errors(settings, problem):
 # --- adapters in MultitaskBERT: forgetting, checkpoints, the Bregman anchor -------------------------
 
 def adapted_multitask(kind="lora", sharing="per_task"):
-    from multitask_bert import MultitaskBERT, freeze_encoder
+    from minbert.model.multitask_bert import MultitaskBERT, freeze_encoder
     model = MultitaskBERT(tiny_bert(), adapter=AdapterConfig(kind, rank=4, sharing=sharing))
     freeze_encoder(model)
     return model
@@ -199,8 +199,8 @@ def adapted_multitask(kind="lora", sharing="per_task"):
 @pytest.mark.parametrize("kind", ["lora", "dora", "pals"])
 def test_training_one_task_leaves_another_tasks_outputs_bit_identical(kind, tokenizer):
     from conftest import pair_batch, sentence_batch
+    from minbert.training.training_steps import compute_task_loss
     from optimizer import AdamW
-    from training_steps import compute_task_loss
     model = adapted_multitask(kind)
     randomise_adapters(model)
     sentences, pairs = sentence_batch(tokenizer, 4), pair_batch(tokenizer, "sts", 4)
@@ -248,7 +248,7 @@ def test_shared_adapters_are_shared_and_per_task_ones_are_not():
 def test_an_adapter_checkpoint_holds_only_what_trained_and_round_trips(tmp_path, tiny_checkpoint, tokenizer):
     from bert import BertModel
     from conftest import pair_batch
-    from multitask_bert import MultitaskBERT, freeze_encoder, load_multitask_model, save_multitask_model
+    from minbert.model.multitask_bert import MultitaskBERT, freeze_encoder, load_multitask_model, save_multitask_model
     model = MultitaskBERT(BertModel.from_pretrained(str(tiny_checkpoint)), adapter=AdapterConfig("dora", rank=2))
     freeze_encoder(model)
     randomise_adapters(model)
@@ -267,10 +267,12 @@ def test_an_adapter_checkpoint_holds_only_what_trained_and_round_trips(tmp_path,
 def test_an_adapter_checkpoint_refuses_a_base_with_other_weights(tmp_path, tiny_checkpoint):
     import json
     import shutil
+
     from safetensors.torch import load_file, save_file
+
     from base_bert import CheckpointError
     from bert import BertModel
-    from multitask_bert import MultitaskBERT, freeze_encoder, load_multitask_model, save_multitask_model
+    from minbert.model.multitask_bert import MultitaskBERT, freeze_encoder, load_multitask_model, save_multitask_model
     base = tmp_path / "base"
     shutil.copytree(tiny_checkpoint, base)
     model = MultitaskBERT(BertModel.from_pretrained(str(base)), adapter=AdapterConfig("lora"))

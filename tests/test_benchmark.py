@@ -6,11 +6,11 @@ import multiprocessing
 import re
 from functools import partial
 
+import benchmark  # scripts/ is on pytest's pythonpath: a real import (the memory probe pickles its worker)
 import pytest
 import torch
 import torch.multiprocessing
 
-import benchmark  # scripts/ is on pytest's pythonpath: a real import, as the memory probe pickles its worker by module name
 from conftest import DEMO
 
 TINY_STEPS = ["--batch_size", "2", "--seq_len", "8", "--steps", "1", "--rounds", "1", "--warmup", "1", "--threads", "1"]
@@ -285,7 +285,7 @@ def test_step_audit_ends_with_its_two_summary_lines(tmp_path, tiny_config_for_te
     """One plain and one SMART step of the tiny BERT built by the training command line on the demo data: the
     counts in the last two lines are the --json line's, and every sync is listed above them. A sync added to the
     optimizer step is counted once per audited step: the warm-up step before it is not counted."""
-    from training_steps import StepLoop
+    from minbert.training.training_steps import StepLoop
     optimizer_step = StepLoop.optimizer_step
 
     def optimizer_step_with_a_sync(self, *args, **kwargs):

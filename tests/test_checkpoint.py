@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from base_bert import CheckpointError
-from checkpoint import (atomic_save, check_resume_settings, optimizer_state, read_checkpoint, restore_optimizer,
-                        restore_rng, rng_state)
+from minbert.model.checkpoint import (atomic_save, check_resume_settings, optimizer_state, read_checkpoint,
+                                      restore_optimizer, restore_rng, rng_state)
 from optimizer import AdamW
 
 
@@ -150,7 +150,7 @@ def test_a_flag_added_after_the_run_began_resumes_at_its_default_only():
 
 
 def test_every_training_flag_has_a_default_that_a_run_resumes_with():
-    from training_args import TrainingArguments, build_parser, field_defaults, from_namespace
+    from minbert.run.training_args import TrainingArguments, build_parser, field_defaults, from_namespace
     parsed = dataclasses.asdict(from_namespace(TrainingArguments, build_parser(TrainingArguments).parse_args([])))
     assert field_defaults(TrainingArguments) == parsed
 

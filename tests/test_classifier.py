@@ -11,8 +11,8 @@ import classifier
 from base_bert import BertConfig
 from bert import BertModel
 from classifier import BertSentimentClassifier, load_classifier, main, parse_args, predict, train_epoch
-from datasets import load_sentence_examples, standard_paths
 from evaluation import check_predictions_file, read_predictions
+from minbert.data.batches import load_sentence_examples, standard_paths
 from optimizer import AdamW
 from prepare_submit import build_submission, submission_predictions
 from tokenizer import BertTokenizer

@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch import nn
 
-from continual import ElasticWeightConsolidation, L2SP, diagonal_fisher, trainable_parameters
+from minbert.training.continual import L2SP, ElasticWeightConsolidation, diagonal_fisher, trainable_parameters
 
 # Two batches of one example each, squared error: batch loss (w x + b - y)^2.
 DATA = [(1.0, 0.0), (2.0, 0.0)]

@@ -4,13 +4,13 @@ import urllib.error
 import zlib
 from pathlib import Path
 
+import download_data
 import pytest
 import torch
 
-import download_data
-from datasets import (DataError, DataWarning, LengthBucketSampler, PairExample, SentenceExample, collate_pairs,
-                      collate_sentences, example_lengths, load_pair_examples, load_sentence_examples, load_split,
-                      make_dataloader, standard_paths, subsample)
+from minbert.data.batches import (DataError, DataWarning, LengthBucketSampler, PairExample, SentenceExample,
+                                  collate_pairs, collate_sentences, example_lengths, load_pair_examples,
+                                  load_sentence_examples, load_split, make_dataloader, standard_paths, subsample)
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO = REPO / "data" / "demo"

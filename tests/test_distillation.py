@@ -7,21 +7,23 @@ import re
 import shutil
 from types import SimpleNamespace
 
+import ensemble
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 from safetensors.numpy import save
 
-import ensemble
 import multitask_classifier as mc
 from conftest import DEMO, exit_code, prediction_flags, skip_figures
-from distillation import Distillation, TeacherScores, TeacherSpans, load_teacher
-from ensemble_scores import teacher_scores
-from losses import SIMILARITY_OBJECTIVES, ClassificationObjective, CosineSimilarityObjective, CrossSimilarityObjective
-from scores import ScoresFileError, read_scores, scores_path, span_logits_path, write_scores, write_span_logits
-from tasks import TASKS
-from tasks.qa import PADDING_LOGIT, read_span_logits
+from minbert.data.scores import (ScoresFileError, read_scores, scores_path, span_logits_path, write_scores,
+                                 write_span_logits)
+from minbert.prediction.ensemble_scores import teacher_scores
+from minbert.tasks import TASKS
+from minbert.tasks.losses import (SIMILARITY_OBJECTIVES, ClassificationObjective, CosineSimilarityObjective,
+                                  CrossSimilarityObjective)
+from minbert.tasks.qa import PADDING_LOGIT, read_span_logits
+from minbert.training.distillation import Distillation, TeacherScores, TeacherSpans, load_teacher
 
 pytestmark = pytest.mark.usefixtures("one_thread", "no_plots")
 

@@ -19,14 +19,14 @@ import torch.multiprocessing as mp
 from safetensors.torch import load_file, save_file
 
 from conftest import DEMO, MAX_LENGTH, ROOT, demo_examples, deterministic_tiny_model, prediction_flags
-from datasets import LengthBucketSampler, collate_pairs, collate_sentences
-from distillation import Distillation, TeacherScores
-from distributed import SINGLE_PROCESS, Distributed, cut_global_batches, data_parallel, global_batch_count
-from gradient_surgery import GradientSurgery
-from mlm import mlm_batches
-from nli import NLITriplet
+from minbert.data.batches import LengthBucketSampler, collate_pairs, collate_sentences
+from minbert.data.nli import NLITriplet
+from minbert.distributed import SINGLE_PROCESS, Distributed, cut_global_batches, data_parallel, global_batch_count
+from minbert.tasks import MULTITASK
+from minbert.training.distillation import Distillation, TeacherScores
+from minbert.training.gradient_surgery import GradientSurgery
+from minbert.training.mlm import mlm_batches
 from simcse import supervised_simcse_loss, triplet_batches
-from tasks import MULTITASK
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -150,9 +150,10 @@ def _batches(task: str, tokenizer, rank: int = 0, world_size: int = 1) -> dict:
 
 
 def _step_trainer(distributed, tmp_path, tokenizer, smart: bool):
-    from run_setup import build_trainer
-    from training_args import TrainingArguments
-    from datasets import TaskData
+    from minbert.data.batches import TaskData
+    from minbert.run.run_setup import build_trainer
+    from minbert.run.training_args import TrainingArguments
+
     # float32: the default (auto) is bf16 on a CPU with native bf16, and the steps are compared to float32 precision.
     args = TrainingArguments(option="finetune", batch_size=4, lr=1e-3, max_length=MAX_LENGTH, quiet=True,
                              precision="fp32", output_dir=str(tmp_path / "run"), smart=smart)

@@ -6,8 +6,8 @@ import pytest
 
 import multitask_classifier as mc
 from conftest import DEMO, exit_code, prediction_flags, skip_figures
-from schedules import Stage, StageKind, build_schedule, multi_epoch_stages, patience_exhausted
-from trainer import Trainer
+from minbert.training.schedules import Stage, StageKind, build_schedule, multi_epoch_stages, patience_exhausted
+from minbert.training.trainer import Trainer
 
 # sts_pearson on dev by the number of records in the history when it is measured: the pretrained model, sst, then
 # six sts epochs (the 3rd and 4th below the 2nd: patience 2 runs out after the 4th) and qqp

@@ -2,18 +2,18 @@
 plots, and --keep_stage_models' per-stage checkpoints that the side-by-side plot compares."""
 
 import numpy as np
+import plot_embeddings
 import pytest
 import torch
 
-import embedding_analysis
+import minbert.reports.embedding_analysis as embedding_analysis
 import multitask_classifier
-import plot_embeddings
-from adapters import AdapterConfig
 from conftest import DEMO, demo_examples, prediction_flags, tiny_bert
-from datasets import collate_sentences
-from embedding_analysis import SST_CLASS_NAMES, plot_tsne, sentence_embeddings, tsne_points
-from multitask_bert import MultitaskBERT
-from plots import save_figure
+from minbert.data.batches import collate_sentences
+from minbert.model.adapters import AdapterConfig
+from minbert.model.multitask_bert import MultitaskBERT
+from minbert.reports.embedding_analysis import SST_CLASS_NAMES, plot_tsne, sentence_embeddings, tsne_points
+from minbert.reports.plots import save_figure
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

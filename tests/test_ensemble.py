@@ -1,4 +1,4 @@
-"""ensemble.py, ensemble_scores.py and scores.py: votes and weighted means on hand-made scores, greedy selection
+"""scripts/ensemble.py, ensemble_scores.py and scores.py: votes and weighted means on hand-made scores, greedy selection
 (against a brute-force reference), a one-member ensemble equal to its run, members that cannot be combined refused
 in one line."""
 import json
@@ -7,16 +7,16 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from ensemble import main
 
 import multitask_classifier
 from conftest import DEMO, prediction_flags, skip_figures
-from datasets import load_split
-from ensemble import main
-from ensemble_scores import (METHODS, class_probabilities, combine, greedy_selection, held_out_metric,
-                             member_predictions, member_weights, metric)
 from evaluation import write_predictions
-from scores import ScoresFileError, as_saved, read_scores, scores_path, write_scores
-from tasks import MULTITASK
+from minbert.data.batches import load_split
+from minbert.data.scores import ScoresFileError, as_saved, read_scores, scores_path, write_scores
+from minbert.prediction.ensemble_scores import (METHODS, class_probabilities, combine, greedy_selection,
+                                                held_out_metric, member_predictions, member_weights, metric)
+from minbert.tasks import MULTITASK
 
 pytestmark = pytest.mark.usefixtures("one_thread", "no_plots")
 
@@ -82,7 +82,7 @@ def test_member_predictions_are_the_runs_own_decision_ties_included():
 
 
 def numpy_decision(task, scores):
-    """The decision rule as ensemble.py had it in numpy, before it used the runs' own (losses.decision)."""
+    """The decision rule as scripts/ensemble.py had it in numpy, before it used the runs' own (losses.decision)."""
     return scores.argmax(axis=-1) if task == "sst" else (scores > 0).astype(np.int64) if task == "qqp" else scores
 
 
@@ -163,7 +163,7 @@ def test_held_out_figure_exposes_what_selection_on_dev_overfits():
 
 
 def test_held_out_figure_averages_both_ways_of_several_random_halvings(monkeypatch):
-    import ensemble_scores
+    import minbert.prediction.ensemble_scores as ensemble_scores
     chosen_on = []
 
     def first_member(task, members, gold, method):

@@ -3,10 +3,11 @@ import json
 from pathlib import Path
 
 import error_analysis
+
 from conftest import DEMO
-from datasets import load_split
 from evaluation import write_predictions
-from tasks import MULTITASK, default_output
+from minbert.data.batches import load_split
+from minbert.tasks import MULTITASK, default_output
 
 
 def write_dev_csvs(folder: Path, sst_shift: int = 0, skip_qqp_rows: int = 0) -> None:

@@ -7,21 +7,10 @@ import pytest
 
 import evaluation
 import prepare_submit
-from evaluation import (
-    DEFAULT_OUTPUTS,
-    PredictionsFileError,
-    check_predictions_file,
-    forgetting_measures,
-    forgetting_table_markdown,
-    history_forgetting_measures,
-    kept_model_score,
-    overall_score,
-    error_counts,
-    read_predictions,
-    summarize_line,
-    write_predictions,
-)
-from tasks.metrics import paraphrase_metrics, sst_metrics, sts_metrics
+from evaluation import (DEFAULT_OUTPUTS, PredictionsFileError, check_predictions_file, error_counts,
+                        forgetting_measures, forgetting_table_markdown, history_forgetting_measures, kept_model_score,
+                        overall_score, read_predictions, summarize_line, write_predictions)
+from minbert.tasks.metrics import paraphrase_metrics, sst_metrics, sts_metrics
 
 HISTORY = [
     {"stage": "qqp", "sst_acc": 0.20, "qqp_acc": 0.80, "sts_pearson": 0.70, "train_qqp_acc": 0.85},

@@ -11,14 +11,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import export_hf
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-import export_hf
-from adapters import AdapterConfig
 from bert import BertModel
-from multitask_bert import MultitaskBERT, freeze_encoder, save_multitask_model
+from minbert.model.adapters import AdapterConfig
+from minbert.model.multitask_bert import MultitaskBERT, freeze_encoder, save_multitask_model
 
 ROOT = Path(__file__).resolve().parents[1]
 if importlib.util.find_spec("transformers") is None:
@@ -116,7 +116,7 @@ def test_export_loads_in_transformers_sentence_transformers_and_back_here(tmp_pa
 
 
 def test_per_task_adapters_export_merged_for_the_task_given(tmp_path, tiny_checkpoint, tokenizer, capsys):
-    from adapters import activate
+    from minbert.model.adapters import activate
     model = trained_checkpoint(tmp_path, tiny_checkpoint, adapter=AdapterConfig("lora", rank=2))
     assert export_hf.main([str(tmp_path / "best"), str(tmp_path / "out")]) == 2
     assert "choose one with --task" in capsys.readouterr().err
@@ -134,7 +134,7 @@ def test_per_task_adapters_export_merged_for_the_task_given(tmp_path, tiny_check
 
 
 def test_a_training_state_is_refused_as_not_a_model(tmp_path, tiny_checkpoint, capsys):
-    from checkpoint import atomic_save
+    from minbert.model.checkpoint import atomic_save
     atomic_save(tmp_path / "last", {"model.w": torch.zeros(1), "optimizer.0.exp_avg": torch.zeros(1)},
                 {"next_stage": 1, "bert_config": {}, "heads": {}})
     assert export_hf.main([str(tmp_path / "last"), str(tmp_path / "out")]) == 2

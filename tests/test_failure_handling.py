@@ -7,17 +7,16 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-import checkpoint
+import minbert.model.checkpoint as checkpoint
 import multitask_classifier as mc
 import prepare_submit
 from base_bert import CheckpointError
-from checkpoint import atomic_save, read_checkpoint
 from conftest import DEMO, exit_code
-from datasets import DataError, load_examples, standard_paths
 from evaluation import write_predictions
-from multitask_bert import load_multitask_model
+from minbert.data.batches import DataError, load_examples, standard_paths
+from minbert.model.checkpoint import atomic_save, read_checkpoint
+from minbert.model.multitask_bert import load_multitask_model
 from tokenizer import BertTokenizer
-
 
 pytestmark = pytest.mark.usefixtures("no_plots")
 
@@ -402,7 +401,7 @@ def test_every_file_a_run_writes_is_one_a_fresh_run_would_remove(tiny_checkpoint
 
 
 def test_a_second_run_in_a_folder_in_use_is_refused(tiny_checkpoint, tmp_path, capsys, model_must_not_load):
-    from files import locked_folder
+    from minbert.files import locked_folder
     with locked_folder(tmp_path / "run"):
         assert mc.main(quick_flags(tiny_checkpoint, tmp_path)) == 2
     line = one_error_line(capsys)
@@ -462,7 +461,7 @@ def test_prepare_submit_out_that_is_a_folder_or_under_a_file_is_refused_first(tm
 
 
 def test_an_output_file_that_cannot_be_written_is_one_output_error(tmp_path):
-    from files import OutputError, atomic_write_text
+    from minbert.files import OutputError, atomic_write_text
     (tmp_path / "taken").mkdir()  # a folder in the file's place
     with pytest.raises(OutputError, match=r"taken: cannot write it \(Is a directory\)"):
         atomic_write_text(tmp_path / "taken", "x")

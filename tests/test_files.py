@@ -6,12 +6,11 @@ from pathlib import Path
 import pytest
 import torch
 
-import checkpoint
-from checkpoint import atomic_save, read_checkpoint
-from files import (atomic_write, atomic_write_bytes, atomic_write_csv, atomic_write_text, unwritable_folder,
-                   write_aside)
+import minbert.model.checkpoint as checkpoint
+from minbert.files import (atomic_write, atomic_write_bytes, atomic_write_csv, atomic_write_text, unwritable_folder,
+                           write_aside)
+from minbert.model.checkpoint import atomic_save, read_checkpoint
 from prepare_submit import write_zip
-
 
 FULL_DISK = "No space left on device"
 

@@ -3,14 +3,14 @@ hand-computed values; the Fisher consolidated when a block of one task's stages 
 the last stage), from that stage's batches by the task's loss alone; both kept across --resume; and the flags."""
 import pytest
 import torch
-
-from continual import ElasticWeightConsolidation
-from conftest import deterministic_tiny_model, pair_batch, sentence_batch
-from multitask_bert import freeze_encoder, trained_tensors
-from schedules import Stage, StageKind
 from test_trainer import demo_data, make_trainer
-from training_steps import compute_task_loss, task_loss_and_penalties
-from training_args import TrainingArguments, adapter_config
+
+from conftest import deterministic_tiny_model, pair_batch, sentence_batch
+from minbert.model.multitask_bert import freeze_encoder, trained_tensors
+from minbert.run.training_args import TrainingArguments, adapter_config
+from minbert.training.continual import ElasticWeightConsolidation
+from minbert.training.schedules import Stage, StageKind
+from minbert.training.training_steps import compute_task_loss, task_loss_and_penalties
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -123,7 +123,7 @@ def test_the_fisher_uses_the_task_loss_alone(tmp_path, tokenizer, monkeypatch):
         seen.append((regularizer, lnsr, distillation, defences))
         return original(model, task, batch)
     original = compute_task_loss
-    monkeypatch.setattr("trainer.compute_task_loss", spy)
+    monkeypatch.setattr("minbert.training.trainer.compute_task_loss", spy)
     trainer.train([SST, QQP])
     assert seen == [(None, None, None, None)] * 2
 

@@ -21,7 +21,7 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def cuda_batch(batch: dict) -> dict:
-    from runtime import to_device
+    from minbert.runtime import to_device
     return to_device(batch, torch.device("cuda"))
 
 
@@ -37,15 +37,15 @@ def gradient_cosine(model_a, model_b) -> float:
 
 def minilm_multitask(**options):
     from bert import BertModel
-    from multitask_bert import MultitaskBERT
+    from minbert.model.multitask_bert import MultitaskBERT
     torch.manual_seed(0)
     model = MultitaskBERT(BertModel.from_pretrained("minilm-l6"), **options)
     return model.cuda().eval()  # dropout off: the precisions see the same network
 
 
 def loss_and_grads(model, task: str, batch: dict, precision: str, regularizer=None):
-    from runtime import autocast
-    from training_steps import compute_task_loss
+    from minbert.runtime import autocast
+    from minbert.training.training_steps import compute_task_loss
     model.zero_grad(set_to_none=True)
     torch.manual_seed(0)
     with autocast(torch.device("cuda"), precision):
@@ -75,7 +75,7 @@ def test_bert_forward_and_backward_stay_near_float32(precision, tokenizer):
 def test_a_smart_step_equals_float32_under_autocast(precision, tokenizer):
     """With --smart_precision exact, SMART's passes run in exact float32 (no autocast, no TF32) whatever the run's
     precision (by default they run at the run's: tests/test_smart.py)."""
-    from runtime import use_tf32
+    from minbert.runtime import use_tf32
     from smart import SmartConfig, SmartRegularizer
     use_tf32(torch.device("cuda"))  # as a training run sets it
     model = minilm_multitask()
@@ -101,8 +101,8 @@ def test_simcse_losses_are_float32_under_autocast(precision):
 def test_lora_forward_and_backward_stay_near_float32(precision, tokenizer):
     import copy
 
-    from adapters import AdapterConfig
-    from multitask_bert import freeze_encoder
+    from minbert.model.adapters import AdapterConfig
+    from minbert.model.multitask_bert import freeze_encoder
     reference = minilm_multitask(adapter=AdapterConfig("lora"))
     freeze_encoder(reference)
     for name, parameter in reference.named_parameters():  # B starts at zero: move it so A gets a gradient too
@@ -138,8 +138,9 @@ def test_sdpa_runs_flash_attention_on_unpadded_batches():
 def test_fp16_resume_equals_an_uninterrupted_run(tiny_checkpoint, tmp_path):
     """--precision fp16 on CUDA: the gradient scaler's state is saved, restored, and the resumed run ends where
     the uninterrupted one does (to the float tolerance of CUDA's non-deterministic kernels)."""
-    import multitask_classifier as mc
     from test_multitask_classifier import run_flags
+
+    import multitask_classifier as mc
 
     def flags(out, *extra):
         return [f for f in run_flags(tiny_checkpoint, out, "--use_gpu", "--precision", "fp16", *extra) if f != "--smart"]
@@ -161,10 +162,10 @@ def test_a_batch_32x128_smart_step_of_bert_base_fits_in_12_gib(checkpointing):
     expected failure with the figure, which belongs in BENCHMARKS) and 3.3 GiB with it."""
     from base_bert import BertConfig
     from bert import BertModel
-    from multitask_bert import MultitaskBERT
+    from minbert.model.multitask_bert import MultitaskBERT
+    from minbert.training.training_steps import compute_task_loss
     from optimizer import AdamW
     from smart import SmartConfig, SmartRegularizer
-    from training_steps import compute_task_loss
     torch.manual_seed(0)
     model = MultitaskBERT(BertModel(BertConfig())).cuda().train()
     model.bert.encoder.gradient_checkpointing = checkpointing

@@ -7,15 +7,16 @@ import math
 import numpy as np
 import pytest
 import torch
+from test_trainer import make_trainer
 from torch.utils._python_dispatch import TorchDispatchMode
 
+import minbert.step_log as step_log
 import multitask_classifier as mc
-from conftest import DEMO, MAX_LENGTH, deterministic_tiny_model, demo_examples, prediction_flags, skip_figures, tiny_bert
-from datasets import TokenizedExamples, tokenized_dataloader
-import step_log
-from runtime import bucket_length
-from test_trainer import make_trainer
-from step_log import StageLosses, TrainingDiverged
+from conftest import (DEMO, MAX_LENGTH, demo_examples, deterministic_tiny_model, prediction_flags, skip_figures,
+                      tiny_bert)
+from minbert.data.batches import TokenizedExamples, tokenized_dataloader
+from minbert.runtime import bucket_length
+from minbert.step_log import StageLosses, TrainingDiverged
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -258,7 +259,8 @@ def test_a_ranks_share_of_the_global_batch_stays_on_the_device(monkeypatch):
     """Under torchrun every micro-step weighs its loss by its rank's share of the global batch: a 0-dim tensor from
     the all-reduce, which nothing reads back (it read .item() before)."""
     import torch.distributed as dist
-    from distributed import Distributed
+
+    from minbert.distributed import Distributed
     monkeypatch.setattr(dist, "all_reduce", lambda tensor: tensor.mul_(2))  # two ranks of equal counts
     rank = Distributed(rank=0, world_size=2)
     shares = []
@@ -267,7 +269,7 @@ def test_a_ranks_share_of_the_global_batch_stays_on_the_device(monkeypatch):
 
 
 def test_an_mlm_step_reads_nothing_back_and_equals_finding_the_masked_positions_on_the_device(tmp_path, tokenizer):
-    from mlm import MaskedLanguageModelHead, mlm_batches, mlm_loss
+    from minbert.training.mlm import MaskedLanguageModelHead, mlm_batches, mlm_loss
     trainer = make_trainer(tmp_path, tokenizer, mlm_epochs=1)
     trainer.steps.mlm_head = MaskedLanguageModelHead(trainer.model.bert.config)  # what the command line builds beside it
     batch = next(mlm_batches([e.sentence for e in demo_examples("sst", "train", 8)], tokenizer, 8, 0, MAX_LENGTH))

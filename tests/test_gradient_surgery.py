@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from gradient_surgery import GradientSurgery, cagrad_combine, cagrad_weights, pcgrad_combine
+from minbert.training.gradient_surgery import GradientSurgery, cagrad_combine, cagrad_weights, pcgrad_combine
 
 
 def test_pcgrad_projects_conflicting_gradients_by_hand():

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from conftest import tiny_bert
-from lnsr import LnsrConfig, encode_with_noise_stability
+from minbert.training.lnsr import LnsrConfig, encode_with_noise_stability
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -1,4 +1,4 @@
-"""losses.py's objectives, as each task picks them (tasks/: objective(options)): the loss, the score and the
+"""losses.py's objectives, as each task picks them (minbert/tasks/: objective(options)): the loss, the score and the
 prediction decided from it, and CoSENT by hand."""
 import math
 
@@ -6,9 +6,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from losses import (SIMILARITY_OBJECTIVES, BinaryObjective, ClassificationObjective, CosineSimilarityObjective,
-                    CrossSimilarityObjective, SpanObjective, cosent_loss, ordinal_cross_entropy)
-from tasks import RUN_TASKS, TASKS
+from minbert.tasks import RUN_TASKS, TASKS
+from minbert.tasks.losses import (SIMILARITY_OBJECTIVES, BinaryObjective, ClassificationObjective,
+                                  CosineSimilarityObjective, CrossSimilarityObjective, SpanObjective, cosent_loss,
+                                  ordinal_cross_entropy)
 
 
 def task_objectives(pair_encoders: dict[str, str], similarity_objective: str = "cosine",

@@ -1,11 +1,11 @@
 """scripts/smart_perturbation.py and scripts/sts_objectives.py: the measurements RESULTS.md quotes run on the demo
 data, and bad input is one line with exit code 2."""
 import pytest
-
 import smart_perturbation
 import sts_objectives
+
 from conftest import DEMO, tiny_model
-from multitask_bert import save_multitask_model
+from minbert.model.multitask_bert import save_multitask_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

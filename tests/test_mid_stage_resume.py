@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
+import minbert.training.training_steps as training_steps
 import multitask_classifier as mc
-import training_steps
 from conftest import DEMO, ROOT, exit_code, prediction_flags, skip_figures
-from training_state import read_training_state
+from minbert.training.training_state import read_training_state
 
 pytestmark = pytest.mark.usefixtures("one_thread", "no_plots")
 
@@ -198,8 +198,9 @@ def test_the_minutes_decide_when_to_save_never_what_is_trained(never_stopped, ti
 
 def test_save_every_minutes_is_on_for_cuda_only_by_default():
     import torch
-    from run_setup import save_minutes
-    from training_args import CUDA_SAVE_MINUTES
+
+    from minbert.run.run_setup import save_minutes
+    from minbert.run.training_args import CUDA_SAVE_MINUTES
     assert save_minutes(None, torch.device("cuda")) == CUDA_SAVE_MINUTES == 20
     assert save_minutes(None, torch.device("cpu")) == 0
     assert save_minutes(0.0, torch.device("cuda")) == 0 and save_minutes(5.0, torch.device("cpu")) == 5

@@ -7,9 +7,9 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
 from conftest import tiny_bert
-from datasets import PairExample, SentenceExample, TaskData
-from mlm import (IGNORED_LABEL, MaskedLanguageModelHead, load_mlm_head, mask_tokens, mlm_batches, mlm_loss,
-                 task_sentences)
+from minbert.data.batches import PairExample, SentenceExample, TaskData
+from minbert.training.mlm import (IGNORED_LABEL, MaskedLanguageModelHead, load_mlm_head, mask_tokens, mlm_batches,
+                                  mlm_loss, task_sentences)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

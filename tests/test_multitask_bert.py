@@ -5,9 +5,9 @@ import torch.nn.functional as F
 
 from base_bert import CheckpointError
 from conftest import MAX_LENGTH, TINY, demo_examples, pair_batch, sentence_batch, tiny_model
-from datasets import collate_pairs, collate_sentences
-from multitask_bert import (join_pairs, load_multitask_model, mean_pool, model_metadata, parse_pair_encoders,
-                            save_multitask_model)
+from minbert.data.batches import collate_pairs, collate_sentences
+from minbert.model.multitask_bert import (join_pairs, load_multitask_model, mean_pool, model_metadata,
+                                          parse_pair_encoders, save_multitask_model)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -212,8 +212,8 @@ def test_which_tasks_read_pairs_jointly():
 @pytest.mark.parametrize("heads", [dict(), dict(pair_encoder="hybrid"), dict(pair_encoder="cross"),
                                    dict(head_hidden=8), dict(adapter=dict(kind="lora", rank=2))])
 def test_trains_with_frozen_encoder_says_whether_a_frozen_bert_leaves_sts_anything_to_train(tokenizer, heads):
-    from multitask_bert import freeze_encoder
-    from training_steps import compute_task_loss
+    from minbert.model.multitask_bert import freeze_encoder
+    from minbert.training.training_steps import compute_task_loss
     model = tiny_model(**heads)
     freeze_encoder(model)
     batch = pair_batch(tokenizer, "sts", 3, cross=model.reads_pairs_jointly("sts"))
@@ -245,7 +245,7 @@ def test_save_and_load_round_trip_without_the_pretrained_source(tmp_path, tokeni
 
 
 def test_loading_a_checkpoint_of_something_else_is_a_checkpoint_error(tmp_path):
-    from checkpoint import atomic_save
+    from minbert.model.checkpoint import atomic_save
     atomic_save(tmp_path / "other", {"w": torch.zeros(2)}, {"bert_config": TINY, "heads": {"pooling": "max"}})
     with pytest.raises(CheckpointError, match="does not describe a MultitaskBERT"):
         load_multitask_model(tmp_path / "other")

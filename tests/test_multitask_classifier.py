@@ -9,12 +9,12 @@ import torch
 from safetensors.torch import load_file
 
 import multitask_classifier as mc
-from run_setup import build_model
 from bert import BertModel
 from conftest import DEMO, MAX_LENGTH, demo_examples, exit_code, output_flags
-from datasets import collate_pairs, collate_sentences
 from evaluation import check_predictions_file
-from multitask_bert import load_multitask_model
+from minbert.data.batches import collate_pairs, collate_sentences
+from minbert.model.multitask_bert import load_multitask_model
+from minbert.run.run_setup import build_model
 
 pytestmark = pytest.mark.usefixtures("one_thread", "no_plots")
 

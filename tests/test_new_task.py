@@ -1,6 +1,6 @@
-"""A new task is a new file: a toy two-class sentence task, modelled on CFIMDB, written as one module in the tasks/
-folder of a copy of the repository (nothing else in the copy changed) and trained, evaluated, predicted, ensembled
-and distilled through the ordinary command lines, on a tiny random BERT."""
+"""A new task is a new file: a toy two-class sentence task, modelled on CFIMDB, written as one module in the
+minbert/tasks/ folder of a copy of the repository (nothing else in the copy changed) and trained, evaluated,
+predicted, ensembled and distilled through the ordinary command lines, on a tiny random BERT."""
 import csv
 import os
 import shutil
@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 LARGEST_SOURCE = 1_000_000  # bytes: a copied file beyond this is data or figures, not source
 
 TOY_TASK = '''"""Toy: whether a sentence is about a cat (1) or not (0); its files are toy-{train,dev,test-student}.csv."""
-from tasks.classification import SentenceClassification
+from minbert.tasks.classification import SentenceClassification
 
 TASK = SentenceClassification(name="toy", order=10, trainable=True, title="Toy", file_prefix="toy", flag_prefix="toy",
                               label_column="label", leaderboard_column="Predicted_Label", num_classes=2,
@@ -61,7 +61,7 @@ def copy_of_the_repository(destination: Path) -> Path:
 @pytest.mark.slow
 def test_a_new_task_is_one_new_file(tmp_path, tiny_checkpoint):
     repo = copy_of_the_repository(tmp_path / "repo")
-    (repo / "tasks" / "toy.py").write_text(TOY_TASK)
+    (repo / "minbert" / "tasks" / "toy.py").write_text(TOY_TASK)
     data = tmp_path / "data"
     data.mkdir()
     write_toy_file(data / "toy-train.csv", toy_rows(24, 0), labelled=True)
@@ -69,7 +69,8 @@ def test_a_new_task_is_one_new_file(tmp_path, tiny_checkpoint):
     write_toy_file(data / "toy-test-student.csv", toy_rows(12, 200), labelled=False)
     dev_ids = [example_id for example_id, _, _ in toy_rows(12, 100)]
     runs = tmp_path / "runs"
-    environment = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"} | {"OMP_NUM_THREADS": "1"}
+    # The copy's own package, not the installed one (`pip install -e .` points at this checkout) for its scripts/
+    environment = os.environ | {"PYTHONPATH": str(repo), "OMP_NUM_THREADS": "1"}
 
     def command(script: str, *flags) -> list[str]:
         return [sys.executable, str(repo / script), *map(str, flags)]
@@ -107,8 +108,8 @@ def test_a_new_task_is_one_new_file(tmp_path, tiny_checkpoint):
             assert header == "id,logit_0,logit_1"
         assert '"toy_acc"' in (runs / name / "best.json").read_text()  # evaluated on dev, and kept by it
 
-    ensemble = run(command("ensemble.py", runs / "a", runs / "b", "--output_dir", runs / "ensemble", "--data_dir",
-                           data, "--toy", "mean", "--score_train"))
+    ensemble = run(command("scripts/ensemble.py", runs / "a", runs / "b", "--output_dir", runs / "ensemble",
+                           "--data_dir", data, "--toy", "mean", "--score_train"))
     assert "toy: members on dev" in ensemble and (runs / "ensemble" / "toy-dev-out.csv").is_file()
     assert (runs / "ensemble" / "scores" / "toy-train.csv").is_file()
 

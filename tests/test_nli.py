@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from datasets import DataError, DataWarning
-from nli import NLIPair, NLITriplet, build_triplets, load_nli_pairs, load_nli_triplets
+from minbert.data.batches import DataError, DataWarning
+from minbert.data.nli import NLIPair, NLITriplet, build_triplets, load_nli_pairs, load_nli_triplets
 
 NLI = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "nli"
 

@@ -4,7 +4,7 @@ import json
 import numpy as np
 
 from evaluation import forgetting_table_markdown
-from plots import plot_error_analysis, plot_forgetting_matrix, plot_training_curves, write_run_reports
+from minbert.reports.plots import plot_error_analysis, plot_forgetting_matrix, plot_training_curves, write_run_reports
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

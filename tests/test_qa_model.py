@@ -5,14 +5,14 @@ import pytest
 import torch
 
 from conftest import deterministic_tiny_model, pair_batch, sentence_batch, tiny_model
-from adapters import AdapterConfig
-from multitask_bert import MultitaskBERT, freeze_encoder, load_multitask_model, save_multitask_model
+from minbert.model.adapters import AdapterConfig
+from minbert.model.multitask_bert import MultitaskBERT, freeze_encoder, load_multitask_model, save_multitask_model
+from minbert.prediction.inference import predict_answers
+from minbert.tasks import MULTITASK, RUN_TASKS
+from minbert.tasks.qa import PADDING_LOGIT
+from minbert.tasks.squad import QAExample, QAWindows
+from minbert.training.training_steps import compute_task_loss
 from smart import SmartConfig, SmartRegularizer
-from squad import QAExample, QAWindows
-from tasks import MULTITASK, RUN_TASKS
-from tasks.qa import PADDING_LOGIT
-from inference import predict_answers
-from training_steps import compute_task_loss
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

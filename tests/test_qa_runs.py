@@ -9,7 +9,7 @@ import pytest
 
 import multitask_classifier as mc
 from conftest import DEMO, exit_code, output_flags
-from squad import load_squad, squad_metrics
+from minbert.tasks.squad import load_squad, squad_metrics
 
 pytestmark = pytest.mark.usefixtures("one_thread", "no_plots")
 QA_FLAGS = ["--qa_max_length", "48", "--qa_doc_stride", "16", "--qa_max_answer_tokens", "8"]  # tiny: 64 positions

@@ -5,10 +5,10 @@ import pytest
 
 import multitask_classifier as mc
 from conftest import output_flags
-from datasets import load_task_data, standard_paths
 from evaluation import check_predictions_file
-from tasks import MULTITASK
-from training_args import data_paths
+from minbert.data.batches import load_task_data, standard_paths
+from minbert.run.training_args import data_paths
+from minbert.tasks import MULTITASK
 
 pytestmark = pytest.mark.slow
 

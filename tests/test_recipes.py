@@ -13,11 +13,11 @@ import pytest
 import torch
 
 from conftest import DEMO
-from datasets import load_examples
-from schedules import build_schedule
-from scores import scores_path, write_scores
-from tasks import MULTITASK, TASKS, course_file_name
-from training_args import TrainingArguments, adapter_config, build_parser, from_namespace, run_tasks
+from minbert.data.batches import load_examples
+from minbert.data.scores import scores_path, write_scores
+from minbert.run.training_args import TrainingArguments, adapter_config, build_parser, from_namespace, run_tasks
+from minbert.tasks import MULTITASK, TASKS, course_file_name
+from minbert.training.schedules import build_schedule
 
 ROOT = Path(__file__).resolve().parents[1]
 SHORT = ["--max_train_examples", "16", "--max_length", "32", "--quiet"]
@@ -40,7 +40,8 @@ RECIPES = {  # recipe -> (extra flags that keep it short, environment)
     "cpu_forgetting_study.sh": ([], {"DEFENCE": "ewc"}),
 }
 OUTPUTS = {"cpu_squad.sh": 2, "cpu_four_tasks.sh": 8, "cpu_best_one_task.sh": 2}  # predictions files, when not the six CSVs
-# Every recipe that launches training (through $LAUNCH); cpu_ensemble.sh runs ensemble.py, gpu_check.sh the checks.
+# Every recipe that launches training (through $LAUNCH); cpu_ensemble.sh runs scripts/ensemble.py,
+# gpu_check.sh the checks.
 TRAINING_RECIPES = sorted(p.name for p in (ROOT / "scripts").glob("[cg]pu_*.sh")
                           if p.name not in ("cpu_ensemble.sh", "gpu_check.sh"))
 

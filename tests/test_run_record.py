@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
+import minbert.run.run_record as run_record
 import multitask_classifier as mc
-import run_record
 from conftest import DEMO, ROOT, exit_code, skip_figures
-from training_args import TrainingArguments
+from minbert.run.training_args import TrainingArguments
 
 sys.path.insert(0, str(ROOT / "scripts"))
 import write_args_json  # noqa: E402

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-import runtime
-from runtime import (autocast, float32_exact, precision_notice, resolve_device, resolve_precision, seed_everything,
-                     to_device, use_tf32)
+import minbert.runtime as runtime
+from minbert.runtime import (autocast, float32_exact, precision_notice, resolve_device, resolve_precision,
+                             seed_everything, to_device, use_tf32)
 
 
 @pytest.mark.parametrize("precision, dtype", [("bf16", torch.bfloat16), ("fp16", torch.float16), ("fp32", torch.float32)])

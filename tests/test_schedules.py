@@ -4,8 +4,8 @@ from collections import Counter
 
 import pytest
 
-from schedules import (Stage, StageKind, annealed_probabilities, build_schedule, learning_rate_factor,
-                       multitask_order, parse_stage_list, tasks_trained_by, train_tasks, trained_heads)
+from minbert.training.schedules import (Stage, StageKind, annealed_probabilities, build_schedule, learning_rate_factor,
+                                        multitask_order, parse_stage_list, tasks_trained_by, train_tasks, trained_heads)
 
 
 def test_mlm_stages_parse_with_fractions_and_repeats():

@@ -9,19 +9,8 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from conftest import deterministic_tiny_model, sentence_batch
-from smart import (
-    DIVERGENCES,
-    BregmanAnchor,
-    SmartConfig,
-    SmartRegularizer,
-    adversarial_regularizer,
-    ascend,
-    bregman_momentum,
-    find_perturbation,
-    squared_error,
-    symmetric_kl_bernoulli,
-    symmetric_kl_categorical,
-)
+from smart import (DIVERGENCES, BregmanAnchor, SmartConfig, SmartRegularizer, adversarial_regularizer, ascend,
+                   bregman_momentum, find_perturbation, squared_error, symmetric_kl_bernoulli, symmetric_kl_categorical)
 
 HIDDEN = 6
 VOCAB = 11
@@ -584,7 +573,7 @@ def test_bregman_momentum_schedule():
 def smoothness_term(model, task, batch, epsilon, context, monkeypatch) -> float:
     """R_s (dropout off) as the trainer's SMART step computes it under `context`, read where penalty() gets it."""
     import smart
-    from training_steps import compute_task_loss
+    from minbert.training.training_steps import compute_task_loss
     seen = []
 
     def recording(*args, **kwargs):
@@ -605,7 +594,7 @@ def test_a_smart_step_computes_in_float32_under_autocast(dtype, tokenizer):
     """The trainer's task step under bf16 (L4) or fp16 (T4) autocast: with SMART at precision exact, loss and
     penalty are exactly the float32 ones; the ascent gradient is a float32 one, so fp16 cannot underflow it. At
     the run's precision (the default) the same step computes under the autocast."""
-    from training_steps import compute_task_loss
+    from minbert.training.training_steps import compute_task_loss
     model = deterministic_tiny_model().eval()
     batch = sentence_batch(tokenizer, 8)
     values = {}
@@ -641,7 +630,7 @@ def test_smoothness_term_of_a_real_model_survives_bf16_autocast(tokenizer, monke
     rounding noise (hundreds of times the float32 value, and it does not grow with epsilon); the trainer's
     SMART step under bf16 gives the float32 R_s, which grows as epsilon^2 (the divergence is quadratic)."""
     from bert import BertModel
-    from multitask_bert import MultitaskBERT
+    from minbert.model.multitask_bert import MultitaskBERT
     model = MultitaskBERT(BertModel.from_pretrained("minilm-l6")).eval()
     batch = sentence_batch(tokenizer, 8)
     bf16 = torch.autocast("cpu", dtype=torch.bfloat16)

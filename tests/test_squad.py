@@ -8,16 +8,16 @@ import os
 import re
 import urllib.error
 
+import download_data
+import make_demo_data
 import numpy as np
 import pytest
 import torch
 
-import download_data
-import make_demo_data
 from conftest import DEMO
-from files import DataError
-from squad import (NO_ANSWER, Answer, QAExample, QAWindows, best_threshold, decode_answers, exact_match, f1_score,
-                   load_squad, normalize_answer, predictions, squad_metrics)
+from minbert.files import DataError
+from minbert.tasks.squad import (NO_ANSWER, Answer, QAExample, QAWindows, best_threshold, decode_answers, exact_match,
+                                 f1_score, load_squad, normalize_answer, predictions, squad_metrics)
 
 MAX_QUESTION_TOKENS = 64
 

@@ -8,12 +8,12 @@ import sys
 from functools import partial
 
 import pytest
-
-import multitask_classifier as mc
-import step_log
-from conftest import DEMO, prediction_flags, skip_figures
 from test_gpu_step import count_syncs, first_batch
 from test_trainer import make_trainer
+
+import minbert.step_log as step_log
+import multitask_classifier as mc
+from conftest import DEMO, prediction_flags, skip_figures
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -1,15 +1,15 @@
-"""tasks/: one module per task, found by the package; one internal name per task, the course's names (quora files,
-para flags) mapped by each task's fields."""
+"""minbert/tasks/: one module per task, found by the package; one internal name per task, the course's names
+(quora files, para flags) mapped by each task's fields."""
 import dataclasses
 import sys
 
 import pytest
 
-import tasks
+import minbert.tasks as tasks
 from conftest import DEMO
-from tasks import (MULTITASK, PART1_TASKS, RUN_TASKS, SIMCSE_TASKS, SPLITS, TASKS, course_file_name, data_flag,
-                   default_output, output_flag, task_name)
-from tasks.base import Task
+from minbert.tasks import (MULTITASK, PART1_TASKS, RUN_TASKS, SIMCSE_TASKS, SPLITS, TASKS, course_file_name, data_flag,
+                           default_output, output_flag, task_name)
+from minbert.tasks.base import Task
 
 COURSE_DATA_FLAGS = {"sst_train", "sst_dev", "sst_test", "para_train", "para_dev", "para_test",
                      "sts_train", "sts_dev", "sts_test"}
@@ -71,7 +71,7 @@ def test_course_flag_and_output_names():
 
 
 def test_training_arguments_per_file_flags_are_those_of_the_table():
-    from training_args import TrainingArguments, build_parser
+    from minbert.run.training_args import TrainingArguments, build_parser
     parser = build_parser(TrainingArguments)
     flags = {option[2:] for action in parser._actions for option in action.option_strings}
     per_file = {f for f in flags if f.endswith(("_train", "_dev", "_test", "_out"))} - {"score_train"}  # a switch
@@ -86,8 +86,8 @@ def test_training_arguments_per_file_flags_are_those_of_the_table():
 
 
 def test_other_modules_read_the_table():
-    from datasets import standard_paths
     from evaluation import DEFAULT_OUTPUTS, LEADERBOARD_COLUMNS
+    from minbert.data.batches import standard_paths
     assert {key: path.name for key, path in standard_paths("d").items()} == {
         (t, s): course_file_name(t, s) for t in TASKS for s in SPLITS}
     assert DEFAULT_OUTPUTS == {(t, s): default_output(t, s) for t in MULTITASK for s in ("dev", "test")}
@@ -97,25 +97,26 @@ def test_other_modules_read_the_table():
 def test_every_task_module_of_the_folder_is_found_and_ordered_by_its_fields():
     assert list(TASKS) == ["sst", "qqp", "sts", "cfimdb", "qa"]  # their `order`
     assert all(isinstance(task, Task) and sys.modules[type(task).__module__] for task in TASKS.values())
-    assert {name: type(task).__module__ for name, task in TASKS.items() if type(task).__module__ != f"tasks.{name}"} \
-        == {"cfimdb": "tasks.classification"}  # CFIMDB is a SentenceClassification declared in tasks/cfimdb.py
+    assert {name: type(task).__module__ for name, task in TASKS.items() if type(task).__module__ != f"minbert.tasks.{name}"} \
+        == {"cfimdb": "minbert.tasks.classification"}  # a SentenceClassification, in cfimdb.py
     assert (MULTITASK, RUN_TASKS, PART1_TASKS) == (("sst", "qqp", "sts"), ("sst", "qqp", "sts", "qa"), ("sst", "cfimdb"))
     assert tasks.cfimdb.TASK is TASKS["cfimdb"] and tasks.qa.TASK is TASKS["qa"]
 
 
-@pytest.mark.parametrize("field, value, message", [("name", "sst", "its name 'sst' is already tasks/sst.py's"),
-                                                   ("aliases", ("quora",), "its name 'quora' is already tasks/qqp.py's"),
-                                                   ("order", 2, "its order 2 is already tasks/sts.py's")])
+@pytest.mark.parametrize("field, value, message", [
+    ("name", "sst", "its name 'sst' is already minbert/tasks/sst.py's"),
+    ("aliases", ("quora",), "its name 'quora' is already minbert/tasks/qqp.py's"),
+    ("order", 2, "its order 2 is already minbert/tasks/sts.py's")])
 def test_a_new_task_that_takes_another_tasks_name_or_place_is_refused(tmp_path, monkeypatch, field, value, message):
     replaced = {"name": "toy", "order": 99, field: value}
-    (tmp_path / "toy.py").write_text("import dataclasses\nfrom tasks.cfimdb import TASK as CFIMDB\n"
+    (tmp_path / "toy.py").write_text("import dataclasses\nfrom minbert.tasks.cfimdb import TASK as CFIMDB\n"
                                      f"TASK = dataclasses.replace(CFIMDB, **{replaced!r})\n")
     monkeypatch.setattr(tasks, "__path__", [*tasks.__path__, str(tmp_path)])
     try:
-        with pytest.raises(ValueError, match=rf"^tasks/toy.py: {message}$"):
+        with pytest.raises(ValueError, match=rf"^minbert/tasks/toy.py: {message}$"):
             tasks._discover()
     finally:
-        sys.modules.pop("tasks.toy", None)
+        sys.modules.pop("minbert.tasks.toy", None)
 
 
 def test_each_task_writes_and_reads_back_its_leaderboard_cells():

@@ -4,15 +4,15 @@ Bregman momentum restarting every stage and the anchor at the stage's first weig
 cosine (listing A.6)."""
 import pytest
 import torch
+from test_trainer import demo_data, make_trainer, record_anchor_momentum
 
 from conftest import deterministic_tiny_model, pair_batch, tiny_model
-from multitask_bert import trained_tensors
-from nli import NLITriplet
-from schedules import Stage, StageKind, block_length, parse_stage_list
+from minbert.data.nli import NLITriplet
+from minbert.model.multitask_bert import trained_tensors
+from minbert.run.run_setup import build_trainer
+from minbert.run.training_args import TrainingArguments
+from minbert.training.schedules import Stage, StageKind, block_length, parse_stage_list
 from smart import BregmanAnchor, SmartConfig, ascend
-from test_trainer import demo_data, make_trainer, record_anchor_momentum
-from run_setup import build_trainer
-from training_args import TrainingArguments
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -30,7 +30,7 @@ def test_a_block_is_a_run_of_equal_consecutive_stages():
 
 def score_stages(monkeypatch, score) -> None:
     """Stage records scored by `score(record, tasks)`, for the block's best stage and the kept model alike."""
-    for module in ("stage_transitions", "trainer"):
+    for module in ("minbert.training.stage_transitions", "minbert.training.trainer"):
         monkeypatch.setattr(f"{module}.kept_model_score", score)
 
 
@@ -221,7 +221,7 @@ def test_sts_cosine_dropout_drops_both_embeddings_in_training_only(tokenizer):
 
 
 def test_sts_cosine_dropout_round_trips_and_needs_a_cosine(tmp_path):
-    from multitask_bert import load_multitask_model, save_multitask_model
+    from minbert.model.multitask_bert import load_multitask_model, save_multitask_model
     model = tiny_model(sts_cosine_dropout=True)
     save_multitask_model(model, tmp_path / "m", {})
     assert load_multitask_model(tmp_path / "m").sts_cosine_dropout

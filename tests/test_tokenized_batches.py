@@ -9,13 +9,13 @@ import torch
 from torch.utils.data import DataLoader
 
 from conftest import MAX_LENGTH, demo_examples, deterministic_tiny_model
-from datasets import (LengthBucketSampler, PairExample, TaskData, TokenizationCache, TokenizedExamples, collate_pairs,
-                      collate_sentences, example_lengths, make_dataloader, subsample, subsample_indices,
-                      tokenized_dataloader)
-from schedules import Stage, StageKind
-from inference import predict_examples
-from run_setup import build_trainer
-from training_args import TrainingArguments
+from minbert.data.batches import (LengthBucketSampler, PairExample, TaskData, TokenizationCache, TokenizedExamples,
+                                  collate_pairs, collate_sentences, example_lengths, make_dataloader, subsample,
+                                  subsample_indices, tokenized_dataloader)
+from minbert.prediction.inference import predict_examples
+from minbert.run.run_setup import build_trainer
+from minbert.run.training_args import TrainingArguments
+from minbert.training.schedules import Stage, StageKind
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

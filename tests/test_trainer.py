@@ -8,17 +8,17 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import MAX_LENGTH, deterministic_tiny_model, demo_examples, pair_batch, sentence_batch, tiny_model
-from checkpoint import read_checkpoint
-from datasets import TaskData, collate_sentences, make_dataloader
-from gradient_surgery import cagrad_combine, pcgrad_combine
-from schedules import Stage, StageKind, learning_rate_factor
-from inference import predict_examples
-from run_setup import build_trainer
-from stage_data import RestartingLoaders
-from trainer import Trainer
-from training_args import TrainingArguments
-from training_steps import compute_task_loss
+from conftest import MAX_LENGTH, demo_examples, deterministic_tiny_model, pair_batch, sentence_batch, tiny_model
+from minbert.data.batches import TaskData, collate_sentences, make_dataloader
+from minbert.model.checkpoint import read_checkpoint
+from minbert.prediction.inference import predict_examples
+from minbert.run.run_setup import build_trainer
+from minbert.run.training_args import TrainingArguments
+from minbert.training.gradient_surgery import cagrad_combine, pcgrad_combine
+from minbert.training.schedules import Stage, StageKind, learning_rate_factor
+from minbert.training.stage_data import RestartingLoaders
+from minbert.training.trainer import Trainer
+from minbert.training.training_steps import compute_task_loss
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -264,7 +264,7 @@ def test_a_fixed_smart_momentum_holds_for_the_whole_run(tmp_path, tokenizer, mon
 def test_the_kept_model_comes_back_without_a_reload_or_another_dev_pass(tmp_path, tokenizer, monkeypatch):
     trainer = make_trainer(tmp_path, tokenizer)
     scores = iter([1.0, 0.0])  # the first stage is kept, the second is worse
-    monkeypatch.setattr("trainer.kept_model_score", lambda record, tasks: next(scores))
+    monkeypatch.setattr("minbert.training.trainer.kept_model_score", lambda record, tasks: next(scores))
     trainer.train([Stage(StageKind.TASK, "sst"), Stage(StageKind.TASK, "sst")])
     kept_record = trainer.state.history[1]
     live_parameters = [id(p) for p in trainer.model.parameters()]
@@ -287,7 +287,7 @@ def test_the_kept_model_comes_back_without_a_reload_or_another_dev_pass(tmp_path
 def test_a_stage_records_its_training_seconds_without_the_dev_evaluation(tmp_path, tokenizer, monkeypatch):
     """history's "seconds" is train time (RESULTS.md's train-time columns); the pretrained row's is its dev pass."""
     clock = {"now": 0.0}
-    monkeypatch.setattr("trainer.time.time", lambda: clock["now"])
+    monkeypatch.setattr("minbert.training.trainer.time.time", lambda: clock["now"])
     trainer = make_trainer(tmp_path, tokenizer)
     train_stage, evaluate = trainer.run_stage, trainer.evaluator.evaluate_with_scores
 

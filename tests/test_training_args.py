@@ -8,11 +8,10 @@ import sys
 import pytest
 
 import multitask_classifier as mc
-from smart import SmartConfig
-from training_args import (ClassifierArguments, TrainingArguments, build_parser, data_paths, from_namespace,
-                           prediction_paths, regularized_tasks, resume_free_fields, smart_configs)
 from conftest import DEMO, ROOT, exit_code
-
+from minbert.run.training_args import (ClassifierArguments, TrainingArguments, build_parser, data_paths, from_namespace,
+                                       prediction_paths, regularized_tasks, resume_free_fields, smart_configs)
+from smart import SmartConfig
 
 # ---------------------------------------------------------------------------------------------------
 # Validation
@@ -216,7 +215,7 @@ def test_smart_and_lnsr_tasks_come_in_the_run_order_whatever_the_hash_seed():
     """SMART's regularizers, and so the smart_skipped_steps of every checkpoint, are keyed in the run's task order:
     a set's order changes with the process's string hashes (under each of these seeds a set of the three iterates
     in another order than the run's), and last.json with it."""
-    code = ("from training_args import TrainingArguments, lnsr_tasks, regularized_tasks\n"
+    code = ("from minbert.run.training_args import TrainingArguments, lnsr_tasks, regularized_tasks\n"
             "args = TrainingArguments(smart=True, smart_tasks='sts,qqp,sst', lnsr=True, lnsr_tasks='sts,qqp,sst')\n"
             "print(','.join(regularized_tasks(args)), ','.join(lnsr_tasks(args)))")
     for seed in ("0", "1", "3", "5"):
@@ -233,8 +232,8 @@ def test_compile_must_match_on_resume_its_cpu_buckets_change_the_training():
     import torch
 
     from base_bert import CheckpointError
-    from runtime import pad_to_multiple_of
-    from training_args import check_resume_arguments
+    from minbert.run.training_args import check_resume_arguments
+    from minbert.runtime import pad_to_multiple_of
     cpu = torch.device("cpu")
     assert pad_to_multiple_of(cpu, compiled=True) != pad_to_multiple_of(cpu, compiled=False)
     assert "compile" not in resume_free_fields(TrainingArguments)

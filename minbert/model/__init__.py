@@ -1,0 +1,1 @@
+"""The model: MultitaskBERT over minBERT (the heads are the tasks'), adapters, checkpoints."""

@@ -1,0 +1,194 @@
+"""Checkpoints: tensors in safetensors, everything else in JSON beside them; nothing is ever unpickled.
+
+A checkpoint PREFIX is the pair PREFIX.safetensors + PREFIX.json, written by `atomic_save` and read by
+`read_checkpoint`. The training state that `--resume` needs (optimizer moments, RNG states) is turned
+into tensors and JSON here; the trainer decides what goes in a checkpoint.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
+
+from base_bert import CheckpointError
+from minbert.files import write_aside
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def atomic_save(prefix: Path, tensors: dict[str, torch.Tensor], metadata: dict) -> None:
+    """Write PREFIX.safetensors + PREFIX.json so that a kill at any moment leaves a complete checkpoint.
+
+    Both files are first written in full under .tmp names (files.write_aside); the JSON (with the weights' SHA-256)
+    is then moved into place, and the weights last. A kill between the two moves leaves the new JSON beside
+    the old weights and the new weights under .tmp: read_checkpoint finishes that save. A kill before the
+    first move leaves the previous checkpoint untouched.
+    """
+    weights, info = prefix.with_suffix(".safetensors"), prefix.with_suffix(".json")
+    on_cpu = {k: v.cpu() for k, v in tensors.items()}
+    pending_weights = write_aside(weights, lambda path: save_tensors(on_cpu, path), _pending(weights))
+    text = json.dumps({**metadata, "sha256": _sha256(pending_weights)}, indent=1, default=str)
+    pending_info = write_aside(info, lambda path: path.write_text(text, encoding="utf-8"), _pending(info))
+    os.replace(pending_info, info)
+    os.replace(pending_weights, weights)
+
+
+def save_tensors(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str] | None = None) -> None:
+    """safetensors' save_file, its I/O errors (a full disk) raised as the OSErrors they are, which files.write_aside
+    reports in one line naming the file."""
+    try:
+        save_file(tensors, str(path), metadata)
+    except SafetensorError as err:
+        raise OSError(f"cannot save the tensors ({err})") from None
+
+
+def _pending(path: Path) -> Path:
+    return path.with_name(path.name + ".tmp")
+
+
+def read_checkpoint(prefix: Path) -> tuple[dict[str, torch.Tensor], dict]:
+    """The tensors and the JSON metadata of a checkpoint, checked to belong together, with finite weights."""
+    weights, info = prefix.with_suffix(".safetensors"), prefix.with_suffix(".json")
+    if not info.is_file() and not weights.is_file():
+        raise CheckpointError(f"{prefix}: no checkpoint here ({weights.name}, {info.name})")
+    if not weights.is_file() and not _pending(weights).is_file():
+        raise CheckpointError(f"{prefix}: checkpoint needs both {weights.name} and {info.name}")
+    metadata = _read_json(info)
+    if "sha256" not in metadata or not isinstance(metadata["sha256"], str):
+        raise CheckpointError(f"{info}: no 'sha256' of the weights; not a checkpoint of this project")
+    if not weights.is_file() or _sha256(weights) != metadata["sha256"]:
+        if _pending(weights).is_file() and _sha256(_pending(weights)) == metadata["sha256"]:
+            os.replace(_pending(weights), weights)  # finish the save that a kill interrupted
+        else:
+            raise CheckpointError(f"{prefix}: {weights.name} and {info.name} come from different saves or the "
+                                  "weights were altered (SHA-256 differs); use another checkpoint or start again")
+    try:
+        with safe_open(str(weights), "pt") as handle:
+            tensors = {key: handle.get_tensor(key) for key in handle.keys()}
+    except Exception as err:
+        raise CheckpointError(f"{weights}: cannot read the weights ({type(err).__name__}: {err})") from None
+    for key, tensor in tensors.items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise CheckpointError(f"{weights}: tensor {key!r} holds NaN or infinite values")
+    return tensors, metadata
+
+
+def _read_json(info: Path) -> dict:
+    if not info.is_file():
+        raise CheckpointError(f"{info}: missing; a checkpoint needs it beside its weights")
+    try:
+        metadata = json.loads(info.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise CheckpointError(f"{info}: not valid JSON ({err})") from None
+    except RecursionError:  # json's decoder recurses once per nested list or object
+        raise CheckpointError(f"{info}: not a checkpoint's JSON (nested too deeply to read)") from None
+    if not isinstance(metadata, dict):
+        raise CheckpointError(f"{info}: expected a JSON object, found a {type(metadata).__name__}")
+    return metadata
+
+
+def check_fields(info: Path, metadata: dict, expected: dict[str, type | tuple[type, ...]]) -> None:
+    """One clear line when a (hand-edited) checkpoint JSON lacks a field or holds the wrong kind of value."""
+    for name, kind in expected.items():
+        if name not in metadata:
+            raise CheckpointError(f"{info}: field {name!r} is missing")
+        kinds = kind if isinstance(kind, tuple) else (kind,)
+        value = metadata[name]
+        if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):  # JSON true is no int
+            names = "/".join(k.__name__ for k in kinds)
+            raise CheckpointError(f"{info}: field {name!r} must be {names}, found {type(value).__name__}")
+
+
+def optimizer_state(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict]:
+    """AdamW's moments as tensors 'optimizer.<index>.exp_avg(_sq)', its steps and groups as JSON. Step counts (and
+    a learning rate) that AdamW holds as device tensors are written as the numbers they hold, read back to the
+    host here at the save: the JSON reads as it did when they were Python numbers."""
+    state = optimizer.state_dict()
+    tensors, steps = {}, {}
+    for index, moments in state["state"].items():
+        tensors[f"optimizer.{index}.exp_avg"] = moments["exp_avg"].contiguous()
+        tensors[f"optimizer.{index}.exp_avg_sq"] = moments["exp_avg_sq"].contiguous()
+        steps[str(index)] = int(moments["step"])
+    groups = [{key: value.item() if torch.is_tensor(value) else value for key, value in group.items()}
+              for group in state["param_groups"]]
+    return tensors, {"steps": steps, "param_groups": groups}
+
+
+def restore_optimizer(optimizer: torch.optim.Optimizer, tensors: dict[str, torch.Tensor], saved: dict) -> None:
+    """optimizer_state's save loaded into `optimizer`; AdamW.load_state_dict puts the step counts on the device."""
+    state = {int(index): {"step": step, "exp_avg": tensors[f"optimizer.{index}.exp_avg"],
+                          "exp_avg_sq": tensors[f"optimizer.{index}.exp_avg_sq"]}
+             for index, step in saved["steps"].items()}
+    optimizer.load_state_dict({"state": state, "param_groups": saved["param_groups"]})
+
+
+def rng_state() -> tuple[dict[str, torch.Tensor], dict]:
+    """The torch (and CUDA) generators as tensors; Python's and NumPy's global generators as JSON."""
+    tensors = {"rng.torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        tensors["rng.cuda"] = torch.cuda.get_rng_state()
+    python_state = random.getstate()
+    numpy_state = np.random.get_state()
+    return tensors, {"python": [python_state[0], list(python_state[1]), python_state[2]],
+                     "numpy": [numpy_state[0], numpy_state[1].tolist(), *numpy_state[2:]]}
+
+
+def restore_rng(tensors: dict[str, torch.Tensor], saved: dict) -> None:
+    torch.set_rng_state(tensors["rng.torch"])
+    if "rng.cuda" in tensors and torch.cuda.is_available():
+        torch.cuda.set_rng_state(tensors["rng.cuda"])
+    python_state = saved["python"]
+    random.setstate((python_state[0], tuple(python_state[1]), python_state[2]))
+    numpy_state = saved["numpy"]
+    np.random.set_state((numpy_state[0], np.array(numpy_state[1], dtype=np.uint32), *numpy_state[2:]))
+
+
+def gather_rank_states(distributed, local: dict[str, torch.Tensor] | None = None
+                       ) -> tuple[dict[str, torch.Tensor], dict] | None:
+    """Every rank's RNG states and `local` tensors for a checkpoint, on rank 0: its own by their names, rank R's as
+    NAME.rankR, and rank 0's Python and NumPy states as JSON; None on the other ranks. A collective under torchrun
+    (`distributed`: distributed.Distributed): every rank calls it."""
+    rng_tensors, rng_info = rng_state()
+    own = rng_tensors | {name: tensor.cpu() for name, tensor in (local or {}).items()}
+    ranks = distributed.gather_objects(own)
+    if not distributed.is_main:
+        return None
+    for rank, rank_tensors in enumerate(ranks[1:], start=1):
+        own.update({f"{name}.rank{rank}": tensor for name, tensor in rank_tensors.items()})
+    return own, rng_info
+
+
+def rank_states(tensors: dict[str, torch.Tensor], rank: int) -> dict[str, torch.Tensor]:
+    """The tensors gather_rank_states saved for `rank`, by their names without the rank suffix (rank 0: all)."""
+    if rank == 0:
+        return tensors
+    suffix = f".rank{rank}"
+    return {name[:-len(suffix)]: tensor for name, tensor in tensors.items() if name.endswith(suffix)}
+
+
+def check_resume_settings(saved: dict, current: dict, free: set[str], defaults: dict | None = None) -> None:
+    """Refuse to resume when a setting outside `free` (those that cannot change the result) differs.
+
+    A setting the stopped run does not have came with a later version of the code, and reads as its
+    entry in `defaults`: a new flag's default keeps what the code did before it existed."""
+    current = json.loads(json.dumps(current, default=str))  # as it would read back from the checkpoint
+    added = json.loads(json.dumps({k: v for k, v in (defaults or {}).items() if k not in saved}, default=str))
+    saved = {**added, **saved}
+    changed = sorted(k for k in saved.keys() | current.keys() if k not in free and saved.get(k) != current.get(k))
+    if changed:
+        details = ", ".join(f"--{k} {saved.get(k)!r} -> {current.get(k)!r}" for k in changed[:4])
+        raise CheckpointError(f"cannot resume: {len(changed)} flag(s) differ from the stopped run ({details}); "
+                              "rerun with the original flags plus --resume")

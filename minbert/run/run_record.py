@@ -1,0 +1,61 @@
+"""A run's own recipe, OUTPUT_DIR/args.json: the settings it was started with, what they resolved to on its machine,
+the code it ran (git commit) and the software and hardware it ran on.
+
+    {"args": {...},           # every setting by its field name (training_args.TrainingArguments): what --config reads
+     "resolved": {...},       # what "auto" and the device made of them: precision, device, processes
+     "git": {"commit": "...", "dirty": false},   # null outside a git checkout or without git
+     "environment": {"python": ..., "torch": ..., "cuda": ..., "gpus": [...]}}
+
+`python multitask_classifier.py --config RUN/args.json --output_dir OTHER` trains the run again. A record derived
+from an older run's best.json (scripts/write_args_json.py) has "derived_from" and null for what was not saved then;
+the settings it lacks (added to the code since) take today's defaults.
+"""
+from __future__ import annotations
+
+import json
+import platform
+import subprocess
+from pathlib import Path
+
+import torch
+
+from minbert.files import atomic_write_text
+
+RECORD_FILE = "args.json"
+RECORD_KEYS = ("args", "resolved", "git", "environment", "derived_from")
+
+
+def git_commit(folder: Path) -> dict | None:
+    """{"commit": HEAD's hash, "dirty": whether tracked files differ from it} of the checkout holding `folder`;
+    None when it is not in one or git is missing or fails: a run never stops for its description."""
+    def git(*command: str) -> str:
+        return subprocess.run(["git", "-C", str(folder), *command], capture_output=True, text=True, check=True,
+                              timeout=30).stdout.strip()
+    try:
+        commit = git("rev-parse", "HEAD")
+        # untracked files are left out: a checkout always has some (runs/, predictions/), as `git describe --dirty`
+        dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return {"commit": commit, "dirty": dirty}
+
+
+def environment(device: torch.device) -> dict:
+    """Python's, torch's and CUDA's versions and the GPUs' names (those of the visible devices when the run uses
+    CUDA, none otherwise)."""
+    gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if device.type == "cuda" else []
+    return {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
+            "gpus": gpus}
+
+
+def run_record(settings: dict, resolved: dict, source: Path, device: torch.device) -> dict:
+    """args.json's content for a run started now with `settings` (plain values by field name) from the code in
+    `source`."""
+    return {"args": settings, "resolved": resolved, "git": git_commit(source), "environment": environment(device)}
+
+
+def write_run_record(output_dir: Path, record: dict) -> Path:
+    """OUTPUT_DIR/args.json, replaced whole."""
+    path = Path(output_dir) / RECORD_FILE
+    atomic_write_text(path, json.dumps(record, indent=2) + "\n")
+    return path

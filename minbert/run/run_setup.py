@@ -1,0 +1,266 @@
+"""Building a run of multitask_classifier.py from its settings (training_args.TrainingArguments, validated when
+they were made), for the command line and for whatever else trains as it does (scripts/benchmark.py's step_audit
+and qqp_epoch):
+
+    stages, data, dropped, triplets, teacher = load_inputs(args)   # every input read and checked, no model yet
+    tokenizer = check_pretrained(args, data)                        # the flags that depend on the model's config
+    trainer = build_run(args, stages, data, tokenizer, triplets, teacher, device)   # model, placement, Trainer
+
+Bad input raises training_args.UsageError (one line for the command line to print).
+"""
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from functools import partial
+from pathlib import Path
+
+import torch
+
+from base_bert import pretrained_config
+from bert import BertModel
+from minbert.data.batches import DataWarning, TaskData, load_task_data, subsample
+from minbert.data.nli import load_nli_triplets
+from minbert.data.scores import ScoresFileError
+from minbert.distributed import SINGLE_PROCESS, Distributed
+from minbert.model.multitask_bert import MultitaskBERT, freeze_encoder
+from minbert.run.training_args import (CUDA_SAVE_MINUTES, TrainingArguments, UsageError, adapter_config,
+                                       check_max_length, check_writable, data_paths, distill_settings, distill_teachers,
+                                       distilled_tasks, lnsr_config, lnsr_tasks, prediction_paths, qa_settings,
+                                       regularized_tasks, run_schedule, run_tasks, smart_configs)
+from minbert.runtime import pad_to_multiple_of, place_encoder, resolve_precision, seed_everything
+from minbert.tasks import TASKS, data_flag
+from minbert.training.continual import L2SP, ElasticWeightConsolidation
+from minbert.training.distillation import SOFTENED_TASKS, Distillation, TeacherScores, TeacherSpans, load_teacher
+from minbert.training.gradient_surgery import GradientSurgery
+from minbert.training.mlm import MaskedLanguageModelHead, load_mlm_head
+from minbert.training.optimization import build_optimizer
+from minbert.training.regularization import Regularization
+from minbert.training.schedules import Stage, StageKind, train_tasks
+from minbert.training.stage_transitions import TransitionSettings
+from minbert.training.trainer import SimcseStage, Trainer
+from minbert.training.training_steps import LoopConfig
+from simcse import SIMCSE_OBJECTIVES
+from smart import BregmanAnchor, SmartRegularizer, bregman_momentum
+from tokenizer import BertTokenizer
+
+
+def load_inputs(args: TrainingArguments) -> tuple[list[Stage], dict, list[str], list, dict | None]:
+    """The schedule, every data file (and what was dropped from them), the NLI triplets and --distill's teacher
+    scores, all validated before any model is loaded."""
+    check_outputs(args)
+    stages = run_schedule(args)
+    try:
+        data, dropped = load_data(args, stages)
+        triplets = load_triplets(args)
+        teacher = load_distillation_teacher(args, stages, data)
+    except ValueError as err:  # DataError and ScoresFileError too: their messages name the file
+        raise UsageError(str(err)) from None
+    return stages, data, dropped, triplets, teacher
+
+
+def check_outputs(args: TrainingArguments) -> None:
+    """The output folders can be written, and --resume has a checkpoint to continue."""
+    outputs = prediction_paths(args.prediction_files, run_tasks(args)).values()
+    check_writable([args.output_dir, *(path.parent for path in outputs)])
+    output_dir = Path(args.output_dir)
+    if args.resume and not any((output_dir / name).exists() for name in ("last.json", "last.safetensors")):
+        raise UsageError(f"{output_dir}: nothing to resume yet (no checkpoint saved); start without --resume")
+
+
+def load_data(args: TrainingArguments, stages: list[Stage]) -> tuple[dict[str, TaskData], list[str]]:
+    """Every split of the run's tasks that the schedule reads, and what was dropped from the files (the rows a
+    data warning names: shown now, and again beside the CSVs they are missing from)."""
+    tasks = run_tasks(args)
+    with warnings.catch_warnings(record=True) as dropped:
+        warnings.simplefilter("always", DataWarning)
+        paths = data_paths(args.data_dir, args.data_files, tasks)
+        # A task whose official test set is hidden (SQuAD's) may come without a test file: dev only.
+        without_test = [task for task in tasks if TASKS[task].test_file_optional
+                        and not args.data_files.get(data_flag(task, "test")) and not paths[(task, "test")].exists()]
+        for task in without_test:
+            print(f"note: no {paths[(task, 'test')]}: {TASKS[task].title}'s test set is not predicted "
+                  f"(--{data_flag(task, 'test')} FILE)")
+        data = load_task_data(paths, tasks, train_tasks(stages, tasks), args.max_train_examples, args.seed,
+                              set(without_test))
+    for warning in dropped:
+        warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+    return data, [str(warning.message) for warning in dropped]
+
+
+def load_triplets(args: TrainingArguments) -> list:
+    """--simcse_data's NLI triplets (--simcse_max_examples of them), or none without a SimCSE stage."""
+    if not args.simcse_data:
+        return []
+    triplets, _ = load_nli_triplets(args.simcse_data)
+    if not triplets:
+        raise ValueError(f"--simcse_data {' '.join(args.simcse_data)}: no (premise, entailed, contradicted) "
+                         "triplets in these files")
+    triplets = subsample(triplets, args.simcse_max_examples, args.seed)
+    print(f"SimCSE: {len(triplets)} NLI triplets")
+    return triplets
+
+
+def load_distillation_teacher(args: TrainingArguments, stages: list[Stage],
+                              data: dict[str, TaskData]) -> dict[str, TeacherScores | TeacherSpans] | None:
+    """--distill's teacher scores of the train examples of every task that learns from one (None without
+    --distill), each teacher folder read once."""
+    teachers = distill_teachers(args)
+    if not teachers:
+        return None
+    train_ids = {task: [e.id for e in data[task].train] for task in distilled_tasks(args, stages)}
+    teacher = {}
+    for folder in dict.fromkeys(teachers[task] for task in train_ids):
+        taught = {task: ids for task, ids in train_ids.items() if teachers[task] == folder}
+        teacher |= load_teacher(folder, taught, (args.qa_max_length, args.qa_doc_stride))
+    settings = distill_settings(args)
+    print("distillation: the train scores of " + ", ".join(
+        f"{task} from {settings[task]['teacher']} (weight {settings[task]['weight']}"
+        + (f", temperature {settings[task]['temperature']})" if task in SOFTENED_TASKS else ")")
+        for task in train_ids))
+    return teacher
+
+
+def check_pretrained(args: TrainingArguments, data: dict) -> BertTokenizer:
+    """The pretrained model's tokenizer, and the flags and data that depend on the model checked against its
+    config.json before its weights load: the tokenizer against its embedding table, the text lengths against
+    its positions, SQuAD's windows against the longest question, LNSR's layer and the PALs' size against its
+    layers and heads."""
+    config = pretrained_config(args.pretrained)
+    tokenizer = BertTokenizer.from_pretrained(args.pretrained)
+    tokenizer.check_fits(config.vocab_size, args.pretrained)
+    check_max_length(args.max_length, config.max_position_embeddings, args.pretrained)
+
+    def check_length(length: int, flag: str) -> None:
+        check_max_length(length, config.max_position_embeddings, args.pretrained, flag)
+    try:
+        for task, task_data in data.items():
+            TASKS[task].check_inputs(task_data, tokenizer, qa_settings(args), check_length)
+        if args.lnsr:
+            lnsr_config(args, config.num_hidden_layers)
+        if args.adapter == "pals" and args.pal_size and args.pal_size % config.num_attention_heads:
+            raise ValueError(f"--pal_size {args.pal_size} is not a multiple of the {config.num_attention_heads} "
+                             f"attention heads of {args.pretrained}")
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+    return tokenizer
+
+
+def build_model(args: TrainingArguments, trained: set[str]) -> MultitaskBERT:
+    """The pretrained encoder (its own dropout unless --encoder_dropout) with fresh task heads; check_pretrained
+    has checked the flags that depend on it. `trained`: the tasks the schedule trains."""
+    overrides = {} if args.encoder_dropout is None else {"hidden_dropout_prob": args.encoder_dropout}
+    bert = BertModel.from_pretrained(args.pretrained, **overrides)
+    bert.encoder.gradient_checkpointing = args.gradient_checkpointing
+    ordinal_weight = args.ordinal_weight if args.sst_objective == "ordinal" else 0.0
+    model = MultitaskBERT(bert, args.pooling, args.hidden_dropout_prob, args.pair_encoder, args.similarity_objective,
+                          ordinal_weight, args.head_hidden, args.head_activation, adapter_config(args), run_tasks(args),
+                          args.sts_cosine_dropout)
+    if args.option == "pretrain":
+        freeze_encoder(model)
+        # A task without a head (STS's cosine of the frozen encoder's embeddings) trains nothing unless adapters or
+        # a dense layer give it weights.
+        for task in run_tasks(args):
+            if task in trained and not model.trains_with_frozen_encoder(task):
+                title = TASKS[task].title
+                print(f"note: with --option pretrain the {title} {TASKS[task].headless_output} has no trainable "
+                      f"weights; {title} training steps change nothing")
+    return model
+
+
+def build_run(args: TrainingArguments, stages: list[Stage], data: dict, tokenizer: BertTokenizer, triplets: list,
+              teacher: dict | None, device: torch.device, distributed: Distributed = SINGLE_PROCESS) -> Trainer:
+    """The run's Trainer from load_inputs' and check_pretrained's results: the seeded model on its device (packed or
+    padded tokens, compiled layers), the MLM head when a stage needs one, rank 0's weights on every rank, and the
+    Trainer that build_trainer builds around them."""
+    seed_everything(args.seed)
+    model = build_model(args, train_tasks(stages, run_tasks(args))).to(device)
+    place_encoder(model.bert.encoder, device, args.compile, args.compile_mode)
+    mlm_head = None
+    if any(stage.kind is StageKind.MLM for stage in stages):
+        mlm_head, found = load_mlm_head(args.pretrained, model.bert.config)
+        mlm_head.to(device)
+        print(f"mlm stage: the MLM head of {args.pretrained}" if found else
+              f"mlm stage: {args.pretrained} has no MLM head; starting from a fresh one")
+    distributed.start_from_one_model([model, mlm_head], args.seed)
+    if distributed.enabled:
+        examples = distributed.world_size * args.batch_size * args.grad_accumulation_steps
+        print(f"data parallel: {distributed.world_size} processes x batch {args.batch_size} x accumulation "
+              f"{args.grad_accumulation_steps} = {examples} examples per update; learning rate {args.lr} (not scaled "
+              "with the batch)")
+    trainer = build_trainer(args, model, tokenizer, data, triplets, device, mlm_head, distributed, teacher)
+    for task, scores in (teacher or {}).items():
+        try:  # a teacher's SQuAD windows must be the student's: the same ids and token counts
+            scores.check_windows(trainer.predictor.splits.get(task, data[task].train))
+        except ScoresFileError as err:
+            raise UsageError(str(err)) from None
+    return trainer
+
+
+def build_trainer(args: TrainingArguments, model: MultitaskBERT, tokenizer, data: dict, triplets: list,
+                  device: torch.device, mlm_head: MaskedLanguageModelHead | None = None,
+                  distributed: Distributed = SINGLE_PROCESS,
+                  teacher: dict[str, TeacherScores | TeacherSpans] | None = None) -> Trainer:
+    """The run's Trainer, its objects built from the settings. Build it once the model is on its device and
+    the same on every rank (SMART's anchor copies the model's weights). `teacher`: --distill's scores
+    (distillation.load_teacher)."""
+    simcse = None
+    if triplets:
+        simcse = SimcseStage(triplets, partial(SIMCSE_OBJECTIVES[args.simcse_objective],
+                                               temperature=args.simcse_temperature), args.simcse_lr)
+    surgery = None if args.gradient_surgery == "none" else GradientSurgery(args.gradient_surgery, args.cagrad_c)
+    optimizer = build_optimizer(model, args.lr, args.weight_decay, args.layerwise_lr_decay, mlm_head, args.compile)
+    distillation = None
+    if teacher:
+        settings = distill_settings(args)
+        distillation = Distillation(teacher, args.distill_weight, args.distill_temperature,
+                                    {task: (s["weight"], s["temperature"]) for task, s in settings.items()})
+    return Trainer(model, tokenizer, data, device, loop_config(args, device), optimizer,
+                   build_regularization(args, model), simcse, surgery, qa_settings(args), mlm_head, distributed,
+                   dataclasses.asdict(args), distillation)
+
+
+def save_minutes(requested: float | None, device: torch.device) -> float:
+    """--save_every_minutes for the device: as given, or by default every CUDA_SAVE_MINUTES on a GPU (a Colab session
+    may end at any moment) and never on the CPU (short runs, whose saves would cost more than they keep)."""
+    if requested is not None:
+        return requested
+    return CUDA_SAVE_MINUTES if device.type == "cuda" else 0.0
+
+
+def loop_config(args: TrainingArguments, device: torch.device) -> LoopConfig:
+    """The training loop's settings; the precision resolved for the device."""
+    return LoopConfig(output_dir=Path(args.output_dir), lr=args.lr, seed=args.seed, batch_size=args.batch_size,
+                      eval_batch_size=args.eval_batch_size, max_length=args.max_length, num_workers=args.num_workers,
+                      grad_accumulation_steps=args.grad_accumulation_steps, max_grad_norm=args.max_grad_norm,
+                      lr_schedule=args.lr_schedule, warmup_ratio=args.warmup_ratio, schedule=args.schedule,
+                      epochs=args.epochs, precision=resolve_precision(device, args.precision), quiet=args.quiet,
+                      stop_after_stages=args.stop_after_stages, keep_stage_models=args.keep_stage_models,
+                      eval_train_examples=args.eval_train_examples, logging_steps=args.logging_steps,
+                      report_to=args.report_to, save_steps=args.save_steps,
+                      save_every_minutes=save_minutes(args.save_every_minutes, device),
+                      transitions=TransitionSettings(args.patience, args.stage_start, args.simcse_keep),
+                      pad_to_multiple_of=pad_to_multiple_of(device, args.compile))
+
+
+def build_regularization(args: TrainingArguments, model: MultitaskBERT) -> Regularization:
+    """SMART's regularizers (one Bregman anchor shared by every task that needs one), LNSR's configs, and EWC and
+    L2-SP (built on the model as it is: the pretrained weights, before a resume loads the run's)."""
+    tasks = regularized_tasks(args)
+    configs = smart_configs(args) if tasks else {}
+    anchor = None
+    if any(configs[task].bregman_weight > 0 for task in tasks):
+        anchor = BregmanAnchor(model, bregman_momentum(0, 1, args.smart_momentum))
+    num_layers = model.bert.config.num_hidden_layers
+    trainable = [name for name, p in model.named_parameters() if p.requires_grad]
+    ewc = l2sp = None
+    if args.ewc_weight:  # the encoder (and shared adapters): a task's own head or adapters no other task trains
+        ewc = ElasticWeightConsolidation(model, args.ewc_weight, [name for name in trainable if model.is_shared(name)])
+    if args.l2sp_weight:  # BERT's own weights, all of them from the checkpoint; adapters start from no pretrained value
+        l2sp = L2SP(model, args.l2sp_weight, [name for name in trainable
+                                              if name.startswith("bert.") and ".adapters." not in name])
+    return Regularization(smart={task: SmartRegularizer(model, configs[task], anchor) for task in tasks},
+                          anchor=anchor, anchor_momentum=args.smart_momentum,
+                          momentum_schedule=args.smart_momentum_schedule, anchored_to=args.smart_anchor,
+                          lnsr={task: lnsr_config(args, num_layers) for task in lnsr_tasks(args)},
+                          ewc=ewc, ewc_fisher_batches=args.ewc_fisher_batches, l2sp=l2sp)

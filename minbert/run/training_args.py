@@ -1,0 +1,906 @@
+"""The settings of both command lines, each defined once as a dataclass field: the flag schema.
+
+`--help`, the argparse groups, validation, the resume check (`resume_free` fields may change between a
+stopped run and its --resume) and the `args` saved in checkpoints all read these definitions:
+
+    args = parse_training_args(argv, description)    # multitask_classifier.py's, --demo's and --config's too
+    parser = build_parser(TrainingArguments, description)
+    args = from_namespace(TrainingArguments, parser.parse_args(argv))   # validated in __post_init__ (validate)
+
+Every flag is validated in one pass (validate) when the settings are made, before anything is read. The settings
+derived from several flags (the schedule, SMART's per-task configs, the distillation teachers...) are functions
+here; building a run from them is run_setup.py's. The course's per-file flags (--sst_train ... --sts_test_out) are
+generated from the task table.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.util
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from base_bert import CheckpointError
+from minbert.data.batches import standard_paths
+from minbert.files import DataError, read_input_bytes, unwritable_folder
+from minbert.model.adapters import ADAPTERS as ADAPTER_KINDS
+from minbert.model.adapters import SHARINGS, TARGETS, AdapterConfig
+from minbert.model.checkpoint import check_resume_settings
+from minbert.model.multitask_bert import HEAD_ACTIVATIONS, POOLINGS, parse_pair_encoders
+from minbert.run.run_record import RECORD_KEYS
+from minbert.runtime import COMPILE_MODES, PRECISIONS, requested_precision
+from minbert.step_log import REPORT_TO
+from minbert.tasks import (MULTITASK, PART1_TASKS, RUN_TASKS, SIMCSE_TASKS, SPLITS, TASKS, course_file_name, data_flag,
+                           default_output, output_flag, task_name)
+from minbert.tasks.losses import SENTIMENT_OBJECTIVES, SIMILARITY_OBJECTIVES
+from minbert.tasks.squad import QASettings
+from minbert.training.distillation import DISTILLED_TASKS, SOFTENED_TASKS
+from minbert.training.gradient_surgery import GRADIENT_SURGERIES, GradientSurgery
+from minbert.training.lnsr import LnsrConfig
+from minbert.training.schedules import (LR_SCHEDULES, SCHEDULES, STAGE_STARTS, Stage, StageKind, build_schedule,
+                                        train_tasks)
+from simcse import SIMCSE_OBJECTIVES
+from smart import ANCHORS, MOMENTUM_SCHEDULES, NORM_LEVELS, NORMS
+from smart import PRECISIONS as SMART_PRECISIONS
+from smart import PROJECTIONS, SmartConfig
+from tokenizer import shortest_max_length
+
+COURSE = "course options (defaults unchanged)"
+RUN = "data, model and run"
+HEADS = "model heads"
+OPTIMISATION = "optimisation"
+SCHEDULE = "schedule"
+SMART = "SMART (Jiang et al. 2020); defaults are the paper's"
+SIMCSE = "SimCSE stage (before the tasks)"
+ADAPTERS = "adapters (parameter-efficient; with --option pretrain only adapters and heads train)"
+LNSR = "LNSR, layer-wise noise stability (Hua et al. 2021); defaults are AllBERT's for STS"
+QA = "SQuAD 2.0 question answering (--tasks ...,qa); defaults are those of the BERT repository's run_squad.py"
+DISTILL = "distillation: a teacher's saved scores on the train splits as soft targets"
+FORGETTING = ("defences against forgetting in the sequential schedule (continual.py), added to every task step's "
+              "loss; 0 turns one off")
+OPTIONS = ("pretrain", "finetune")  # --option: BERT frozen or trained
+THREE_TASK_STAGES = ("qqp", "sts,sst,qqp:0.03")  # --first_stages, --cycle of the three tasks: the thesis's order
+CUDA_SAVE_MINUTES = 20.0  # --save_every_minutes' default on a GPU: what a Colab disconnect can lose at most
+
+
+class UsageError(ValueError):
+    """Settings or inputs that cannot work; the command lines print it as one line and exit with code 2."""
+
+
+def check_max_length(max_length: int, max_positions: int, pretrained: str, flag: str = "--max_length") -> None:
+    """A text longer than the model's position table would crash mid-run: refuse it before training."""
+    if max_length > max_positions:
+        raise UsageError(f"{flag} {max_length} is longer than the {max_positions} positions of {pretrained}")
+
+
+def check_writable(directories) -> None:
+    """Output folders must be creatable and writable before any work: a file in the way or a read-only
+    parent would otherwise surface only after training."""
+    for directory in directories:
+        problem = unwritable_folder(directory)
+        if problem:
+            raise UsageError(problem)
+
+
+def flag(default=None, help: str | None = None, group: str = RUN, resume_free: bool = False, **argparse_kwargs):
+    """A dataclass field that is also a command-line flag --NAME (argparse_kwargs: type, choices, action...)."""
+    metadata = {"group": group, "help": help, "resume_free": resume_free, "argparse": argparse_kwargs}
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+def per_file_options(kind: str, tasks: tuple[str, ...], group: str = COURSE, resume_free: bool = False):
+    """A dict field {flag name: path} whose flags are the course's per-file flags of `tasks`:
+    kind "data" -> --sst_train ... (default: DATA_DIR/<course file name>), "predictions" -> --sst_dev_out ..."""
+    metadata = {"group": group, "resume_free": resume_free, "per_file": kind, "tasks": tasks}
+    return field(default_factory=dict, metadata=metadata)
+
+
+def _per_file_flags(kind: str, tasks: tuple[str, ...]) -> dict[str, tuple[str | None, str]]:
+    """{flag: (default, help)} of a per_file_options field."""
+    if kind == "data":
+        return {data_flag(task, split): (None, f"default: DATA_DIR/{course_file_name(task, split)}")
+                for task in tasks for split in SPLITS}
+    return {output_flag(task, split): (default_output(task, split), None)
+            for task in tasks for split in ("dev", "test")}
+
+
+def _check(condition: bool, message: str) -> None:
+    if not condition:
+        raise ValueError(message)
+
+
+def _finite(value: float) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def _check_common(args, texts_per_input: int) -> None:
+    """Checks shared by both command lines' settings; `texts_per_input`: 2 where a pair is encoded jointly."""
+    for name in ("epochs", "batch_size", "eval_batch_size"):
+        _check(getattr(args, name) >= 1, f"--{name} must be >= 1, got {getattr(args, name)}")
+    shortest = shortest_max_length(texts_per_input)
+    _check(args.max_length >= shortest, f"--max_length must be >= {shortest}, got {args.max_length}: the tokenizer "
+           "cannot cut a text below its special tokens and a token of each " + ("sentence of a pair" if
+                                                                                texts_per_input == 2 else "text"))
+    _check(args.max_train_examples is None or args.max_train_examples >= 1, "--max_train_examples must be >= 1")
+    _check(_finite(args.lr) and args.lr > 0, f"--lr must be a finite number > 0, got {args.lr}")
+    _check(_finite(args.hidden_dropout_prob) and 0 <= args.hidden_dropout_prob < 1,
+           f"--hidden_dropout_prob must be in [0, 1), got {args.hidden_dropout_prob}")
+    _check(0 <= args.seed < 2**32, f"--seed must be in [0, 2**32), got {args.seed}")
+
+
+@dataclass
+class TrainingArguments:
+    """Every setting of multitask_classifier.py."""
+
+    # The course's flags, defaults unchanged.
+    # Data paths may be spelled differently or moved on --resume: the trainer compares the data's content.
+    data_files: dict = per_file_options("data", RUN_TASKS, resume_free=True)
+    prediction_files: dict = per_file_options("predictions", RUN_TASKS, resume_free=True)
+    seed: int = flag(11711, group=COURSE, type=int)
+    epochs: int = flag(10, "epochs of the annealed / round_robin schedules", COURSE, type=int)
+    option: str = flag("pretrain", "pretrain: BERT frozen, heads trained; finetune: everything trained", COURSE,
+                         choices=OPTIONS)
+    use_gpu: bool = flag(False, group=COURSE, resume_free=True, action="store_true")
+    batch_size: int = flag(8, group=COURSE, type=int)
+    hidden_dropout_prob: float = flag(0.3, "dropout before the task heads (BERT keeps its own, see "
+                                        "--encoder_dropout), as in the course", COURSE, type=float)
+    lr: float = flag(1e-5, group=COURSE, type=float)
+
+    # Data, model and run.
+    data_dir: str = flag("data", "folder with the course's file names (and SQuAD's official train-v2.0.json, "
+                           "dev-v2.0.json, test-v2.0.json)", resume_free=True)
+    tasks: str = flag(",".join(MULTITASK), f"the run's tasks, some of {', '.join(RUN_TASKS)}; its heads, data, dev "
+                      "metrics and predictions; annealed and round_robin epochs train all of them")
+    pretrained: str = flag("bert-base-uncased", "hub id, local directory, or minilm-l6 (bundled, offline)")
+    max_train_examples: int | None = flag(None, "subsample each train set (quick runs)", type=int)
+    max_length: int = flag(128, "tokens per sentence (or per pair)", type=int)
+    output_dir: str = flag("runs/multitask", "checkpoints, metrics.jsonl, plots", resume_free=True)
+    resume: bool = flag(False, "continue from OUTPUT_DIR/last.*", resume_free=True, action="store_true")
+    stop_after_stages: int | None = flag(None, "stop (resumably) after N stages", resume_free=True, type=int)
+    demo: bool = flag(False, "offline demo: data/demo, minilm-l6, a short SMART schedule, all six CSVs",
+                        resume_free=True, action="store_true")
+    keep_stage_models: bool = flag(False, "also save the model after every stage as OUTPUT_DIR/stage_N.* (compare "
+                                          "stages, e.g. scripts/plot_embeddings.py)", resume_free=True,
+                                   action="store_true")
+    eval_batch_size: int = flag(64, resume_free=True, type=int)
+    eval_train_examples: int = flag(0, "also score this many train examples per task after each stage "
+                                      "(train curves)", type=int)
+    num_workers: int = flag(0, resume_free=True, type=int)
+    quiet: bool = flag(False, "no progress bars", resume_free=True, action="store_true")
+    logging_steps: int = flag(50, "every N updates read the losses back from the device (progress bar, divergence "
+                                "check) and write a line of OUTPUT_DIR/steps.jsonl; the steps between never wait "
+                                "for the device", resume_free=True, type=int)
+    report_to: str = flag("none", "tensorboard: also write steps.jsonl's values and each stage's dev metrics as "
+                                  "TensorBoard events in OUTPUT_DIR/tensorboard (needs pip install tensorboard)",
+                          resume_free=True, choices=REPORT_TO)
+    save_steps: int = flag(0, "also save OUTPUT_DIR/last.* inside a stage every N updates, which --resume continues "
+                              "at the next batch (0: off)", resume_free=True, type=int, metavar="N")
+    save_every_minutes: float | None = flag(None, "also save OUTPUT_DIR/last.* inside a stage every M minutes (under "
+                                                  "torchrun: at the first line of steps.jsonl after them); default "
+                                                  f"{CUDA_SAVE_MINUTES:g} on CUDA, off on the CPU; 0: off",
+                                            resume_free=True, type=float, metavar="M")
+
+    # Model heads.
+    pooling: str = flag("mean", group=HEADS, choices=POOLINGS)
+    pair_encoder: str = flag("sbert", "how qqp and sts read a pair: sbert (sentences encoded apart), cross (one "
+                               "joint encoding, segment ids 0/1, a linear head) or hybrid (the joint encoding, each "
+                               "sentence mean-pooled apart; AllBERT's STS); one for both or per task, e.g. "
+                               "qqp:cross,sts:hybrid", HEADS)
+    similarity_objective: str = flag("cosine", "cosine: MSE(cos, label/5) (measured best); shifted: the "
+                                       "thesis' 2.5cos+2.5; cosent (sbert and hybrid STS)", HEADS,
+                                       choices=SIMILARITY_OBJECTIVES)
+    sst_objective: str = flag("ce", "ce: cross entropy; ordinal: plus --ordinal_weight x the expected distance "
+                                "|y - j| of the predicted class (AllBERT)", HEADS, choices=SENTIMENT_OBJECTIVES)
+    ordinal_weight: float = flag(1.0, "lambda of --sst_objective ordinal", HEADS, type=float)
+    head_hidden: int = flag(0, "a dense layer of this width (linear, activation, dropout) in each task's head "
+                              "before its output (0: none)", HEADS, type=int)
+    head_activation: str = flag("tanh", "activation of --head_hidden (tanh: BERT's pooler's)", HEADS,
+                                  choices=tuple(HEAD_ACTIVATIONS))
+    sts_cosine_dropout: bool = flag(False, "--hidden_dropout_prob's dropout on both sentence embeddings before the STS "
+                                    "cosine, as the thesis' listing A.6 does with its 2.5cos+2.5 (--similarity_objective "
+                                    "shifted)", HEADS, action="store_true")
+    encoder_dropout: float | None = flag(None, "dropout inside BERT (default: the checkpoint's own, 0.1 "
+                                           "for BERT)", HEADS, type=float)
+
+    # Adapters.
+    adapter: str = flag("none", "lora, dora (on --adapter_targets) or pals (beside every layer)", ADAPTERS,
+                          choices=ADAPTER_KINDS)
+    adapter_sharing: str = flag("per_task", "per_task: each task trains and runs its own adapters (training one "
+                                  "task cannot change another's outputs over a frozen BERT); shared: one set",
+                                  ADAPTERS, choices=SHARINGS)
+    adapter_rank: int = flag(8, "r of LoRA / DoRA", ADAPTERS, type=int)
+    adapter_alpha: float = flag(8.0, "alpha of LoRA / DoRA (the update is scaled by alpha / r)", ADAPTERS, type=float)
+    adapter_dropout: float = flag(0.0, "dropout on the LoRA / DoRA input", ADAPTERS, type=float)
+    adapter_targets: str = flag("query,value", f"LoRA / DoRA targets, some of {','.join(TARGETS)}", ADAPTERS)
+    pal_size: int | None = flag(None, "PALs' hidden size (default: 204/768 of BERT's, a multiple of its heads)",
+                                  ADAPTERS, type=int)
+
+    # Optimisation.
+    weight_decay: float = flag(0.0, "AdamW decoupled decay (not on biases and LayerNorm weights)",
+                                 OPTIMISATION, type=float)
+    grad_accumulation_steps: int = flag(1, group=OPTIMISATION, type=int)
+    max_grad_norm: float = flag(0.0, "clip gradients to this norm (0: off; the SMART paper: 1)",
+                                  OPTIMISATION, type=float)
+    lr_schedule: str = flag("constant", "constant (the course's) or linear: warm-up over --warmup_ratio of the "
+                              "updates, then linear decay to 0 (the SMART paper's)", OPTIMISATION,
+                              choices=LR_SCHEDULES)
+    warmup_ratio: float = flag(0.1, "share of the updates spent warming up (--lr_schedule linear)",
+                                 OPTIMISATION, type=float)
+    layerwise_lr_decay: float = flag(1.0, "layer l of L trains at lr x decay^(L - l), the embeddings at "
+                                       "lr x decay^L, pooler and heads at lr (1: off; e.g. 0.95)", OPTIMISATION,
+                                       type=float)
+    gradient_checkpointing: bool = flag(False, "recompute each BERT layer in the backward pass: less memory "
+                                          "(bert-large, long sequences), about one more forward of time",
+                                          OPTIMISATION, resume_free=True, action="store_true")
+    # Not resume-free: on the CPU it pads batches to buckets of 8 tokens, which changes the dropout masks drawn.
+    compile: bool = flag(False, "torch.compile BERT's layers (forward and backward, one graph) and AdamW's "
+                           "update; batches are padded to multiples of 8 tokens so that shapes repeat", OPTIMISATION,
+                         action="store_true")
+    compile_mode: str = flag("default", "torch.compile's mode: default, reduce-overhead (CUDA graphs) or "
+                               "max-autotune", OPTIMISATION, resume_free=True, choices=COMPILE_MODES)
+    # Precision may change on --resume: a Colab run started on an L4 (bf16) may continue on a T4 (fp16).
+    precision: str = flag("auto", "auto: bf16 autocast where the device computes bf16 natively (L4, A100, H100; "
+                            "CPUs with AVX512-BF16 or AMX), fp16 autocast with a gradient scaler on older GPUs (T4, "
+                            "V100), float32 elsewhere; SMART's passes always run in float32", OPTIMISATION,
+                          resume_free=True, choices=PRECISIONS)
+    bf16: bool | None = flag(None, "alias: --bf16 is --precision bf16, --no-bf16 is --precision fp32", OPTIMISATION,
+                             resume_free=True, action=argparse.BooleanOptionalAction)
+
+    # Schedule.
+    schedule: str = flag("sequential", group=SCHEDULE, choices=SCHEDULES)
+    first_stages: str | None = flag(None, "stages before the cycles, e.g. 'qqp' or 'sts*3' (task[:fraction][*repeats]; "
+                                    f"default: {THREE_TASK_STAGES[0]!r} for the three tasks, else one epoch of each "
+                                    "of --tasks)", SCHEDULE)
+    cycle: str | None = flag(None, "one cycle of stages (rehearsal as :fraction; default: "
+                             f"{THREE_TASK_STAGES[1]!r} for the three tasks, else none)", SCHEDULE)
+    # --cycles may change on --resume (to shorten or extend a sequential run) as long as the stages
+    # already done begin the new schedule: stage i's data order depends on i alone.
+    cycles: int = flag(10, group=SCHEDULE, resume_free=True, type=int)
+    mlm_epochs: int = flag(0, "masked-LM epochs on the tasks' training sentences before everything else, with "
+                             "any --schedule (sequential ones can also place mlm stages in --first_stages)",
+                           SCHEDULE, type=int)
+    gradient_surgery: str = flag("none", "annealed / round_robin: each step takes three batches (round_robin: one "
+                                   "per task) and combines the tasks' shared-encoder gradients by pcgrad or cagrad; "
+                                   "heads keep their own", SCHEDULE, choices=GRADIENT_SURGERIES)
+    cagrad_c: float = flag(GradientSurgery.cagrad_c, "c of CAGrad, the radius around the mean gradient (the authors' default)",
+                             SCHEDULE, type=float)
+    patience: int | None = flag(None, "early stopping of multi-epoch stages (consecutive equal stages, e.g. 'sts*10', "
+                                "or the epochs of annealed / round_robin): stop repeating one after K epochs that do "
+                                "not beat its task's best dev score since it began (the kept-model score of every "
+                                "task for multi-task epochs); default: every epoch runs", SCHEDULE, type=int,
+                                metavar="K")
+    stage_start: str = flag("last", "what the stage after a block of repeated stages of one task (e.g. 'sts*10', "
+                            "however short --patience cuts it) starts from: last, the block's last weights, or best, "
+                            "those of its epoch with the best dev score of that task (kept in memory; only the "
+                            "model's weights: the optimizer goes on), as the thesis' sequential runs (its tables "
+                            "4.3-4.9)", SCHEDULE, choices=STAGE_STARTS)
+
+    # SMART.
+    smart: bool = flag(False, "regularise the tasks in --smart_tasks", SMART, action="store_true")
+    smart_tasks: str | None = flag(None, "default: every task of --tasks", group=SMART)
+    smart_adv_weight: float = flag(1.0, "lambda_s", SMART, type=float)
+    smart_bregman_weight: float = flag(1.0, "mu", SMART, type=float)
+    smart_momentum: float | None = flag(None, "beta of the Bregman anchor's moving average (default: the SMART "
+                                          "paper's 0.99 for the first 10%% of the updates, then 0.999: see "
+                                          "--smart_momentum_schedule; a number fixes it; 0: vanilla)", SMART,
+                                        type=float)
+    smart_momentum_schedule: str = flag("run", "what the default momentum's 10%% is of: run, the run's updates (the "
+                                        "SMART paper's), or stage, each stage's, restarting every stage (the thesis' "
+                                        "code restarts it every epoch)", SMART, choices=MOMENTUM_SCHEDULES)
+    smart_anchor: str = flag("moving_average", "what D_Breg compares with: moving_average (theta_tilde, the "
+                             "weights' moving average) or stage_start, the weights the stage started from (the thesis' code: a variable-name "
+                             "slip never loads its moving average, so its anchor is the epoch's first weights)",
+                             SMART, choices=ANCHORS)
+    smart_projection: str = flag("clamp", "how an ascent step returns to the eps-ball: clamp (every coordinate within "
+                                 "+-eps) or rescale (each slice of --smart_norm_level rescaled to norm eps: with "
+                                 "--smart_norm_level sentence, the thesis' listing A.4)", SMART, choices=PROJECTIONS)
+    smart_noise_std: float = flag(1e-5, "sigma", SMART, type=float)
+    smart_epsilon: float = flag(1e-5, "epsilon, radius of the ball", SMART, type=float)
+    smart_step_size: float = flag(1e-3, "eta", SMART, type=float)
+    smart_ascent_steps: int = flag(1, "K", SMART, type=int)
+    smart_norm: str = flag("inf", group=SMART, choices=NORMS)
+    smart_norm_level: str = flag("token", group=SMART, choices=NORM_LEVELS)
+    smart_precision: str = flag("run", "where SMART's passes compute: run (the run's --precision, exact float32 under "
+                                  "fp16, which would underflow the ascent; with dropout on the ascent, R_s and the "
+                                  "gradient agree with exact float32: docs/smart.md) or exact (float32 without "
+                                  "autocast or TF32, for studies with dropout off)", SMART, choices=SMART_PRECISIONS)
+    smart_override: list = flag([], "per-task setting, e.g. sst:adv_weight=10 (repeatable)", SMART,
+                                  action="append", metavar="TASK:key=value,...")
+
+    # LNSR.
+    lnsr: bool = flag(False, "regularise the tasks in --lnsr_tasks", LNSR, action="store_true")
+    lnsr_tasks: str = flag("sts", group=LNSR)
+    lnsr_weight: float = flag(0.005, "lambda", LNSR, type=float)
+    lnsr_layer: int | None = flag(None, "b: noise added to this layer's output (0: the embeddings), later layers "
+                                    "measured (default: L - 2, AllBERT's 10 of 12)", LNSR, type=int)
+    lnsr_noise_std: float = flag(LnsrConfig.noise_std, "sigma (AllBERT: sigma^2 = 1e-5)", LNSR, type=float)
+
+    # SQuAD.
+    qa_max_length: int = flag(QASettings.max_length, "tokens per window: [CLS] question [SEP] context piece [SEP]", QA, type=int)
+    qa_doc_stride: int = flag(QASettings.doc_stride, "tokens each window shares with the one before, when a context needs several "
+                              "(transformers' stride)", QA, type=int)
+    qa_max_answer_tokens: int = flag(QASettings.max_answer_tokens, "longest answer span, in tokens", QA, type=int)
+    qa_n_best: int = flag(QASettings.n_best, "start and end candidates per window", QA, type=int)
+
+    # Distillation.
+    distill: str | None = flag(None, "a teacher folder (an scripts/ensemble.py output or a run) whose "
+                               "scores/{sst,qqp,sts}-train.csv (SQuAD: scores/qa-train.safetensors) become soft "
+                               "targets of the trained tasks", DISTILL)
+    distill_weight: float = flag(0.5, "w: each task step trains on (1 - w) x gold loss + w x distillation loss",
+                                 DISTILL, type=float)
+    distill_temperature: float = flag(1.0, "T of SST's and SQuAD's softened distributions (KL x T^2)", DISTILL,
+                                      type=float)
+    distill_override: list = flag([], "per-task setting, e.g. sst:weight=1,temperature=2, sts:weight=0.3 or "
+                                  "qqp:teacher=runs/qqp_ensemble (that task's teacher folder; repeatable)", DISTILL,
+                                  action="append", metavar="TASK:key=value,...")
+    score_train: bool = flag(False, "also write the kept model's scores of the train splits "
+                             "(OUTPUT_DIR/scores/TASK-train.csv; SQuAD: every window's start and end logits, "
+                             "qa-train.safetensors): the run can then teach others (--distill)",
+                             DISTILL, resume_free=True, action="store_true")
+
+    # SimCSE.
+    simcse_data: list = flag([], "NLI files (.jsonl, SentEval s1.*, SICK.txt, premise,positive,negative .csv)",
+                             SIMCSE, resume_free=True, nargs="*")
+    simcse_epochs: int = flag(1, group=SIMCSE, type=int)
+    simcse_objective: str = flag("supervised", group=SIMCSE, choices=tuple(SIMCSE_OBJECTIVES))
+    simcse_temperature: float = flag(0.05, "tau; logits scale = 1/tau", SIMCSE, type=float)
+    simcse_lr: float = flag(2e-5, group=SIMCSE, type=float)
+    simcse_max_examples: int | None = flag(None, group=SIMCSE, type=int)
+    simcse_keep: str = flag("last", "what follows the SimCSE epochs starts from: last, the last epoch's weights, or "
+                            "best, those of the epoch with the best STS dev Pearson (the thesis' 3 SNLI epochs)",
+                            SIMCSE, choices=STAGE_STARTS)
+
+    # Defences against forgetting.
+    ewc_weight: float = flag(0.0, "lambda of EWC (Kirkpatrick et al. 2017) on the trainable encoder parameters: "
+                             "lambda/2 sum F (theta - theta*)^2, the diagonal Fisher F consolidated, at the weights "
+                             "theta* the next stage starts from, whenever a block of stages of one task gives way to "
+                             "the next", FORGETTING, type=float)
+    ewc_fisher_batches: int = flag(100, "the Fisher's batches: the first of the finished block's last stage, by its "
+                                   "task's loss alone (no SMART, LNSR or distillation)", FORGETTING, type=int)
+    l2sp_weight: float = flag(0.0, "alpha of L2-SP (Li et al. 2018): alpha/2 sum (theta - theta_pretrained)^2 over "
+                              "the trainable weights that came from --pretrained", FORGETTING, type=float)
+
+    def __post_init__(self):
+        self.precision = requested_precision(self.precision, self.bf16)
+        try:
+            self.tasks = ",".join(parse_tasks(self.tasks))
+        except ValueError as err:
+            raise ValueError(f"--tasks: {err}") from None
+        three = run_tasks(self) == MULTITASK
+        if self.first_stages is None:
+            self.first_stages = THREE_TASK_STAGES[0] if three else self.tasks
+        if self.cycle is None:
+            self.cycle = THREE_TASK_STAGES[1] if three else ""
+        if self.smart_tasks is None:
+            self.smart_tasks = self.tasks
+        validate(self)
+
+
+# -- validation: every flag, alone and against the others, in one pass before anything is read ------------------
+
+def validate(args: TrainingArguments) -> None:
+    """Every setting of multitask_classifier.py checked: each feature's flags, then the schedule they make against
+    the flags that depend on it. ValueError naming the flag. What needs the files or the model's config is checked
+    once they are read, still before the model loads (run_setup.load_inputs, check_pretrained)."""
+    _check_common(args, texts_per_input=2)  # QQP and STS may be encoded jointly (--pair_encoder cross, hybrid)
+    for check in (_check_run, _check_squad, _check_optimisation, _check_schedule_flags, _check_heads,
+                  _check_adapters, _check_simcse, _check_forgetting, _check_smart_and_lnsr, _check_distillation):
+        check(args)
+    _check_stages(args, run_schedule(args))
+
+
+def _check_run(args: TrainingArguments) -> None:
+    _check(args.logging_steps >= 1, f"--logging_steps must be >= 1, got {args.logging_steps}")
+    _check(args.save_steps >= 0, f"--save_steps must be >= 0, got {args.save_steps}")
+    _check(args.save_every_minutes is None or (_finite(args.save_every_minutes) and args.save_every_minutes >= 0),
+           f"--save_every_minutes must be a number >= 0, got {args.save_every_minutes}")
+    _check(args.report_to != "tensorboard" or importlib.util.find_spec("tensorboard") is not None,
+           "--report_to tensorboard needs the tensorboard package: pip install tensorboard")
+    for name in ("eval_train_examples", "num_workers"):
+        _check(getattr(args, name) >= 0, f"--{name} must be >= 0, got {getattr(args, name)}")
+    # 0 would stop before the first checkpoint, leaving nothing that --resume could continue
+    _check(args.stop_after_stages is None or args.stop_after_stages >= 1,
+           f"--stop_after_stages must be >= 1, got {args.stop_after_stages}")
+
+
+def _check_squad(args: TrainingArguments) -> None:
+    for name in ("qa_max_length", "qa_doc_stride", "qa_max_answer_tokens", "qa_n_best"):
+        _check(getattr(args, name) >= 1, f"--{name} must be >= 1, got {getattr(args, name)}")
+    _check(args.qa_doc_stride < args.qa_max_length, "--qa_doc_stride must be below --qa_max_length")
+
+
+def _check_optimisation(args: TrainingArguments) -> None:
+    _check(args.grad_accumulation_steps >= 1, "--grad_accumulation_steps must be >= 1")
+    for name in ("weight_decay", "max_grad_norm"):
+        _check(_finite(getattr(args, name)) and getattr(args, name) >= 0, f"--{name} must be finite and >= 0")
+    _check(_finite(args.warmup_ratio) and 0 <= args.warmup_ratio < 1, "--warmup_ratio must be in [0, 1)")
+    _check(_finite(args.layerwise_lr_decay) and 0 < args.layerwise_lr_decay <= 1,
+           f"--layerwise_lr_decay must be in (0, 1], got {args.layerwise_lr_decay}")
+
+
+def _check_schedule_flags(args: TrainingArguments) -> None:
+    for name in ("cycles", "mlm_epochs", "simcse_epochs"):
+        _check(getattr(args, name) >= 0, f"--{name} must be >= 0, got {getattr(args, name)}")
+    _check(args.patience is None or args.patience >= 1, f"--patience must be >= 1, got {args.patience}")
+    _check(args.gradient_surgery == "none" or args.schedule != "sequential",
+           "--gradient_surgery needs --schedule annealed or round_robin (each step trains several tasks)")
+    _check(_finite(args.cagrad_c) and args.cagrad_c >= 0, f"--cagrad_c must be finite and >= 0, got {args.cagrad_c}")
+    _check(args.stage_start == "last" or args.schedule == "sequential",
+           "--stage_start best needs --schedule sequential: annealed and round_robin epochs train every task at "
+           "once, with no block of one task's stages to go on from")
+    _check(args.simcse_keep == "last" or set(SIMCSE_TASKS) <= set(run_tasks(args)),
+           "--simcse_keep best picks the SimCSE epoch by "
+           + " and ".join(f"{TASKS[task].title}'s {TASKS[task].simcse_score}" for task in SIMCSE_TASKS)
+           + f": add {','.join(SIMCSE_TASKS)} to --tasks")
+
+
+def _check_heads(args: TrainingArguments) -> None:
+    _check(args.encoder_dropout is None or (_finite(args.encoder_dropout) and 0 <= args.encoder_dropout < 1),
+           f"--encoder_dropout must be in [0, 1), got {args.encoder_dropout}")
+    _check(args.head_hidden >= 0, f"--head_hidden must be >= 0, got {args.head_hidden}")
+    _check(_finite(args.ordinal_weight) and args.ordinal_weight >= 0, "--ordinal_weight must be finite and >= 0")
+    try:
+        encoders = parse_pair_encoders(args.pair_encoder)
+    except ValueError as err:
+        raise ValueError(f"--pair_encoder: {err}") from None
+    _check(encoders["sts"] != "cross" or args.similarity_objective == "cosine",
+           "--similarity_objective applies to a cosine; a cross-encoded STS is trained as MSE(sigmoid, label/5)")
+    _check(encoders["sts"] != "cross" or not args.sts_cosine_dropout,
+           "--sts_cosine_dropout applies to the STS cosine (sbert, hybrid); a cross-encoded STS has none")
+
+
+def _check_adapters(args: TrainingArguments) -> None:
+    _check(args.pal_size is None or args.pal_size >= 1, f"--pal_size must be >= 1, got {args.pal_size}")
+    adapter_config(args)  # AdapterConfig checks the kind, rank, alpha, dropout and targets
+
+
+def _check_simcse(args: TrainingArguments) -> None:
+    _check(args.simcse_max_examples is None or args.simcse_max_examples >= 1, "--simcse_max_examples must be >= 1")
+    _check(_finite(args.simcse_lr) and args.simcse_lr > 0, f"--simcse_lr must be > 0, got {args.simcse_lr}")
+    _check(_finite(args.simcse_temperature) and args.simcse_temperature > 0,
+           f"--simcse_temperature must be a finite number > 0, got {args.simcse_temperature}")
+
+
+def _check_forgetting(args: TrainingArguments) -> None:
+    for name in ("ewc_weight", "l2sp_weight"):
+        _check(_finite(getattr(args, name)) and getattr(args, name) >= 0,
+               f"--{name} must be a finite number >= 0, got {getattr(args, name)}")
+    _check(args.ewc_fisher_batches >= 1, f"--ewc_fisher_batches must be >= 1, got {args.ewc_fisher_batches}")
+    _check(not (args.ewc_weight or args.l2sp_weight) or args.schedule == "sequential",
+           "--ewc_weight and --l2sp_weight regularise the sequential schedule's stages; use --schedule sequential")
+    _check(not args.l2sp_weight or args.option == "finetune",
+           "--l2sp_weight holds the pretrained weights, which --option pretrain freezes; use --option finetune")
+    _check(not args.ewc_weight or args.option == "finetune" or (args.adapter != "none"
+                                                                 and args.adapter_sharing == "shared"),
+           "--ewc_weight holds the trainable encoder parameters shared by the tasks: with --option pretrain that "
+           "needs --adapter ... --adapter_sharing shared")
+
+
+def _check_smart_and_lnsr(args: TrainingArguments) -> None:
+    _check(args.smart_momentum is None or (_finite(args.smart_momentum) and 0 <= args.smart_momentum < 1),
+           f"--smart_momentum must be in [0, 1), got {args.smart_momentum}")
+    if args.lnsr:
+        lnsr_tasks(args)
+        lnsr_config(args, num_layers=None)  # LnsrConfig checks the weight, the noise and the layer
+    regularized_tasks(args)  # SMART's and LNSR's tasks must be among the run's
+    if args.smart:
+        smart_configs(args)
+
+
+def _check_distillation(args: TrainingArguments) -> None:
+    _check(not args.distill_override or distill_teachers(args),
+           "--distill_override sets how tasks learn from a teacher: name one with --distill DIR "
+           "(or TASK:teacher=DIR)")
+    for task, setting in distill_settings(args).items():
+        name = "" if not args.distill_override else f" ({task})"
+        _check(_finite(setting["weight"]) and 0 < setting["weight"] <= 1,
+               f"--distill_weight must be in (0, 1], got {setting['weight']}{name}")
+        _check(_finite(setting["temperature"]) and setting["temperature"] > 0,
+               f"--distill_temperature must be > 0, got {setting['temperature']}{name}")
+        _check(task in SOFTENED_TASKS or setting["temperature"] == args.distill_temperature,
+               f"--distill_override {task}:temperature={setting['temperature']:g}: {task}'s distillation loss "
+               f"has no temperature (only {' and '.join(SOFTENED_TASKS)} soften a distribution)")
+
+
+def _check_stages(args: TrainingArguments, stages: list[Stage]) -> None:
+    """The flags that depend on the schedule's stages. SimCSE's and mlm's stages train the one encoder every task
+    shares, so it must train, and per-task adapters would leave no encoder for them (an mlm stage may train shared
+    adapters over a frozen BERT; SimCSE's never runs over one)."""
+    mlm = any(stage.kind is StageKind.MLM for stage in stages)
+    _check(not mlm or set(MULTITASK) & set(run_tasks(args)),
+           "the mlm stage reads the training sentences of sst, qqp and sts; none of them is among --tasks")
+    frozen = args.option == "pretrain"
+    per_task_adapters = args.adapter != "none" and args.adapter_sharing == "per_task"
+    for stage, present, trains_nothing in (("SimCSE", bool(args.simcse_data), frozen),
+                                           ("mlm", mlm, frozen and args.adapter == "none")):
+        _check(not (present and per_task_adapters),
+               f"the {stage} stage trains one encoder for every task: with an adapter use --adapter_sharing shared")
+        _check(not (present and trains_nothing),
+               f"the {stage} stage trains the encoder, which --option pretrain freezes; use --option finetune")
+    teachers = distill_teachers(args)
+    _check(not teachers or distilled_tasks(args, stages),
+           f"--distill {' '.join(sorted(set(teachers.values())))}: the schedule trains none of {', '.join(teachers)}")
+
+
+@dataclass
+class ClassifierArguments:
+    """Every setting of classifier.py (part 1 of the handout: SST and CFIMDB sentiment)."""
+
+    seed: int = flag(11711, group=COURSE, type=int)
+    epochs: int = flag(10, group=COURSE, type=int)
+    option: str = flag("pretrain", "pretrain: BERT frozen, only the linear head trained; finetune: everything "
+                         "trained", COURSE, choices=OPTIONS)
+    use_gpu: bool = flag(False, group=COURSE, action="store_true")
+    batch_size: int = flag(8, "sst: 64, cfimdb: 8 can fit a 12GB GPU", COURSE, type=int)
+    hidden_dropout_prob: float = flag(0.3, "dropout before the linear head (BERT keeps its own 0.1, as in the "
+                                        "course)", COURSE, type=float)
+    lr: float = flag(1e-5, "learning rate; the course suggests 1e-3 for pretrain and 1e-5 for finetune",
+                       COURSE, type=float)
+    data_dir: str = flag("data", "folder with the course's file names (ids-sst-*.csv, ...)", "data and outputs")
+    data_files: dict = per_file_options("data", PART1_TASKS, "data and outputs")
+    predictions_dir: str = flag("predictions", "where the {option}-{dataset}-{dev,test}-out.csv files go",
+                                  "data and outputs")
+    output_dir: str = flag("runs/classifier", "best-dev checkpoints", "data and outputs")
+    pretrained: str = flag("bert-base-uncased", "hub id, local directory, or minilm-l6 (bundled, offline)",
+                             "model and run")
+    max_train_examples: int | None = flag(None, "subsample each train set", "model and run", type=int)
+    max_length: int = flag(512, "tokens per text; 512 keeps CFIMDB reviews whole, as the course does",
+                             "model and run", type=int)
+    eval_batch_size: int = flag(64, group="model and run", type=int)
+    quiet: bool = flag(False, "no progress bars", "model and run", action="store_true")
+
+    def __post_init__(self):
+        _check_common(self, texts_per_input=1)
+
+
+class OneLineErrorParser(argparse.ArgumentParser):
+    """Reports a bad flag as one line 'PROG: error: ... (see --help)' and exit code 2, without the usage block."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def build_parser(cls, description: str | None = None) -> argparse.ArgumentParser:
+    """An argparse parser with one flag per field of `cls`, grouped as the fields' metadata says."""
+    parser = OneLineErrorParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    groups: dict[str, argparse._ArgumentGroup] = {}
+    for f in dataclasses.fields(cls):
+        meta = f.metadata
+        if meta["group"] not in groups:
+            groups[meta["group"]] = parser.add_argument_group(meta["group"])
+        group = groups[meta["group"]]
+        if "per_file" in meta:
+            for flag, (default, help_text) in _per_file_flags(meta["per_file"], meta["tasks"]).items():
+                group.add_argument(f"--{flag}", default=default, help=help_text)
+            continue
+        group.add_argument(f"--{f.name}", default=f.default if f.default is not dataclasses.MISSING else [],
+                           help=meta["help"], **meta["argparse"])
+    return parser
+
+
+def from_namespace(cls, namespace: argparse.Namespace):
+    """The dataclass from parsed flags; the per-file flags are gathered into their dict fields."""
+    values = {}
+    for f in dataclasses.fields(cls):
+        if "per_file" in f.metadata:
+            flags = _per_file_flags(f.metadata["per_file"], f.metadata["tasks"])
+            values[f.name] = {flag: getattr(namespace, flag) for flag in flags}
+        else:
+            values[f.name] = getattr(namespace, f.name)
+    return cls(**values)
+
+
+# Settings a --config file never sets: resuming is a choice of the command line (--resume), not of a recipe,
+# so that a resumed run's args.json still trains the run again from its start.
+NOT_FROM_CONFIG = ("resume",)
+
+
+def read_config(cls, path: str) -> dict:
+    """The settings of a --config FILE as parser defaults (each flag's destination -> value), checked as the
+    command line checks them: a JSON object of settings by field name, or a run's args.json (run_record.py), whose
+    "args" are its settings. Fields it lacks keep their defaults (an older run's record predates them). ValueError
+    naming the file and the key for an unknown key or a value of the wrong type or choice."""
+    try:
+        content = json.loads(read_input_bytes(path))
+    except DataError as err:  # no such file, a folder: the message names the file
+        raise ValueError(f"--config {err}") from None
+    except (ValueError, RecursionError) as err:  # not JSON (nor UTF-8), or nested too deeply for the parser
+        raise ValueError(f"--config {path}: not a JSON file ({err})") from None
+    if isinstance(content, dict) and "args" in content:
+        unknown = sorted(set(content) - set(RECORD_KEYS))
+        if unknown:
+            raise ValueError(f"--config {path}: unknown key {unknown[0]!r} in a run record (expected "
+                             f"{', '.join(RECORD_KEYS)})")
+        content = content["args"]
+    if not isinstance(content, dict):
+        raise ValueError(f"--config {path}: expected a JSON object of settings by name, found "
+                         f"{type(content).__name__}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    defaults = {}
+    for key, value in content.items():
+        if key not in fields:
+            raise ValueError(f"--config {path}: unknown setting {key!r} (settings are named as the flags, without "
+                             "the dashes; see --help)")
+        if key in NOT_FROM_CONFIG:
+            continue
+        try:
+            defaults |= _config_value(fields[key], value)
+        except ValueError as err:
+            raise ValueError(f"--config {path}: {key!r} {err}, found {json.dumps(value)}") from None
+    return defaults
+
+
+def _config_value(f: dataclasses.Field, value) -> dict:
+    """{flag destination: value} of one field's value in a --config file; ValueError saying what it must be."""
+    meta = f.metadata
+    if "per_file" in meta:
+        flags = _per_file_flags(meta["per_file"], meta["tasks"])
+        if not isinstance(value, dict) or not all(k in flags and (v is None or isinstance(v, str))
+                                                  for k, v in value.items()):
+            raise ValueError(f"must be an object of paths (or null) by flag name, some of {', '.join(flags)}")
+        return dict(value)
+    kwargs = meta["argparse"]
+    nullable = f.default is None or kwargs.get("action") is argparse.BooleanOptionalAction
+    if value is None and nullable:
+        return {f.name: None}
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if kwargs.get("action") in ("store_true", argparse.BooleanOptionalAction):
+        ok, kind = isinstance(value, bool), "true or false"
+    elif kwargs.get("action") == "append" or "nargs" in kwargs:
+        ok, kind = isinstance(value, list) and all(isinstance(v, str) for v in value), "a list of strings"
+    elif kwargs.get("type") is int:
+        ok, kind = number and float(value).is_integer(), "a whole number"
+        value = int(value) if ok else value
+    elif kwargs.get("type") is float:
+        ok, kind = number, "a number"
+        value = float(value) if ok else value
+    else:
+        ok, kind = isinstance(value, str), "a string"
+    if ok and "choices" in kwargs and value not in kwargs["choices"]:
+        ok, kind = False, f"one of {', '.join(map(str, kwargs['choices']))}"
+    if not ok:
+        raise ValueError(f"must be {kind}" + (" or null" if nullable else ""))
+    return {f.name: value}
+
+
+def follow_output_dir(prediction_files: dict, config_files: dict, config_dir: str, output_dir: str) -> dict:
+    """--config's prediction paths inside its run's folder moved into this run's --output_dir when the command line
+    moves it: a run trained again from another's args.json writes its own CSVs, never over the first run's.
+    Paths the command line gave (they differ from the config's) stay as they are."""
+    moved = dict(prediction_files)
+    if Path(config_dir).resolve() == Path(output_dir).resolve():
+        return moved
+    for flag, path in prediction_files.items():
+        if path and path == config_files.get(flag) and Path(path).resolve().is_relative_to(Path(config_dir).resolve()):
+            moved[flag] = str(Path(output_dir) / Path(path).resolve().relative_to(Path(config_dir).resolve()))
+    return moved
+
+
+def field_defaults(cls) -> dict:
+    """Each field's default, as its flags give it (a per-file dict field: each flag's default) and the
+    settings resolve it (a default that depends on other flags, such as --first_stages on --tasks)."""
+    defaults = {}
+    for f in dataclasses.fields(cls):
+        if "per_file" in f.metadata:
+            flags = _per_file_flags(f.metadata["per_file"], f.metadata["tasks"])
+            defaults[f.name] = {flag: default for flag, (default, _) in flags.items()}
+        elif f.default is not dataclasses.MISSING:
+            defaults[f.name] = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            defaults[f.name] = f.default_factory()
+    return dataclasses.asdict(cls(**defaults))
+
+
+def resume_free_fields(cls) -> set[str]:
+    return {f.name for f in dataclasses.fields(cls) if f.metadata.get("resume_free")}
+
+
+def data_paths(data_dir: str, data_files: dict, tasks: tuple[str, ...]) -> dict[tuple[str, str], Path]:
+    """(task, split) -> the file to read: its per-file flag if given, else the course's name in data_dir."""
+    standard = standard_paths(data_dir)
+    return {(task, split): Path(data_files.get(data_flag(task, split)) or standard[(task, split)])
+            for task in tasks for split in SPLITS}
+
+
+def prediction_paths(prediction_files: dict, tasks: tuple[str, ...] = MULTITASK) -> dict[tuple[str, str], Path]:
+    """(task, split) -> where its leaderboard CSV (SQuAD: predictions JSON) goes, for the run's tasks."""
+    return {(task, split): Path(prediction_files.get(output_flag(task, split)) or default_output(task, split))
+            for task in tasks for split in ("dev", "test")}
+
+
+def parse_tasks(text: str) -> tuple[str, ...]:
+    """'qa,sst' (or course aliases) -> the tasks in RUN_TASKS' order, each once: ('sst', 'qa')."""
+    named = {task_name(t, RUN_TASKS) for t in text.split(",") if t.strip()}
+    if not named:
+        raise ValueError(f"name at least one of {', '.join(RUN_TASKS)}")
+    return tuple(task for task in RUN_TASKS if task in named)
+
+
+def run_tasks(args: TrainingArguments) -> tuple[str, ...]:
+    """The run's tasks (--tasks), in RUN_TASKS' order."""
+    return tuple(args.tasks.split(","))
+
+
+def qa_settings(args: TrainingArguments) -> QASettings:
+    """How SQuAD is cut into windows and answered (--qa_max_length, --qa_doc_stride, --qa_n_best,
+    --qa_max_answer_tokens)."""
+    return QASettings(args.qa_max_length, args.qa_doc_stride, args.qa_n_best, args.qa_max_answer_tokens)
+
+
+def run_schedule(args: TrainingArguments) -> list[Stage]:
+    """The run's stages: schedules.build_schedule of --schedule, --first_stages, --cycle, --cycles, --epochs and the
+    SimCSE and mlm epochs."""
+    return build_schedule(args.schedule, args.first_stages, args.cycle, args.cycles, args.epochs,
+                          args.simcse_epochs if args.simcse_data else 0, args.mlm_epochs, run_tasks(args))
+
+
+def distilled_tasks(args: TrainingArguments, stages: list[Stage]) -> list[str]:
+    """The tasks that learn from a --distill teacher: those with one whose train split the stages read, in
+    distillation.DISTILLED_TASKS' order."""
+    teachers, trained = distill_teachers(args), train_tasks(stages, run_tasks(args))
+    return [task for task in DISTILLED_TASKS if task in teachers and task in trained]
+
+
+def _task_list(enabled: bool, text: str, flag: str, tasks: tuple[str, ...]) -> tuple[str, ...]:
+    """The tasks named in a comma-separated flag (none when its feature is off), each among the run's, in their
+    order: what is built from them (SMART's skipped steps in a checkpoint) comes out the same in every process."""
+    if not enabled:
+        return ()
+    try:
+        named = {task_name(t, tasks) for t in text.split(",") if t.strip()}
+    except ValueError as err:
+        raise ValueError(f"--{flag}: {err} (the run's --tasks)") from None
+    return tuple(task for task in tasks if task in named)
+
+
+def regularized_tasks(args: TrainingArguments) -> tuple[str, ...]:
+    """The tasks --smart regularises (none without --smart)."""
+    return _task_list(args.smart, args.smart_tasks, "smart_tasks", run_tasks(args))
+
+
+def smart_configs(args: TrainingArguments) -> dict[str, SmartConfig]:
+    """SMART settings per task: the global flags, then any --smart_override TASK:key=value,...
+    The Bregman anchor's momentum is shared by all tasks, so it is not among them."""
+    base = dict(adv_weight=args.smart_adv_weight, bregman_weight=args.smart_bregman_weight,
+                noise_std=args.smart_noise_std, epsilon=args.smart_epsilon, step_size=args.smart_step_size,
+                ascent_steps=args.smart_ascent_steps, norm=args.smart_norm, norm_level=args.smart_norm_level,
+                precision=args.smart_precision, projection=args.smart_projection)
+    per_task = task_overrides("smart_override", args.smart_override, base, run_tasks(args))
+    configs = {}
+    for task, values in per_task.items():
+        try:
+            configs[task] = SmartConfig(**values)
+        except ValueError as err:  # SmartConfig names its field: say which flag set it
+            field_name = next((name for name in values if str(err).startswith(f"SmartConfig: {name} ")), None)
+            if field_name is None:
+                raise
+            overridden = values[field_name] is not base[field_name]  # an override parses a new value (NaN too)
+            where = f"--smart_override {task}:{field_name}" if overridden else f"--smart_{field_name}"
+            raise ValueError(str(err).replace(f"SmartConfig: {field_name}", where, 1)) from None
+    return configs
+
+
+def distill_settings(args: TrainingArguments) -> dict[str, dict]:
+    """Distillation's teacher folder, weight and temperature per task: --distill / --distill_weight /
+    --distill_temperature, then any --distill_override TASK:key=value,... (a task's best weight differs, and a
+    specialist may teach its task best: RESULTS.md, "Distillation"). teacher "" means the task has none."""
+    base = dict(teacher=args.distill or "", weight=args.distill_weight, temperature=args.distill_temperature)
+    return task_overrides("distill_override", args.distill_override, base, run_tasks(args))
+
+
+def distill_teachers(args: TrainingArguments) -> dict[str, str]:
+    """The teacher folder of each task that has one."""
+    return {task: setting["teacher"] for task, setting in distill_settings(args).items() if setting["teacher"]}
+
+
+def task_overrides(flag: str, overrides: list[str], base: dict, tasks: tuple[str, ...]) -> dict[str, dict]:
+    """`base` for every task, then each --FLAG TASK:key=value[,key=value] applied to its task (each value of
+    its base value's type)."""
+    per_task = {task: dict(base) for task in tasks}
+    for override in overrides:
+        name, _, settings = override.partition(":")
+        try:
+            task = task_name(name, tasks)
+        except ValueError:
+            task = None
+        if task is None or not settings:
+            raise ValueError(f"--{flag} {override!r}: expected TASK:key=value[,key=value]")
+        for setting in settings.split(","):
+            key, _, value = setting.partition("=")
+            if key not in base:
+                raise ValueError(f"--{flag} {override!r}: unknown or shared setting {key!r}")
+            try:
+                per_task[task][key] = type(base[key])(value)
+            except ValueError:
+                raise ValueError(f"--{flag} {override!r}: {key} must be a "
+                                 f"{type(base[key]).__name__}, got {value!r}") from None
+    return per_task
+
+
+def lnsr_tasks(args: TrainingArguments) -> tuple[str, ...]:
+    """The tasks --lnsr regularises (none without --lnsr)."""
+    return _task_list(args.lnsr, args.lnsr_tasks, "lnsr_tasks", run_tasks(args))
+
+
+def lnsr_config(args: TrainingArguments, num_layers: int | None) -> LnsrConfig:
+    """LNSR's settings; the default layer b is L - 2 of the model's L layers (checked once L is known)."""
+    layer = args.lnsr_layer if args.lnsr_layer is not None else max(0, (num_layers or 2) - 2)
+    if num_layers is not None and layer >= num_layers:
+        raise ValueError(f"--lnsr_layer {layer} leaves no layer to measure in a {num_layers}-layer encoder; "
+                         f"use 0..{num_layers - 1}")
+    return LnsrConfig(args.lnsr_weight, layer, args.lnsr_noise_std)
+
+
+def adapter_config(args: TrainingArguments) -> AdapterConfig | None:
+    """The adapters of --adapter (None for none)."""
+    if args.adapter == "none":
+        return None
+    targets = tuple(t.strip() for t in args.adapter_targets.split(",") if t.strip())
+    try:
+        return AdapterConfig(args.adapter, args.adapter_rank, args.adapter_alpha, args.adapter_dropout, targets,
+                             args.adapter_sharing, args.pal_size)
+    except ValueError as err:
+        raise ValueError(f"--adapter {args.adapter}: {err}") from None
+
+
+def check_resume_arguments(saved: dict, args: TrainingArguments) -> None:
+    """Refuse to resume a stopped run whose saved settings (`saved`, its checkpoint's args) differ from these in
+    a flag that changes the result (checkpoint.check_resume_settings), or in --cycles when the learning rate or
+    SMART's momentum follows the total number of updates."""
+    run_momentum = args.smart_momentum is None and args.smart_momentum_schedule == "run" and \
+        args.smart_anchor == "moving_average"
+    if args.lr_schedule != "constant" or (regularized_tasks(args) and run_momentum):
+        if saved.get("cycles") != args.cycles:
+            raise CheckpointError(f"cannot resume: --cycles {saved.get('cycles')!r} -> {args.cycles!r} changes the "
+                                  "total number of updates, which the learning rate or SMART's momentum follows; "
+                                  f"resume with --cycles {saved.get('cycles')}")
+    check_resume_settings(saved, dataclasses.asdict(args), resume_free_fields(TrainingArguments),
+                          field_defaults(TrainingArguments))
+
+
+# --demo: these become the defaults, so that every flag given still wins.
+DEMO_SETTINGS = dict(data_dir=str(Path(__file__).resolve().parents[2] / "data" / "demo"), pretrained="minilm-l6",
+                     option="finetune", batch_size=16, lr=5e-5, hidden_dropout_prob=0.1, first_stages="qqp",
+                     cycle="sts,sst,qqp:0.25", cycles=2, smart=True, max_length=64, qa_max_length=128,
+                     qa_doc_stride=32, output_dir="runs/demo")
+
+
+def parse_training_args(argv, description: str) -> TrainingArguments:
+    """multitask_classifier.py's command line, checked: --demo's and --config's settings under the flags given
+    (an error is one line and exit 2, parser.error's)."""
+    parser = build_parser(TrainingArguments, description)
+    parser.add_argument("--config", metavar="FILE", help="settings from a JSON file: a run's OUTPUT_DIR/args.json "
+                        "(its \"args\") or an object of settings named as the flags; flags given here win "
+                        "(docs/command_line.md, 'A run is its own recipe')")
+    namespace = parser.parse_args(argv)
+    settings = {}
+    if namespace.demo:
+        # The demo's settings become the defaults, so every flag given (abbreviated too) still wins.
+        settings = dict(DEMO_SETTINGS)
+        try:
+            three_tasks = parse_tasks(namespace.tasks) == MULTITASK
+        except ValueError as err:
+            parser.error(f"--tasks: {err}")
+        if not three_tasks:  # its stages are the three tasks'; other tasks get their own default stages
+            del settings["first_stages"], settings["cycle"]
+    config = {}
+    if namespace.config is not None:
+        try:
+            config = read_config(TrainingArguments, namespace.config)
+        except ValueError as err:
+            parser.error(str(err))
+        settings |= config  # a recipe holds the demo's settings already; its own values win over them
+    if settings:
+        parser.set_defaults(**settings)
+        namespace = parser.parse_args(argv)
+    try:
+        args = from_namespace(TrainingArguments, namespace)
+    except ValueError as err:
+        parser.error(str(err))
+    if "output_dir" in config:
+        args.prediction_files = follow_output_dir(args.prediction_files, config, config["output_dir"], args.output_dir)
+    return args

@@ -1,0 +1,90 @@
+"""The tasks, one module each in this folder, and the names the rest of the code reads them by.
+
+Each task has one internal name, used by the code, the stage syntax, metric keys and checkpoints:
+
+    sst     SST-5 sentiment (5 classes)                                             minbert/tasks/sst.py
+    qqp     Quora Question Pairs paraphrase detection (0 / 1)                       minbert/tasks/qqp.py
+    sts     STS-B semantic similarity (0-5)                                         minbert/tasks/sts.py
+    cfimdb  CFIMDB sentiment (0 / 1), part 1 of the handout only                    minbert/tasks/cfimdb.py
+    qa      SQuAD 2.0 extractive question answering (a span of the context, or      minbert/tasks/qa.py
+            no answer), the fourth task of seed 002; official JSON files
+
+The course names some of them otherwise: its files are quora-*.csv, its flags --para_train and
+--para_dev_out, its submission files para-*-out.csv. Each task maps its own names (minbert/tasks/base.py's fields);
+on the command line the course's names are accepted as aliases of the internal one.
+
+A task is the TASK object of a module here (a tasks.base.Task): every module of this folder is looked at when the
+package is imported, so a new task is a new file and nothing else. Its fields place it: `order` in every list of
+tasks, `default` among the multitask model's default tasks, `trainable` by multitask_classifier.py, `part1` by
+classifier.py, `simcse_score` among the tasks whose dev score picks SimCSE's best epoch.
+"""
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+from minbert.tasks.base import Task
+from minbert.tasks.course_files import SPLITS  # noqa: F401 (tasks.SPLITS: the splits of every task)
+
+
+def _discover() -> dict[str, Task]:
+    """Every module's TASK, by name, in their `order`; two tasks that share a name, an alias or an order are
+    refused when the package is imported."""
+    found: dict[str, Task] = {}
+    owners: dict[object, str] = {}
+    for module in pkgutil.iter_modules(__path__):
+        task = getattr(importlib.import_module(f"{__name__}.{module.name}"), "TASK", None)
+        if not isinstance(task, Task):
+            continue  # a module of shared code (base, classification, ...)
+        for key in (("order", task.order), *(("name", name) for name in (task.name, *task.aliases))):
+            if key in owners:
+                raise ValueError(f"minbert/tasks/{module.name}.py: its {key[0]} {key[1]!r} is already "
+                                 f"minbert/tasks/{owners[key]}.py's")
+            owners[key] = module.name
+        found[task.name] = task
+    return dict(sorted(found.items(), key=lambda item: item[1].order))
+
+
+TASKS: dict[str, Task] = _discover()
+MULTITASK = tuple(name for name, task in TASKS.items() if task.default)  # the course's three, in its order
+RUN_TASKS = tuple(name for name, task in TASKS.items() if task.trainable)  # what --tasks may name, in this order
+PART1_TASKS = tuple(name for name, task in TASKS.items() if task.part1)  # classifier.py's, in this order
+PAIR_TASKS = tuple(name for name, task in TASKS.items() if task.is_pair)  # qqp, sts: each example is two sentences
+SIMCSE_TASKS = tuple(name for name, task in TASKS.items() if task.simcse_score)  # sts: picks SimCSE's best epoch
+_BY_ANY_NAME = {alias: task.name for task in TASKS.values() for alias in (task.name, *task.aliases)}
+
+
+def class_range(task: str) -> str:
+    """The classes of a classification task in words: '0 or 1', 'an integer 0-4'."""
+    return TASKS[task].class_range()
+
+
+def task_name(name: str, allowed: tuple[str, ...] = MULTITASK) -> str:
+    """The internal name for an internal name or a course alias ('quora', 'para' -> 'qqp')."""
+    canonical = _BY_ANY_NAME.get(name.strip().lower())
+    if canonical not in allowed:
+        names = ", ".join(allowed)
+        raise ValueError(f"unknown task {name!r}; use one of {names}")
+    return canonical
+
+
+def course_file_name(task: str, split: str) -> str:
+    """The course's file name, e.g. ('qqp', 'test') -> 'quora-test-student.csv'; SQuAD's official one for qa."""
+    return TASKS[task].file_name(split)
+
+
+def data_flag(task: str, split: str) -> str:
+    """The course's flag for a data file, e.g. ('qqp', 'train') -> 'para_train'."""
+    return TASKS[task].data_flag(split)
+
+
+def output_flag(task: str, split: str) -> str:
+    """The course's flag for a predictions file, e.g. ('qqp', 'dev') -> 'para_dev_out'."""
+    return TASKS[task].output_flag(split)
+
+
+def default_output(task: str, split: str) -> str:
+    """The path the handout's submission instructions require, e.g. ('qqp', 'dev') ->
+    'predictions/para-dev-out.csv' (the starter code's defaults said -output.csv); for qa the official
+    SQuAD predictions JSON, 'predictions/squad-dev-out.json'."""
+    return TASKS[task].default_output(split)

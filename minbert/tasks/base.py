@@ -1,0 +1,307 @@
+"""The task interface: what differs between tasks, declared once per task, so that the modules that use tasks (the
+model's heads, evaluation, the scores files, ensembles, distillation) ask the task and never test its name.
+
+A task is one object, `TASK`, in one module of this folder (sst.py, ...); __init__.py finds it there.
+Its fields say who it is and where its files and flags are; its methods are its behaviour:
+
+    reading      load(path, split) -> examples; tokenize(cache, examples, ...) -> what its batches are cut from;
+                 check_inputs(data, ...): what the pretrained model cannot read with the run's settings
+    the model    feature_size, has_head, build_head: its head; outputs(model, hidden, inputs): the head's outputs
+                 from the encoder's last hidden states; objective(options): loss, score, decision, SMART divergence
+    predictions  decide(scores) -> predictions; metrics(predictions, gold) -> its history keys; kept_score;
+                 evaluate(predictor, examples, chosen): a run's metrics of a split, with what they come from
+    files        format_prediction / parse_prediction: its leaderboard CSV cells; score_columns, write_scores,
+                 read_scores: its saved scores; predict_scores and write_outputs: a run's leaderboard file and
+                 scores of a split; train_scores and write_train_scores: --score_train's, which load_teacher reads
+                 back as a distillation teacher
+    ensembles    ensemble_methods, ensemble_terms, ensemble_predictions, teacher_scores (ensemble_scores.py)
+    distilling   distillation_loss(objective, outputs, teacher, ids, temperature)
+
+A task module declares its task from a kind that holds most of this: classification.py's Classification (classes
+predicted from saved scores, accuracy and F1, vote and mean ensembles) and SentenceClassification (one sentence, C
+logits: SST, CFIMDB), pairs.py's SentencePairs (the two sentences of QQP and STS and the encodings of a pair). The
+course's files are read by course_files.py, scores files by score_files.py; metrics.py holds the metrics' maths.
+"""
+from __future__ import annotations
+
+import os
+from abc import ABC, abstractmethod
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from minbert.files import atomic_write_csv
+from minbert.tasks.course_files import SPLITS
+from minbert.tasks.score_files import (ScoresFileError, TeacherScores, as_saved, logit_problem, read_score_rows,
+                                       scores_path, write_score_rows)
+
+COURSE_SPLIT_NAMES = {"train": "train", "dev": "dev", "test": "test-student"}  # the course's file name of a split
+
+
+@dataclass(frozen=True)
+class TaskEvaluation:
+    """A task's evaluation on a split (Task.evaluate): its metrics under their history keys, the predictions they
+    score ((ids, predictions, gold labels); SQuAD: its answers by question id) and the scores those were decided
+    from ((ids, scores); SQuAD: the same answers), what write_outputs writes of a dev split."""
+    metrics: dict[str, float]
+    predictions: object
+    scores: object
+
+
+def first_few(items: Iterable[str], limit: int = 3) -> str:
+    """A few of `items`, sorted, and how many more: 'a, b, c (+2 more)'."""
+    items = sorted(items)
+    shown = ", ".join(items[:limit])
+    return shown + (f" (+{len(items) - limit} more)" if len(items) > limit else "")
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class Task(ABC):
+    """One task: its declared fields, then its behaviour (the module docstring lists it)."""
+    name: str  # the internal name: code, stage syntax, metric keys, checkpoints, scores files
+    order: int  # where it comes in every list of tasks, and so in what order the model creates its head
+    default: bool = False  # one of the multitask model's default tasks, those of the course's leaderboard (MULTITASK)
+    trainable: bool = False  # multitask_classifier.py can train it (--tasks; RUN_TASKS)
+    part1: bool = False  # classifier.py trains it (the handout's part 1)
+    aliases: tuple[str, ...] = ()  # the course's names for it, accepted on the command line
+    file_prefix: str  # the course's data files: {file_prefix}-{train,dev,test-student}.csv
+    flag_prefix: str  # the course's flags: --{flag_prefix}_{train,dev,test} and --{flag_prefix}_{dev,test}_out
+    file_names: tuple[str, str, str] | None = None  # train, dev and test files when not the course's CSV names
+    output_extension: str = "csv"  # of its predictions files
+    label_column: str
+    text_columns: tuple[str, ...]
+    leaderboard_column: str  # the predictions CSV's second column
+    num_classes: int | None = None  # labels and predictions are 0 .. num_classes - 1; None: not classes
+    title: str  # its name in tables and figures: "SST", "SQuAD"
+    head_name: str  # the model's attribute holding its head: the checkpoint's key prefix
+    ensemble_methods: tuple[str, ...] = ()  # scripts/ensemble.py's ways to combine members, default first
+    softens: bool = False  # its distillation loss compares distributions at a temperature
+    test_file_optional: bool = False  # a run without its test file predicts dev only (SQuAD's official test is hidden)
+    plots_embeddings: bool = False  # a run plots its dev sentences' embeddings by gold label (TASK_tsne.png)
+    # Its dev score in words when that score picks SimCSE's best epoch (--simcse_keep best): SimCSE trains sentence
+    # embeddings for what a similarity task measures. "" for the others.
+    simcse_score: str = ""
+    headless_output: str = "output"  # what its outputs are called in messages when it has no head: STS's "cosine"
+
+    # -- files and flags ---------------------------------------------------------------------------
+    @property
+    def is_pair(self) -> bool:
+        """Each example is two sentences."""
+        return len(self.text_columns) == 2
+
+    def file_name(self, split: str) -> str:
+        """Its data file's name, e.g. quora-test-student.csv."""
+        if self.file_names is not None:
+            return self.file_names[SPLITS.index(split)]
+        return f"{self.file_prefix}-{COURSE_SPLIT_NAMES[split]}.csv"
+
+    def data_flag(self, split: str) -> str:
+        return f"{self.flag_prefix}_{split}"
+
+    def output_flag(self, split: str) -> str:
+        return f"{self.flag_prefix}_{split}_out"
+
+    def default_output(self, split: str) -> str:
+        """Where its predictions go by default: the handout's submission names, e.g. predictions/para-dev-out.csv."""
+        return f"predictions/{self.flag_prefix}-{split}-out.{self.output_extension}"
+
+    @abstractmethod
+    def load(self, path: str | Path, split: str) -> list:
+        """Its examples in a data file, validated: every problem a DataError naming the file (and line)."""
+
+    def tokenize(self, cache, examples: Sequence, max_length: int, joint_pairs: bool, windowing):
+        """What its batches are cut from, tokenised once per run by `cache` (datasets.TokenizationCache): its
+        examples, each pair as one sequence when `joint_pairs`; `windowing` (squad.QASettings) is SQuAD's."""
+        return cache.get(examples, max_length, joint_pairs)
+
+    def check_inputs(self, data, tokenizer, windowing, check_length: Callable[[int, str], None]) -> None:
+        """Refuse (ValueError) its splits (`data`: datasets.TaskData) that the pretrained model cannot read with the
+        run's settings, before its weights load; `check_length(length, flag)` refuses a length beyond the model's
+        positions. Nothing by default: a text longer than --max_length is cut."""
+
+    # -- the model ---------------------------------------------------------------------------------
+    def feature_size(self, pair_encoders: Mapping[str, str], hidden: int) -> int | None:
+        """The width of the features its head reads (a per-task dense layer's input, with --head_hidden); None when
+        the head reads the encoder's hidden states as they are."""
+        return hidden
+
+    def has_head(self, pair_encoders: Mapping[str, str]) -> bool:
+        """Whether a linear head gives its output (an SBERT cosine has none)."""
+        return True
+
+    @abstractmethod
+    def build_head(self, in_features: int) -> nn.Module:
+        """A fresh head on `in_features` features."""
+
+    def head(self, model: nn.Module) -> nn.Module:
+        return getattr(model, self.head_name)
+
+    @abstractmethod
+    def outputs(self, model: nn.Module, hidden: Tensor, inputs) -> Tensor:
+        """Its outputs from the encoder's last hidden states (B, T, H) (or (2B, T, H): an SBERT pair's two sides) of
+        `inputs` (multitask_bert.EncoderInputs), through the model's pooling, dense layer, dropout and its head."""
+
+    def check_options(self, options: Mapping[str, object]) -> None:
+        """Refuse (ValueError) head options (MultitaskBERT.head_options' keys) that cannot work for this task."""
+
+    @abstractmethod
+    def objective(self, options: Mapping[str, object]):
+        """Its objective under these head options (losses.py): loss, score, decision and SMART's divergence."""
+
+    # -- predictions and metrics -------------------------------------------------------------------
+    @abstractmethod
+    def decide(self, scores: Tensor) -> Tensor:
+        """The predictions its saved scores decide: the one rule of a run's CSVs and an ensemble's members."""
+
+    @abstractmethod
+    def metrics(self, predictions, gold) -> dict[str, float]:
+        """Its dev metrics under their history keys (sst_acc, ...)."""
+
+    def evaluate(self, predictor, examples: list, chosen: Mapping[str, float] | None) -> TaskEvaluation:
+        """Its metrics on labelled `examples`, predicted by `predictor` (inference.Predictor). `chosen`: the dev
+        metrics whose decision settings the predictions use (SQuAD's no-answer threshold); None: a dev evaluation,
+        which chooses them. The default decides every example from its own scores: there is nothing to choose."""
+        ids, scores = predictor.predict(self.name, examples, scores=True)
+        predicted = self.decide(torch.from_numpy(scores)).numpy()
+        gold = np.array([e.label for e in examples])
+        return TaskEvaluation(self.metrics(predicted, gold), (ids, predicted, gold), (ids, scores))
+
+    @property
+    @abstractmethod
+    def history_columns(self) -> tuple[tuple[str, str], ...]:
+        """(metric key, table label) of the dev metrics that tables and figures show, its own score first."""
+
+    @property
+    def score_key(self) -> str:
+        """Its own dev score, on its own scale (the continual-learning figures' task score)."""
+        return self.history_columns[0][0]
+
+    def kept_score(self, metrics: Mapping[str, float]) -> float:
+        """Its share of the score that picks the model a run keeps, on [0, 1]."""
+        return metrics[self.score_key]
+
+    @abstractmethod
+    def format_prediction(self, value) -> str:
+        """A prediction as its leaderboard CSV writes it; ValueError if it is none of its."""
+
+    @abstractmethod
+    def parse_prediction(self, text: str) -> int | float:
+        """A leaderboard CSV cell back into a prediction; ValueError on anything the grader would refuse."""
+
+    def write_predictions(self, path: str | os.PathLike, ids: Sequence, predictions: Sequence) -> None:
+        """Its leaderboard CSV `id,<leaderboard_column>`, one row per id in the order given, written to a temporary
+        sibling and moved into place (a crash never leaves a truncated file that looks complete)."""
+        ids = [str(i) for i in ids]
+        if len(ids) != len(predictions):
+            raise ValueError(f"{path}: {len(ids)} ids but {len(predictions)} predictions")
+        repeated = [i for i, count in Counter(ids).items() if count > 1]
+        if repeated:
+            raise ValueError(f"{path}: repeated ids: {first_few(repeated)}")
+        atomic_write_csv(path, [("id", self.leaderboard_column), *zip(ids, map(self.format_prediction, predictions))])
+
+    # -- a run's files -----------------------------------------------------------------------------
+    def predict_scores(self, predictor, examples: list):
+        """The model's scores of `examples` (a split without labels too), as evaluate gives them: what write_outputs
+        writes. Every rank predicts (a collective under torchrun)."""
+        return predictor.predict(self.name, examples, scores=True)
+
+    def write_outputs(self, scores, predictions_path: Path, scores_file: Path, chosen: Mapping[str, float]) -> str:
+        """A split's leaderboard file and, for ensembles, the `scores` (predict_scores') it was decided from, under
+        the decision settings `chosen` on dev (Task.evaluate); what it wrote, in words. The predictions are decided
+        from the scores as saved, so that an ensemble of this one run decides the same."""
+        ids, values = scores[0], as_saved(scores[1])
+        self.write_predictions(predictions_path, ids, self.decide(torch.from_numpy(values)).numpy().tolist())
+        self.write_scores(scores_file, ids, values)
+        return f"{len(ids)} rows"
+
+    def train_scores(self, predictor, examples: list):
+        """--score_train: the model's scores of its train `examples`, what a student distils from. Every rank
+        predicts (a collective under torchrun)."""
+        return predictor.predict(self.name, examples, scores=True)
+
+    def write_train_scores(self, run_dir: str | os.PathLike, scores, windowing) -> str:
+        """train_scores' `scores` in run_dir/scores/, where load_teacher reads them; `windowing` (squad.QASettings)
+        is SQuAD's. Returns the file and what it holds, in words."""
+        ids, values = scores
+        path = scores_path(run_dir, self.name, "train")
+        self.write_scores(path, ids, values)
+        return f"{path} ({len(ids)} rows)"
+
+    # -- saved scores ------------------------------------------------------------------------------
+    @property
+    @abstractmethod
+    def score_columns(self) -> tuple[str, ...]:
+        """The columns of its scores files (RUN/scores/TASK-SPLIT.csv) after the id."""
+
+    def score_problem(self, numbers: list[float]) -> str | None:
+        """Why a row of its saved scores is no model's, or None."""
+        return logit_problem(numbers)
+
+    def write_scores(self, path: str | os.PathLike, ids: Sequence[str], scores: np.ndarray) -> None:
+        """Its scores file: one row per id, in the order given."""
+        scores = np.asarray(scores, dtype=np.float64).reshape(len(ids), -1)
+        if scores.shape[1] != len(self.score_columns):
+            raise ValueError(f"{path}: {self.name} has {len(self.score_columns)} score column(s), got {scores.shape[1]}")
+        write_score_rows(path, self.score_columns, ids, scores)
+
+    def read_scores(self, path: str | os.PathLike) -> tuple[list[str], np.ndarray]:
+        """(ids, scores): (N, columns), or (N,) for one column. ScoresFileError on any problem."""
+        ids, scores = read_score_rows(path, self.score_columns, self.score_problem)
+        return ids, scores if len(self.score_columns) > 1 else scores[:, 0]
+
+    def load_teacher(self, run_dir: str | os.PathLike, ids: list[str], windowing: tuple[int, int] | None):
+        """A teacher's train scores of the examples `ids` (the student's) from its folder; ScoresFileError naming
+        the file when it is missing or lacks one of them. `windowing` is SQuAD's."""
+        path = scores_path(run_dir, self.name, "train")
+        if not path.is_file():
+            raise ScoresFileError(f"{path}: no train scores for --distill; write them with --score_train (a run) "
+                                  "or scripts/ensemble.py --score_train (an ensemble of such runs)")
+        teacher_ids, scores = self.read_scores(path)
+        rows = {i: row for row, i in enumerate(teacher_ids)}
+        missing = [i for i in ids if i not in rows]
+        if missing:
+            raise ScoresFileError(f"{path}: no teacher score for {len(missing)} of the {len(ids)} {self.name} training "
+                                  f"examples (e.g. id {missing[0]}); the teacher must have scored this training set")
+        return TeacherScores(rows, scores.reshape(len(teacher_ids), -1))
+
+    # -- ensembles (tasks with ensemble_methods) ---------------------------------------------------
+    def ensemble_terms(self, scores: np.ndarray, weight: float, method: str) -> np.ndarray:
+        """What one member with these saved scores adds to the ensemble's running sum."""
+        raise ValueError(f"scripts/ensemble.py combines no {self.name} scores")
+
+    def ensemble_predictions(self, total: np.ndarray, weights: list[float], method: str) -> np.ndarray:
+        """The ensemble's predictions from the sum of its members' terms (`weights`: one per member)."""
+        raise ValueError(f"scripts/ensemble.py combines no {self.name} scores")
+
+    def weighs_members(self, method: str) -> bool:
+        """Whether `method` weighs each member by its dev metric (member_weights)."""
+        return False
+
+    def check_weights(self, weights: list[float] | None, members: int) -> None:
+        """A weighted combination needs one non-negative weight per member, and not all of them zero."""
+        if weights is None or len(weights) != members or min(weights) < 0 or sum(weights) <= 0:
+            raise ValueError(f"weighted {self.title} needs one non-negative weight per member, not all zero")
+
+    def member_weights(self, method: str, chosen: list[int], metrics: list[float]) -> list[float] | None:
+        """The weights of the chosen members (their dev `metrics` by index) for a method that weighs_members; None
+        for the others."""
+        return None
+
+    def ensemble_problem(self, method: str, metrics: list[float]) -> str | None:
+        """Why members with these dev metrics cannot be combined by `method`, or None."""
+        return None
+
+    def teacher_scores(self, members: list[np.ndarray], shares: np.ndarray) -> np.ndarray:
+        """An ensemble's soft scores in the runs' score space, its members' weighted by `shares` (summing to 1)."""
+        raise ValueError(f"scripts/ensemble.py combines no {self.name} scores")
+
+    # -- distillation ------------------------------------------------------------------------------
+    @abstractmethod
+    def distillation_loss(self, objective, outputs: Tensor, teacher, ids: list[str], temperature: float) -> Tensor:
+        """How far the student's `outputs` on the examples `ids` are from the teacher's scores of them (`teacher`:
+        what load_teacher gave), in the space the runs save scores in; 0 where they agree."""

@@ -1,0 +1,47 @@
+"""Tasks whose examples are two sentences (QQP, STS): their files' two text columns, and the encodings of a pair the
+model may read them by (MultitaskBERT's pair_encoders, per task):
+
+    sbert   u, v pooled from two separate encodings (one (2B, T) batch)
+    cross   one joint [CLS] s1 [SEP] s2 [SEP] encoding, pooled, a linear head -> 1 logit
+    hybrid  the joint encoding, each sentence's own tokens mean-pooled into u and v (AllBERT, seed 004 eq. 5)
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from pathlib import Path
+
+from torch import Tensor, nn
+
+from minbert.tasks.course_files import PairExample, read_rows
+
+PAIR_COLUMNS = ("sentence1", "sentence2")  # the text columns of the course's pair files
+
+
+class SentencePairs(ABC):
+    """What the pair tasks share, mixed in before their own kind (QQP's Classification, STS's Task)."""
+
+    def load(self, path: str | Path, split: str) -> list[PairExample]:
+        """Labels are floats (QQP 0.0 / 1.0, STS 0-5), None for split="test"."""
+        return [PairExample(example_id, sentence1, sentence2, label)
+                for example_id, (sentence1, sentence2), label in read_rows(path, split, self.text_columns,
+                                                                           self.label_column, self.label_problem,
+                                                                           self.name)]
+
+    def is_cross_encoded(self, pair_encoders: Mapping[str, str]) -> bool:
+        return pair_encoders[self.name] == "cross"
+
+    def build_head(self, in_features: int) -> nn.Module:
+        return nn.Linear(in_features, 1)  # one logit
+
+    def outputs(self, model: nn.Module, hidden: Tensor, inputs) -> Tensor:
+        """A cross-encoded pair's logit: the pooled pair through the dense layer, dropout and the head; else what
+        the task makes of the two sentence embeddings."""
+        if self.is_cross_encoded(model.pair_encoders):
+            return self.head(model)(model.head_input(self.name, hidden, inputs)).squeeze(-1)  # (B,)
+        u, v = model.pair_embeddings(self.name, hidden, inputs)  # (B, H) each
+        return self.outputs_of_embeddings(model, u, v)
+
+    @abstractmethod
+    def outputs_of_embeddings(self, model: nn.Module, u: Tensor, v: Tensor) -> Tensor:
+        """The task's outputs (B,) from the embeddings u and v (B, H) of the two sentences (SBERT, hybrid)."""

@@ -1,0 +1,136 @@
+"""STS-B: how similar two sentences are in meaning, a score from 0 to 5, scored by its Pearson correlation with the
+gold scores (mapped onto [0, 1] as (r + 1) / 2 in the course's overall score).
+
+    sbert / hybrid   cos(u, v) of the two sentence embeddings (through the task's dense layer, a projection of each
+                     side, with --head_hidden; through the heads' dropout with sts_cosine_dropout), trained by
+                     --similarity_objective and reported as a 0-5 score
+    cross            a linear head on the pooled joint encoding: one logit, reported as 5 sigmoid
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from minbert.tasks.base import Task
+from minbert.tasks.losses import CosineSimilarityObjective, CrossSimilarityObjective, scaled_squared_error
+from minbert.tasks.metrics import sts_metrics
+from minbert.tasks.pairs import PAIR_COLUMNS, SentencePairs
+
+SCORE_RANGE = (0.0, 5.0)
+# A saved score may be the range's bound give or take float32's rounding of a cosine.
+SCORE_ROUNDING = 1e-4
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class Similarity(SentencePairs, Task):
+    text_columns: tuple[str, ...] = PAIR_COLUMNS
+    ensemble_methods: tuple[str, ...] = ("mean", "weighted")
+    headless_output: str = "cosine"
+    score_columns = ("score",)  # the 0-5 similarity the leaderboard CSV reports
+
+    @property
+    def history_columns(self) -> tuple[tuple[str, str], ...]:
+        return (f"{self.name}_pearson", f"{self.title} r"), (f"{self.name}_spearman", f"{self.title} rho")
+
+    def label_problem(self, value: float) -> str | None:
+        low, high = SCORE_RANGE
+        return None if low <= value <= high else f"a number in [{low:g}, {high:g}]"  # NaN fails both comparisons
+
+    # -- the model ---------------------------------------------------------------------------------
+    def has_head(self, pair_encoders: Mapping[str, str]) -> bool:
+        """Only a cross-encoded STS has a linear head: the others' output is the cosine of u and v."""
+        return self.is_cross_encoded(pair_encoders)
+
+    def outputs_of_embeddings(self, model: nn.Module, u: Tensor, v: Tensor) -> Tensor:
+        u, v = model.features(self.name, u), model.features(self.name, v)  # a dense layer projects each side
+        if model.sts_cosine_dropout:
+            u, v = model.dropout(u), model.dropout(v)
+        return F.cosine_similarity(u.float(), v.float(), dim=-1)  # (B,)
+
+    def check_options(self, options: Mapping[str, object]) -> None:
+        if options["sts_cosine_dropout"] and self.is_cross_encoded(options["pair_encoder"]):
+            raise ValueError("sts_cosine_dropout applies to the STS cosine (sbert, hybrid); a cross-encoded STS has "
+                             "none")
+
+    def objective(self, options: Mapping[str, object]) -> CosineSimilarityObjective | CrossSimilarityObjective:
+        """A cosine trained by the similarity objective, unless cross-encoded into one logit."""
+        similarity_objective = options["similarity_objective"]
+        if not self.is_cross_encoded(options["pair_encoder"]):
+            return CosineSimilarityObjective(similarity_objective)
+        if similarity_objective != "cosine":
+            raise ValueError(f"similarity objective {similarity_objective!r} applies to a cosine (sbert, hybrid); "
+                             "the STS cross-encoder is trained as MSE(sigmoid(logit), label / 5)")
+        return CrossSimilarityObjective()
+
+    # -- predictions and files ---------------------------------------------------------------------
+    def decide(self, scores: Tensor) -> Tensor:
+        return scores  # the 0-5 similarity is its own prediction
+
+    def metrics(self, predictions, gold) -> dict[str, float]:
+        m = sts_metrics(predictions, gold)
+        return {f"{self.name}_pearson": m["pearson"], f"{self.name}_spearman": m["spearman"]}
+
+    def kept_score(self, metrics: Mapping[str, float]) -> float:
+        return (metrics[self.score_key] + 1) / 2  # Pearson's r mapped onto [0, 1], as the overall score does
+
+    def format_prediction(self, value) -> str:
+        number = float(value)
+        if not math.isfinite(number):
+            raise ValueError(f"similarity prediction {value!r} is not finite")
+        return f"{number:.6g}"
+
+    def parse_prediction(self, text: str) -> float:
+        number = float(text)  # ValueError on junk
+        if not math.isfinite(number):
+            raise ValueError(f"{text!r} is not finite")
+        return number
+
+    def score_problem(self, numbers: list[float]) -> str | None:
+        low, high = SCORE_RANGE
+        if not low - SCORE_ROUNDING <= numbers[0] <= high + SCORE_ROUNDING:
+            return f"STS score {numbers[0]:g} is outside {low:g}-{high:g}"
+        return None
+
+    # -- ensembles and distillation ----------------------------------------------------------------
+    def ensemble_terms(self, scores: np.ndarray, weight: float, method: str) -> np.ndarray:
+        """The member's scores, times its weight (in float64, as np.average has it) for `weighted`."""
+        return scores * np.float64(weight) if self.weighs_members(method) else scores
+
+    def ensemble_predictions(self, total: np.ndarray, weights: list[float], method: str) -> np.ndarray:
+        """The mean score, or the weighted mean (summed afresh, pairwise as np.average sums the weights)."""
+        if not self.weighs_members(method):
+            return total / len(weights)
+        self.check_weights(weights, len(weights))
+        return total / np.sum(weights)
+
+    def weighs_members(self, method: str) -> bool:
+        return method == "weighted"
+
+    def member_weights(self, method: str, chosen: list[int], metrics: list[float]) -> list[float] | None:
+        """weighted: each chosen member's dev Pearson r (0 if negative)."""
+        return [max(metrics[i], 0.0) for i in chosen] if self.weighs_members(method) else None
+
+    def ensemble_problem(self, method: str, metrics: list[float]) -> str | None:
+        if self.weighs_members(method) and not any(r > 0 for r in metrics):
+            return (f"--{self.name} weighted: every member's dev Pearson r is <= 0 "
+                    f"({', '.join(f'{r:.4f}' for r in metrics)}), so none has a weight; use --{self.name} mean")
+        return None
+
+    def teacher_scores(self, members: list[np.ndarray], shares: np.ndarray) -> np.ndarray:
+        return sum(w * scores for w, scores in zip(shares, members))
+
+    def distillation_loss(self, objective, outputs: Tensor, teacher, ids: list[str], temperature: float) -> Tensor:
+        """The squared error of the unclamped score (a student whose cosine is below 0 is still pulled towards the
+        teacher) on the gold loss's scale, whichever similarity objective the run trains."""
+        student = objective.unclamped_score(outputs)
+        return scaled_squared_error(student, teacher.of(ids, student), objective.score_scale)
+
+
+TASK = Similarity(name="sts", order=2, default=True, trainable=True, title="STS", file_prefix="sts", flag_prefix="sts",
+                  label_column="similarity", leaderboard_column="Predicted_Similarity", head_name="similarity_head",
+                  simcse_score="dev Pearson")

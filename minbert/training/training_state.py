@@ -1,0 +1,208 @@
+"""The training state a run saves after every stage, and inside one (--save_steps, --save_every_minutes), as
+OUTPUT_DIR/last.*, which --resume continues from: its files, and the checks that a checkpoint fits the run that
+wants to continue it. What the state holds is the trainer's (Trainer.state_dict / load_state_dict).
+
+    save_training_state(output_dir / "last", *trainer.state_dict())
+    tensors, metadata = read_training_state(output_dir / "last")
+    check_resumable(metadata, world_size, stage_labels, data_sha256)  # refused, with the reason
+    trainer.load_state_dict(tensors, metadata)
+"""
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from base_bert import CheckpointError
+from minbert.data.batches import TaskData
+from minbert.model.checkpoint import atomic_save, check_fields, read_checkpoint
+
+TRAINING_STATE_FIELDS = {"args": dict, "data_sha256": dict, "next_stage": int, "history": list, "best_score": (int, float),
+                         "updates": int, "optimizer": dict, "rng": dict, "smart_skipped_steps": dict}
+# "position": where a stage stood when the checkpoint was saved inside it (StepLoop.save_inside_stage)
+OPTIONAL_FIELDS = {"grad_scaler": dict, "skipped_updates": int, "skipped_stages": list,
+                   "block_best": (dict, type(None)), "position": dict}
+
+
+@dataclass
+class TrainingState:
+    """Where a run stands between stages; with the tensors, what Trainer.state_dict saves for --resume."""
+    next_stage: int = 0
+    updates: int = 0  # optimizer steps taken; the learning rate and SMART's momentum follow it
+    best_score: float = -math.inf  # kept_model_score of the model kept so far
+    history: list[dict] = field(default_factory=list)  # one record per evaluation (index 0: the pretrained model)
+    skipped_updates: int = 0  # fp16 steps skipped for inf / NaN gradients
+    skipped_stages: list[int] = field(default_factory=list)  # schedule positions early stopping skipped (0-based)
+
+    def restore(self, metadata: dict) -> None:
+        """The state a checkpoint holds, in place (the trainer's loops share this object); fields added later read
+        as a run saved before them did."""
+        self.next_stage, self.updates, self.best_score = metadata["next_stage"], metadata["updates"], \
+            metadata["best_score"]
+        self.history = metadata["history"]
+        self.skipped_updates = metadata.get("skipped_updates", 0)
+        self.skipped_stages = metadata.get("skipped_stages", [])
+
+
+def data_fingerprints(data: dict[str, TaskData], triplets: list) -> dict[str, str]:
+    """SHA-256 of the examples (ids, texts, labels) of every split a run reads, by 'task/split': --resume
+    compares the data itself, so a moved or renamed data folder resumes and a changed file does not."""
+    parts = {f"{task}/{split}": getattr(task_data, split) for task, task_data in data.items()
+             for split in ("train", "dev", "test") if getattr(task_data, split) is not None}
+    if triplets:
+        parts["simcse/train"] = triplets
+    return {name: hashlib.sha256("".join(map(repr, examples)).encode()).hexdigest()
+            for name, examples in parts.items()}
+
+
+def save_training_state(prefix: Path, tensors: dict[str, torch.Tensor], metadata: dict) -> None:
+    """PREFIX.safetensors (tensors) and PREFIX.json (plain values), each replaced whole."""
+    atomic_save(prefix, tensors, metadata)
+
+
+def read_training_state(prefix: Path) -> tuple[dict[str, torch.Tensor], dict]:
+    """A saved training state, its fields checked (CheckpointError names the file and the field)."""
+    tensors, metadata = read_checkpoint(prefix)
+    check_fields(prefix.with_suffix(".json"), metadata, TRAINING_STATE_FIELDS)
+    check_fields(prefix.with_suffix(".json"), metadata,  # added later: runs saved before lack them
+                 {name: kind for name, kind in OPTIONAL_FIELDS.items() if name in metadata})
+    return tensors, metadata
+
+
+def check_resumable(metadata: dict, world_size: int, stage_labels: list[str], data_sha256: dict[str, str],
+                    info: Path) -> None:
+    """Refuse a resume the saved state cannot continue: a state its own fields contradict (a hand-edited `info`,
+    check_consistent), another number of processes, a schedule that the stages already done do not begin, or data
+    whose content changed (a --distill teacher's scores included: "distill/TASK")."""
+    check_consistent(metadata, info)
+    saved_world = metadata.get("world_size", 1)
+    if saved_world != world_size:  # each rank's data slice and dropout stream would differ
+        raise CheckpointError(f"cannot resume: the run was trained by {saved_world} process(es), this one has "
+                              f"{world_size}; resume with the same torchrun --nproc_per_node")
+    done = [(record["index"] - 1, record["stage"]) for record in metadata["history"] if record["index"] > 0]
+    if any(position >= len(stage_labels) or stage_labels[position] != label for position, label in done) or \
+            any(position >= len(stage_labels) for position in metadata.get("skipped_stages", [])):
+        raise CheckpointError(f"cannot resume: the stages already done ({', '.join(label for _, label in done)}) "
+                              "do not begin this run's schedule")
+    position, next_stage = metadata.get("position"), metadata["next_stage"]
+    if position is not None and stage_labels[next_stage:next_stage + 1] != [position["label"]]:
+        raise CheckpointError(f"cannot resume: the run stopped inside stage {next_stage + 1} {position['label']}, "
+                              "which is not that stage of this run's schedule")
+    changed = sorted(name for name in data_sha256.keys() & metadata["data_sha256"].keys()
+                     if data_sha256[name] != metadata["data_sha256"][name])
+    if changed:  # a split only one of the two runs reads cannot have changed what was trained
+        raise CheckpointError(f"cannot resume: the data files' content differs from the stopped run's "
+                              f"({', '.join(changed)})")
+
+
+def check_consistent(metadata: dict, info: Path) -> None:
+    """Every field a resume reads, against the others (read_training_state has checked their types): the history's
+    records (the pretrained model's, then one per stage done, each with the first one's metrics, as numbers),
+    next_stage (the number of stages done or skipped by early stopping), the best score (a score, or -inf) and the
+    counters. A hand-edited last.json would otherwise resume into stages rerun or skipped, or a kept model that no
+    stage can beat."""
+    def refuse(problem: str):
+        raise CheckpointError(f"{info}: {problem}; the file was edited or damaged: resume from an intact copy or "
+                              "start again without --resume")
+    history, next_stage, skipped = metadata["history"], metadata["next_stage"], metadata.get("skipped_stages", [])
+    check_history(history, next_stage, skipped, refuse)
+    done = len(history) - 1
+    position = metadata.get("position")
+    # A checkpoint follows a stage, or is inside one (the first too); more stages done than the schedule has is
+    # check_resumable's own refusal.
+    if next_stage != done + len(skipped) or (done < 1 and position is None):
+        refuse(f"next_stage {next_stage!r} does not follow the history's {done} stage(s) done"
+               + (f" and the {len(skipped)} early stopping skipped" if skipped else ""))
+    if position is not None:
+        check_position(position, next_stage, refuse)
+    check_values(metadata, refuse)
+
+
+def check_history(history: list, next_stage: int, skipped: list, refuse: Callable[[str], None]) -> None:
+    """The history's records number the stages done, those before next_stage that early stopping did not skip
+    (`skipped`), each with the first record's metrics, as numbers; the first is the pretrained model's."""
+    if not all(isinstance(s, int) and not isinstance(s, bool) and 0 <= s < next_stage for s in skipped) or \
+            skipped != sorted(set(skipped)):
+        refuse(f"skipped_stages {skipped!r} must be distinct stage positions below next_stage, in order")
+    # A record's index is its stage's position in the schedule (1-based; 0: the pretrained model's).
+    skipped_positions = set(skipped)
+    done_positions = (position for position in itertools.count() if position not in skipped_positions)
+    indices = [0] + [position + 1 for position in itertools.islice(done_positions, len(history))]
+    for position, record in enumerate(history):
+        expected = indices[position]
+        if not isinstance(record, dict) or not isinstance(record.get("stage"), str) or record.get("index") != expected:
+            refuse(f"history record {position} must be an object with a 'stage' name and 'index' {expected}")
+        metrics = {k: v for k, v in record.items() if k not in ("stage", "index")}
+        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in metrics.values()):
+            refuse(f"history record {position} ({record['stage']}) holds a value that is not a number")
+        if position and not set(history[0]) <= set(record):
+            refuse(f"history record {position} ({record['stage']}) lacks metrics of the first record "
+                   f"({', '.join(sorted(set(history[0]) - set(record)))})")
+    if not history or history[0]["stage"] != "pretrained":
+        refuse("the history must begin with the pretrained model's record")
+
+
+def check_values(metadata: dict, refuse: Callable[[str], None]) -> None:
+    """The best score (a score, or -inf), the counters, the data's hashes and the block's best stage."""
+    best = metadata["best_score"]
+    if not (best == -math.inf or 0 <= best <= 1):  # -inf before any stage is kept; scores are means of [0, 1] metrics
+        refuse(f"best_score {best!r} is not a score in [0, 1]")
+    counters = [("updates", metadata["updates"], 0), ("skipped_updates", metadata.get("skipped_updates", 0), 0),
+                ("world_size", metadata.get("world_size", 1), 1)]
+    counters += [(f"smart_skipped_steps[{task!r}]", n, 0) for task, n in metadata["smart_skipped_steps"].items()]
+    for name, count, least in counters:
+        if not isinstance(count, int) or isinstance(count, bool) or count < least:
+            refuse(f"{name} must be a whole number >= {least}, found {count!r}")
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata["data_sha256"].items()):
+        refuse("data_sha256 must map names to hashes")
+    block_best = metadata.get("block_best")  # the best stage so far of a block that --stage_start best resolves
+    if block_best is not None and not (
+            set(block_best) == {"index", "score"} and any(r["index"] == block_best["index"]
+                                                         for r in metadata["history"][1:])
+            and isinstance(block_best["score"], (int, float)) and 0 <= block_best["score"] <= 1):
+        refuse(f"block_best {block_best!r} must name a stage done (its 'index') and its 'score' in [0, 1]")
+
+
+def check_position(position: dict, stage: int, refuse) -> None:
+    """A checkpoint saved inside stage `stage` (0-based): its place among the stage's steps and updates, and the
+    counts of its sums, which say what the resumed stage skips and adds to."""
+    def whole(value, least: int) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and value >= least
+    if position.get("stage") != stage or not isinstance(position.get("label"), str):
+        refuse(f"the position inside a stage must name stage {stage} (next_stage) and its label")
+    if not (whole(position.get("steps"), 2) and whole(position.get("steps_done"), 1)
+            and position["steps_done"] < position["steps"]):
+        refuse("the position's steps_done must be a whole number from 1 to below its steps")
+    if not (whole(position.get("stage_updates"), 1) and whole(position.get("updates"), 1)
+            and position["updates"] <= position["stage_updates"]):
+        refuse("the position's updates must be a whole number from 1 to its stage_updates")
+    if not isinstance(position.get("seconds"), (int, float)) or isinstance(position["seconds"], bool):
+        refuse("the position's seconds must be a number")
+    counts = []
+    for name, keys in (("losses", ("count", "recent_count")), ("task_losses", None), ("penalties", None)):
+        sums = position.get(name)
+        counts += [None] if not isinstance(sums, dict) else [sums.get(key) for key in keys or sums]
+    if not all(whole(count, 0) for count in counts):
+        refuse("the position's counts of losses must be whole numbers")
+
+
+def saved_position(prefix: Path) -> dict | None:
+    """The position of the checkpoint PREFIX.json when it was saved inside a stage; None after a stage, or when there
+    is no readable checkpoint (for a message: nothing is checked)."""
+    try:
+        position = json.loads(prefix.with_suffix(".json").read_text(encoding="utf-8")).get("position")
+    except (OSError, ValueError, AttributeError, RecursionError):
+        return None
+    return position if isinstance(position, dict) else None
+
+
+def kept_inside_stage(position: dict) -> str:
+    """What a checkpoint inside a stage keeps of it, e.g. 'kept 37 of 120 updates of stage 2 sts'."""
+    return (f"kept {position['updates']} of {position['stage_updates']} updates of stage {position['stage'] + 1} "
+            f"{position['label']}")
