@@ -8,6 +8,7 @@ SQuAD's answers and window logits, batched for evaluation and, under torchrun, s
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,6 +21,19 @@ from minbert.model.multitask_bert import MultitaskBERT
 from minbert.runtime import autocast, pad_to_multiple_of, to_device
 from minbert.tasks import TASKS
 from minbert.tasks.squad import Answer, QAExample, QASettings, QAWindows, decode_answers
+
+
+def scored_batches(model: MultitaskBERT, task: str, shard: TokenizedExamples | QAWindows, device: torch.device,
+                   batch_size: int, precision: str, quiet: bool) -> Iterator[tuple[list[str], np.ndarray]]:
+    """Each batch's ids and the model's scores of it (float32 on the host), in the order the loader visits them;
+    the callers run under torch.inference_mode."""
+    loader = tokenized_dataloader(shard, batch_size, shuffle=False, pin_memory=device.type == "cuda",
+                                  pad_to_multiple_of=pad_to_multiple_of(device))
+    for batch in tqdm(loader, desc=f"predict {task}", leave=False, disable=quiet):
+        batch = to_device(batch, device)
+        with autocast(device, precision):
+            values = model.score(task, batch).float().cpu().numpy()
+        yield batch["ids"], values
 
 
 @torch.inference_mode()
@@ -41,14 +55,10 @@ def predict_examples(model: MultitaskBERT, task: str, examples: list | Tokenized
                          f"{examples.cross_encoder}, but predicting needs {max_length} and {cross_encoder}")
 
     def predict_shard(shard: TokenizedExamples) -> tuple[list[str], np.ndarray]:
-        loader = tokenized_dataloader(shard, batch_size, shuffle=False, pin_memory=device.type == "cuda",
-                                      pad_to_multiple_of=pad_to_multiple_of(device))
         ids, outputs = [], []
-        for batch in tqdm(loader, desc=f"predict {task}", leave=False, disable=quiet):
-            batch = to_device(batch, device)
-            with autocast(device, precision):
-                outputs.append(model.score(task, batch).float().cpu().numpy())
-            ids += batch["ids"]
+        for batch_ids, values in scored_batches(model, task, shard, device, batch_size, precision, quiet):
+            outputs.append(values)
+            ids += batch_ids
         return ids, np.concatenate(outputs)
     ids, values = predict_in_file_order(examples, predict_shard, distributed)
     return ids, values if scores else decide(model, task, values)
@@ -64,15 +74,11 @@ def predict_span_logits(model: MultitaskBERT, task: str, windows: QAWindows, dev
     model.eval()
 
     def predict_shard(shard: QAWindows) -> tuple[list[str], np.ndarray]:
-        loader = tokenized_dataloader(shard, batch_size, shuffle=False, pin_memory=device.type == "cuda",
-                                      pad_to_multiple_of=pad_to_multiple_of(device))
         ids, logits = [], []
-        for batch in tqdm(loader, desc=f"predict {task}", leave=False, disable=quiet):
-            batch = to_device(batch, device)
-            with autocast(device, precision):
-                values = model.score(task, batch).float().cpu().numpy()  # (B, T, 2)
+        for batch_ids, values in scored_batches(model, task, shard, device, batch_size, precision, quiet):
+            # (B, T, 2) padded to (B, max_length, 2): batches are as long as their longest window
             logits.append(np.pad(values, ((0, 0), (0, windows.max_length - values.shape[1]), (0, 0))))
-            ids += batch["ids"]
+            ids += batch_ids
         return ids, np.concatenate(logits)  # (B, max_length, 2)
     return predict_in_file_order(windows, predict_shard, distributed)
 
