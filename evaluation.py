@@ -23,8 +23,8 @@ import numpy as np
 
 from minbert.tasks import MULTITASK, RUN_TASKS, TASKS, default_output
 from minbert.tasks.base import first_few
-from minbert.tasks.metrics import paired_arrays  # noqa: F401 (sts_metrics: scripts/sts_objectives.py's)
-from minbert.tasks.metrics import paraphrase_metrics, sts_metrics
+from minbert.tasks.metrics import paired_arrays, paraphrase_metrics
+from minbert.tasks.metrics import sts_metrics  # noqa: F401 (scripts/sts_objectives.py's)
 from minbert.training.schedules import tasks_trained_by
 
 LEADERBOARD_COLUMNS = {name: task.leaderboard_column for name, task in TASKS.items()}

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from minbert.data.batches import (DataError, DataWarning, LengthBucketSampler, PairExample, SentenceExample,
-                                  collate_pairs, collate_sentences, example_lengths, load_pair_examples,
+                                  collate_pairs, collate_sentences, example_lengths, load_examples,
                                   load_sentence_examples, load_split, make_dataloader, standard_paths, subsample)
 
 REPO = Path(__file__).resolve().parents[1]
@@ -117,7 +117,7 @@ def test_real_files_load_every_row_as_the_course_dictreader_reads_it(task, split
 def test_real_labels_are_in_range_and_quoted_text_is_unescaped():
     sst = load_sentence_examples(PROTOCOL / "ids-sst-train.csv", "sst", "train")
     assert {e.label for e in sst} == {0, 1, 2, 3, 4}
-    sts = {e.id: e for e in load_pair_examples(PROTOCOL / "sts-train.csv", "sts", "train")}
+    sts = {e.id: e for e in load_examples(PROTOCOL / "sts-train.csv", "sts", "train")}
     assert all(0.0 <= e.label <= 5.0 for e in sts.values())
     # sts-train.csv line 10 is a quoted field with doubled quotes inside.
     line_10 = (PROTOCOL / "sts-train.csv").read_text(encoding="utf-8").splitlines()[9]
@@ -158,7 +158,7 @@ def test_missing_label_column_is_named_but_not_needed_for_test(tmp_path):
 def test_missing_text_column_is_named(tmp_path):
     path = write(tmp_path, f"\tid\tsentence1\tsimilarity\n0\t{hex_id(1)}\ta\t1.0\n")
     with pytest.raises(DataError, match="missing required column 'sentence2'"):
-        load_pair_examples(path, "sts", "dev")
+        load_examples(path, "sts", "dev")
 
 
 @pytest.mark.parametrize("task,label", [("sst", "5"), ("sst", "-1"), ("sst", "2.5"), ("cfimdb", "2"),
@@ -172,7 +172,7 @@ def test_label_out_of_range(tmp_path, task, label):
         column = "is_duplicate" if task == "qqp" else "similarity"
         path = write(tmp_path, PAIR_HEADER.format(label=column)
                      + f"0\t{hex_id(1)}\ta\tb\t1.0\n1\t{hex_id(2)}\tc\td\t{label}\n")
-        loader = load_pair_examples
+        loader = load_examples
     with pytest.raises(DataError, match=re.escape(f"{path}:3: {task} label '{label}' out of range")):
         loader(path, task, "train")
 
@@ -187,7 +187,7 @@ def test_label_spellings_of_the_course_files(tmp_path):
     path = sst_file(tmp_path, f"0\t{hex_id(1)}\ta\t3", f"1\t{hex_id(2)}\tb\t3.0", f"2\t{hex_id(3)}\tc\t 0 ")
     assert [e.label for e in load_sentence_examples(path, "sst", "train")] == [3, 3, 0]
     path = write(tmp_path, PAIR_HEADER.format(label="is_duplicate") + f"0\t{hex_id(1)}\ta\tb\t1\n", "q.csv")
-    assert load_pair_examples(path, "qqp", "train")[0].label == 1.0
+    assert load_examples(path, "qqp", "train")[0].label == 1.0
 
 
 def test_text_that_is_not_utf8_names_the_line(tmp_path):
@@ -240,15 +240,15 @@ def test_empty_sentences_are_dropped_in_train_with_a_warning_but_kept_in_dev_and
     pairs = write(tmp_path, PAIR_HEADER.format(label="similarity")
                   + f"0\t{hex_id(1)}\ta\tb\t1.0\n1\t{hex_id(2)}\tc\t\t2.0\n", "sts.csv")
     with pytest.warns(DataWarning, match="dropped 1 row"):
-        assert len(load_pair_examples(pairs, "sts", "train")) == 1
-    assert load_pair_examples(pairs, "sts", "dev")[1] == PairExample(hex_id(2), "c", "", 2.0)
+        assert len(load_examples(pairs, "sts", "train")) == 1
+    assert load_examples(pairs, "sts", "dev")[1] == PairExample(hex_id(2), "c", "", 2.0)
 
 
 def test_rows_with_an_empty_label_are_dropped_with_a_warning(tmp_path):
     path = write(tmp_path, PAIR_HEADER.format(label="is_duplicate")
                  + f"0\t{hex_id(1)}\ta\tb\t1.0\n1\t{hex_id(2)}\tc\td\t\n")
     with pytest.warns(DataWarning, match=re.escape("dropped 1 row(s) with an empty 'is_duplicate' label (lines 3)")):
-        assert [e.id for e in load_pair_examples(path, "qqp", "dev")] == [hex_id(1)]
+        assert [e.id for e in load_examples(path, "qqp", "dev")] == [hex_id(1)]
 
 
 def test_a_file_with_no_usable_rows_is_an_error(tmp_path):

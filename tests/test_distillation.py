@@ -16,13 +16,12 @@ from safetensors.numpy import save
 
 import multitask_classifier as mc
 from conftest import DEMO, exit_code, prediction_flags, skip_figures
-from minbert.data.scores import (ScoresFileError, read_scores, scores_path, span_logits_path, write_scores,
-                                 write_span_logits)
+from minbert.data.scores import ScoresFileError, read_scores, scores_path, span_logits_path, write_scores
 from minbert.prediction.ensemble_scores import teacher_scores
 from minbert.tasks import TASKS
 from minbert.tasks.losses import (SIMILARITY_OBJECTIVES, ClassificationObjective, CosineSimilarityObjective,
                                   CrossSimilarityObjective)
-from minbert.tasks.qa import PADDING_LOGIT, read_span_logits
+from minbert.tasks.qa import PADDING_LOGIT, read_span_logits, write_span_logits
 from minbert.training.distillation import Distillation, TeacherScores, TeacherSpans, load_teacher
 
 pytestmark = pytest.mark.usefixtures("one_thread", "no_plots")

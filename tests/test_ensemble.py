@@ -13,10 +13,11 @@ import multitask_classifier
 from conftest import DEMO, prediction_flags, skip_figures
 from evaluation import write_predictions
 from minbert.data.batches import load_split
-from minbert.data.scores import ScoresFileError, as_saved, read_scores, scores_path, write_scores
-from minbert.prediction.ensemble_scores import (METHODS, class_probabilities, combine, greedy_selection,
+from minbert.data.scores import ScoresFileError, read_scores, scores_path, write_scores
+from minbert.prediction.ensemble_scores import (METHODS, combine, greedy_selection,
                                                 held_out_metric, member_predictions, member_weights, metric)
-from minbert.tasks import MULTITASK
+from minbert.tasks import MULTITASK, TASKS
+from minbert.tasks.score_files import as_saved
 
 pytestmark = pytest.mark.usefixtures("one_thread", "no_plots")
 
@@ -50,7 +51,7 @@ def test_qqp_votes_and_mean_probability():
     assert combine("qqp", members, "vote").tolist() == [1, 0, 0]
     mean = np.mean([1 / (1 + np.exp(-m)) for m in members], axis=0) > 0.5
     assert combine("qqp", members, "mean").tolist() == mean.astype(int).tolist()
-    assert class_probabilities("qqp", np.array([0.0])).tolist() == [[0.5, 0.5]]
+    assert TASKS["qqp"].probabilities(np.array([0.0])).tolist() == [[0.5, 0.5]]
 
 
 def test_sts_mean_and_dev_weighted_mean():
@@ -82,7 +83,7 @@ def test_member_predictions_are_the_runs_own_decision_ties_included():
 
 
 def numpy_decision(task, scores):
-    """The decision rule as scripts/ensemble.py had it in numpy, before it used the runs' own (losses.decision)."""
+    """The decision rule as scripts/ensemble.py had it in numpy, before it used the runs' own (the task's decide)."""
     return scores.argmax(axis=-1) if task == "sst" else (scores > 0).astype(np.int64) if task == "qqp" else scores
 
 
@@ -91,7 +92,7 @@ def stacked_combine(task, members, method, weights=None):
     if task == "sts":
         stacked = np.stack(members)
         return stacked.mean(axis=0) if method == "mean" else np.average(stacked, axis=0, weights=weights)
-    probabilities = np.mean([class_probabilities(task, m) for m in members], axis=0)
+    probabilities = np.mean([TASKS[task].probabilities(m) for m in members], axis=0)
     if method == "mean":
         return probabilities.argmax(axis=-1)
     votes = np.zeros_like(probabilities)

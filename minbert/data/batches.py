@@ -26,7 +26,7 @@ from torch.utils.data import DataLoader, Sampler
 from minbert.distributed import SINGLE_PROCESS, Distributed, cut_global_batches, global_batch_count, shard_batch
 from minbert.files import DataError, DataWarning, show_data_warnings_on_one_line  # noqa: F401 (the loaders' errors)
 from minbert.runtime import bucket_length
-from minbert.tasks import PAIR_TASKS, SPLITS, TASKS, course_file_name
+from minbert.tasks import SPLITS, TASKS, course_file_name
 from minbert.tasks.course_files import PairExample, SentenceExample
 from minbert.tasks.squad import QAExample, QAWindows
 
@@ -44,13 +44,6 @@ def load_sentence_examples(path: str | Path, task: str, split: str) -> list[Sent
     """Read an SST or CFIMDB file; labels are ints (SST 0-4, CFIMDB 0/1), None for split="test"."""
     if task not in SENTENCE_TASKS:
         raise ValueError(f"task must be one of {SENTENCE_TASKS}, got {task!r}")
-    return load_examples(path, task, split)
-
-
-def load_pair_examples(path: str | Path, task: str, split: str) -> list[PairExample]:
-    """Read a QQP (quora-*.csv) or STS file; labels are floats (QQP 0.0/1.0, STS 0-5), None for split="test"."""
-    if task not in PAIR_TASKS:
-        raise ValueError(f"task must be one of {PAIR_TASKS}, got {task!r}")
     return load_examples(path, task, split)
 
 

@@ -27,9 +27,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from minbert.tasks import TASKS
-from minbert.tasks.qa import span_logits_path, write_span_logits  # noqa: F401 (SQuAD's train logits, in a run's folder)
-from minbert.tasks.score_files import (ScoresFileError, as_saved,  # noqa: F401 (read where a run's folder is)
-                                       scores_path)
+from minbert.tasks.qa import span_logits_path  # noqa: F401 (SQuAD's train logits, in a run's folder)
+from minbert.tasks.score_files import ScoresFileError, scores_path  # noqa: F401 (read where a run's folder is)
 
 
 def write_scores(path: str | os.PathLike, ids: Sequence[str], scores: np.ndarray, task: str) -> None:

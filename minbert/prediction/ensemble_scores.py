@@ -76,12 +76,6 @@ def member_tasks(members: list[Member]) -> list[str]:
 # Combining scores (arrays in, arrays out)
 
 
-def class_probabilities(task: str, scores: np.ndarray) -> np.ndarray:
-    """(N, C) class probabilities of one member's scores of a classification task (SST's logits (N, 5), QQP's
-    logit (N,))."""
-    return TASKS[task].probabilities(scores)
-
-
 def member_predictions(task: str, scores: np.ndarray) -> np.ndarray:
     """One member's predictions, exactly as its own CSV has them: the run's own rule (the task's decide)."""
     return TASKS[task].decide(torch.from_numpy(scores)).numpy()
