@@ -41,7 +41,7 @@ OPTIONAL_HISTORY_METRICS = (*(column for task in MULTITASK for column in TASKS[t
 # The score of each task in the continual-learning figures (forgetting_measures): its own dev metric on its own
 # scale, accuracy for SST and QQP, Pearson r for STS (not the overall score's (r + 1) / 2), F1 for SQuAD.
 TASK_SCORES = {task: TASKS[task].score_key for task in RUN_TASKS}
-# The stage label of the history's first record: the model before any training (trainer.py).
+# The stage label of the history's first record: the model before any training (minbert/training/trainer.py).
 BEFORE_TRAINING = "pretrained"
 
 

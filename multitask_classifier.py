@@ -49,7 +49,8 @@ def tsne_file(task: str) -> str:
     return f"{task}_tsne.png"
 
 
-# What a run writes in its folder besides checkpoints and scores (trainer.py, plots.write_run_reports, write_tsne).
+# What a run writes in its folder besides checkpoints and scores (minbert/training/trainer.py, plots.write_run_reports,
+# write_tsne)..
 RUN_REPORTS = (RECORD_FILE, "metrics.jsonl", STEPS_FILE, "history.json", "forgetting.md", "forgetting_matrix.png",
                "training_curves.png", "sst_error_histogram.png", "qqp_confusion_matrix.png", "sts_scatter.png",
                *(tsne_file(name) for name, task in TASKS.items() if task.plots_embeddings))

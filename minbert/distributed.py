@@ -31,7 +31,7 @@ import torch.distributed as dist
 from minbert.runtime import resolve_device
 
 # How long a rank waits in a collective before the run is aborted. After every stage rank 0 alone writes the
-# best model and the training state (bert-base: 110M float32 weights, AdamW's two moments and SMART's teacher, about 1.8 GB) while the
+# best model and the training state (bert-base: 110M float32 weights, AdamW's two moments and SMART's anchor, about 1.8 GB) while the
 # others wait at a barrier; on Colab's Google Drive that write can take minutes, past NCCL's 10-minute default.
 PROCESS_GROUP_TIMEOUT = timedelta(minutes=60)
 

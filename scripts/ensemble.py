@@ -1,5 +1,5 @@
-"""Ensembles of finished runs: their saved scores (RUN/scores/, scores.py) combined into the leaderboard CSVs (the
-six of the course's three tasks, or those of the tasks the runs trained), without running any model again.
+"""Ensembles of finished runs: their saved scores (RUN/scores/, minbert/data/scores.py) combined into the leaderboard
+CSVs (the six of the course's three tasks, or those of the tasks the runs trained), without running any model again.
 
     python scripts/ensemble.py runs/a runs/b runs/c --output_dir runs/ensemble --data_dir data
     python scripts/ensemble.py runs/* --output_dir runs/ensemble --data_dir data --select      # greedy, on dev

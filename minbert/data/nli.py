@@ -202,7 +202,7 @@ def load_nli_pairs(path: str | Path, split: str | None = None) -> list[NLIPair]:
     - Triplet CSV (.csv) with header premise,positive,negative (or SimCSE's sent0,sent1,hard_neg): each
       row becomes an entailment and a contradiction pair, which build_triplets joins back unchanged.
 
-    Labels come back lower case, texts stripped. Anything malformed raises datasets.DataError
+    Labels come back lower case, texts stripped. Anything malformed raises minbert.files.DataError
     ("path:line: problem").
     """
     return _read_nli_source(path, split)[0]

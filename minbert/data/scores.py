@@ -1,6 +1,6 @@
 """A finished run's raw dev and test outputs, saved beside its checkpoints so that an ensemble
 (scripts/ensemble.py) combines runs without running any model again; with --score_train also its train outputs, which
-distillation.py learns from.
+minbert/training/distillation.py learns from.
 
     RUN/scores/{sst,qqp,sts}-{dev,test}.csv      one row per example, in the data file's order
     RUN/scores/{sst,qqp,sts}-train.csv           --score_train (an ensemble's: the teacher it combines)
@@ -9,7 +9,7 @@ distillation.py learns from.
     sst  id,logit_0,...,logit_4     the five class logits
     qqp  id,logit                   the duplicate logit (its sign is the prediction)
     sts  id,score                   the 0-5 similarity the leaderboard CSV reports
-    qa   id,no_answer_margin,answer SQuAD: no-answer score - best span score, and that span (squad.py)
+    qa   id,no_answer_margin,answer SQuAD: no-answer score - best span score, and that span (minbert/tasks/squad.py)
 
 Each task names its columns and checks its values (minbert/tasks/: score_columns, score_problem); the files' format is
 minbert/tasks/score_files.py's, SQuAD's train logits minbert/tasks/qa.py's.

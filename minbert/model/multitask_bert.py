@@ -264,7 +264,7 @@ class MultitaskBERT(nn.Module):
         return TASKS[task].outputs(self, hidden, inputs)
 
     def forward(self, task: str, batch: dict) -> torch.Tensor:
-        self.set_adapter(task)  # a whole pass (predictions, SMART's teacher) always runs its task's adapters
+        self.set_adapter(task)  # a whole pass (predictions, SMART's anchor) always runs its task's adapters
         inputs = self.encoder_inputs(task, batch)
         return self.outputs_from_embeddings(task, self.embed(inputs), inputs)
 

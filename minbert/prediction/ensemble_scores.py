@@ -1,7 +1,7 @@
 """The ensemble library behind scripts/ensemble.py (the command, whose help describes the methods): finished runs' saved
-scores (RUN/scores/, scores.py) read as members, combined per task into the ensemble's predictions, greedy forward
-selection of members on dev (Caruana et al. 2004) and the held-out figure that keeps its dev score honest. Each
-task says how its members combine (minbert/tasks/: ensemble_methods, ensemble_terms, ensemble_predictions,
+scores (RUN/scores/, minbert/data/scores.py) read as members, combined per task into the ensemble's predictions,
+greedy forward selection of members on dev (Caruana et al. 2004) and the held-out figure that keeps its dev score
+honest. Each task says how its members combine (minbert/tasks/: ensemble_methods, ensemble_terms, ensemble_predictions,
 teacher_scores); this module keeps the running sums, the selection and the report.
 """
 from __future__ import annotations

@@ -14,7 +14,7 @@ Its fields say who it is and where its files and flags are; its methods are its 
                  read_scores: its saved scores; predict_scores and write_outputs: a run's leaderboard file and
                  scores of a split; train_scores and write_train_scores: --score_train's, which load_teacher reads
                  back as a distillation teacher
-    ensembles    ensemble_methods, ensemble_terms, ensemble_predictions, teacher_scores (ensemble_scores.py)
+    ensembles    ensemble_methods, ensemble_terms, ensemble_predictions, teacher_scores (prediction/ensemble_scores.py)
     distilling   distillation_loss(objective, outputs, teacher, ids, temperature)
 
 A task module declares its task from a kind that holds most of this: classification.py's Classification (classes

@@ -1,6 +1,6 @@
 """The scores files of a run (RUN/scores/TASK-SPLIT.csv): one row per example, an id and the task's score columns,
 in plain CSV (nothing to unpickle). Floats are written with 9 significant digits, which float32 reads back
-exactly. scores.py is where a run's folder meets them; each task names its columns and checks its values.
+exactly. minbert/data/scores.py is where a run's folder meets them; each task names its columns and checks its values.
 """
 from __future__ import annotations
 

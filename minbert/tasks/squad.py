@@ -3,7 +3,7 @@ decoding with a no-answer threshold, and the official metric.
 
     examples = load_squad(path, split)                              # one QAExample per question, validated
     windows = QAWindows.build(examples, tokenizer, max_length=384, doc_stride=128)
-    loader = datasets.tokenized_dataloader(windows, ...)            # input_ids, attention_mask, token_type_ids,
+    loader = batches.tokenized_dataloader(windows, ...)             # input_ids, attention_mask, token_type_ids,
                                                                      # labels (B, 2): gold start / end token
     answers = decode_answers(windows, logits)                       # best span and no-answer margin per question
     threshold = best_threshold(answers, examples)                   # tau, chosen on dev to maximise F1

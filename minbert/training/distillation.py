@@ -1,16 +1,18 @@
-"""Knowledge distillation from saved scores: a teacher (an ensemble from scripts/ensemble.py, or any run written with
---score_train) has left its outputs on the training examples in TEACHER/scores/{task}-train.csv (scores.py); a
-student trains on the mix (1 - w) * gold loss + w * distillation loss, with no teacher model in memory.
+"""Knowledge distillation from saved scores: a teacher (an ensemble from scripts/ensemble.py, or any run written
+with --score_train) has left its outputs on the training examples in TEACHER/scores/{task}-train.csv
+(minbert/data/scores.py); a student trains on the mix (1 - w) * gold loss + w * distillation loss, with no teacher
+model in memory.
 
     teacher = load_teacher("runs/ensemble", {"sst": sst_train_ids, ...})     # refuses scores that miss an id
     distillation = Distillation(teacher, weight=0.5, temperature=2.0)
     loss = distillation.mix("sst", gold_loss, objective, outputs, batch["ids"])
 
-Each task reads its teacher's file and has its own distillation loss (minbert/tasks/: load_teacher, distillation_loss;
-the losses themselves are losses.py's): SST's softened KL of its 5 logits, QQP's Bernoulli KL of its logit, STS's
-squared error of the 0-5 score on its gold loss's scale, SQuAD's softened KL of the start and end logits of every
-window. They compare scores in the space the runs save them in, so a teacher is any folder of saved scores,
-whatever model or ensemble wrote them. (scripts/ensemble.py combines no SQuAD scores: a SQuAD teacher is one run.)
+Each task reads its teacher's file and has its own distillation loss (minbert/tasks/: load_teacher,
+distillation_loss; the losses themselves are minbert/tasks/losses.py's): SST's softened KL of its 5 logits, QQP's
+Bernoulli KL of its logit, STS's squared error of the 0-5 score on its gold loss's scale, SQuAD's softened KL of the
+start and end logits of every window. They compare scores in the space the runs save them in, so a teacher is any
+folder of saved scores, whatever model or ensemble wrote them. (scripts/ensemble.py combines no SQuAD scores: a
+SQuAD teacher is one run.)
 """
 from __future__ import annotations
 
