@@ -24,7 +24,6 @@ import numpy as np
 from minbert.tasks import MULTITASK, RUN_TASKS, TASKS, default_output
 from minbert.tasks.base import first_few
 from minbert.tasks.metrics import paired_arrays, paraphrase_metrics
-from minbert.tasks.metrics import sts_metrics  # noqa: F401 (scripts/sts_objectives.py's)
 from minbert.training.schedules import tasks_trained_by
 
 LEADERBOARD_COLUMNS = {name: task.leaderboard_column for name, task in TASKS.items()}

@@ -20,13 +20,13 @@ import torch
 
 from base_bert import CheckpointError
 from bert import BertModel
-from evaluation import sts_metrics
 from minbert.data.batches import DataError, TaskData, load_split
 from minbert.model.multitask_bert import MultitaskBERT
 from minbert.run.run_setup import build_trainer
 from minbert.run.training_args import TrainingArguments
 from minbert.runtime import seed_everything
 from minbert.tasks.losses import SIMILARITY_OBJECTIVES
+from minbert.tasks.metrics import sts_metrics
 from minbert.training.schedules import Stage, StageKind
 from tokenizer import BertTokenizer
 
