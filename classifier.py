@@ -18,12 +18,13 @@ checker prepare_submit uses) strips the space and accepts both.
 
 Every data file of both datasets is validated before a model is loaded; a bad file or checkpoint
 ends the run with one line `error: ...` and exit code 2. Under `torchrun --nproc_per_node N` it trains
-data parallel (distributed.py): each process on its slice of every batch, rank 0 alone writing.
+data parallel (minbert/distributed.py): each process on its slice of every batch, rank 0 alone writing.
 """
 from __future__ import annotations
 
 import sys
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
@@ -38,7 +39,7 @@ from evaluation import summarize_line, write_predictions
 from minbert.data.batches import (DataError, SentenceExample, TaskData, load_task_data, make_dataloader,
                                   predict_in_file_order, show_data_warnings_on_one_line)
 from minbert.distributed import SINGLE_PROCESS, Distributed, data_parallel
-from minbert.files import describe_os_error
+from minbert.files import describe_os_error, locked_folder
 from minbert.model.checkpoint import atomic_save, read_checkpoint
 from minbert.run.training_args import (ClassifierArguments, UsageError, build_parser, check_max_length, check_writable,
                                        data_paths, from_namespace)
@@ -214,7 +215,14 @@ def run(args: ClassifierArguments) -> dict[str, dict]:
 
 def _run(args: ClassifierArguments, distributed: Distributed, device: torch.device) -> dict[str, dict]:
     check_writable([args.output_dir, args.predictions_dir])
-    data = load_data(args)  # every data file validated before the model loads
+    data = load_data(args)  # every data file validated before the model loads, and before a folder is made
+    # One writer per folder: two runs there at once would overwrite each other's best checkpoints mid-run.
+    with locked_folder(args.output_dir) if distributed.is_main else nullcontext():
+        return train_both(args, data, distributed, device)
+
+
+def train_both(args: ClassifierArguments, data: dict[str, TaskData], distributed: Distributed,
+               device: torch.device) -> dict[str, dict]:
     config = pretrained_config(args.pretrained)
     check_max_length(args.max_length, config.max_position_embeddings, args.pretrained)
     tokenizer = BertTokenizer.from_pretrained(args.pretrained)

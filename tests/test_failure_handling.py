@@ -408,6 +408,15 @@ def test_a_second_run_in_a_folder_in_use_is_refused(tiny_checkpoint, tmp_path, c
     assert f"{tmp_path / 'run' / '.lock'}: another process is writing in this folder now" in line
 
 
+
+def test_a_second_classifier_run_in_a_folder_in_use_is_refused(tmp_path, capsys, model_must_not_load):
+    import classifier
+    from minbert.files import locked_folder
+    with locked_folder(tmp_path / "run"):
+        assert classifier.main(["--data_dir", str(DEMO), "--output_dir", str(tmp_path / "run"),
+                                "--predictions_dir", str(tmp_path / "p")]) == 2
+    assert f"{tmp_path / 'run' / '.lock'}: another process is writing in this folder now" in one_error_line(capsys)
+
 # -- outputs that cannot be written (issue 39) -----------------------------------------------------------
 
 
