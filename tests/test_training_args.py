@@ -239,3 +239,23 @@ def test_compile_must_match_on_resume_its_cpu_buckets_change_the_training():
     assert "compile" not in resume_free_fields(TrainingArguments)
     with pytest.raises(CheckpointError, match="--compile False -> True"):
         check_resume_arguments(dataclasses.asdict(TrainingArguments()), TrainingArguments(compile=True))
+
+
+def test_a_resume_may_change_cycles_unless_the_lr_or_the_bregman_anchor_follows_the_updates():
+    """--cycles changes the number of updates: refused where the linear rate or SMART's run-long momentum follows
+    it, allowed for SMART without a Bregman term (no anchor, so no momentum)."""
+    import dataclasses
+
+    from base_bert import CheckpointError
+    from minbert.run.training_args import check_resume_arguments
+
+    def resume(**settings):
+        saved = dataclasses.asdict(TrainingArguments(cycles=2, **settings))
+        check_resume_arguments(saved, TrainingArguments(cycles=3, **settings))
+
+    resume(smart=True, smart_bregman_weight=0.0)
+    resume()
+    for settings in (dict(smart=True), dict(lr_schedule="linear"),
+                     dict(smart=True, smart_bregman_weight=0.0, smart_override=["sst:bregman_weight=1"])):
+        with pytest.raises(CheckpointError, match="--cycles 2 -> 3 changes the total number of updates"):
+            resume(**settings)

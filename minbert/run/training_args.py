@@ -853,7 +853,10 @@ def check_resume_arguments(saved: dict, args: TrainingArguments) -> None:
     SMART's momentum follows the total number of updates."""
     run_momentum = args.smart_momentum is None and args.smart_momentum_schedule == "run" and \
         args.smart_anchor == "moving_average"
-    if args.lr_schedule != "constant" or (regularized_tasks(args) and run_momentum):
+    # The momentum only matters where a task has a Bregman term: with --smart_bregman_weight 0 there is no anchor.
+    configs = smart_configs(args) if regularized_tasks(args) and run_momentum else {}
+    anchored = any(configs[task].bregman_weight > 0 for task in regularized_tasks(args) if task in configs)
+    if args.lr_schedule != "constant" or anchored:
         if saved.get("cycles") != args.cycles:
             raise CheckpointError(f"cannot resume: --cycles {saved.get('cycles')!r} -> {args.cycles!r} changes the "
                                   "total number of updates, which the learning rate or SMART's momentum follows; "
