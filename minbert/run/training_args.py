@@ -854,8 +854,9 @@ def check_resume_arguments(saved: dict, args: TrainingArguments) -> None:
     run_momentum = args.smart_momentum is None and args.smart_momentum_schedule == "run" and \
         args.smart_anchor == "moving_average"
     # The momentum only matters where a task has a Bregman term: with --smart_bregman_weight 0 there is no anchor.
-    configs = smart_configs(args) if regularized_tasks(args) and run_momentum else {}
-    anchored = any(configs[task].bregman_weight > 0 for task in regularized_tasks(args) if task in configs)
+    smart_tasks = regularized_tasks(args) if run_momentum else ()
+    configs = smart_configs(args) if smart_tasks else {}
+    anchored = any(configs[task].bregman_weight > 0 for task in smart_tasks)
     if args.lr_schedule != "constant" or anchored:
         if saved.get("cycles") != args.cycles:
             raise CheckpointError(f"cannot resume: --cycles {saved.get('cycles')!r} -> {args.cycles!r} changes the "
