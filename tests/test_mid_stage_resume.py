@@ -213,14 +213,10 @@ def test_negative_save_intervals_are_refused(tmp_path, capsys, flag, value):
     assert f"{flag} must be" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("edit, problem", [
-    (lambda p: {**p, "stage": 0}, "must name stage 1 (next_stage)"),
-    (lambda p: {**p, "steps_done": p["steps"]}, "steps_done must be a whole number from 1 to below its steps"),
-    (lambda p: {**p, "updates": 0}, "updates must be a whole number from 1"),
-    (lambda p: {**p, "losses": {"count": -1, "recent_count": 0}}, "counts of losses must be whole numbers"),
-])
-def test_a_hand_edited_position_is_one_clear_line(tiny_checkpoint, tmp_path, monkeypatch, capsys, edit, problem):
-    killed_after(monkeypatch, 9)
+def resumed_with_edited_position(tiny_checkpoint, tmp_path, monkeypatch, capsys, killed_at: int, edit) -> int:
+    """A sequential run killed after `killed_at` steps with a checkpoint every 2, its last.json position rewritten
+    by `edit`, then resumed: the resume's exit code (its stderr is the only output left in capsys)."""
+    killed_after(monkeypatch, killed_at)
     with pytest.raises(Killed):
         mc.main(run_flags(tiny_checkpoint, tmp_path, *SEQUENTIAL, "--save_steps", "2"))
     monkeypatch.undo()
@@ -228,19 +224,24 @@ def test_a_hand_edited_position_is_one_clear_line(tiny_checkpoint, tmp_path, mon
     metadata = json.loads(info.read_text())
     info.write_text(json.dumps({**metadata, "position": edit(metadata["position"])}))
     capsys.readouterr()
-    assert mc.main(run_flags(tiny_checkpoint, tmp_path, *SEQUENTIAL, "--resume")) == 2
+    return mc.main(run_flags(tiny_checkpoint, tmp_path, *SEQUENTIAL, "--resume"))
+
+
+@pytest.mark.parametrize("edit, problem", [
+    (lambda p: {**p, "stage": 0}, "must name stage 1 (next_stage)"),
+    (lambda p: {**p, "steps_done": p["steps"]}, "steps_done must be a whole number from 1 to below its steps"),
+    (lambda p: {**p, "updates": 0}, "updates must be a whole number from 1"),
+    (lambda p: {**p, "losses": {"count": -1, "recent_count": 0}}, "counts of losses must be whole numbers"),
+])
+def test_a_hand_edited_position_is_one_clear_line(tiny_checkpoint, tmp_path, monkeypatch, capsys, edit, problem):
+    assert resumed_with_edited_position(tiny_checkpoint, tmp_path, monkeypatch, capsys, 9, edit) == 2
     assert problem in capsys.readouterr().err
 
 
 def test_a_checkpoint_inside_another_schedules_stage_is_refused(tiny_checkpoint, tmp_path, monkeypatch, capsys):
-    killed_after(monkeypatch, 3)
-    with pytest.raises(Killed):
-        mc.main(run_flags(tiny_checkpoint, tmp_path, *SEQUENTIAL, "--save_steps", "2"))
-    monkeypatch.undo()
-    info = tmp_path / "run" / "last.json"
-    metadata = json.loads(info.read_text())
-    info.write_text(json.dumps({**metadata, "position": {**metadata["position"], "label": "sts"}}))
-    assert mc.main(run_flags(tiny_checkpoint, tmp_path, *SEQUENTIAL, "--resume")) == 2
+    elsewhere = resumed_with_edited_position(tiny_checkpoint, tmp_path, monkeypatch, capsys, 3,
+                                             lambda position: {**position, "label": "sts"})
+    assert elsewhere == 2
     assert "stopped inside stage 1 sts, which is not that stage of this run's schedule" in capsys.readouterr().err
 
 
