@@ -220,9 +220,9 @@ class Task(ABC):
         return f"{len(ids)} rows"
 
     def train_scores(self, predictor, examples: list):
-        """--score_train: the model's scores of its train `examples`, what a student distils from. Every rank
-        predicts (a collective under torchrun)."""
-        return predictor.predict(self.name, examples, scores=True)
+        """--score_train: the model's scores of its train `examples`, what a student distils from; by default those
+        its leaderboard files are decided from (predict_scores). Every rank predicts (a collective under torchrun)."""
+        return self.predict_scores(predictor, examples)
 
     def write_train_scores(self, run_dir: str | os.PathLike, scores, windowing) -> str:
         """train_scores' `scores` in run_dir/scores/, where load_teacher reads them; `windowing` (squad.QASettings)
