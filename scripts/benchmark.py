@@ -836,8 +836,8 @@ def step_memory(args, device, smart: bool, checkpointing: bool, precision: str, 
 
 def bench_memory(args, device) -> dict:
     """Peak memory of one QQP SBERT training step, counted tensor by tensor (LiveTensorBytes), for every
-    sequence of the batch full length (the worst case): plain and SMART steps (SMART computes in float32
-    whatever the precision: training_steps.compute_task_loss), with and without gradient checkpointing, plain steps
+    sequence of the batch full length (the worst case): plain and SMART steps (SMART's in float32, as an fp16 run
+    or --smart_precision exact computes its passes: the largest case), with and without gradient checkpointing, plain steps
     in float32 and 16-bit autocast (bf16 and fp16 keep activations in 2 bytes alike). On the CPU every row is
     measured twice: with the attention the CPU runs in training (the math path: dropout rules out its fused
     kernel) and with a fused kernel's memory (as CUDA runs it); on CUDA once, as it runs. The GPU estimate of
@@ -848,7 +848,7 @@ def bench_memory(args, device) -> dict:
         "attention_as_run_here": True}
     rows, static, kernels = {}, {}, {}
     for name, (smart, checkpointing, sixteen) in MEMORY_ROWS.items():
-        rows[name] = {"precision": "fp32 (SMART: float32 always)" if smart else half if sixteen else "fp32"}
+        rows[name] = {"precision": "fp32 (SMART in float32: fp16 runs, --smart_precision exact)" if smart else half if sixteen else "fp32"}
         for variant, fused in variants.items():
             figures = step_memory(args, device, smart, checkpointing, half if sixteen else "fp32", fused)
             gc.collect()

@@ -3,35 +3,55 @@
 # the course checks, the tests marked gpu, the encoder and SMART benchmarks against transformers, float32 against
 # 16-bit autocast, the host syncs and graph breaks of one training step (step_audit), and a short gpu_ss.sh /
 # gpu_best.sh run on the demo data. Prints one summary table; logs go to runs/gpu_check/.
-#   bash scripts/gpu_check.sh
+#   bash scripts/gpu_check.sh                      every check, then the table
+#   bash scripts/gpu_check.sh gpu_tests qqp_epoch  only these checks (a failed one after a fix, say), then the table
+#                                                  of every check recorded in runs/gpu_check/, the earlier ones too
+#   bash scripts/gpu_check.sh --list               the checks' names
 set -uo pipefail  # not -e: every check runs and reports, a failing one does not hide the others
 source "$(dirname "$0")/_common.sh"
 cd "$ROOT"
 LOGS="$RUNS_DIR/gpu_check"
-mkdir -p "$LOGS"
+CHECKS=(sanity_check optimizer_test gpu_tests
+        encoder_bert-base-random smart_bert-base-random precision_bert-base-random step_audit_bert-base-random
+        encoder_minilm-l6 smart_minilm-l6 precision_minilm-l6 step_audit_minilm-l6
+        encoder_compiled encoder_packed qqp_epoch smart_precision gpu_ss gpu_best)
+if [[ "${1:-}" == --list ]]; then printf '%s\n' "${CHECKS[@]}"; exit 0; fi
+for name in "$@"; do
+    [[ " ${CHECKS[*]} " == *" $name "* ]] || {
+        echo "gpu_check: unknown check '$name' (bash scripts/gpu_check.sh --list names them)"; exit 2; }
+done
 python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" || {
     echo "gpu_check: no CUDA device visible to torch"; exit 2; }
-ROWS=()
+# A full run starts afresh; a run of named checks replaces their rows and figures and keeps the others'.
+[[ $# -eq 0 ]] && rm -rf "$LOGS"
+mkdir -p "$LOGS/rows" "$LOGS/figures"
+SELECTED=("${@:-${CHECKS[@]}}")
 
-# check NAME COMMAND...: runs it, logs it, records pass/fail, seconds and the last line it printed.
+# check NAME COMMAND...: if NAME is selected, runs it, logs it and records in rows/NAME its pass/fail, seconds and the
+# last line it printed. A benchmark's --json @FIGURES@ becomes figures/NAME.jsonl, replaced on each run of NAME.
 check() {
-    local name=$1 start status last
+    local name=$1 start status last figures
     shift
+    [[ " ${SELECTED[*]} " == *" $name "* ]] || return 0
+    figures="$LOGS/figures/$name.jsonl"
+    rm -f "$figures"
     start=$(date +%s)
-    "$@" >"$LOGS/$name.log" 2>&1
+    "${@//@FIGURES@/$figures}" >"$LOGS/$name.log" 2>&1
     status=$?
     last=$(grep -v '^\s*$' "$LOGS/$name.log" | tail -n 1 | cut -c 1-90)
-    ROWS+=("| $name | $([ $status -eq 0 ] && echo pass || echo "FAIL ($status)") | $(($(date +%s) - start)) s | $last |")
+    echo "| $name | $([ $status -eq 0 ] && echo pass || echo "FAIL ($status)") | $(($(date +%s) - start)) s | $last |" \
+        >"$LOGS/rows/$name"
 }
 
-# The figures the table quotes, read from the benchmarks' JSON lines: figure CONFIG/TITLE_PART KEY [SCALE] (SCALE
-# 1000: seconds as milliseconds); "n/a" where the benchmark failed or has no such key (an fp16 GPU: no bf16 time).
+# The figures the table quotes, read from the benchmarks' JSON lines (figures/): figure CONFIG/TITLE_PART KEY [SCALE]
+# (SCALE 1000: seconds as milliseconds); "n/a" where the benchmark failed or has no such key (an fp16 GPU: no bf16 time).
 figure() {
-    python - "$LOGS/benchmarks.jsonl" "$1" "$2" "${3:-1}" <<'EOF'
-import json, sys
-path, which, key, scale = sys.argv[1:]
+    python - "$LOGS/figures" "$1" "$2" "${3:-1}" "${CHECKS[@]}" <<'EOF'
+import json, pathlib, sys
+folder, which, key, scale, *checks = sys.argv[1:]
 config, title_part = which.split("/")
-for line in open(path):
+files = [pathlib.Path(folder, f"{name}.jsonl") for name in checks]  # in the checks' order, as they run
+for line in (line for path in files if path.is_file() for line in path.open()):
     result = json.loads(line)
     if result["setup"]["config"] == config and title_part in result["benchmark"]:
         value = result
@@ -44,20 +64,19 @@ print("n/a")
 EOF
 }
 
-rm -f "$LOGS/benchmarks.jsonl"
 check sanity_check python sanity_check.py
 check optimizer_test python optimizer_test.py
 check gpu_tests python -m pytest -q -m gpu -s
 for config in bert-base-random minilm-l6; do
     check "encoder_$config" python scripts/benchmark.py encoder --device cuda --config "$config" --seq_len 128 \
-        --json "$LOGS/benchmarks.jsonl"
+        --json @FIGURES@
     check "smart_$config" python scripts/benchmark.py smart --device cuda --config "$config" --seq_len 128 \
-        --json "$LOGS/benchmarks.jsonl"
+        --json @FIGURES@
     # The encoder benchmark times the run's precision only: this one sets float32 (TF32) against 16-bit autocast.
     check "precision_$config" python scripts/benchmark.py precision --device cuda --config "$config" --seq_len 128 \
-        --json "$LOGS/benchmarks.jsonl"
+        --json @FIGURES@
     check "step_audit_$config" python scripts/benchmark.py step_audit --device cuda --config "$config" \
-        --seq_len 128 --json "$LOGS/benchmarks.jsonl"
+        --seq_len 128 --json @FIGURES@
 done
 # bert-base-random only: minBERT's layers compiled against transformers eager and compiled, the packed layout
 # against the padded grid CUDA runs on, one QQP SMART epoch of the course's 141,506 pairs from 60 timed steps, and
@@ -65,11 +84,11 @@ done
 QQP_DATA="$ROOT/../shared/data/protocol"
 [ -f "$QQP_DATA/quora-train.csv" ] || QQP_DATA="$ROOT/data/demo"
 check encoder_compiled python scripts/benchmark.py encoder --device cuda --config bert-base-random --seq_len 128 \
-    --compile --json "$LOGS/benchmarks.jsonl"
+    --compile --json @FIGURES@
 check encoder_packed python scripts/benchmark.py encoder --device cuda --config bert-base-random --seq_len 128 \
-    --token_layout packed --json "$LOGS/benchmarks.jsonl"
+    --token_layout packed --json @FIGURES@
 check qqp_epoch python scripts/benchmark.py qqp_epoch --device cuda --config bert-base-random --seq_len 128 \
-    --data_dir "$QQP_DATA" --warmup 10 --steps 60 --rounds 1 --json "$LOGS/benchmarks.jsonl"
+    --data_dir "$QQP_DATA" --warmup 10 --steps 60 --rounds 1 --json @FIGURES@
 check smart_precision python scripts/smart_precision.py --device cuda --data_dir "$QQP_DATA"
 # About 200 optimizer steps each: the demo's 160 training examples per task at batch 8.
 DEMO_FLAGS=(--pretrained minilm-l6 --batch_size 8 --cycles 5 --quiet)
@@ -82,7 +101,7 @@ echo "GPU check on $(nvidia-smi --query-gpu=name,memory.total --format=csv,nohea
 echo
 echo "| check | result | time | last line of its log ($LOGS/) |"
 echo "|---|---|---|---|"
-printf '%s\n' "${ROWS[@]}"
+for name in "${CHECKS[@]}"; do [[ -f "$LOGS/rows/$name" ]] && cat "$LOGS/rows/$name"; done
 echo
 echo "| figure | bert-base-random | minilm-l6 | goal |"
 echo "|---|---|---|---|"
@@ -108,4 +127,4 @@ done
 for key in host_syncs ops; do
     echo "| SMART step $key (step_audit) | $(figure bert-base-random/step_audit smart_step.$key) | $(figure minilm-l6/step_audit smart_step.$key) | $([ $key = ops ] || echo '<= 1') |"
 done
-! printf '%s\n' "${ROWS[@]}" | grep -q FAIL
+! cat "$LOGS"/rows/* 2>/dev/null | grep -q FAIL

@@ -12,6 +12,12 @@ the batches:
   * R_s: the relative difference of the smoothness term;
   * gradient cosine: the cosine between the step's whole weight gradients (task loss + SMART's penalty).
 
+The same random state gives the same dropout masks only where every variant draws them with the same kernel, as
+on the CPU. CUDA's fused kernels draw per data type (SDPA's attention kernels and the vectorised dropout differ
+between float32 and bf16), so a GPU's 16-bit rows compare other masks as well as another precision. The row
+"exact, other masks" reads them: exact float32 again under another random state, the spread that dropout alone
+gives. A precision whose figures sit at that row's adds nothing dropout does not already.
+
     python scripts/smart_precision.py --data_dir ../shared/data/protocol
     python scripts/smart_precision.py --data_dir ../shared/data/protocol --device cuda   # on a GPU
 """
@@ -57,9 +63,15 @@ def context(precision: str, device: torch.device):
     return nullcontext()
 
 
+OTHER_MASKS = "exact, other masks"  # exact float32 under another random state: dropout's own spread
+OTHER_MASKS_SEED_OFFSET = 1_000_003
+
+
 def one_step(model: MultitaskBERT, task: str, batch: dict, precision: str, seed: int) -> dict:
     """The first ascent gradient, R_s and the weight gradient of one SMART step in `precision`."""
     device = next(model.parameters()).device
+    if precision == OTHER_MASKS:
+        precision, seed = "exact", seed + OTHER_MASKS_SEED_OFFSET
     torch.set_float32_matmul_precision("high" if precision == "tf32" else "highest")
     config = dataclasses.replace(THESIS_SMART[task], precision="exact" if precision == "exact" else "run")
     regularizer = SmartRegularizer(model, config)
@@ -141,7 +153,7 @@ def main(argv=None) -> int:
     print("|---|---|---|---|---|")
     for task in MULTITASK:
         references = [one_step(model, task, batch, "exact", args.seed + i) for i, batch in enumerate(batches[task])]
-        for precision in variants:
+        for precision in [OTHER_MASKS, *variants]:
             rows = [compare(reference, one_step(model, task, batch, precision, args.seed + i))
                     for i, (reference, batch) in enumerate(zip(references, batches[task]))]
             signs, r_s, cosine = (sum(column) / len(rows) for column in zip(*rows))

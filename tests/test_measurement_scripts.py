@@ -1,8 +1,10 @@
-"""scripts/smart_perturbation.py and scripts/sts_objectives.py: the measurements RESULTS.md quotes run on the demo
-data, and bad input is one line with exit code 2."""
+"""scripts/smart_perturbation.py, scripts/smart_precision.py and scripts/sts_objectives.py: the measurements
+RESULTS.md quotes run on the demo data, and bad input is one line with exit code 2."""
 import pytest
 import smart_perturbation
+import smart_precision
 import sts_objectives
+import torch
 
 from conftest import DEMO, tiny_model
 from minbert.model.multitask_bert import save_multitask_model
@@ -21,6 +23,31 @@ def test_smart_perturbation_prints_a_row_per_task_epsilon_and_precision(capsys, 
     for row in rows:  # both divergences are finite and positive: the perturbation and dropout each move the outputs
         adversarial, dropout = (float(cell) for cell in row.split(" | ")[3:5])
         assert 0 < adversarial < float("inf") and 0 < dropout < float("inf")
+
+
+def test_smart_precision_reads_each_precision_against_the_spread_of_other_dropout_masks(capsys, tmp_path):
+    save_multitask_model(tiny_model(), tmp_path / "tiny", {})
+    assert smart_precision.main(["--data_dir", str(DEMO), "--batches", "1", "--batch_size", "4",
+                                 "--checkpoint", str(tmp_path / "tiny")]) == 0
+    rows = [line.split(" | ") for line in capsys.readouterr().out.splitlines() if line.startswith("| s")
+            or line.startswith("| q")]
+    variants = [smart_precision.OTHER_MASKS, *smart_precision.precisions(torch.device("cpu"))]
+    assert [row[:2] for row in rows] == [[f"| {task}", variant] for task in ("sst", "qqp", "sts") for variant in variants]
+    other_masks = [float(row[2]) for row in rows if row[1] == smart_precision.OTHER_MASKS]
+    assert all(0 < agreement < 1 for agreement in other_masks)  # another seed: other masks and random start
+
+
+def test_the_other_masks_variant_is_exact_float32_under_another_seed(tokenizer):
+    from minbert.data.batches import TokenizedExamples, load_split
+    model = tiny_model().train()
+    examples = load_split(str(DEMO), "sts", "train")[:4]
+    batch = TokenizedExamples.tokenize(examples, tokenizer, 32).collate(range(4))
+    other = smart_precision.one_step(model, "sts", batch, smart_precision.OTHER_MASKS, seed=5)
+    moved = smart_precision.one_step(model, "sts", batch, "exact", seed=5 + smart_precision.OTHER_MASKS_SEED_OFFSET)
+    same = smart_precision.one_step(model, "sts", batch, "exact", seed=5)
+    assert other["r_s"] == moved["r_s"] and torch.equal(other["gradient"], moved["gradient"])
+    assert smart_precision.compare(same, same) == (1.0, 0.0, pytest.approx(1.0))
+    assert smart_precision.compare(same, other)[0] < 1
 
 
 @pytest.mark.parametrize("script, flags, problem", [

@@ -5,6 +5,7 @@ The GPU recipes' command lines parse, and every recipe's outputs go under RUNS_D
 import os
 import shlex
 import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -150,6 +151,36 @@ def test_gpu_check_refuses_a_machine_without_cuda_in_one_line():
     result = subprocess.run(["bash", "scripts/gpu_check.sh"], cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 2 and result.stdout.strip() == "gpu_check: no CUDA device visible to torch"
 
+
+def test_gpu_check_lists_its_checks_and_refuses_an_unknown_one_in_one_line():
+    listed = subprocess.run(["bash", "scripts/gpu_check.sh", "--list"], cwd=ROOT, capture_output=True, text=True)
+    assert listed.returncode == 0 and {"gpu_tests", "qqp_epoch", "gpu_best"} <= set(listed.stdout.split())
+    result = subprocess.run(["bash", "scripts/gpu_check.sh", "gpu_tests", "nope"], cwd=ROOT, capture_output=True,
+                            text=True)
+    assert result.returncode == 2
+    assert result.stdout.strip() == "gpu_check: unknown check 'nope' (bash scripts/gpu_check.sh --list names them)"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="stands a CUDA check in for this CPU-only machine")
+def test_gpu_check_runs_named_checks_and_tables_them_with_the_ones_recorded_before(tmp_path):
+    """Named checks replace their own rows and keep the others': a failed check rerun after a fix, or the checks
+    split over two sessions of a lent GPU. `python -c` (the CUDA probe) is answered yes by a stand-in python."""
+    shim = tmp_path / "bin" / "python"
+    shim.parent.mkdir()
+    shim.write_text(f'#!/bin/sh\n[ "$1" = -c ] && case "$2" in *cuda.is_available*) exit 0;; esac\n'
+                    f'exec {sys.executable} "$@"\n')
+    shim.chmod(0o755)
+    rows = tmp_path / "runs" / "gpu_check" / "rows"
+    rows.mkdir(parents=True)
+    (rows / "gpu_best").write_text("| gpu_best | FAIL (1) | 3 s | earlier |\n")
+    (rows / "optimizer_test").write_text("| optimizer_test | FAIL (1) | 1 s | before the fix |\n")
+    env = {**os.environ, "PATH": f"{shim.parent}:{os.environ['PATH']}", "RUNS_DIR": str(tmp_path / "runs")}
+    result = subprocess.run(["bash", "scripts/gpu_check.sh", "optimizer_test"], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=300)
+    table = [line for line in result.stdout.splitlines() if line.startswith("| ") and " s | " in line]
+    assert table[0].startswith("| optimizer_test | pass |") and table[0].endswith("| Optimizer test passed! |")
+    assert table[1:] == ["| gpu_best | FAIL (1) | 3 s | earlier |"]
+    assert result.returncode == 1  # the earlier failure still stands until gpu_best is rerun
 
 def test_the_forgetting_study_runs_each_defence_and_refuses_an_unknown_one():
     flags = {defence: launched_commands("cpu_forgetting_study.sh", DEFENCE=defence)[0]
