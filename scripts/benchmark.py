@@ -75,7 +75,7 @@ from bert import BertModel
 from minbert.data.batches import row_lengths, standard_paths
 from minbert.files import DataError, unwritable_folder
 from minbert.run.training_args import OneLineErrorParser, UsageError
-from minbert.runtime import (PRECISIONS, autocast, float32_exact, has_native_bf16, place_encoder, precision_notice,
+from minbert.runtime import (COMPILE_MODES, PRECISIONS, autocast, float32_exact, has_native_bf16, place_encoder, precision_notice,
                              requested_precision, resolve_precision, scaled_step, to_device, use_tf32)
 from minbert.tasks import MULTITASK, TASKS, squad
 from optimizer import AdamW
@@ -107,7 +107,7 @@ def place(bert: BertModel, device: torch.device, args) -> BertModel:
     """minBERT on `device` as training places it (runtime.place_encoder), compiled under --compile; --token_layout
     packed or padded overrides the device's choice (to measure the other one)."""
     bert.to(device)
-    place_encoder(bert.encoder, device, args.compile)
+    place_encoder(bert.encoder, device, args.compile, args.compile_mode)
     if args.token_layout != "auto":
         bert.encoder.pack_tokens = args.token_layout == "packed"
     return bert
@@ -359,6 +359,7 @@ def bench_encoder(args, device) -> dict:
     medians = alternate(steps, args, device)
     result = {
         "benchmark": "encoder train step (forward, backward, AdamW)" + (", minBERT compiled" if args.compile else "")
+                     + ("" if args.compile_mode == "default" else f" ({args.compile_mode})")
                      + ("" if args.token_layout == "auto" else f", minBERT's tokens {args.token_layout}"),
         "median_step_s": medians,
         "speedup_minbert_vs_transformers": medians["transformers"] / medians["minbert"],
@@ -412,6 +413,8 @@ def describe(args, device) -> dict:
     info["precision_notice"] = precision_notice(device, args.requested_precision)
     info["float32_matmul_precision"] = torch.get_float32_matmul_precision()  # "high": TF32 (runtime.use_tf32)
     info["compile"], info["token_layout"] = args.compile, args.token_layout
+    if args.compile:
+        info["compile_mode"] = args.compile_mode
     return info
 
 
@@ -1791,11 +1794,16 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "--train_flags='--gradient_checkpointing'")
     parser.add_argument("--compile", action="store_true", help="torch.compile minBERT's layers as --compile does in "
                         "training (encoder: transformers is timed compiled too)")
+    parser.add_argument("--compile_mode", choices=COMPILE_MODES, default="default",
+                        help="with --compile: torch.compile's mode, as --compile_mode in training (reduce-overhead: "
+                        "CUDA graphs; give them --warmup 5 or more to record)")
     parser.add_argument("--token_layout", choices=("auto", "packed", "padded"), default="auto",
                         help="minBERT's bert.TokenLayout: auto as training places it (packed on the CPU, padded on "
                         "CUDA), or forced")
     parser.add_argument("--json", type=Path, help="also append the results to this JSON-lines file")
     args = parser.parse_args(argv)
+    if args.compile_mode != "default" and not args.compile:
+        parser.error(f"--compile_mode {args.compile_mode}: only with --compile")
     if args.data_dir is None:
         args.data_dir = str(DEMO_DATA if args.which in AUDITS else PROTOCOL_DATA)
     try:

@@ -14,7 +14,7 @@ LOGS="$RUNS_DIR/gpu_check"
 CHECKS=(sanity_check optimizer_test gpu_tests
         encoder_bert-base-random smart_bert-base-random precision_bert-base-random step_audit_bert-base-random
         encoder_minilm-l6 smart_minilm-l6 precision_minilm-l6 step_audit_minilm-l6
-        encoder_compiled encoder_packed qqp_epoch smart_precision gpu_ss gpu_best)
+        encoder_compiled encoder_cuda_graphs encoder_packed qqp_epoch smart_precision gpu_ss gpu_best)
 if [[ "${1:-}" == --list ]]; then printf '%s\n' "${CHECKS[@]}"; exit 0; fi
 for name in "$@"; do
     [[ " ${CHECKS[*]} " == *" $name "* ]] || {
@@ -85,6 +85,8 @@ QQP_DATA="$ROOT/../shared/data/protocol"
 [ -f "$QQP_DATA/quora-train.csv" ] || QQP_DATA="$ROOT/data/demo"
 check encoder_compiled python scripts/benchmark.py encoder --device cuda --config bert-base-random --seq_len 128 \
     --compile --json @FIGURES@
+check encoder_cuda_graphs python scripts/benchmark.py encoder --device cuda --config bert-base-random --seq_len 128 \
+    --compile --compile_mode reduce-overhead --warmup 5 --json @FIGURES@
 check encoder_packed python scripts/benchmark.py encoder --device cuda --config bert-base-random --seq_len 128 \
     --token_layout packed --json @FIGURES@
 check qqp_epoch python scripts/benchmark.py qqp_epoch --device cuda --config bert-base-random --seq_len 128 \
@@ -110,6 +112,7 @@ echo "| minBERT step model FLOPs utilisation (run's precision) | $(figure bert-b
 echo "| minBERT train step (ms) | $(figure bert-base-random/encoder median_step_s.minbert 1000) | $(figure minilm-l6/encoder median_step_s.minbert 1000) | <= 10 (bert-base, bf16) |"
 echo "| minBERT compiled: speed-up over transformers eager / compiled | $(figure "bert-base-random/minBERT compiled" speedup_minbert_vs_transformers) / $(figure "bert-base-random/minBERT compiled" speedup_minbert_vs_transformers_compiled) | | >= 1.5 / >= 1.1 |"
 echo "| minBERT compiled train step (ms; MFU) | $(figure "bert-base-random/minBERT compiled" median_step_s.minbert 1000); $(figure "bert-base-random/minBERT compiled" mfu.minbert) | | |"
+echo "| minBERT compiled with CUDA graphs (reduce-overhead): train step (ms); speed-up over transformers eager | $(figure "bert-base-random/reduce-overhead" median_step_s.minbert 1000); $(figure "bert-base-random/reduce-overhead" speedup_minbert_vs_transformers) | | <= 10 ms |"
 echo "| minBERT packed tokens train step (ms; CUDA's default is the padded grid) | $(figure "bert-base-random/tokens packed" median_step_s.minbert 1000) | | |"
 echo "| SMART step / plain step | $(figure bert-base-random/SMART smart_cost_ratio) | $(figure minilm-l6/SMART smart_cost_ratio) | <= 2.6 |"
 echo "| the same with --smart_precision exact | $(figure bert-base-random/SMART smart_exact_cost_ratio) | $(figure minilm-l6/SMART smart_exact_cost_ratio) | |"

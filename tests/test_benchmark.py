@@ -350,6 +350,7 @@ def refused(capsys, *argv) -> str:
     (["encoder", "--json", str(DEMO)], f"--json {DEMO}: a folder, not a file"),
     (["step_audit", "--train_flags", "--lr 0"], "--lr must be a finite number > 0, got 0.0"),
     (["step_audit", "--train_flags=--compile"], "--train_flags --compile: torch.compile does not run under"),
+    (["encoder", "--compile_mode", "reduce-overhead"], "--compile_mode reduce-overhead: only with --compile"),
 ])
 def test_a_bad_flag_is_one_line_and_exit_code_2(capsys, argv, message):
     assert message in refused(capsys, *argv)
@@ -425,3 +426,21 @@ def test_the_encoder_benchmark_compiles_minbert_and_times_transformers_compiled(
     assert set(result["median_step_s"]) == {"minbert", "transformers", "transformers_compiled"}
     assert result["speedup_minbert_vs_transformers_compiled"] > 0 and result["setup"]["compile"]
     assert result["setup"]["token_layout"] == "padded"
+
+
+def test_the_encoder_benchmark_compiles_minbert_in_the_mode_asked(tmp_path, tiny_config):
+    import torch._dynamo
+    torch._dynamo.reset()
+    modes = []
+    with pytest.MonkeyPatch.context() as patch:  # record the mode, compile without code generation or CUDA graphs
+        original = torch.compile
+
+        def recording(*args, **kwargs):
+            modes.append(kwargs.get("mode"))
+            return original(*args, **{**kwargs, "mode": None, "backend": "aot_eager"})
+        patch.setattr(torch, "compile", recording)
+        (result,) = run(tmp_path, "encoder", "--precision", "fp32", "--config", tiny_config, "--compile",
+                        "--compile_mode", "reduce-overhead", *TINY_STEPS).values()
+    assert modes[0] == "reduce-overhead"  # minBERT's layers; transformers is compiled in torch's default mode
+    assert result["benchmark"].endswith("minBERT compiled (reduce-overhead)")
+    assert result["setup"]["compile_mode"] == "reduce-overhead"
