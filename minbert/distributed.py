@@ -171,8 +171,13 @@ class Distributed:
         if self.enabled:
             dist.barrier()
 
-    def shutdown(self) -> None:
+    def shutdown(self, failed: bool = False) -> None:
+        """Leaves the process group. After a barrier, so that no rank tears its gloo connections down while another
+        still uses them (a two-process run once ended in one rank's SIGABRT); not after a failure, where the other
+        ranks would never reach the barrier (torchrun or mp.spawn stops them)."""
         if self.enabled and dist.is_initialized():
+            if not failed:
+                dist.barrier()
             dist.destroy_process_group()
 
 
@@ -180,19 +185,25 @@ SINGLE_PROCESS = Distributed()
 
 
 @contextlib.contextmanager
+def leaving_together(distributed: Distributed):
+    """Leaves the process group on every way out of the block: together with the other ranks when it ends, at once
+    when it raises. A process that exits still in a gloo group can abort (SIGABRT) while the interpreter shuts
+    down, as gloo's threads release the tensors they hold, which hides the error that ended it."""
+    try:
+        yield distributed
+    except BaseException:
+        distributed.shutdown(failed=True)
+        raise
+    distributed.shutdown()
+
+
+@contextlib.contextmanager
 def data_parallel(use_gpu: bool):
     """(distributed, device) for a command line's run: the process group torchrun describes (or one
     process), rank 0's output only, and the group left at the end."""
     distributed, device = Distributed.from_environment(use_gpu)
-    try:
-        with distributed.main_process_output():
-            yield distributed, device
-        # Ranks leave together: none tears its gloo connections down while rank 0 still writes files or a
-        # collective is in flight (a two-process CI run once ended in one rank's SIGABRT). Not after an
-        # error: the other ranks would never reach this barrier, and torchrun stops them anyway.
-        distributed.barrier()
-    finally:
-        distributed.shutdown()
+    with leaving_together(distributed), distributed.main_process_output():
+        yield distributed, device
 
 
 def shard_batch(indices: list[int], world_size: int, rank: int) -> list[int]:

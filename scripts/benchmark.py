@@ -883,38 +883,39 @@ def _data_parallel_worker(rank: int, world_size: int, port: int, args, results) 
     gradients averaged by distributed.py; rank 0 reports the median step and all-reduce times."""
     import os
 
-    from minbert.distributed import Distributed
+    from minbert.distributed import Distributed, leaving_together
     from minbert.training.training_steps import compute_task_loss
     if world_size > 1:
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
                           WORLD_SIZE=str(world_size))
     torch.set_num_threads(max(1, args.threads // world_size))
     distributed, _ = Distributed.from_environment(use_gpu=False)
-    local = argparse.Namespace(**{**vars(args), "batch_size": args.batch_size // world_size})
-    cpu = torch.device("cpu")
-    model, optimizer, _, batch = multitask_setup(local, cpu, False)
-    batch = {**batch, "labels": (batch["labels"] > 2.5).float()}
-    update = Update(optimizer, cpu, args.precision)
-    step_times, reduce_times = [], []
-    for index in range(args.warmup + args.steps * args.rounds):
-        distributed.barrier()
-        start = time.perf_counter()
-        optimizer.zero_grad(set_to_none=True)
-        with autocast(cpu, args.precision):
-            loss = compute_task_loss(model, "qqp", batch)
-        update.scaler.scale(loss).backward()  # a disabled scaler (bf16, fp32) passes the loss and the step through
-        reduce_start = time.perf_counter()
-        distributed.average_gradients(model.parameters())
-        reduce_end = time.perf_counter()
-        update.scaler.step(optimizer)
-        update.scaler.update()
-        distributed.barrier()
-        if index >= args.warmup:
-            step_times.append(time.perf_counter() - start)
-            reduce_times.append(reduce_end - reduce_start)
-    if rank == 0:
-        results.put((statistics.median(step_times), statistics.median(reduce_times)))
-    distributed.shutdown()
+    with leaving_together(distributed):
+        local = argparse.Namespace(**{**vars(args), "batch_size": args.batch_size // world_size})
+        cpu = torch.device("cpu")
+        model, optimizer, _, batch = multitask_setup(local, cpu, False)
+        batch = {**batch, "labels": (batch["labels"] > 2.5).float()}
+        update = Update(optimizer, cpu, args.precision)
+        step_times, reduce_times = [], []
+        for index in range(args.warmup + args.steps * args.rounds):
+            distributed.barrier()
+            start = time.perf_counter()
+            optimizer.zero_grad(set_to_none=True)
+            with autocast(cpu, args.precision):
+                loss = compute_task_loss(model, "qqp", batch)
+            # A disabled scaler (bf16, fp32) passes the loss and the step through.
+            update.scaler.scale(loss).backward()
+            reduce_start = time.perf_counter()
+            distributed.average_gradients(model.parameters())
+            reduce_end = time.perf_counter()
+            update.scaler.step(optimizer)
+            update.scaler.update()
+            distributed.barrier()
+            if index >= args.warmup:
+                step_times.append(time.perf_counter() - start)
+                reduce_times.append(reduce_end - reduce_start)
+        if rank == 0:
+            results.put((statistics.median(step_times), statistics.median(reduce_times)))
 
 
 def bench_data_parallel(args, device) -> dict:

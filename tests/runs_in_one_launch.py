@@ -30,7 +30,11 @@ def main(runs_file: str) -> int:
 
     from minbert.distributed import Distributed
     leave_group = Distributed.shutdown
-    Distributed.shutdown = lambda self: None  # how each run leaves the group; the ranks leave once, below
+
+    def end_of_run(self, failed: bool = False) -> None:  # how each run leaves the group; the ranks leave once, below
+        if self.enabled and not failed:
+            dist.barrier()  # as a run's leaving does: no rank starts the next run while another is in a collective
+    Distributed.shutdown = end_of_run
     rank = os.environ.get("RANK", "0")
     folder = Path(runs_file).parent
     for name, script, argv in json.loads(Path(runs_file).read_text()):
@@ -46,7 +50,7 @@ def main(runs_file: str) -> int:
             raise
         (folder / f"{name}.rank{rank}.json").write_text(json.dumps(
             {"returncode": code, "stdout": stdout.getvalue(), "stderr": stderr.getvalue()}))
-    if dist.is_initialized():  # every run ended with data_parallel's barrier: no rank is still in a collective
+    if dist.is_initialized():  # every run ended at a barrier: no rank is still in a collective
         leave_group(Distributed(int(rank), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"])))
     return 0
 

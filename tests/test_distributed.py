@@ -21,7 +21,8 @@ from safetensors.torch import load_file, save_file
 from conftest import DEMO, MAX_LENGTH, ROOT, demo_examples, deterministic_tiny_model, prediction_flags
 from minbert.data.batches import LengthBucketSampler, collate_pairs, collate_sentences
 from minbert.data.nli import NLITriplet
-from minbert.distributed import SINGLE_PROCESS, Distributed, cut_global_batches, data_parallel, global_batch_count
+from minbert.distributed import (SINGLE_PROCESS, Distributed, cut_global_batches, data_parallel, global_batch_count,
+                                leaving_together)
 from minbert.tasks import MULTITASK
 from minbert.training.distillation import Distillation, TeacherScores
 from minbert.training.gradient_surgery import GradientSurgery
@@ -214,12 +215,12 @@ def _every_case_worker(rank, world_size, port, folder):
                                                      tokenizer)) for task, smart in STEP_CASES]
     cases += [("simcse", partial(_simcse_case, distributed, rank, folder)),
               ("gradient average", partial(_gradient_case, distributed, rank, folder))]
-    for name, case in cases:
-        try:
-            case()
-        except Exception as err:
-            raise RuntimeError(f"the two-process case '{name}' failed on rank {rank}") from err
-    distributed.shutdown()
+    with leaving_together(distributed):
+        for name, case in cases:
+            try:
+                case()
+            except Exception as err:
+                raise RuntimeError(f"the two-process case '{name}' failed on rank {rank}") from err
 
 
 @pytest.fixture(scope="module")
@@ -275,18 +276,15 @@ def test_gradient_average_keeps_absent_gradients_absent(two_ranks):
 
 
 def _recording_group(monkeypatch) -> list[str]:
-    """data_parallel on a two-rank Distributed whose barrier and shutdown record their calls (no processes)."""
+    """data_parallel on a two-rank Distributed in a process group whose barrier and destruction record their calls
+    (no processes)."""
+    import minbert.distributed as distributed_module
     calls = []
-
-    class Recording(Distributed):
-        def barrier(self):
-            calls.append("barrier")
-
-        def shutdown(self):
-            calls.append("shutdown")
-
     monkeypatch.setattr(Distributed, "from_environment",
-                        classmethod(lambda cls, use_gpu: (Recording(0, 0, 2), torch.device("cpu"))))
+                        classmethod(lambda cls, use_gpu: (Distributed(0, 0, 2), torch.device("cpu"))))
+    monkeypatch.setattr(distributed_module.dist, "is_initialized", lambda: "destroy" not in calls)
+    monkeypatch.setattr(distributed_module.dist, "barrier", lambda: calls.append("barrier"))
+    monkeypatch.setattr(distributed_module.dist, "destroy_process_group", lambda: calls.append("destroy"))
     return calls
 
 
@@ -294,14 +292,15 @@ def test_ranks_leave_the_group_together_after_a_run(monkeypatch):
     calls = _recording_group(monkeypatch)
     with data_parallel(use_gpu=False) as (distributed, _):
         assert distributed.enabled
-    assert calls == ["barrier", "shutdown"]  # no rank tears gloo down while another still uses it
+    assert calls == ["barrier", "destroy"]  # no rank tears gloo down while another still uses it
 
 
-def test_a_failed_rank_leaves_the_group_without_waiting_for_the_others(monkeypatch):
+@pytest.mark.parametrize("failure", [RuntimeError("a rank fails"), KeyboardInterrupt()])
+def test_a_failed_rank_leaves_the_group_without_waiting_for_the_others(monkeypatch, failure):
     calls = _recording_group(monkeypatch)
-    with pytest.raises(RuntimeError), data_parallel(use_gpu=False):
-        raise RuntimeError("a rank fails")
-    assert calls == ["shutdown"]  # a barrier here would hang: the other ranks never reach it
+    with pytest.raises(type(failure)), data_parallel(use_gpu=False):
+        raise failure
+    assert calls == ["destroy"]  # a barrier here would hang: the other ranks never reach it
 
 
 # ---------------------------------------------------------------------------------------------------
