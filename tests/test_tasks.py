@@ -1,6 +1,7 @@
 """minbert/tasks/: one module per task, found by the package; one internal name per task, the course's names
 (quora files, para flags) mapped by each task's fields."""
 import dataclasses
+import re
 import sys
 
 import pytest
@@ -173,6 +174,25 @@ def test_the_package_checks_every_module_of_the_folder_when_discovering(tmp_path
             tasks._discover()
     finally:
         sys.modules.pop("minbert.tasks.toy", None)
+
+
+def test_a_task_flag_spelled_as_a_command_line_flag_is_refused_in_one_line(monkeypatch, capsys):
+    """The registry sees the tasks only; a per-file flag taking the command line's own (here --score_train) is
+    refused where the parser is built, in one line naming the task's file, not argparse's conflict traceback."""
+    from minbert.run.training_args import build_parser, flag, per_file_options
+    monkeypatch.setitem(TASKS, "toy", dataclasses.replace(TOY, flag_prefix="score"))
+    monkeypatch.setitem(tasks.TASK_FILES, "toy", "minbert/tasks/toy.py")
+
+    @dataclasses.dataclass
+    class Arguments:
+        data_files: dict = per_file_options("data", ("toy",))
+        score_train: bool = flag(False, "also write the train scores", action="store_true")
+
+    with pytest.raises(SystemExit) as stopped:
+        build_parser(Arguments)
+    assert stopped.value.code == 2
+    assert re.fullmatch(r"(\S+): error: minbert/tasks/toy.py: its flag --score_train is already \1's own\n",
+                        capsys.readouterr().err)
 
 
 def test_each_task_writes_and_reads_back_its_leaderboard_cells():

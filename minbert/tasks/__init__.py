@@ -31,20 +31,22 @@ from minbert.tasks.course_files import SPLITS  # noqa: F401 (tasks.SPLITS: the s
 from minbert.tasks.registry import TaskModuleError, check_task_modules
 
 
-def _discover() -> dict[str, Task]:
-    """Every module's TASK, by name, in their `order`, checked by registry.check_task_modules: TaskModuleError for
-    a TASK that is no task or two tasks claiming one name, flag, file, head, ... A module without TASK is shared
-    code (base, classification, ...)."""
+def _discover() -> tuple[dict[str, Task], dict[str, str]]:
+    """Every module's TASK, by name, in their `order`, checked by registry.check_task_modules (TaskModuleError for a
+    TASK that is no task or two tasks claiming one name, flag, file, head, ...), and each task's module file. A
+    module without TASK is shared code (base, classification, ...)."""
     modules = {}
     for module in pkgutil.iter_modules(__path__):
         loaded = importlib.import_module(f"{__name__}.{module.name}")
         if hasattr(loaded, "TASK"):
             modules[f"minbert/tasks/{module.name}.py"] = loaded.TASK
-    return check_task_modules(modules)
+    return check_task_modules(modules), {task.name: file for file, task in modules.items()}
 
 
 try:
-    TASKS: dict[str, Task] = _discover()
+    TASKS: dict[str, Task]
+    TASK_FILES: dict[str, str]  # for messages: 'qqp' -> 'minbert/tasks/qqp.py'
+    TASKS, TASK_FILES = _discover()
 except TaskModuleError as err:
     # Found while a command line imports the package, before its own handler can catch anything: the same one line
     # and exit code that handler gives bad input, rather than a traceback.
