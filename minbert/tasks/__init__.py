@@ -43,9 +43,9 @@ def _discover() -> tuple[dict[str, Task], dict[str, str]]:
     return check_task_modules(modules), {task.name: file for file, task in modules.items()}
 
 
+TASKS: dict[str, Task]
+TASK_FILES: dict[str, str]  # for messages: 'qqp' -> 'minbert/tasks/qqp.py'
 try:
-    TASKS: dict[str, Task]
-    TASK_FILES: dict[str, str]  # for messages: 'qqp' -> 'minbert/tasks/qqp.py'
     TASKS, TASK_FILES = _discover()
 except TaskModuleError as err:
     # Found while a command line imports the package, before its own handler can catch anything: the same one line
