@@ -1,6 +1,7 @@
 """A new task is a new file: a toy two-class sentence task, modelled on CFIMDB, written as one module in the
 minbert/tasks/ folder of a copy of the repository (nothing else in the copy changed) and trained, evaluated,
-predicted, ensembled and distilled through the ordinary command lines, on a tiny random BERT."""
+predicted, ensembled and distilled through the ordinary command lines, on a tiny random BERT; and a task file that
+takes another task's flags, which stops those command lines in one line."""
 import csv
 import os
 import shutil
@@ -116,3 +117,18 @@ def test_a_new_task_is_one_new_file(tmp_path, tiny_checkpoint):
     student = run(train("student", "--distill", runs / "ensemble", "--distill_temperature", 2))
     assert f"distillation: the train scores of toy from {runs / 'ensemble'}" in student
     assert (runs / "student" / "toy-test-out.csv").is_file()
+
+
+def test_a_task_file_taking_another_tasks_flags_stops_each_command_line_in_one_line(tmp_path):
+    """The registry refuses the collision while the package is imported, before any command line's own handler."""
+    repo = copy_of_the_repository(tmp_path / "repo")
+    (repo / "minbert" / "tasks" / "toy.py").write_text(TOY_TASK.replace('flag_prefix="toy"', 'flag_prefix="para"'))
+    environment = os.environ | {"PYTHONPATH": str(repo), "OMP_NUM_THREADS": "1"}
+    scripts = ("multitask_classifier.py", "classifier.py", "scripts/ensemble.py")
+    started = [subprocess.Popen([sys.executable, str(repo / script), "--help"], cwd=repo, env=environment,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for script in scripts]
+    for script, process in zip(scripts, started):
+        out, err = process.communicate(timeout=120)
+        assert (process.returncode, out) == (2, ""), script
+        assert err == ("error: minbert/tasks/toy.py: its flag '--para_train' is already minbert/tasks/qqp.py's; two "
+                       "tasks cannot share it\n"), script

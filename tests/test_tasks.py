@@ -1,6 +1,7 @@
 """minbert/tasks/: one module per task, found by the package; one internal name per task, the course's names
 (quora files, para flags) mapped by each task's fields."""
 import dataclasses
+import re
 import sys
 
 import pytest
@@ -10,6 +11,8 @@ from conftest import DEMO
 from minbert.tasks import (MULTITASK, PART1_TASKS, RUN_TASKS, SIMCSE_TASKS, SPLITS, TASKS, course_file_name, data_flag,
                            default_output, output_flag, task_name)
 from minbert.tasks.base import Task
+from minbert.tasks.classification import SentenceClassification
+from minbert.tasks.registry import TaskModuleError, check_task_modules
 
 COURSE_DATA_FLAGS = {"sst_train", "sst_dev", "sst_test", "para_train", "para_dev", "para_test",
                      "sts_train", "sts_dev", "sts_test"}
@@ -103,20 +106,93 @@ def test_every_task_module_of_the_folder_is_found_and_ordered_by_its_fields():
     assert tasks.cfimdb.TASK is TASKS["cfimdb"] and tasks.qa.TASK is TASKS["qa"]
 
 
+TOY = dataclasses.replace(TASKS["cfimdb"], name="toy", aliases=(), order=99, part1=False, title="Toy",
+                          flag_prefix="toy", head_name="toy_head")  # owns nothing another task does
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, eq=False)
+class BorrowsMetricKeys(SentenceClassification):
+    history_columns = (("toy_f1", "Toy F1"), ("qqp_acc", "QQP acc"))  # QQP's accuracy key
+
+
+def the_tasks_with(task, file="minbert/tasks/toy.py") -> dict[str, object]:
+    """The real task modules' TASKs and `task` as `file`'s."""
+    return {**{f"minbert/tasks/{name}.py": existing for name, existing in TASKS.items()}, file: task}
+
+
+def test_the_real_tasks_and_a_new_one_claiming_nothing_of_theirs_pass_the_check():
+    checked = check_task_modules(the_tasks_with(dataclasses.replace(TOY, aliases=("toy", "TOY"))))  # its own, twice
+    assert list(checked) == [*TASKS, "toy"] and checked["toy"].aliases == ("toy", "TOY")
+
+
 @pytest.mark.parametrize("field, value, message", [
-    ("name", "sst", "its name 'sst' is already minbert/tasks/sst.py's"),
-    ("aliases", ("quora",), "its name 'quora' is already minbert/tasks/qqp.py's"),
-    ("order", 2, "its order 2 is already minbert/tasks/sts.py's")])
-def test_a_new_task_that_takes_another_tasks_name_or_place_is_refused(tmp_path, monkeypatch, field, value, message):
-    replaced = {"name": "toy", "order": 99, field: value}
+    ("name", "qqp", "its name 'qqp' is already minbert/tasks/qqp.py's"),
+    ("aliases", ("para",), "its name 'para' is already minbert/tasks/qqp.py's"),
+    # As the command line reads a name: otherwise 'Quora' would silently never pick this task.
+    ("aliases", (" Quora",), "its name 'quora' is already minbert/tasks/qqp.py's"),
+    # scores/QQP-dev.csv and scores/qqp-dev.csv are one file on a case-insensitive filesystem.
+    ("name", "QQP", "its name 'qqp' is already minbert/tasks/qqp.py's"),
+    ("order", 2, "its order 2 is already minbert/tasks/sts.py's"),
+    ("title", "SST", "its title 'SST' is already minbert/tasks/sst.py's"),
+    ("flag_prefix", "para", "its flag '--para_train' is already minbert/tasks/qqp.py's"),
+    # Other flags (--PARA_dev_out) but the same leaderboard files on a case-insensitive filesystem.
+    ("flag_prefix", "PARA", "its leaderboard file 'para-dev-out.csv' is already minbert/tasks/qqp.py's"),
+    ("head_name", "sentiment_head", "its head 'sentiment_head' is already minbert/tasks/sst.py's")])
+def test_a_task_claiming_another_tasks_resource_is_refused_naming_both_files(field, value, message):
+    with pytest.raises(TaskModuleError, match=rf"^minbert/tasks/toy.py: {message}; two tasks cannot share it$"):
+        check_task_modules(the_tasks_with(dataclasses.replace(TOY, **{field: value})))
+
+
+def test_a_task_claiming_another_tasks_metric_key_is_refused():
+    toy = BorrowsMetricKeys(**{f.name: getattr(TOY, f.name) for f in dataclasses.fields(TOY)})
+    with pytest.raises(TaskModuleError, match=r"^minbert/tasks/toy.py: its metric key 'qqp_acc' is already "
+                                              r"minbert/tasks/qqp.py's"):
+        check_task_modules(the_tasks_with(toy))
+
+
+def test_whichever_module_comes_first_both_files_are_named():
+    modules = {"minbert/tasks/aaa.py": dataclasses.replace(TOY, head_name="paraphrase_head"), **the_tasks_with(TOY)}
+    with pytest.raises(TaskModuleError, match=r"^minbert/tasks/qqp.py: its head 'paraphrase_head' is already "
+                                              r"minbert/tasks/aaa.py's"):
+        check_task_modules(modules)
+
+
+@pytest.mark.parametrize("task, kind", [({"name": "toy"}, "dict"), (None, "NoneType"),
+                                        (SentenceClassification, "ABCMeta")])  # the class, not a task of it
+def test_a_module_whose_task_is_not_a_task_is_refused(task, kind):
+    with pytest.raises(TaskModuleError, match=rf"^minbert/tasks/toy.py: its TASK is a {kind}, not a task "):
+        check_task_modules(the_tasks_with(task))
+
+
+def test_the_package_checks_every_module_of_the_folder_when_discovering(tmp_path, monkeypatch):
     (tmp_path / "toy.py").write_text("import dataclasses\nfrom minbert.tasks.cfimdb import TASK as CFIMDB\n"
-                                     f"TASK = dataclasses.replace(CFIMDB, **{replaced!r})\n")
+                                     "TASK = dataclasses.replace(CFIMDB, name='toy', order=99, title='Toy')\n")
     monkeypatch.setattr(tasks, "__path__", [*tasks.__path__, str(tmp_path)])
     try:
-        with pytest.raises(ValueError, match=rf"^minbert/tasks/toy.py: {message}$"):
+        with pytest.raises(TaskModuleError, match=r"^minbert/tasks/toy.py: its flag '--cfimdb_train' is already "
+                                                  r"minbert/tasks/cfimdb.py's"):
             tasks._discover()
     finally:
         sys.modules.pop("minbert.tasks.toy", None)
+
+
+def test_a_task_flag_spelled_as_a_command_line_flag_is_refused_in_one_line(monkeypatch, capsys):
+    """The registry sees the tasks only; a per-file flag taking the command line's own (here --score_train) is
+    refused where the parser is built, in one line naming the task's file, not argparse's conflict traceback."""
+    from minbert.run.training_args import build_parser, flag, per_file_options
+    monkeypatch.setitem(TASKS, "toy", dataclasses.replace(TOY, flag_prefix="score"))
+    monkeypatch.setitem(tasks.TASK_FILES, "toy", "minbert/tasks/toy.py")
+
+    @dataclasses.dataclass
+    class Arguments:
+        data_files: dict = per_file_options("data", ("toy",))
+        score_train: bool = flag(False, "also write the train scores", action="store_true")
+
+    with pytest.raises(SystemExit) as stopped:
+        build_parser(Arguments)
+    assert stopped.value.code == 2
+    assert re.fullmatch(r"(\S+): error: minbert/tasks/toy.py: its flag --score_train is already \1's own\n",
+                        capsys.readouterr().err)
 
 
 def test_each_task_writes_and_reads_back_its_leaderboard_cells():

@@ -32,8 +32,8 @@ from minbert.model.multitask_bert import HEAD_ACTIVATIONS, POOLINGS, parse_pair_
 from minbert.run.run_record import RECORD_KEYS
 from minbert.runtime import COMPILE_MODES, PRECISIONS, requested_precision
 from minbert.step_log import REPORT_TO
-from minbert.tasks import (MULTITASK, PART1_TASKS, RUN_TASKS, SIMCSE_TASKS, SPLITS, TASKS, course_file_name, data_flag,
-                           default_output, output_flag, task_name)
+from minbert.tasks import (MULTITASK, PART1_TASKS, RUN_TASKS, SIMCSE_TASKS, SPLITS, TASK_FILES, TASKS, course_file_name,
+                           data_flag, default_output, output_flag, task_name)
 from minbert.tasks.losses import SENTIMENT_OBJECTIVES, SIMILARITY_OBJECTIVES
 from minbert.tasks.squad import QASettings
 from minbert.training.distillation import DISTILLED_TASKS, SOFTENED_TASKS
@@ -564,9 +564,23 @@ class OneLineErrorParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
+def _refuse_task_flags_taking_own_flags(parser: argparse.ArgumentParser, cls) -> None:
+    """A task's per-file flag spelled as one of the command line's own (a task with flag_prefix "score" would claim
+    --score_train) stops it in one line naming the task's module, not in argparse's traceback. The tasks' flags
+    among themselves are minbert/tasks/registry.py's check."""
+    own = {f.name for f in dataclasses.fields(cls) if "per_file" not in f.metadata}
+    for f in dataclasses.fields(cls):
+        for task in f.metadata.get("tasks", ()):
+            taken = own & set(_per_file_flags(f.metadata["per_file"], (task,)))
+            if taken:
+                parser.exit(2, f"{parser.prog}: error: {TASK_FILES[task]}: its flag --{min(taken)} is already "
+                               f"{parser.prog}'s own\n")
+
+
 def build_parser(cls, description: str | None = None) -> argparse.ArgumentParser:
     """An argparse parser with one flag per field of `cls`, grouped as the fields' metadata says."""
     parser = OneLineErrorParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    _refuse_task_flags_taking_own_flags(parser, cls)
     groups: dict[str, argparse._ArgumentGroup] = {}
     for f in dataclasses.fields(cls):
         meta = f.metadata

@@ -16,36 +16,43 @@ on the command line the course's names are accepted as aliases of the internal o
 A task is the TASK object of a module here (a tasks.base.Task): every module of this folder is looked at when the
 package is imported, so a new task is a new file and nothing else. Its fields place it: `order` in every list of
 tasks, `default` among the multitask model's default tasks, `trainable` by multitask_classifier.py, `part1` by
-classifier.py, `simcse_score` among the tasks whose dev score picks SimCSE's best epoch.
+classifier.py, `simcse_score` among the tasks whose dev score picks SimCSE's best epoch. What a task owns (its
+names, order, title, flags, leaderboard and scores files, head, metric keys) is its alone: registry.py refuses a
+second owner, and a TASK that is no task, in one line naming both files, when the package is imported.
 """
 from __future__ import annotations
 
 import importlib
 import pkgutil
+import sys
 
 from minbert.tasks.base import Task
 from minbert.tasks.course_files import SPLITS  # noqa: F401 (tasks.SPLITS: the splits of every task)
+from minbert.tasks.registry import TaskModuleError, check_task_modules
 
 
-def _discover() -> dict[str, Task]:
-    """Every module's TASK, by name, in their `order`; two tasks that share a name, an alias or an order are
-    refused when the package is imported."""
-    found: dict[str, Task] = {}
-    owners: dict[object, str] = {}
+def _discover() -> tuple[dict[str, Task], dict[str, str]]:
+    """Every module's TASK, by name, in their `order`, checked by registry.check_task_modules (TaskModuleError for a
+    TASK that is no task or two tasks claiming one name, flag, file, head, ...), and each task's module file. A
+    module without TASK is shared code (base, classification, ...)."""
+    modules = {}
     for module in pkgutil.iter_modules(__path__):
-        task = getattr(importlib.import_module(f"{__name__}.{module.name}"), "TASK", None)
-        if not isinstance(task, Task):
-            continue  # a module of shared code (base, classification, ...)
-        for key in (("order", task.order), *(("name", name) for name in (task.name, *task.aliases))):
-            if key in owners:
-                raise ValueError(f"minbert/tasks/{module.name}.py: its {key[0]} {key[1]!r} is already "
-                                 f"minbert/tasks/{owners[key]}.py's")
-            owners[key] = module.name
-        found[task.name] = task
-    return dict(sorted(found.items(), key=lambda item: item[1].order))
+        loaded = importlib.import_module(f"{__name__}.{module.name}")
+        if hasattr(loaded, "TASK"):
+            modules[f"minbert/tasks/{module.name}.py"] = loaded.TASK
+    return check_task_modules(modules), {task.name: file for file, task in modules.items()}
 
 
-TASKS: dict[str, Task] = _discover()
+TASKS: dict[str, Task]
+TASK_FILES: dict[str, str]  # for messages: 'qqp' -> 'minbert/tasks/qqp.py'
+try:
+    TASKS, TASK_FILES = _discover()
+except TaskModuleError as err:
+    # Found while a command line imports the package, before its own handler can catch anything: the same one line
+    # and exit code that handler gives bad input, rather than a traceback.
+    print(f"error: {err}", file=sys.stderr)
+    raise SystemExit(2) from None
+
 MULTITASK = tuple(name for name, task in TASKS.items() if task.default)  # the course's three, in its order
 RUN_TASKS = tuple(name for name, task in TASKS.items() if task.trainable)  # what --tasks may name, in this order
 PART1_TASKS = tuple(name for name, task in TASKS.items() if task.part1)  # classifier.py's, in this order
