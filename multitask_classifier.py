@@ -26,10 +26,10 @@ from minbert.distributed import Distributed, data_parallel
 from minbert.files import describe_os_error, locked_folder, remove_files
 from minbert.reports.embedding_analysis import MIN_TSNE_POINTS, plot_tsne, sentence_embeddings
 from minbert.reports.plots import write_run_reports
-from minbert.run.run_record import RECORD_FILE, run_record, write_run_record
+from minbert.run.run_record import RECORD_FILE, run_record, run_segments, write_run_record
 from minbert.run.run_setup import build_run, check_pretrained, load_inputs
 from minbert.run.training_args import (TrainingArguments, UsageError, check_resume_arguments, parse_training_args,
-                                       prediction_paths)
+                                       prediction_paths, segment_settings)
 from minbert.runtime import precision_notice
 from minbert.step_log import STEPS_FILE, TENSORBOARD_DIR, TrainingDiverged
 from minbert.tasks import RUN_TASKS, SPLITS, TASKS, default_output
@@ -134,6 +134,15 @@ def resume(trainer: Trainer, args: TrainingArguments, prefix: Path, stage_labels
                               f"different model, optimizer or SMART setup ({type(err).__name__}: {err})") from None
 
 
+def write_record(args: TrainingArguments, trainer: Trainer, output_dir: Path, device) -> None:
+    """OUTPUT_DIR/args.json as the run starts or resumes (run_record.py), with the segment it begins now."""
+    resolved = {"precision": trainer.precision, "device": str(device), "world_size": trainer.distributed.world_size}
+    settings = dataclasses.asdict(args)
+    segments = run_segments(output_dir, args.resume, trainer.state.next_stage + 1, segment_settings(settings),
+                            resolved, segment_settings)
+    write_run_record(output_dir, run_record(settings, resolved, ROOT, device, segments))
+
+
 def run(args: TrainingArguments) -> Trainer:
     """Train, keep the best model, write the six CSVs. Under torchrun: one rank of the data-parallel run
     (distributed.py), only rank 0 printing and writing."""
@@ -163,9 +172,8 @@ def _run(args: TrainingArguments, distributed: Distributed, device) -> Trainer:
             if removed:
                 print(f"note: starting a fresh run in {output_dir}; the earlier run's {len(removed)} files there "
                       "(checkpoints, metrics, scores, plots, predictions) are removed (use --resume to continue instead)")
-        if distributed.is_main:  # a resumed run's record holds the settings it continues with
-            resolved = {"precision": trainer.precision, "device": str(device), "world_size": distributed.world_size}
-            write_run_record(output_dir, run_record(dataclasses.asdict(args), resolved, ROOT, device))
+        if distributed.is_main:  # a resumed run's record holds the settings it continues with, and its segments
+            write_record(args, trainer, output_dir, device)
         trainer.train(stages)
         if trainer.state.next_stage == len(stages):
             # SQuAD's no-answer threshold is the one chosen on dev when the kept model was evaluated.

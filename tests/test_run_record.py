@@ -12,7 +12,7 @@ import torch
 import minbert.run.run_record as run_record
 import multitask_classifier as mc
 from conftest import DEMO, ROOT, exit_code, skip_figures
-from minbert.run.training_args import TrainingArguments
+from minbert.run.training_args import TrainingArguments, segment_settings
 
 sys.path.insert(0, str(ROOT / "scripts"))
 import write_args_json  # noqa: E402
@@ -52,7 +52,10 @@ def first_run(tiny_checkpoint, tmp_path_factory):
 
 def test_a_run_writes_its_settings_resolved_values_commit_and_environment(first_run):
     record = json.loads((first_run / "args.json").read_text())
-    assert set(record) == {"args", "resolved", "git", "environment"}
+    assert set(record) == {"args", "resolved", "git", "environment", "segments"}
+    assert record["segments"] == [{"first_stage": 1, "settings": segment_settings(record["args"]),
+                                   "resolved": record["resolved"]}]
+    assert "precision" in record["segments"][0]["settings"] and "output_dir" not in record["segments"][0]["settings"]
     assert set(record["args"]) == {f.name for f in dataclasses.fields(TrainingArguments)}
     assert record["args"]["lr"] == 1e-4 and record["args"]["first_stages"] == "sst,qqp"
     assert record["args"]["prediction_files"]["sst_dev_out"] == str(first_run / "predictions" / "sst-dev-out.csv")
@@ -81,8 +84,11 @@ def test_config_of_a_run_trains_it_again_byte_for_byte(first_run, tmp_path, monk
     assert without_seconds(second) == without_seconds(first_run)
     record = json.loads((second / "args.json").read_text())
     first = json.loads((first_run / "args.json").read_text())
+    # every prediction path is this run's: those in the first run's folder at the same place, the others (SQuAD's
+    # defaults, in the course's predictions/) at their course names in it
     assert record["args"] == {**first["args"], "output_dir": str(second),
-                              "prediction_files": {flag: path.replace(str(first_run), str(second))
+                              "prediction_files": {flag: path.replace(str(first_run), str(second)) if
+                                                   path.startswith(str(first_run)) else str(second / path)
                                                    for flag, path in first["args"]["prediction_files"].items()}}
 
 
@@ -104,17 +110,42 @@ def test_flags_on_the_command_line_win_over_the_config(tmp_path):
     assert mc.parse_args(["--config", write_config(tmp_path, {"lr": 1, "patience": 3})]).lr == 1.0
 
 
-def test_prediction_paths_given_on_the_command_line_stay_where_they_are(tmp_path):
-    config = write_config(tmp_path, {"output_dir": "runs/A", "prediction_files": {
-        "sst_dev_out": "runs/A/predictions/sst-dev-out.csv", "sts_test_out": "shared/sts-test-out.csv"}})
+def test_a_rerun_writes_its_predictions_in_its_own_folder_never_the_first_runs(tmp_path, capsys):
+    """Issue 44: the course's predictions/ (where --demo writes) is outside the run's folder; a rerun elsewhere wrote
+    over the first run's six CSVs there."""
+    config = write_config(tmp_path, {"args": {"output_dir": "runs/A", "prediction_files": {
+        "sst_dev_out": "runs/A/predictions/sst-dev-out.csv", "sts_test_out": "shared/sts.csv",
+        "sst_test_out": "predictions/sst-test-out.csv"}}})
     args = mc.parse_args(["--config", config, "--output_dir", "runs/B", "--para_dev_out", "runs/A/mine.csv"])
     assert args.prediction_files["sst_dev_out"] == str(Path("runs/B/predictions/sst-dev-out.csv"))
-    assert args.prediction_files["sts_test_out"] == "shared/sts-test-out.csv"  # outside the run's folder
+    # outside the recorded folder: the course's name inside this run's
+    assert args.prediction_files["sts_test_out"] == str(Path("runs/B/predictions/sts-test-out.csv"))
+    assert args.prediction_files["sst_test_out"] == str(Path("runs/B/predictions/sst-test-out.csv"))
     assert args.prediction_files["para_dev_out"] == "runs/A/mine.csv"  # the command line's
+    note = capsys.readouterr().out
+    assert "--sst_test_out, --sts_test_out" in note and str(Path("runs/B/predictions")) in note
+    # the same folder is the same run: its paths stay
+    assert mc.parse_args(["--config", config, "--output_dir", "runs/A"]).prediction_files["sts_test_out"] == \
+        "shared/sts.csv"
+
+
+def test_a_record_trained_again_in_its_own_folder_needs_the_folder_named(first_run, capsys):
+    """Without --output_dir a run's args.json trained again into the run it records, removing its files."""
+    record = str(first_run / "args.json")
+    assert exit_code(["--config", record]) == 2
+    line = one_error_line(capsys)
+    assert record in line and "would replace" in line and "give --output_dir" in line
+    assert mc.parse_args(["--config", record, "--output_dir", str(first_run)]).output_dir == str(first_run)
+    assert mc.parse_args(["--config", record, "--resume"]).resume  # continuing it is the command line's choice
 
 
 @pytest.mark.parametrize("content, problem", [
-    ({"lrr": 0.1}, "unknown setting 'lrr'"),
+    ({"lrr": 0.1}, "unknown setting 'lrr' (settings are named as the flags without the dashes, the per-file flags "
+                   "too, alone (\"sst_train\": PATH) or by field"),
+    ({"sst_train": 3}, "'sst_train' must be a path (a string) or null, found 3"),
+    ({"data_files": {"sst_train": "a.csv"}, "sst_train": "b.csv"}, "'sst_train' is set twice, alone and in "
+                                                                   "'data_files'"),
+    ({"args": {}, "segments": [1]}, "'segments' must be a list of objects"),
     ({"args": {"lr": 0.1}, "notes": "x"}, "unknown key 'notes' in a run record"),
     ({"lr": "fast"}, "'lr' must be a number, found \"fast\""),
     ({"batch_size": 2.5}, "'batch_size' must be a whole number, found 2.5"),
@@ -188,7 +219,7 @@ def test_write_args_json_derives_a_record_that_trains_the_run_again(first_run, t
     assert record["resolved"] is None and record["git"] is None
     assert not (undescribed / "args.json").exists()
     # what --config makes of it is the run's own settings
-    args = mc.parse_args(["--config", str(published / "args.json")])
+    args = mc.parse_args(["--config", str(published / "args.json"), "--output_dir", str(first_run)])
     assert dataclasses.asdict(args) == best["args"]
 
 
@@ -211,3 +242,114 @@ def test_the_demo_trained_again_from_its_args_json_writes_the_same_csvs(tmp_path
     assert mc.main(["--config", str(first / "args.json"), "--output_dir", str(second)]) == 0
     for name in OUTPUTS:
         assert (second / "predictions" / name).read_bytes() == (first / "predictions" / name).read_bytes(), name
+
+
+# -- what --config takes from a record, and what the command line decides (issue 44) -------------------------------
+
+
+def test_a_run_resumed_in_another_precision_records_both_and_its_config_says_it_cannot_repeat_it(
+        tiny_checkpoint, tmp_path, monkeypatch, capsys):
+    skip_figures(monkeypatch)
+    run = tmp_path / "A"
+    assert mc.main(run_flags(tiny_checkpoint, run, "--precision", "bf16", "--stop_after_stages", "1")) == 0
+    assert mc.main(run_flags(tiny_checkpoint, run, "--precision", "fp32", "--resume")) == 0
+    record = json.loads((run / "args.json").read_text())
+    assert record["args"]["precision"] == "fp32"  # the last segment's, as before
+    assert [(s["first_stage"], s["settings"]["precision"], s["resolved"]["precision"]) for s in record["segments"]] \
+        == [(1, "bf16", "bf16"), (2, "fp32", "fp32")]
+    capsys.readouterr()
+    config = str(run / "args.json")
+    assert exit_code(["--config", config, "--output_dir", str(tmp_path / "B")]) == 2
+    line = one_error_line(capsys)
+    assert config in line and "changed --precision when it resumed at stage 2 (\"bf16\" before, \"fp32\" from then " \
+        "on)" in line and "give --precision to choose" in line
+    # the command line choosing the precision (or its alias) trains every stage with it
+    for flags in (["--precision", "bf16"], ["--no-bf16"]):
+        assert mc.parse_args(["--config", config, "--output_dir", str(tmp_path / "B"), *flags]).precision in \
+            ("bf16", "fp32")
+
+
+def test_segments_that_resolved_to_another_precision_or_are_not_described_are_refused(tmp_path, capsys):
+    """`--precision auto` both times, but an L4 (bf16) then a T4 (fp16): the settings agree, what they made differs;
+    a record whose earlier stages were not described cannot be repeated either."""
+    auto = segment_settings(dataclasses.asdict(TrainingArguments()))
+    for earlier, problem in [({"first_stage": 1, "settings": auto, "resolved": {"precision": "bf16", "device": "cuda:0"}},
+                              "changed the precision it resolved to when it resumed at stage 3"),
+                             ({"first_stage": None, "settings": None, "resolved": None},
+                              "without a record of how its earlier stages ran")]:
+        later = {"first_stage": 3, "settings": auto, "resolved": {"precision": "fp16", "device": "cuda:0"}}
+        config = write_config(tmp_path, {"args": {"output_dir": str(tmp_path / "A")}, "segments": [earlier, later]})
+        assert exit_code(["--config", config]) == 2
+        assert problem in one_error_line(capsys)
+
+
+def test_an_older_record_without_segments_becomes_the_first_segment_of_a_resumed_run(tmp_path):
+    (tmp_path / "args.json").write_text(json.dumps({"args": {"precision": "bf16", "lr": 1e-3},
+                                                    "resolved": {"precision": "bf16"}}))
+    pick = lambda settings: {"precision": settings["precision"]}  # noqa: E731
+    now = run_record.run_segments(tmp_path, True, 4, {"precision": "fp32"}, {"precision": "fp32"}, pick)
+    assert now == [{"first_stage": None, "settings": {"precision": "bf16"}, "resolved": {"precision": "bf16"}},
+                   {"first_stage": 4, "settings": {"precision": "fp32"}, "resolved": {"precision": "fp32"}}]
+    (tmp_path / "args.json").write_text("{")  # unreadable: the earlier stages are described as unknown
+    assert run_record.run_segments(tmp_path, True, 4, {}, {}, pick)[0]["settings"] is None
+    assert run_record.run_segments(tmp_path, False, 1, {}, {}, pick) == [{"first_stage": 1, "settings": {},
+                                                                          "resolved": {}}]
+
+
+ONE_TASK = {"tasks": "sst", "first_stages": "sst", "cycle": "", "smart_tasks": "sst", "smart": True}
+
+
+def test_settings_a_record_derived_from_its_tasks_follow_the_command_lines_tasks(tmp_path):
+    """A one-task record trained with --tasks sst,qqp,sts kept its 'sst' stages: QQP's and STS's heads were never
+    trained and their CSVs written from random weights."""
+    args = mc.parse_args(["--config", write_config(tmp_path, ONE_TASK), "--tasks", "sst,qqp,sts"])
+    assert (args.first_stages, args.cycle, args.smart_tasks) == ("qqp", "sts,sst,qqp:0.03", "sst,qqp,sts")
+    # the demo's record (its short cycle) for one task: that task's stages
+    demo = {"demo": True, "tasks": "sst,qqp,sts", "first_stages": "qqp", "cycle": "sts,sst,qqp:0.25"}
+    args = mc.parse_args(["--config", write_config(tmp_path, demo), "--tasks", "sts"])
+    assert (args.first_stages, args.cycle, args.smart_tasks) == ("sts", "", "sts")
+
+
+@pytest.mark.parametrize("settings, tasks, problem", [
+    # stages the record set itself, that train none of the new tasks
+    ({**ONE_TASK, "first_stages": "sst*2", "cycle": "sst:0.5"}, "sst,qqp,sts",
+     "the stages from --config CONFIG (--first_stages \"sst*2\", --cycle \"sst:0.5\") train no head of qqp, sts; give "
+     "--first_stages and --cycle for these tasks"),
+    # the sibling: SMART's tasks named by the record, one of them no longer among --tasks
+    ({"tasks": "sst,qqp", "smart": True, "smart_tasks": "qqp"}, "sst", "(--smart_tasks from --config CONFIG)"),
+])
+def test_values_from_a_config_that_do_not_fit_the_command_lines_tasks_are_refused_saying_so(tmp_path, capsys, settings,
+                                                                                             tasks, problem):
+    config = write_config(tmp_path, settings)
+    assert exit_code(["--config", config, "--tasks", tasks]) == 2
+    assert problem.replace("CONFIG", config) in one_error_line(capsys)
+
+
+@pytest.mark.parametrize("recorded, flags, precision", [
+    ({"precision": "bf16", "bf16": True}, ["--precision", "fp32"], "fp32"),  # a --bf16 run's record
+    ({"precision": "fp32", "bf16": False}, ["--bf16"], "bf16"),
+    ({"precision": "bf16", "bf16": True}, ["--prec", "fp16"], "fp16"),  # abbreviated, as argparse allows
+    ({"precision": "fp16"}, [], "fp16"),
+])
+def test_the_command_line_decides_an_alias_and_its_flag_together(tmp_path, recorded, flags, precision):
+    assert mc.parse_args(["--config", write_config(tmp_path, recorded), *flags]).precision == precision
+
+
+def test_a_config_that_contradicts_itself_is_refused_naming_it(tmp_path, capsys):
+    config = write_config(tmp_path, {"precision": "fp16", "bf16": True})
+    assert exit_code(["--config", config]) == 2
+    assert one_error_line(capsys).endswith(f"--bf16 contradicts --precision fp16 (--bf16, --precision from --config "
+                                           f"{config}) (see --help)")
+
+
+def test_demo_in_a_config_applies_the_demos_settings_as_the_flag_does(tmp_path):
+    config = write_config(tmp_path, {"demo": True, "lr": 1e-4})
+    assert dataclasses.asdict(mc.parse_args(["--config", config])) == \
+        dataclasses.asdict(mc.parse_args(["--demo", "--lr", "1e-4"]))
+    args = mc.parse_args(["--config", config, "--tasks", "sst", "--batch_size", "4"])
+    assert (args.pretrained, args.first_stages, args.cycle, args.batch_size) == ("minilm-l6", "sst", "", 4)
+
+
+def test_per_file_flags_may_be_named_alone_in_a_config(tmp_path):
+    args = mc.parse_args(["--config", write_config(tmp_path, {"sst_train": "a.csv", "sts_dev_out": "b.csv"})])
+    assert args.data_files["sst_train"] == "a.csv" and args.prediction_files["sts_dev_out"] == "b.csv"

@@ -4,7 +4,13 @@ the code it ran (git commit) and the software and hardware it ran on.
     {"args": {...},           # every setting by its field name (training_args.TrainingArguments): what --config reads
      "resolved": {...},       # what "auto" and the device made of them: precision, device, processes
      "git": {"commit": "...", "dirty": false},   # null outside a git checkout or without git
-     "environment": {"python": ..., "torch": ..., "cuda": ..., "gpus": [...]}}
+     "environment": {"python": ..., "torch": ..., "cuda": ..., "gpus": [...]},
+     "segments": [{"first_stage": 1, "settings": {...}, "resolved": {...}}, ...]}
+
+"args" and "resolved" are those of the run's last start or --resume. A resume may change settings that change what
+the run trains (the precision, the device: training_args.segment_settings), so "segments" describe every part of
+the run as it ran: the stage it began or continued at, those settings and what they resolved to. --config refuses
+a record whose segments differ in a setting the command line does not decide: a run trains every stage one way.
 
 `python multitask_classifier.py --config RUN/args.json --output_dir OTHER` trains the run again. A record derived
 from an older run's best.json (scripts/write_args_json.py) has "derived_from" and null for what was not saved then;
@@ -22,7 +28,7 @@ import torch
 from minbert.files import atomic_write_text
 
 RECORD_FILE = "args.json"
-RECORD_KEYS = ("args", "resolved", "git", "environment", "derived_from")
+RECORD_KEYS = ("args", "resolved", "git", "environment", "derived_from", "segments")
 
 
 def git_commit(folder: Path) -> dict | None:
@@ -48,10 +54,32 @@ def environment(device: torch.device) -> dict:
             "gpus": gpus}
 
 
-def run_record(settings: dict, resolved: dict, source: Path, device: torch.device) -> dict:
-    """args.json's content for a run started now with `settings` (plain values by field name) from the code in
-    `source`."""
-    return {"args": settings, "resolved": resolved, "git": git_commit(source), "environment": environment(device)}
+def run_record(settings: dict, resolved: dict, source: Path, device: torch.device, segments: list[dict]) -> dict:
+    """args.json's content for a run started or resumed now with `settings` (plain values by field name) from the
+    code in `source`, having run in `segments` (run_segments)."""
+    return {"args": settings, "resolved": resolved, "git": git_commit(source), "environment": environment(device),
+            "segments": segments}
+
+
+def run_segments(output_dir: Path, resumed: bool, first_stage: int, settings: dict, resolved: dict,
+                 earlier_settings) -> list[dict]:
+    """The record's segments with this one, which begins (or continues) at stage `first_stage` (1-based) with
+    `settings` (those a resume may change that change the result) resolved to `resolved`. A resumed run's earlier
+    ones come from OUTPUT_DIR/args.json: one written before records had segments is one segment of its "args"
+    (`earlier_settings` picks the same settings of them) and "resolved", begun at an unknown stage; without a
+    readable record the earlier stages are one segment described by null."""
+    segment = {"first_stage": first_stage, "settings": settings, "resolved": resolved}
+    if not resumed:
+        return [segment]
+    try:
+        earlier = json.loads((Path(output_dir) / RECORD_FILE).read_text())
+        if isinstance(earlier.get("segments"), list):
+            return [*earlier["segments"], segment]
+        described = {"first_stage": None, "settings": earlier_settings(earlier["args"]),
+                     "resolved": earlier["resolved"]}
+    except (OSError, ValueError, AttributeError, KeyError, TypeError):  # a run never stops for its description
+        described = {"first_stage": None, "settings": None, "resolved": None}
+    return [described, segment]
 
 
 def write_run_record(output_dir: Path, record: dict) -> Path:

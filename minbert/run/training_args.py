@@ -15,10 +15,12 @@ generated from the task table.
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import importlib.util
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,7 +31,7 @@ from minbert.model.adapters import ADAPTERS as ADAPTER_KINDS
 from minbert.model.adapters import SHARINGS, TARGETS, AdapterConfig
 from minbert.model.checkpoint import check_resume_settings
 from minbert.model.multitask_bert import HEAD_ACTIVATIONS, POOLINGS, parse_pair_encoders
-from minbert.run.run_record import RECORD_KEYS
+from minbert.run.run_record import RECORD_FILE, RECORD_KEYS
 from minbert.runtime import COMPILE_MODES, PRECISIONS, requested_precision
 from minbert.step_log import REPORT_TO
 from minbert.tasks import (MULTITASK, PART1_TASKS, RUN_TASKS, SIMCSE_TASKS, SPLITS, TASK_FILES, TASKS, course_file_name,
@@ -40,7 +42,7 @@ from minbert.training.distillation import DISTILLED_TASKS, SOFTENED_TASKS
 from minbert.training.gradient_surgery import GRADIENT_SURGERIES, GradientSurgery
 from minbert.training.lnsr import LnsrConfig
 from minbert.training.schedules import (LR_SCHEDULES, SCHEDULES, STAGE_STARTS, Stage, StageKind, build_schedule,
-                                        train_tasks)
+                                        train_tasks, trained_heads)
 from simcse import SIMCSE_OBJECTIVES
 from smart import ANCHORS, MOMENTUM_SCHEDULES, NORM_LEVELS, NORMS
 from smart import PRECISIONS as SMART_PRECISIONS
@@ -62,6 +64,7 @@ FORGETTING = ("defences against forgetting in the sequential schedule (continual
               "loss; 0 turns one off")
 OPTIONS = ("pretrain", "finetune")  # --option: BERT frozen or trained
 THREE_TASK_STAGES = ("qqp", "sts,sst,qqp:0.03")  # --first_stages, --cycle of the three tasks: the thesis's order
+DEMO_STAGES = ("qqp", "sts,sst,qqp:0.25")  # --demo's, a shorter SMART schedule of the three tasks
 CUDA_SAVE_MINUTES = 20.0  # --save_every_minutes' default on a GPU: what a Colab disconnect can lose at most
 
 
@@ -370,14 +373,21 @@ class TrainingArguments:
             self.tasks = ",".join(parse_tasks(self.tasks))
         except ValueError as err:
             raise ValueError(f"--tasks: {err}") from None
-        three = run_tasks(self) == MULTITASK
-        if self.first_stages is None:
-            self.first_stages = THREE_TASK_STAGES[0] if three else self.tasks
-        if self.cycle is None:
-            self.cycle = THREE_TASK_STAGES[1] if three else ""
-        if self.smart_tasks is None:
-            self.smart_tasks = self.tasks
+        for name, value in task_derived_settings(run_tasks(self)).items():
+            if getattr(self, name) is None:
+                setattr(self, name, value)
         validate(self)
+
+
+def task_derived_settings(tasks: tuple[str, ...], demo: bool = False) -> dict:
+    """The settings whose defaults follow --tasks (and --demo): the three tasks' stages (the demo's shorter cycle),
+    else one epoch of each task and no cycle; SMART on every task. A --config recorded for other tasks holds them
+    too (config_under_command_line)."""
+    if tasks == MULTITASK:
+        first_stages, cycle = DEMO_STAGES if demo else THREE_TASK_STAGES
+    else:
+        first_stages, cycle = ",".join(tasks), ""
+    return {"first_stages": first_stages, "cycle": cycle, "smart_tasks": ",".join(tasks)}
 
 
 # -- validation: every flag, alone and against the others, in one pass before anything is read ------------------
@@ -611,11 +621,24 @@ def from_namespace(cls, namespace: argparse.Namespace):
 # Settings a --config file never sets: resuming is a choice of the command line (--resume), not of a recipe,
 # so that a resumed run's args.json still trains the run again from its start.
 NOT_FROM_CONFIG = ("resume",)
+# Names of one setting: the command line giving either decides both, so that a config's alias never overrides the
+# canonical flag given on the command line, nor the reverse.
+ALIASES = (("precision", "bf16"),)
 
 
-def read_config(cls, path: str) -> dict:
-    """The settings of a --config FILE as parser defaults (each flag's destination -> value), checked as the
-    command line checks them: a JSON object of settings by field name, or a run's args.json (run_record.py), whose
+@dataclass
+class ConfigFile:
+    """A --config FILE read: its settings as parser defaults (each flag's destination -> value); for a run's
+    args.json (`record`), the segments it ran in (run_record.py; None where the record predates them)."""
+    path: str
+    settings: dict
+    record: bool = False
+    segments: list | None = None
+
+
+def read_config(cls, path: str) -> ConfigFile:
+    """The settings of a --config FILE, checked as the command line checks them: a JSON object of settings by field
+    name (a per-file flag such as sst_train alone or in its dict field), or a run's args.json (run_record.py), whose
     "args" are its settings. Fields it lacks keep their defaults (an older run's record predates them). ValueError
     naming the file and the key for an unknown key or a value of the wrong type or choice."""
     try:
@@ -624,28 +647,61 @@ def read_config(cls, path: str) -> dict:
         raise ValueError(f"--config {err}") from None
     except (ValueError, RecursionError) as err:  # not JSON (nor UTF-8), or nested too deeply for the parser
         raise ValueError(f"--config {path}: not a JSON file ({err})") from None
-    if isinstance(content, dict) and "args" in content:
+    record = isinstance(content, dict) and "args" in content
+    segments = None
+    if record:
         unknown = sorted(set(content) - set(RECORD_KEYS))
         if unknown:
             raise ValueError(f"--config {path}: unknown key {unknown[0]!r} in a run record (expected "
                              f"{', '.join(RECORD_KEYS)})")
+        segments = _record_segments(path, content.get("segments"))
         content = content["args"]
     if not isinstance(content, dict):
         raise ValueError(f"--config {path}: expected a JSON object of settings by name, found "
                          f"{type(content).__name__}")
+    return ConfigFile(path, _config_settings(cls, path, content), record, segments)
+
+
+def _config_settings(cls, path: str, content: dict) -> dict:
+    """{flag destination: value} of a --config's settings (read_config)."""
     fields = {f.name: f for f in dataclasses.fields(cls)}
+    per_file = {flag: f for f in fields.values() if "per_file" in f.metadata
+                for flag in _per_file_flags(f.metadata["per_file"], f.metadata["tasks"])}
     defaults = {}
     for key, value in content.items():
-        if key not in fields:
-            raise ValueError(f"--config {path}: unknown setting {key!r} (settings are named as the flags, without "
-                             "the dashes; see --help)")
+        if key not in fields and key not in per_file:
+            raise ValueError(f"--config {path}: unknown setting {key!r} (settings are named as the flags without the "
+                             "dashes, the per-file flags too, alone (\"sst_train\": PATH) or by field (\"data_files\": "
+                             "{\"sst_train\": PATH}, \"prediction_files\"); see --help)")
         if key in NOT_FROM_CONFIG:
             continue
         try:
-            defaults |= _config_value(fields[key], value)
+            if key in per_file:  # a per-file flag named alone, as on the command line
+                _check(value is None or isinstance(value, str), "must be a path (a string) or null")
+                values = {key: value}
+            else:
+                values = _config_value(fields[key], value)
         except ValueError as err:
             raise ValueError(f"--config {path}: {key!r} {err}, found {json.dumps(value)}") from None
+        twice = sorted(values.keys() & defaults.keys())
+        if twice:
+            raise ValueError(f"--config {path}: {twice[0]!r} is set twice, alone and in "
+                             f"{per_file[twice[0]].name!r}")
+        defaults |= values
     return defaults
+
+
+def _record_segments(path: str, segments) -> list | None:
+    """A run record's "segments" (run_record.py), checked: a list of objects whose "settings" and "resolved" are
+    objects (or null where a segment is not described)."""
+    if segments is None:
+        return None
+    if not isinstance(segments, list) or not all(
+            isinstance(part, dict) and all(isinstance(part.get(key), (dict, type(None))) for key in
+                                           ("settings", "resolved")) for part in segments):
+        raise ValueError(f"--config {path}: 'segments' must be a list of objects with \"settings\" and "
+                         "\"resolved\" (run_record.py)")
+    return segments
 
 
 def _config_value(f: dataclasses.Field, value) -> dict:
@@ -679,19 +735,6 @@ def _config_value(f: dataclasses.Field, value) -> dict:
     if not ok:
         raise ValueError(f"must be {kind}" + (" or null" if nullable else ""))
     return {f.name: value}
-
-
-def follow_output_dir(prediction_files: dict, config_files: dict, config_dir: str, output_dir: str) -> dict:
-    """--config's prediction paths inside its run's folder moved into this run's --output_dir when the command line
-    moves it: a run trained again from another's args.json writes its own CSVs, never over the first run's.
-    Paths the command line gave (they differ from the config's) stay as they are."""
-    moved = dict(prediction_files)
-    if Path(config_dir).resolve() == Path(output_dir).resolve():
-        return moved
-    for flag, path in prediction_files.items():
-        if path and path == config_files.get(flag) and Path(path).resolve().is_relative_to(Path(config_dir).resolve()):
-            moved[flag] = str(Path(output_dir) / Path(path).resolve().relative_to(Path(config_dir).resolve()))
-    return moved
 
 
 def field_defaults(cls) -> dict:
@@ -882,8 +925,8 @@ def check_resume_arguments(saved: dict, args: TrainingArguments) -> None:
 
 # --demo: these become the defaults, so that every flag given still wins.
 DEMO_SETTINGS = dict(data_dir=str(Path(__file__).resolve().parents[2] / "data" / "demo"), pretrained="minilm-l6",
-                     option="finetune", batch_size=16, lr=5e-5, hidden_dropout_prob=0.1, first_stages="qqp",
-                     cycle="sts,sst,qqp:0.25", cycles=2, smart=True, max_length=64, qa_max_length=128,
+                     option="finetune", batch_size=16, lr=5e-5, hidden_dropout_prob=0.1,
+                     cycles=2, smart=True, max_length=64, qa_max_length=128,
                      qa_doc_stride=32, output_dir="runs/demo")
 
 
@@ -895,30 +938,180 @@ def parse_training_args(argv, description: str) -> TrainingArguments:
                         "(its \"args\") or an object of settings named as the flags; flags given here win "
                         "(docs/command_line.md, 'A run is its own recipe')")
     namespace = parser.parse_args(argv)
-    settings = {}
-    if namespace.demo:
-        # The demo's settings become the defaults, so every flag given (abbreviated too) still wins.
-        settings = dict(DEMO_SETTINGS)
-        try:
-            three_tasks = parse_tasks(namespace.tasks) == MULTITASK
-        except ValueError as err:
-            parser.error(f"--tasks: {err}")
-        if not three_tasks:  # its stages are the three tasks'; other tasks get their own default stages
-            del settings["first_stages"], settings["cycle"]
-    config = {}
-    if namespace.config is not None:
-        try:
-            config = read_config(TrainingArguments, namespace.config)
-        except ValueError as err:
-            parser.error(str(err))
-        settings |= config  # a recipe holds the demo's settings already; its own values win over them
+    given = flags_given(parser, argv)
+    config = None
+    try:
+        if namespace.config is not None:
+            config = config_under_command_line(read_config(TrainingArguments, namespace.config), given,
+                                               namespace.tasks)
+        settings = config.settings if config else {}
+        if namespace.demo or settings.get("demo"):
+            # The demo's settings become the defaults, so every flag given (abbreviated too) still wins; a recipe
+            # holds the demo's settings already, and its own values win over them.
+            tasks = namespace.tasks if "tasks" in given else settings.get("tasks", namespace.tasks)
+            settings = demo_settings(parse_tasks(tasks)) | settings
+    except ValueError as err:
+        parser.error(attributed(str(err), config, given))
     if settings:
         parser.set_defaults(**settings)
         namespace = parser.parse_args(argv)
     try:
         args = from_namespace(TrainingArguments, namespace)
+        if config is not None:
+            moved = check_rerun(args, config, given)
     except ValueError as err:
-        parser.error(str(err))
-    if "output_dir" in config:
-        args.prediction_files = follow_output_dir(args.prediction_files, config, config["output_dir"], args.output_dir)
+        parser.error(attributed(str(err), config, given))
+    if config is not None and moved:
+        print(f"note: --config {config.path}: the recorded run's prediction paths outside its folder are its own; "
+              f"this run writes them in {Path(args.output_dir) / 'predictions'} (set {', '.join(moved)} to choose)")
     return args
+
+
+def flags_given(parser: argparse.ArgumentParser, argv) -> set[str]:
+    """The destinations of the flags the command line gives (abbreviated too): what a --config does not decide."""
+    given_only = copy.deepcopy(parser)
+    for action in given_only._actions:
+        action.default = argparse.SUPPRESS
+    return set(vars(given_only.parse_args(argv)))
+
+
+def demo_settings(tasks: tuple[str, ...]) -> dict:
+    """--demo's settings for these tasks (its short schedule is the three tasks')."""
+    stages = task_derived_settings(tasks, demo=True)
+    return DEMO_SETTINGS | {"first_stages": stages["first_stages"], "cycle": stages["cycle"]}
+
+
+def config_under_command_line(config: ConfigFile, given: set[str], command_line_tasks: str) -> ConfigFile:
+    """The config without the values the command line decides although it names another flag: an alias and its
+    canonical flag are one setting (ALIASES), and a record's settings derived from its own --tasks
+    (task_derived_settings: its stages, --smart_tasks) follow the command line's other --tasks. A value the record
+    set itself stays, and check_rerun or the settings' validation refuses it where it cannot fit."""
+    settings = dict(config.settings)
+    for names in ALIASES:
+        if given & set(names):
+            for name in names:
+                settings.pop(name, None)
+    recorded_tasks = _tasks_or_none(settings.get("tasks"))
+    if "tasks" in given and recorded_tasks is not None and recorded_tasks != _tasks_or_none(command_line_tasks):
+        derived = task_derived_settings(recorded_tasks, settings.get("demo", False))
+        settings = {name: value for name, value in settings.items() if name not in derived or derived[name] != value}
+    return dataclasses.replace(config, settings=settings)
+
+
+def _tasks_or_none(text) -> tuple[str, ...] | None:
+    try:
+        return parse_tasks(text) if isinstance(text, str) else None
+    except ValueError:
+        return None
+
+
+def attributed(message: str, config: ConfigFile | None, given: set[str]) -> str:
+    """An error about settings, saying which of the flags it names took their value from the --config file."""
+    if config is None:
+        return message
+    named = [name for name in dict.fromkeys(re.findall(r"--(?:no-)?(\w+)", message))
+             if name in config.settings and name not in given]
+    return f"{message} ({', '.join('--' + name for name in named)} from --config {config.path})" if named else message
+
+
+def check_rerun(args: TrainingArguments, config: ConfigFile, given: set[str]) -> list[str]:
+    """A run from a --config that cannot repeat what it says, or would write into another run's files, refused
+    (ValueError); its prediction paths moved into its own folder (follow_output_dir). Returns the flags of the paths
+    moved from outside the recorded run's folder."""
+    if not args.resume:  # --resume continues the folder's run, which the checks below are about training again
+        _check_record_kept(config, given)
+        _check_segments(config, given)
+    _check_tasks_trained(args, config, given)
+    args.prediction_files, moved = follow_output_dir(args.prediction_files, config, given, args.output_dir)
+    return moved
+
+
+def _check_record_kept(config: ConfigFile, given: set[str]) -> None:
+    """A record trained again in the folder it records would replace that run (a fresh run removes the files an
+    earlier run left there): the command line names the folder, that one to replace the run."""
+    recorded_dir = config.settings.get("output_dir")
+    if config.record and "output_dir" not in given and recorded_dir and (Path(recorded_dir) / RECORD_FILE).is_file():
+        raise ValueError(f"--config {config.path}: its output_dir {recorded_dir} holds a run ({RECORD_FILE}) that "
+                         "training again there would replace; give --output_dir (that folder to replace it)")
+
+
+# What a resolved value of a segment (run_record.py) follows: the flag that decides it.
+RESOLVED_BY = {"precision": "precision", "device": "use_gpu"}
+
+
+def _check_segments(config: ConfigFile, given: set[str]) -> None:
+    """A record of a run resumed with other settings that change what it trains (segment_settings: the precision,
+    the device...) cannot be trained again as it ran: a run trains every stage one way. Refused, naming the change,
+    unless the command line decides that setting."""
+    decided = given | {name for names in ALIASES if given & set(names) for name in names}
+    segments = config.segments or []
+    for earlier, later in zip(segments, segments[1:]):
+        stage = later.get("first_stage")
+        if earlier["settings"] is None or earlier["resolved"] is None:
+            raise ValueError(f"--config {config.path}: the run it records was resumed at stage {stage} without a "
+                             "record of how its earlier stages ran; a rerun cannot repeat it")
+        for flag, what, before, after in _segment_changes(earlier, later):
+            if flag not in decided:
+                raise ValueError(f"--config {config.path}: the run it records changed {what} when it resumed at "
+                                 f"stage {stage} ({json.dumps(before)} before, {json.dumps(after)} from then on); a "
+                                 f"rerun trains every stage one way and cannot repeat it: give --{flag} to choose")
+
+
+def _segment_changes(earlier: dict, later: dict) -> list[tuple[str, str, object, object]]:
+    """(flag, what, before, after) of each setting or resolved value that differs between two segments."""
+    changes = [(name, f"--{name}", earlier["settings"].get(name), value)
+               for name, value in (later["settings"] or {}).items() if earlier["settings"].get(name) != value]
+    changes += [(flag, f"the {key} it resolved to", earlier["resolved"].get(key), (later["resolved"] or {}).get(key))
+                for key, flag in RESOLVED_BY.items()
+                if earlier["resolved"].get(key) != (later["resolved"] or {}).get(key)]
+    return changes
+
+
+def _check_tasks_trained(args: TrainingArguments, config: ConfigFile, given: set[str]) -> None:
+    """Stages a config set itself, kept under the command line's other --tasks, must train every one of them: an
+    untrained head would write its predictions from random weights."""
+    if "tasks" not in given or _tasks_or_none(config.settings.get("tasks")) == run_tasks(args):
+        return
+    from_config = [f"--{name} {json.dumps(config.settings[name])}" for name in ("first_stages", "cycle")
+                   if name in config.settings and name not in given]
+    untrained = [task for task in run_tasks(args) if task not in trained_heads(run_schedule(args), run_tasks(args))]
+    if from_config and untrained:
+        raise ValueError(f"--tasks {args.tasks}: the stages from --config {config.path} ({', '.join(from_config)}) "
+                         f"train no head of {', '.join(untrained)}; give --first_stages and --cycle for these tasks")
+
+
+def follow_output_dir(prediction_files: dict, config: ConfigFile, given: set[str],
+                      output_dir: str) -> tuple[dict, list[str]]:
+    """A run from a config in another --output_dir than the config's writes its own leaderboard files, never the
+    first run's: each of the config's prediction paths the command line does not set moves into this run's folder,
+    one inside the config's output_dir to the same place in it, any other (the course's predictions/, where --demo
+    writes) to its course name under OUTPUT_DIR. Returns the paths, and the flags of those moved from outside."""
+    recorded_dir = config.settings.get("output_dir")
+    if not recorded_dir or Path(recorded_dir).resolve() == Path(output_dir).resolve():
+        return prediction_files, []
+    course_names = {flag: default for flag, (default, _) in _per_file_flags("predictions", RUN_TASKS).items()}
+    moved, outside = dict(prediction_files), []
+    for flag, path in prediction_files.items():
+        if flag in given or not path or path != config.settings.get(flag):
+            continue
+        if Path(path).resolve().is_relative_to(Path(recorded_dir).resolve()):
+            moved[flag] = str(Path(output_dir) / Path(path).resolve().relative_to(Path(recorded_dir).resolve()))
+        else:
+            moved[flag] = str(Path(output_dir) / course_names[flag])
+            outside.append(f"--{flag}")
+    return moved, outside
+
+
+def segment_settings(settings: dict) -> dict:
+    """Of a run's settings (plain values by field name), those a --resume may change that change what it trains
+    (every resume-free one but the bookkeeping, RESUME_BOOKKEEPING): what args.json records of each segment."""
+    names = resume_free_fields(TrainingArguments) - set(RESUME_BOOKKEEPING)
+    return {name: settings.get(name) for name in sorted(names)}
+
+
+# Resume-free settings that leave the weights and predictions as they were: where files go, what is logged or saved
+# besides, the data loader's workers (batches are drawn from a seeded order), data paths (--resume compares the
+# data's content) and --cycles (the stages done must begin the new schedule, whose stage i's order depends on i).
+RESUME_BOOKKEEPING = ("data_files", "prediction_files", "data_dir", "simcse_data", "output_dir", "resume",
+                      "stop_after_stages", "demo", "keep_stage_models", "quiet", "logging_steps", "report_to",
+                      "save_steps", "save_every_minutes", "score_train", "num_workers", "cycles")
