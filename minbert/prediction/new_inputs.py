@@ -1,0 +1,153 @@
+"""New text for a trained model: examples read from a course-format file, a JSON-lines file or plain lines, and
+its predictions as the course's CSV or as JSON lines with the label, the score and the class probabilities.
+
+    examples = read_examples(TASKS["sts"], "pairs.txt", "lines")   # one pair a line, its two sentences tab-separated
+    records = prediction_records(TASKS["sts"], ids, scores)        # [{"id", "label", "score"}], SST and QQP with
+                                                                   # "probabilities" too
+
+The formats, for a task whose examples are sentences (`text_columns`: SST's "sentence", QQP's and STS's
+"sentence1" and "sentence2"; SQuAD's questions are read from its own JSON by multitask_classifier.py):
+    course   the task's own data file (tab-separated with a header: id and the text columns; a label column, as
+             in a dev file, is read and checked, and rows without a label are dropped with a warning, as a run
+             drops them)
+    jsonl    one JSON object a line holding the text columns by name and optionally "id" (else the line number)
+    lines    one example a line: a sentence, or a pair's two sentences separated by a tab; the id is the line
+             number; blank lines are skipped
+"""
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TextIO
+
+import numpy as np
+import torch
+
+from minbert.files import DataError
+from minbert.tasks.base import Task
+from minbert.tasks.classification import Classification
+from minbert.tasks.course_files import PairExample, SentenceExample
+from minbert.tasks.score_files import as_saved
+
+INPUT_FORMATS = ("course", "jsonl", "lines")
+OUTPUT_FORMATS = ("csv", "jsonl")
+STANDARD_STREAM = "-"
+
+
+def input_format(source: str, asked: str | None) -> str:
+    """The format asked for, or the one the source's name implies: standard input and .txt plain lines, .jsonl JSON
+    lines, anything else the task's course format."""
+    if asked is not None:
+        return asked
+    if source == STANDARD_STREAM:
+        return "lines"
+    return {".jsonl": "jsonl", ".txt": "lines"}.get(Path(source).suffix.lower(), "course")
+
+
+def output_format(destination: str, asked: str | None) -> str:
+    """The format asked for, or the one the destination implies: the course's CSV for a .csv file, else JSON lines."""
+    if asked is not None:
+        return asked
+    return "csv" if destination != STANDARD_STREAM and Path(destination).suffix.lower() == ".csv" else "jsonl"
+
+
+def read_examples(task: Task, source: str, fmt: str, stdin: TextIO | None = None) -> list:
+    """The examples of `source` (a path, or "-" for `stdin`) in `fmt`; a DataError naming the file and line for
+    anything the task cannot read."""
+    if fmt == "course":
+        return task.load(source, "dev" if _has_column(source, task.label_column) else "test")
+    name = "<stdin>" if source == STANDARD_STREAM else source
+    text = (stdin or sys.stdin).read() if source == STANDARD_STREAM else _read_text(Path(source))
+    rows = _json_rows(task, name, text) if fmt == "jsonl" else _plain_rows(task, name, text)
+    if not rows:
+        raise DataError(name, "no examples: every line is blank")
+    seen: dict[str, int] = {}
+    for line, example_id, _ in rows:
+        if example_id in seen:
+            raise DataError(name, f"duplicate id {example_id!r} (first on line {seen[example_id]})", line)
+        seen[example_id] = line
+    return [_example(task, example_id, texts) for _, example_id, texts in rows]
+
+
+def _has_column(path: str, column: str) -> bool:
+    """Whether a tab-separated file's header names `column` (the loader reads and checks the file itself)."""
+    try:
+        with open(path, encoding="utf-8-sig", errors="replace") as handle:
+            return column in (name.strip() for name in handle.readline().split("\t"))
+    except OSError:
+        return False  # the loader names what is wrong with the file
+
+
+def _read_text(path: Path) -> str:
+    if not path.is_file():
+        raise DataError(path, "file not found" if not path.exists() else "not a regular file")
+    raw = path.read_bytes()
+    try:
+        return raw.decode("utf-8").removeprefix("\ufeff")
+    except UnicodeDecodeError as err:
+        raise DataError(path, f"text is not valid UTF-8 (byte 0x{raw[err.start]:02x})",
+                        raw.count(b"\n", 0, err.start) + 1) from None
+
+
+def _plain_rows(task: Task, name: str, text: str) -> list[tuple[int, str, tuple[str, ...]]]:
+    rows = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        texts = tuple(part.strip() for part in line.split("\t"))
+        if len(texts) != len(task.text_columns):
+            want = "a sentence" if len(task.text_columns) == 1 else "two sentences separated by a tab"
+            raise DataError(name, f"{task.name} reads one example a line, {want}; found {len(texts)} "
+                                  f"tab-separated field{'s' * (len(texts) != 1)}", number)
+        rows.append((number, str(number), texts))
+    return rows
+
+
+def _json_rows(task: Task, name: str, text: str) -> list[tuple[int, str, tuple[str, ...]]]:
+    rows = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            value = json.loads(line)
+        except (ValueError, RecursionError) as err:
+            raise DataError(name, f"not a JSON value ({type(err).__name__}: {err})", number) from None
+        if not isinstance(value, dict):
+            raise DataError(name, f"a line must be a JSON object, found a {type(value).__name__}", number)
+        fields = {"id": str(number), **value}
+        for column in ("id", *task.text_columns):
+            value = fields.get(column)
+            if not isinstance(value, str) and not (column == "id" and type(value) is int):
+                found = "missing" if column not in fields else f"found {type(value).__name__}"
+                raise DataError(name, f"{column!r} must be a string ({found}); {task.name} reads "
+                                      f"{', '.join(repr(c) for c in task.text_columns)} and optionally 'id'", number)
+        rows.append((number, str(fields["id"]).strip(), tuple(str(fields[c]).strip() for c in task.text_columns)))
+    return rows
+
+
+def _example(task: Task, example_id: str, texts: tuple[str, ...]) -> SentenceExample | PairExample:
+    return SentenceExample(example_id, *texts, None) if len(texts) == 1 else PairExample(example_id, *texts, None)
+
+
+def decided(task: Task, scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(the scores as a run's scores file holds them, the predictions decided from those): what a run's leaderboard
+    CSV writes of the same scores (Task.write_outputs)."""
+    values = as_saved(scores)
+    return values, task.decide(torch.from_numpy(values)).numpy()
+
+
+def prediction_records(task: Task, ids: Sequence[str], scores: np.ndarray) -> list[dict]:
+    """One JSON-ready record per example: its id, its label (a class, or STS's score), the score it was decided
+    from (SST's logits, QQP's logit, STS's 0-5 score) and, for a classification task, its class probabilities."""
+    values, labels = decided(task, scores)
+    probabilities = task.probabilities(values) if isinstance(task, Classification) else None
+    records = []
+    for index, example_id in enumerate(ids):
+        record = {"id": example_id, "label": task.parse_prediction(task.format_prediction(labels[index])),
+                  "score": values[index].tolist()}
+        if probabilities is not None:
+            record["probabilities"] = [round(float(p), 6) for p in np.atleast_1d(probabilities[index])]
+        records.append(record)
+    return records

@@ -1,0 +1,140 @@
+"""Predict with a trained run's kept model on any text: a course-format file, a JSON-lines file or lines on standard
+input (one sentence, or a pair's two sentences separated by a tab).
+
+    python predict.py runs/demo --task sst --input data/demo/ids-sst-dev.csv --output sst-dev.csv   # the course CSV
+    echo "A gripping, funny film." | python predict.py runs/demo --task sst                        # JSON lines
+    printf 'How do I learn Python?\\tWhat is the best way to learn Python?\\n' | python predict.py runs/demo --task qqp
+    python predict.py runs/demo --task sts --input pairs.jsonl --output scores.jsonl
+
+RUN is a run's folder (its kept model, OUTPUT_DIR/best) or a checkpoint prefix (runs/demo/stage_3). The model
+predicts as its run did: the run's --max_length, --eval_batch_size and precision (resolved on this device), batches
+sorted by length. JSON lines hold each example's id, label (a class, or STS's 0-5 score), the score the label is
+decided from (SST's five logits, QQP's logit, STS's score) and, for SST and QQP, the class probabilities; the CSV is
+the course's leaderboard format, byte for byte what the run wrote for the same file. Formats follow the names
+(.jsonl: JSON lines; .txt and standard input: plain lines; .csv output: the course's CSV; else the task's course
+file in, JSON lines out) unless --input_format / --output_format say otherwise (minbert/prediction/new_inputs.py).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from base_bert import CheckpointError
+from minbert.files import DataError, OutputError, atomic_write_text, unwritable_folder
+from minbert.model.multitask_bert import MultitaskBERT, load_multitask_checkpoint
+from minbert.prediction.inference import PredictionSettings, Predictor, TokenizedSplits
+from minbert.prediction.new_inputs import (INPUT_FORMATS, OUTPUT_FORMATS, STANDARD_STREAM, decided, input_format,
+                                           output_format, prediction_records, read_examples)
+from minbert.runtime import PRECISIONS, resolve_device, resolve_precision, use_tf32
+from minbert.tasks import RUN_TASKS, TASKS, task_name
+from minbert.tasks.squad import QASettings
+from tokenizer import BertTokenizer
+
+# The tasks a multitask model may have a head for whose examples are sentences (SQuAD's questions are not lines).
+TEXT_TASKS = tuple(name for name in RUN_TASKS if TASKS[name].text_columns)
+KEPT_MODEL = "best"
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("run", help="a run's folder (its kept model, best) or a checkpoint prefix")
+    parser.add_argument("--task", required=True, help=f"one of {', '.join(TEXT_TASKS)} (or a course alias)")
+    parser.add_argument("--input", default=STANDARD_STREAM, help="a file, or - for standard input (the default)")
+    parser.add_argument("--input_format", choices=INPUT_FORMATS, help="default: from --input's name")
+    parser.add_argument("--output", default=STANDARD_STREAM, help="a file, or - for standard output (the default)")
+    parser.add_argument("--output_format", choices=OUTPUT_FORMATS, help="default: csv for a .csv file, else jsonl")
+    parser.add_argument("--batch_size", type=int, help="default: the run's --eval_batch_size")
+    parser.add_argument("--precision", choices=PRECISIONS, help="default: the run's --precision, on this device")
+    parser.add_argument("--use_gpu", action="store_true", help="predict on CUDA when there is a GPU")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    args = parser.parse_args(argv)
+    try:
+        args.task = task_name(args.task, TEXT_TASKS)
+    except ValueError as err:
+        parser.error(f"--task: {err}")
+    if args.batch_size is not None and args.batch_size < 1:
+        parser.error(f"--batch_size must be >= 1, got {args.batch_size}")
+    args.input_format = input_format(args.input, args.input_format)
+    args.output_format = output_format(args.output, args.output_format)
+    return args
+
+
+def checkpoint_prefix(run: str) -> Path:
+    """The kept model of a run's folder, or the checkpoint prefix given; CheckpointError when neither is there."""
+    path = Path(run)
+    prefix = path / KEPT_MODEL if path.is_dir() else path.with_suffix("") if path.suffix in (".json",
+                                                                                              ".safetensors") else path
+    if not (prefix.with_suffix(".json").is_file() and prefix.with_suffix(".safetensors").is_file()):
+        where = f"{run}: no kept model ({KEPT_MODEL}.json and {KEPT_MODEL}.safetensors)" if path.is_dir() else (
+            f"{run}: neither a run's folder nor a checkpoint (PREFIX.json and PREFIX.safetensors)")
+        raise CheckpointError(f"{where}; a run keeps its model once a stage has been evaluated")
+    return prefix
+
+
+def predictor_of(model: MultitaskBERT, settings: dict, args: argparse.Namespace, device: torch.device) -> Predictor:
+    """A Predictor as the run's own: its tokenizer, --max_length, --eval_batch_size and precision."""
+    tokenizer = BertTokenizer.from_pretrained(settings["pretrained"])
+    requested = args.precision or settings.get("precision", "auto")
+    prediction = PredictionSettings(args.batch_size or settings["eval_batch_size"], settings["max_length"],
+                                    resolve_precision(device, requested), args.quiet)
+    splits = TokenizedSplits(tokenizer, model, settings["max_length"], QASettings())
+    return Predictor(model, splits, device, prediction)
+
+
+def write(args: argparse.Namespace, ids: list[str], scores) -> None:
+    task = TASKS[args.task]
+    if args.output_format == "csv":
+        if args.output == STANDARD_STREAM:
+            _, labels = decided(task, scores)
+            rows = [f"{i},{task.format_prediction(label)}" for i, label in zip(ids, labels)]
+            sys.stdout.write("\n".join([f"id,{task.leaderboard_column}", *rows]) + "\n")
+        else:
+            task.write_predictions(args.output, ids, decided(task, scores)[1].tolist())
+        return
+    text = "".join(json.dumps(record) + "\n" for record in prediction_records(task, ids, scores))
+    if args.output == STANDARD_STREAM:
+        sys.stdout.write(text)
+    else:
+        atomic_write_text(args.output, text)
+
+
+def predict(args: argparse.Namespace) -> int:
+    prefix = checkpoint_prefix(args.run)
+    if args.output != STANDARD_STREAM:
+        output = Path(args.output)
+        problem = unwritable_folder(output.parent) or (f"{output}: a folder; name the file to write"
+                                                       if output.is_dir() else None)
+        if problem:
+            raise OutputError(f"--output {problem}")
+    examples = read_examples(TASKS[args.task], args.input, args.input_format)  # every input problem before loading
+    device = resolve_device(args.use_gpu)
+    use_tf32(device)
+    model, metadata = load_multitask_checkpoint(prefix, device)
+    if args.task not in model.objectives:
+        raise CheckpointError(f"{prefix}: the model has no {args.task} head (it has {', '.join(model.objectives)})")
+    ids, scores = predictor_of(model, metadata.get("args", {}), args, device).predict(args.task, examples,
+                                                                                       scores=True)
+    write(args, ids, scores)
+    if args.output != STANDARD_STREAM:
+        print(f"wrote {args.output} ({len(ids)} {args.task} predictions)", file=sys.stderr)
+    return 0
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        return predict(args)
+    except (CheckpointError, DataError, OutputError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,144 @@
+"""predict.py: a run's kept model predicts any text as the run would, in the course's CSV or as JSON lines; bad input
+is one line with exit code 2 before the model loads."""
+import io
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import multitask_classifier
+import predict
+from conftest import DEMO, ROOT, prediction_flags
+from minbert.files import DataError
+from minbert.prediction.new_inputs import input_format, output_format, prediction_records, read_examples
+from minbert.tasks import MULTITASK, TASKS, course_file_name
+
+pytestmark = pytest.mark.usefixtures("one_thread", "no_plots")
+
+
+@pytest.fixture(scope="module")
+def run(tiny_checkpoint, tmp_path_factory):
+    """A tiny run that trains every head of the multitask model and writes its six CSVs in run/predictions."""
+    folder = tmp_path_factory.mktemp("predict") / "run"
+    assert multitask_classifier.main([
+        "--data_dir", str(DEMO), "--pretrained", str(tiny_checkpoint), "--option", "finetune", "--quiet",
+        "--max_train_examples", "16", "--max_length", "32", "--batch_size", "8", "--eval_batch_size", "7",
+        "--lr", "1e-3", "--first_stages", "qqp,sts,sst", "--cycles", "0", "--output_dir", str(folder),
+        *prediction_flags(folder / "predictions")]) == 0
+    return folder
+
+
+@pytest.fixture
+def checkpoint_must_not_load(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("the model was loaded before the input was validated")
+    monkeypatch.setattr(predict, "load_multitask_checkpoint", refuse)
+
+
+def one_error_line(capsys) -> str:
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+@pytest.mark.parametrize("task", MULTITASK)
+@pytest.mark.parametrize("split", ["dev", "test"])
+def test_the_kept_model_writes_the_runs_own_csvs_byte_for_byte(run, tmp_path, task, split):
+    out = tmp_path / "out.csv"
+    assert predict.main([str(run), "--task", task, "--input", str(DEMO / course_file_name(task, split)),
+                         "--output", str(out), "--quiet"]) == 0
+    written = run / "predictions" / f"{TASKS[task].flag_prefix}-{split}-out.csv"
+    assert out.read_bytes() == written.read_bytes()
+
+
+def test_lines_on_standard_input_give_json_lines_with_label_score_and_probabilities(run, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "stdin", io.StringIO("How do I learn Python?\tWhat is the best way to learn it?\n\n"
+                                                  "Is it raining?\tIs the sun out?\n"))
+    assert predict.main([str(run), "--task", "para", "--quiet"]) == 0
+    records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["id"] for r in records] == ["1", "3"]  # line numbers; the blank line is skipped
+    for record in records:
+        assert record["label"] == int(record["score"] > 0)  # QQP decides by the logit's sign
+        assert len(record["probabilities"]) == 2 and sum(record["probabilities"]) == pytest.approx(1, abs=1e-5)
+        assert record["probabilities"][1] == pytest.approx(1 / (1 + np.exp(-record["score"])), abs=1e-5)
+
+
+def test_json_lines_keep_their_ids_and_match_the_course_files_predictions(run, tmp_path):
+    examples = read_examples(TASKS["sts"], str(DEMO / "sts-dev.csv"), "course")
+    source = tmp_path / "pairs.jsonl"
+    source.write_text("".join(json.dumps({"id": e.id, "sentence1": e.sentence1, "sentence2": e.sentence2}) + "\n"
+                              for e in examples))
+    out = tmp_path / "scores.jsonl"
+    assert predict.main([str(run), "--task", "sts", "--input", str(source), "--output", str(out), "--quiet"]) == 0
+    records = {r["id"]: r for r in map(json.loads, out.read_text().splitlines())}
+    course = dict(line.split(",") for line in (run / "predictions" / "sts-dev-out.csv").read_text().splitlines()[1:])
+    # The same examples, so the same batches: the labels are the CSV's cells.
+    assert {i: TASKS["sts"].format_prediction(r["label"]) for i, r in records.items()} == course
+    assert all(0 <= r["label"] <= 5 and "probabilities" not in r for r in records.values())
+
+
+def test_formats_follow_the_names_unless_asked():
+    assert [input_format(s, None) for s in ("-", "a.txt", "a.jsonl", "sts-dev.csv")] == ["lines", "lines", "jsonl",
+                                                                                         "course"]
+    assert input_format("a.csv", "lines") == "lines"
+    assert [output_format(d, None) for d in ("-", "out.csv", "out.jsonl", "out")] == ["jsonl", "csv", "jsonl", "jsonl"]
+
+
+def test_sst_records_decide_the_class_of_the_highest_probability():
+    scores = np.array([[0.1, 2.0, -1.0, 0.0, 0.3], [3.0, 0.0, 0.0, 0.0, 0.0]], dtype=np.float32)
+    records = prediction_records(TASKS["sst"], ["a", "b"], scores)
+    assert [r["label"] for r in records] == [1, 0]
+    assert all(int(np.argmax(r["probabilities"])) == r["label"] for r in records)
+
+
+@pytest.mark.parametrize("text, fmt, problem", [
+    ("a sentence\n", "lines", "<stdin>:1: qqp reads one example a line, two sentences separated by a tab; found 1"),
+    ("a\tb\tc\n", "lines", "<stdin>:1: qqp reads one example a line, two sentences separated by a tab; found 3"),
+    ("\n\n", "lines", "<stdin>: no examples: every line is blank"),
+    ('{"sentence1": "a"}\n', "jsonl", "<stdin>:1: 'sentence2' must be a string (missing)"),
+    ('{"sentence1": "a", "sentence2": 3}\n', "jsonl", "<stdin>:1: 'sentence2' must be a string (found int)"),
+    ('["a", "b"]\n', "jsonl", "<stdin>:1: a line must be a JSON object, found a list"),
+    ("{oops\n", "jsonl", "<stdin>:1: not a JSON value"),
+    ('{"id": "x", "sentence1": "a", "sentence2": "b"}\n{"id": "x", "sentence1": "c", "sentence2": "d"}\n', "jsonl",
+     "<stdin>:2: duplicate id 'x' (first on line 1)"),
+])
+def test_text_the_task_cannot_read_is_one_line_naming_the_line(text, fmt, problem):
+    with pytest.raises(DataError) as raised:
+        read_examples(TASKS["qqp"], "-", fmt, io.StringIO(text))
+    assert str(raised.value).startswith(problem)
+
+
+@pytest.mark.parametrize("argv, problem", [
+    (["{tmp}", "--task", "sst"], "{tmp}: no kept model (best.json and best.safetensors)"),
+    (["{tmp}/nope", "--task", "sst"], "{tmp}/nope: neither a run's folder nor a checkpoint"),
+    (["{run}", "--task", "sst", "--input", "{tmp}/missing.csv"], "{tmp}/missing.csv: file not found"),
+    (["{run}", "--task", "sts", "--input", str(DEMO / "ids-sst-dev.csv")], "missing required column 'sentence1'"),
+    (["{run}", "--task", "sst", "--input", str(DEMO / "ids-sst-dev.csv"), "--output", "{tmp}"],
+     "--output {tmp}: a folder; name the file to write"),
+])
+def test_a_bad_run_input_or_output_is_one_line_and_exit_2_before_the_model_loads(run, tmp_path, capsys, argv,
+                                                                                   problem, checkpoint_must_not_load):
+    values = {"tmp": tmp_path, "run": run}
+    assert predict.main([a.format(**values) for a in argv]) == 2
+    line = one_error_line(capsys)
+    assert line.startswith("error: ") and problem.format(**values) in line
+
+
+@pytest.mark.parametrize("flags, problem", [
+    (["--task", "squad"], "--task: unknown task 'squad'; use one of sst, qqp, sts"),
+    (["--task", "sst", "--batch_size", "0"], "--batch_size must be >= 1, got 0"),
+])
+def test_bad_flags_are_refused_by_the_parser(run, capsys, flags, problem):
+    with pytest.raises(SystemExit) as exit_info:
+        predict.main([str(run), *flags])
+    assert exit_info.value.code == 2 and problem in capsys.readouterr().err
+
+
+def test_the_command_line_reads_standard_input(run):
+    result = subprocess.run([sys.executable, str(ROOT / "predict.py"), str(run), "--task", "sst", "--quiet"],
+                            input="A gripping, funny film.\n", capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    (record,) = map(json.loads, result.stdout.splitlines())
+    assert record["id"] == "1" and record["label"] in range(5) and len(record["score"]) == 5
