@@ -978,6 +978,37 @@ def bench_ensemble(args, device) -> dict:
             "combine_5_members_s": combine_seconds}
 
 
+def bench_predict(args, device) -> dict:
+    """predict.py's throughput: SST's dev sentences of --data_dir predicted by a MultitaskBERT (tokenised once, the
+    evaluation loader's length-sorted batches of --batch_size, the head and the scores to the host included), against
+    a plain transformers BertModel forward pass of the same weights over the same batches; sentences per second."""
+    from minbert.data.batches import TokenizedExamples, load_split, tokenized_dataloader
+    from minbert.model.multitask_bert import MultitaskBERT
+    from minbert.prediction.inference import predict_examples
+    from minbert.runtime import pad_to_multiple_of
+    ours, reference = build_encoders(args, device)
+    model, reference = MultitaskBERT(ours).to(device).eval(), reference.eval()
+    tokenizer = build_tokenizer(args)
+    examples = TokenizedExamples.tokenize(load_split(args.data_dir, "sst", "dev"), tokenizer, args.seq_len)
+    batches = [to_device(batch, device) for batch in tokenized_dataloader(
+        examples, args.batch_size, shuffle=False, pad_to_multiple_of=pad_to_multiple_of(device))]
+
+    @torch.inference_mode()
+    def transformers_forward():
+        for batch in batches:
+            with autocast(device, args.precision):
+                reference(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
+    steps = {"minbert_predict": lambda: predict_examples(model, "sst", examples, tokenizer, device, args.batch_size,
+                                                         args.seq_len, args.precision, scores=True),
+             "transformers_forward": transformers_forward}
+    medians = alternate(steps, args, device)
+    sentences = len(examples)
+    return {"benchmark": f"prediction: SST dev ({sentences} sentences of {args.data_dir}), minBERT through predict.py's "
+                         "path vs a transformers forward pass",
+            "sentences": sentences, "median_pass_s": medians,
+            "sentences_per_s": {name: sentences / seconds for name, seconds in medians.items()},
+            "speedup_minbert_vs_transformers": medians["transformers_forward"] / medians["minbert_predict"]}
+
 # ---------------------------------------------------------------------------------------------------
 # step_audit: what one training step makes the host wait for, and where torch.compile breaks its graph
 
@@ -1668,9 +1699,9 @@ def qa_peer_run(args) -> int:
 BENCHMARKS = {"encoder": bench_encoder, "precision": bench_precision, "smart": bench_smart, "memory": bench_memory,
               "pipeline": bench_pipeline, "adapters": bench_adapters, "checkpointing": bench_checkpointing,
               "data_parallel": bench_data_parallel, "ensemble": bench_ensemble, "padding": bench_padding,
-              "qqp_epoch": bench_qqp_epoch}
+              "qqp_epoch": bench_qqp_epoch, "predict": bench_predict}
 # Measurements of the data or of a whole epoch rather than of a step: asked for by name, outside `all`.
-ON_THEIR_OWN = {"padding", "qqp_epoch"}
+ON_THEIR_OWN = {"padding", "qqp_epoch", "predict"}
 # Kinds that count rather than time, outside `all`; each prints lines of its own after its JSON, its summary last.
 AUDITS = {"step_audit": bench_step_audit}
 AUDIT_LINES = {"step_audit": step_audit_lines}
@@ -1679,14 +1710,15 @@ DEMO_DATA = ROOT / "data" / "demo"
 # The course files each kind reads from --data_dir (step_audit: the training command line checks its own).
 DATA_FILES = {"pipeline": [("sst", "train")],
               "ensemble": [(task, split) for task in MULTITASK for split in ("dev", "test")],
-              "padding": [(task, "train") for task in MULTITASK], "qqp_epoch": [("qqp", "train")]}
+              "padding": [(task, "train") for task in MULTITASK], "qqp_epoch": [("qqp", "train")],
+              "predict": [("sst", "dev")]}
 # those that tokenize real text with --config's tokenizer
-TEXT_KINDS = {"pipeline", "ensemble", "step_audit", "padding", "qqp_epoch"}
+TEXT_KINDS = {"pipeline", "ensemble", "step_audit", "padding", "qqp_epoch", "predict"}
 # The shortest --seq_len that lets each kind act: the tokenizer's shortest cut for a text (pairs: step_audit's
 # training may encode them jointly); random batches need rows of seq_len / 2 .. seq_len tokens, at least one each.
 SHORTEST_SEQ_LEN = {"pipeline": shortest_max_length(1), "ensemble": shortest_max_length(1),
                     "step_audit": shortest_max_length(2), "padding": shortest_max_length(1),
-                    "qqp_epoch": shortest_max_length(2)}
+                    "qqp_epoch": shortest_max_length(2), "predict": shortest_max_length(1)}
 RANDOM_BATCH_SHORTEST_SEQ_LEN = 2
 
 
