@@ -29,7 +29,7 @@ from minbert.reports.plots import write_run_reports
 from minbert.run.run_record import RECORD_FILE, run_record, run_segments, write_run_record
 from minbert.run.run_setup import build_run, check_pretrained, load_inputs
 from minbert.run.training_args import (TrainingArguments, UsageError, check_resume_arguments, parse_training_args,
-                                       prediction_paths, segment_settings)
+                                       prediction_paths, saved_schedule_length, segment_settings)
 from minbert.runtime import precision_notice
 from minbert.step_log import STEPS_FILE, TENSORBOARD_DIR, TrainingDiverged
 from minbert.tasks import RUN_TASKS, SPLITS, TASKS, default_output
@@ -126,12 +126,17 @@ def resume(trainer: Trainer, args: TrainingArguments, prefix: Path, stage_labels
     tensors, metadata = read_training_state(prefix)
     check_resume_arguments(metadata["args"], args)
     check_resumable(metadata, trainer.distributed.world_size, stage_labels, trainer.data_sha256,
-                    prefix.with_suffix(".json"))
+                    prefix.with_suffix(".json"), trainer.tasks)
+    schedule_length = saved_schedule_length(metadata["args"], args)
     try:
-        trainer.load_state_dict(tensors, metadata)
+        trainer.load_state_dict(tensors, metadata, schedule_length)
     except (KeyError, IndexError, TypeError, ValueError, RuntimeError) as err:
-        raise CheckpointError(f"{prefix}: cannot resume with these flags; the checkpoint was saved by a "
-                              f"different model, optimizer or SMART setup ({type(err).__name__}: {err})") from None
+        # The flags that shape the model, optimizer and SMART are those of the stopped run (checked above): what does
+        # not fit them is the checkpoint's own content.
+        raise CheckpointError(f"{prefix.with_suffix('.json')}, {prefix.name}.safetensors: the training state does "
+                              "not fit the model, optimizer or SMART setup of its own flags "
+                              f"({type(err).__name__}: {err}); the checkpoint was damaged, edited or saved by another "
+                              "version of the code: resume from an intact copy or start again without --resume") from None
 
 
 def write_record(args: TrainingArguments, trainer: Trainer, output_dir: Path, device) -> None:

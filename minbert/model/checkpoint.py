@@ -20,6 +20,8 @@ from safetensors.torch import save_file
 from base_bert import CheckpointError
 from minbert.files import write_aside
 
+MT19937_KEYS = 624  # the words of NumPy's Mersenne Twister state
+
 
 def _sha256(path: Path) -> str:
     digest = hashlib.sha256()
@@ -128,7 +130,15 @@ def optimizer_state(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.T
 
 
 def restore_optimizer(optimizer: torch.optim.Optimizer, tensors: dict[str, torch.Tensor], saved: dict) -> None:
-    """optimizer_state's save loaded into `optimizer`; AdamW.load_state_dict puts the step counts on the device."""
+    """optimizer_state's save loaded into `optimizer`; AdamW.load_state_dict puts the step counts on the device.
+    The saved groups replace the optimizer's: their settings (all but the learning rate, which follows its schedule)
+    must be those the run's flags gave it (ValueError), or a damaged one would train on with other settings."""
+    for index, (group, saved_group) in enumerate(zip(optimizer.param_groups, saved["param_groups"])):
+        for key in group.keys() & saved_group.keys() - {"params", "lr"}:
+            value, saved_value = (json.loads(json.dumps(v, default=str)) for v in (group[key], saved_group[key]))
+            if saved_value != value:  # as JSON holds them: tuples as lists
+                raise ValueError(f"optimizer.param_groups[{index}] {key} {saved_value!r} is not the {value!r} the "
+                                 "run's flags give")
     state = {int(index): {"step": step, "exp_avg": tensors[f"optimizer.{index}.exp_avg"],
                           "exp_avg_sq": tensors[f"optimizer.{index}.exp_avg_sq"]}
              for index, step in saved["steps"].items()}
@@ -150,10 +160,36 @@ def restore_rng(tensors: dict[str, torch.Tensor], saved: dict) -> None:
     torch.set_rng_state(tensors["rng.torch"])
     if "rng.cuda" in tensors and torch.cuda.is_available():
         torch.cuda.set_rng_state(tensors["rng.cuda"])
-    python_state = saved["python"]
-    random.setstate((python_state[0], tuple(python_state[1]), python_state[2]))
-    numpy_state = saved["numpy"]
-    np.random.set_state((numpy_state[0], np.array(numpy_state[1], dtype=np.uint32), *numpy_state[2:]))
+    random.setstate(python_generator_state(saved["python"]))
+    np.random.set_state(_numpy_generator_state(saved["numpy"]))
+
+
+def python_generator_state(saved: list) -> tuple:
+    """A Python generator's state as rng_state (and a multi-task epoch's position) writes it in JSON, as
+    random.setstate takes it."""
+    version, state, gauss = saved
+    return version, tuple(state), gauss
+
+
+def _numpy_generator_state(saved: list) -> tuple:
+    name, keys, position, *gauss = saved
+    # NumPy takes any position, and then draws other numbers
+    if len(keys) != MT19937_KEYS or not (isinstance(position, int) and 0 <= position <= MT19937_KEYS):
+        raise ValueError(f"expected {MT19937_KEYS} keys and a position from 0 to {MT19937_KEYS}, found {len(keys)} "
+                         f"and {position!r}")
+    return name, np.array(keys, dtype=np.uint32), position, *gauss
+
+
+def rng_info_problem(saved: dict) -> str | None:
+    """Why rng_state's JSON part cannot go back into the generators (None: it can), tried on throwaway ones: a
+    damaged state would otherwise fail halfway through a resume's restore, or draw other numbers."""
+    for name, restore in (("python", lambda state: random.Random().setstate(python_generator_state(state))),
+                          ("numpy", lambda state: np.random.RandomState().set_state(_numpy_generator_state(state)))):
+        try:
+            restore(saved[name])
+        except (KeyError, IndexError, TypeError, ValueError, OverflowError) as err:
+            return f"rng.{name} is not a {name} generator state ({type(err).__name__}: {err})"
+    return None
 
 
 def gather_rank_states(distributed, local: dict[str, torch.Tensor] | None = None

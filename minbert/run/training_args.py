@@ -147,7 +147,8 @@ class TrainingArguments:
     epochs: int = flag(10, "epochs of the annealed / round_robin schedules", COURSE, type=int)
     option: str = flag("pretrain", "pretrain: BERT frozen, heads trained; finetune: everything trained", COURSE,
                          choices=OPTIONS)
-    use_gpu: bool = flag(False, group=COURSE, resume_free=True, action="store_true")
+    # Not resume-free (nor is --precision): another device or precision computes other numbers.
+    use_gpu: bool = flag(False, group=COURSE, action="store_true")
     batch_size: int = flag(8, group=COURSE, type=int)
     hidden_dropout_prob: float = flag(0.3, "dropout before the task heads (BERT keeps its own, see "
                                         "--encoder_dropout), as in the course", COURSE, type=float)
@@ -169,7 +170,8 @@ class TrainingArguments:
     keep_stage_models: bool = flag(False, "also save the model after every stage as OUTPUT_DIR/stage_N.* (compare "
                                           "stages, e.g. scripts/plot_embeddings.py)", resume_free=True,
                                    action="store_true")
-    eval_batch_size: int = flag(64, resume_free=True, type=int)
+    # Not resume-free: a batch pads to its longest text, so other sizes round the dev scores (the model kept) apart.
+    eval_batch_size: int = flag(64, type=int)
     eval_train_examples: int = flag(0, "also score this many train examples per task after each stage "
                                       "(train curves)", type=int)
     num_workers: int = flag(0, resume_free=True, type=int)
@@ -243,13 +245,15 @@ class TrainingArguments:
     compile: bool = flag(False, "torch.compile BERT's layers (forward and backward, one graph) and AdamW's "
                            "update; batches are padded to multiples of 8 tokens so that shapes repeat", OPTIMISATION,
                          action="store_true")
+    # Not resume-free: each mode compiles other kernels (max-autotune picks them by timing them).
     compile_mode: str = flag("default", "torch.compile's mode: default, reduce-overhead (CUDA graphs) or "
-                               "max-autotune", OPTIMISATION, resume_free=True, choices=COMPILE_MODES)
-    # Precision may change on --resume: a Colab run started on an L4 (bf16) may continue on a T4 (fp16).
+                               "max-autotune", OPTIMISATION, choices=COMPILE_MODES)
+    # --precision auto resumes on another GPU kind (a Colab run started on an L4 in bf16 continues on a T4 in fp16),
+    # but a changed flag is refused: it would change the result.
     precision: str = flag("auto", "auto: bf16 autocast where the device computes bf16 natively (L4, A100, H100; "
                             "CPUs with AVX512-BF16 or AMX), fp16 autocast with a gradient scaler on older GPUs (T4, "
                             "V100), float32 elsewhere; SMART's passes always run in float32", OPTIMISATION,
-                          resume_free=True, choices=PRECISIONS)
+                          choices=PRECISIONS)
     bf16: bool | None = flag(None, "alias: --bf16 is --precision bf16, --no-bf16 is --precision fp32", OPTIMISATION,
                              resume_free=True, action=argparse.BooleanOptionalAction)
 
@@ -923,6 +927,19 @@ def check_resume_arguments(saved: dict, args: TrainingArguments) -> None:
                           field_defaults(TrainingArguments))
 
 
+def saved_schedule_length(saved: dict, args: TrainingArguments) -> int:
+    """How many stages the stopped run's schedule had (`saved`: its checkpoint's args): this run's schedule with the
+    stopped run's --cycles, the one flag of the schedule a resume may change (check_resume_arguments)."""
+    cycles = saved.get("cycles", args.cycles)
+    if cycles == args.cycles:
+        return len(run_schedule(args))
+    try:
+        return len(run_schedule(dataclasses.replace(args, cycles=cycles)))
+    except (ValueError, TypeError):
+        raise CheckpointError(f"cannot resume: the stopped run's --cycles {cycles!r} is not a number of cycles; the "
+                              "checkpoint was edited or damaged") from None
+
+
 # --demo: these become the defaults, so that every flag given still wins.
 DEMO_SETTINGS = dict(data_dir=str(Path(__file__).resolve().parents[2] / "data" / "demo"), pretrained="minilm-l6",
                      option="finetune", batch_size=16, lr=5e-5, hidden_dropout_prob=0.1,
@@ -1111,7 +1128,11 @@ def segment_settings(settings: dict) -> dict:
 
 # Resume-free settings that leave the weights and predictions as they were: where files go, what is logged or saved
 # besides, the data loader's workers (batches are drawn from a seeded order), data paths (--resume compares the
-# data's content) and --cycles (the stages done must begin the new schedule, whose stage i's order depends on i).
+# data's content), --cycles (the stages done must begin the new schedule, whose stage i's order depends on i),
+# gradient checkpointing (recomputes what it drops) and --bf16 (folded into --precision, which a resume compares).
+# Every one is proven byte-identical across a resume by tests/test_resume_free_flags.py, so a segment differs from
+# the one before only in what the settings resolved to (auto's precision on another device).
 RESUME_BOOKKEEPING = ("data_files", "prediction_files", "data_dir", "simcse_data", "output_dir", "resume",
                       "stop_after_stages", "demo", "keep_stage_models", "quiet", "logging_steps", "report_to",
-                      "save_steps", "save_every_minutes", "score_train", "num_workers", "cycles")
+                      "save_steps", "save_every_minutes", "score_train", "num_workers", "cycles",
+                      "gradient_checkpointing", "bf16")

@@ -10,6 +10,7 @@ from typing import Callable
 
 import torch
 
+from base_bert import CheckpointError
 from evaluation import kept_model_score
 from minbert.distributed import SINGLE_PROCESS, Distributed
 from minbert.model.multitask_bert import MultitaskBERT, load_trained_tensors, trained_tensors
@@ -53,6 +54,7 @@ class StageTransitions:
         self.model, self.device, self.tasks, self.settings = model, device, tasks, settings
         self.regularization, self.consolidate, self.distributed = regularization, consolidate, distributed
         self.block_best: BlockBest | None = None  # the best stage of the block under way (stage_start, simcse_keep)
+        self.saved_schedule_length: int | None = None  # the stages of the schedule a resumed checkpoint was saved in
 
     def stop_early(self, stages: list[Stage], index: int, state: TrainingState) -> None:
         """After stage `index`: when it belongs to a multi-epoch stage whose task's dev score (kept_model_score of
@@ -97,7 +99,7 @@ class StageTransitions:
                 self.block_best = BlockBest(index + 1, score, {k: v.to("cpu", copy=True)
                                                                for k, v in trained_tensors(self.model).items()})
         if following == len(stages):
-            self.block_best = None
+            # Nothing follows: the block's best stays in the checkpoint, for a resume with more --cycles (extend).
             return
         if stages[following] != stage:
             best, self.block_best = self.block_best, None
@@ -111,6 +113,24 @@ class StageTransitions:
                 self.consolidate(stage, index)
         self.regularization.start_stage(self.model)
 
+    def extend(self, stages: list[Stage], state: TrainingState) -> None:
+        """A checkpoint saved at the end of a shorter schedule (load_state's saved_schedule_length), resumed with more
+        stages (more --cycles): decide again, as a run of `stages` never stopped does, what follows its last stage
+        done, which the end of the shorter schedule had left undecided: early stopping over the stages now after it,
+        the next block's start and EWC's consolidation, SMART's anchor."""
+        saved_length, self.saved_schedule_length = self.saved_schedule_length, None
+        if saved_length is None or not state.next_stage == saved_length < len(stages):
+            return
+        done = state.history[-1]["index"] - 1
+        if self.block_policy(stages[done]) == "best" and block_length(stages[:saved_length], done) > 1 and \
+                self.block_best is None:  # saved by the code before the block's best was kept at a run's end
+            raise CheckpointError(f"cannot resume with more stages: the checkpoint lacks the best stage of the block "
+                                  f"that ended the run ({stages[done].label}); resume with the run's own --cycles")
+        state.next_stage = done + 1
+        state.skipped_stages = [position for position in state.skipped_stages if position <= done]
+        self.stop_early(stages, done, state)
+        self.prepare_next_stage(stages, done, state.history[-1], state.next_stage)
+
     def state(self) -> tuple[dict[str, torch.Tensor], dict | None]:
         """The block's best stage so far, for a checkpoint: its tensors by their keys, and its index and score
         (None outside a block)."""
@@ -119,8 +139,13 @@ class StageTransitions:
             return {}, None
         return {f"{BLOCK_BEST_KEY}{k}": v for k, v in best.tensors.items()}, {"index": best.index, "score": best.score}
 
-    def load_state(self, tensors: dict[str, torch.Tensor], saved: dict | None) -> None:
-        """state()'s block best of a checkpoint (`saved`: its index and score), put back."""
-        self.block_best = None if saved is None else BlockBest(
-            saved["index"], saved["score"],
-            {k[len(BLOCK_BEST_KEY):]: v for k, v in tensors.items() if k.startswith(BLOCK_BEST_KEY)})
+    def load_state(self, tensors: dict[str, torch.Tensor], saved: dict | None,
+                   saved_schedule_length: int | None = None) -> None:
+        """state()'s block best of a checkpoint (`saved`: its index and score), put back; the checkpoint was saved in a
+        schedule of `saved_schedule_length` stages (None: the run's own), which extend() continues."""
+        self.saved_schedule_length = saved_schedule_length
+        kept = {k[len(BLOCK_BEST_KEY):]: v for k, v in tensors.items() if k.startswith(BLOCK_BEST_KEY)}
+        if saved is not None and kept.keys() != trained_tensors(self.model).keys():
+            raise ValueError(f"block_best names stage {saved['index']}, but the tensors kept of it "
+                             f"({len(kept)}) are not the model's trained ones")
+        self.block_best = None if saved is None else BlockBest(saved["index"], saved["score"], kept)

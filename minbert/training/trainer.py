@@ -194,6 +194,7 @@ class Trainer:
         self.steps.total_updates = sum(math.ceil(self.stage_data.stage_batches(s) / config.grad_accumulation_steps)
                                        for s in stages)
         kept_on = trained_heads(stages, self.tasks)  # the tasks whose dev scores pick the model kept as best
+        self.transitions.extend(stages, state)  # a finished run resumed with more --cycles
         if state.next_stage == 0 and not state.history:
             start = time.time()
             dev, _ = self.evaluator.evaluate("dev")
@@ -290,14 +291,16 @@ class Trainer:
             "block_best": block_best, "skipped_stages": state["skipped_stages"],
             **({"position": position} if position is not None else {})}
 
-    def load_state_dict(self, tensors: dict[str, torch.Tensor], metadata: dict) -> None:
-        """Continue from state_dict's checkpoint (training_state.read_training_state reads and checks it)."""
+    def load_state_dict(self, tensors: dict[str, torch.Tensor], metadata: dict,
+                        saved_schedule_length: int | None = None) -> None:
+        """Continue from state_dict's checkpoint (training_state.read_training_state reads and checks it), saved in a
+        schedule of `saved_schedule_length` stages (None: this run's); train() extends a finished shorter one."""
         load_trained_tensors(self.model, {k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
         restore_optimizer(self.optimizer, tensors, metadata["optimizer"])
         self.regularization.load_state(tensors, metadata["smart_skipped_steps"], self.device)
         if self.steps.mlm_head is not None:
             self.steps.mlm_head.load_state_dict({k[9:]: v for k, v in tensors.items() if k.startswith("mlm_head.")})
-        self.transitions.load_state(tensors, metadata.get("block_best"))
+        self.transitions.load_state(tensors, metadata.get("block_best"), saved_schedule_length)
         # A run saved before these fields existed, or in another precision (a resume on another GPU kind),
         # starts a fresh scaler, as a run does.
         if self.steps.scaler.is_enabled() and metadata.get("grad_scaler"):

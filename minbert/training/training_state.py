@@ -4,7 +4,7 @@ wants to continue it. What the state holds is the trainer's (Trainer.state_dict 
 
     save_training_state(output_dir / "last", *trainer.state_dict())
     tensors, metadata = read_training_state(output_dir / "last")
-    check_resumable(metadata, world_size, stage_labels, data_sha256)  # refused, with the reason
+    check_resumable(metadata, world_size, stage_labels, data_sha256, info, tasks)  # refused, with the reason
     trainer.load_state_dict(tensors, metadata)
 """
 from __future__ import annotations
@@ -13,6 +13,7 @@ import hashlib
 import itertools
 import json
 import math
+import random
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -21,7 +22,8 @@ import torch
 
 from base_bert import CheckpointError
 from minbert.data.batches import TaskData
-from minbert.model.checkpoint import atomic_save, check_fields, read_checkpoint
+from minbert.model.checkpoint import (atomic_save, check_fields, python_generator_state, read_checkpoint,
+                                      rng_info_problem)
 
 TRAINING_STATE_FIELDS = {"args": dict, "data_sha256": dict, "next_stage": int, "history": list, "best_score": (int, float),
                          "updates": int, "optimizer": dict, "rng": dict, "smart_skipped_steps": dict}
@@ -76,7 +78,7 @@ def read_training_state(prefix: Path) -> tuple[dict[str, torch.Tensor], dict]:
 
 
 def check_resumable(metadata: dict, world_size: int, stage_labels: list[str], data_sha256: dict[str, str],
-                    info: Path) -> None:
+                    info: Path, tasks: tuple[str, ...]) -> None:
     """Refuse a resume the saved state cannot continue: a state its own fields contradict (a hand-edited `info`,
     check_consistent), another number of processes, a schedule that the stages already done do not begin, or data
     whose content changed (a --distill teacher's scores included: "distill/TASK")."""
@@ -94,6 +96,11 @@ def check_resumable(metadata: dict, world_size: int, stage_labels: list[str], da
     if position is not None and stage_labels[next_stage:next_stage + 1] != [position["label"]]:
         raise CheckpointError(f"cannot resume: the run stopped inside stage {next_stage + 1} {position['label']}, "
                               "which is not that stage of this run's schedule")
+    unknown = sorted(set((position or {}).get("loaders", {})) - set(tasks))  # a multi-task epoch's, of the run's tasks
+    if unknown:
+        raise CheckpointError(f"{info}: the position's loaders name tasks this run does not have "
+                              f"({', '.join(unknown)}); the file was edited or damaged: resume from an intact copy or "
+                              "start again without --resume")
     changed = sorted(name for name in data_sha256.keys() & metadata["data_sha256"].keys()
                      if data_sha256[name] != metadata["data_sha256"][name])
     if changed:  # a split only one of the two runs reads cannot have changed what was trained
@@ -122,6 +129,7 @@ def check_consistent(metadata: dict, info: Path) -> None:
     if position is not None:
         check_position(position, next_stage, refuse)
     check_values(metadata, refuse)
+    check_restored_states(metadata, refuse)
 
 
 def check_history(history: list, next_stage: int, skipped: list, refuse: Callable[[str], None]) -> None:
@@ -169,17 +177,40 @@ def check_values(metadata: dict, refuse: Callable[[str], None]) -> None:
         refuse(f"block_best {block_best!r} must name a stage done (its 'index') and its 'score' in [0, 1]")
 
 
+def _whole(value, least: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+
+def check_restored_states(metadata: dict, refuse: Callable[[str], None]) -> None:
+    """What a resume puts back as it was saved: the generators' states (rng), AdamW's step counts (each parameter's,
+    from 1 to the run's updates) and fp16's gradient scaler (numbers, a scale > 0). A damaged one would otherwise fail
+    halfway through the restore, or train on with other numbers."""
+    problem = rng_info_problem(metadata["rng"])
+    if problem:
+        refuse(problem)
+    optimizer = metadata["optimizer"]
+    steps, groups = optimizer.get("steps"), optimizer.get("param_groups")
+    if not isinstance(steps, dict) or not isinstance(groups, list) or not all(isinstance(g, dict) for g in groups):
+        refuse("optimizer must hold 'steps' (an object) and 'param_groups' (a list of objects)")
+    for index, step in steps.items():
+        if not index.isdigit() or not _whole(step, 1) or step > metadata["updates"]:
+            refuse(f"optimizer.steps[{index!r}] must be a parameter's number and a whole number of steps from 1 to "
+                   f"the {metadata['updates']} updates, found {step!r}")
+    scaler = metadata.get("grad_scaler", {})
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in scaler.values()) \
+            or not scaler.get("scale", 1) > 0:
+        refuse(f"grad_scaler {scaler!r} must hold finite numbers, its scale > 0")
+
+
 def check_position(position: dict, stage: int, refuse) -> None:
     """A checkpoint saved inside stage `stage` (0-based): its place among the stage's steps and updates, and the
     counts of its sums, which say what the resumed stage skips and adds to."""
-    def whole(value, least: int) -> bool:
-        return isinstance(value, int) and not isinstance(value, bool) and value >= least
     if position.get("stage") != stage or not isinstance(position.get("label"), str):
         refuse(f"the position inside a stage must name stage {stage} (next_stage) and its label")
-    if not (whole(position.get("steps"), 2) and whole(position.get("steps_done"), 1)
+    if not (_whole(position.get("steps"), 2) and _whole(position.get("steps_done"), 1)
             and position["steps_done"] < position["steps"]):
         refuse("the position's steps_done must be a whole number from 1 to below its steps")
-    if not (whole(position.get("stage_updates"), 1) and whole(position.get("updates"), 1)
+    if not (_whole(position.get("stage_updates"), 1) and _whole(position.get("updates"), 1)
             and position["updates"] <= position["stage_updates"]):
         refuse("the position's updates must be a whole number from 1 to its stage_updates")
     if not isinstance(position.get("seconds"), (int, float)) or isinstance(position["seconds"], bool):
@@ -188,8 +219,23 @@ def check_position(position: dict, stage: int, refuse) -> None:
     for name, keys in (("losses", ("count", "recent_count")), ("task_losses", None), ("penalties", None)):
         sums = position.get(name)
         counts += [None] if not isinstance(sums, dict) else [sums.get(key) for key in keys or sums]
-    if not all(whole(count, 0) for count in counts):
+    if not all(_whole(count, 0) for count in counts):
         refuse("the position's counts of losses must be whole numbers")
+    check_epoch_position(position, refuse)
+
+
+def check_epoch_position(position: dict, refuse) -> None:
+    """A multi-task epoch's place: each task's loader's [passes restarted, batches taken] and the Python generator
+    of its task order."""
+    loaders = position.get("loaders", {})
+    if not isinstance(loaders, dict) or not all(isinstance(place, list) and len(place) == 2 and
+                                                all(_whole(n, 0) for n in place) for place in loaders.values()):
+        refuse("the position's loaders must give each task two whole numbers (passes restarted, batches taken)")
+    if "rng" in position:
+        try:
+            random.Random().setstate(python_generator_state(position["rng"]))
+        except (IndexError, TypeError, ValueError, OverflowError) as err:
+            refuse(f"the position's rng is not a Python generator state ({type(err).__name__}: {err})")
 
 
 def saved_position(prefix: Path) -> dict | None:
