@@ -29,7 +29,7 @@ from minbert.reports.plots import write_run_reports
 from minbert.run.run_record import RECORD_FILE, run_record, run_segments, write_run_record
 from minbert.run.run_setup import build_run, check_pretrained, load_inputs
 from minbert.run.training_args import (TrainingArguments, UsageError, check_resume_arguments, parse_training_args,
-                                       prediction_paths, saved_schedule_length, segment_settings)
+                                       prediction_paths, saved_schedule_length)
 from minbert.runtime import precision_notice
 from minbert.step_log import STEPS_FILE, TENSORBOARD_DIR, TrainingDiverged
 from minbert.tasks import RUN_TASKS, SPLITS, TASKS, default_output
@@ -142,10 +142,8 @@ def resume(trainer: Trainer, args: TrainingArguments, prefix: Path, stage_labels
 def write_record(args: TrainingArguments, trainer: Trainer, output_dir: Path, device) -> None:
     """OUTPUT_DIR/args.json as the run starts or resumes (run_record.py), with the segment it begins now."""
     resolved = {"precision": trainer.precision, "device": str(device), "world_size": trainer.distributed.world_size}
-    settings = dataclasses.asdict(args)
-    segments = run_segments(output_dir, args.resume, trainer.state.next_stage + 1, segment_settings(settings),
-                            resolved, segment_settings)
-    write_run_record(output_dir, run_record(settings, resolved, ROOT, device, segments))
+    segments = run_segments(output_dir, args.resume, trainer.state.next_stage + 1, resolved)
+    write_run_record(output_dir, run_record(dataclasses.asdict(args), resolved, ROOT, device, segments))
 
 
 def run(args: TrainingArguments) -> Trainer:

@@ -12,7 +12,7 @@ import torch
 import minbert.run.run_record as run_record
 import multitask_classifier as mc
 from conftest import DEMO, ROOT, exit_code, skip_figures
-from minbert.run.training_args import TrainingArguments, segment_settings
+from minbert.run.training_args import TrainingArguments
 
 sys.path.insert(0, str(ROOT / "scripts"))
 import write_args_json  # noqa: E402
@@ -53,9 +53,7 @@ def first_run(tiny_checkpoint, tmp_path_factory):
 def test_a_run_writes_its_settings_resolved_values_commit_and_environment(first_run):
     record = json.loads((first_run / "args.json").read_text())
     assert set(record) == {"args", "resolved", "git", "environment", "segments"}
-    assert record["segments"] == [{"first_stage": 1, "settings": segment_settings(record["args"]),
-                                   "resolved": record["resolved"]}]
-    assert "precision" in record["segments"][0]["settings"] and "output_dir" not in record["segments"][0]["settings"]
+    assert record["segments"] == [{"first_stage": 1, "resolved": record["resolved"]}]
     assert set(record["args"]) == {f.name for f in dataclasses.fields(TrainingArguments)}
     assert record["args"]["lr"] == 1e-4 and record["args"]["first_stages"] == "sst,qqp"
     assert record["args"]["prediction_files"]["sst_dev_out"] == str(first_run / "predictions" / "sst-dev-out.csv")
@@ -247,23 +245,22 @@ def test_the_demo_trained_again_from_its_args_json_writes_the_same_csvs(tmp_path
 # -- what --config takes from a record, and what the command line decides (issue 44) -------------------------------
 
 
-def test_a_run_resumed_in_another_precision_records_both_and_its_config_says_it_cannot_repeat_it(
-        tiny_checkpoint, tmp_path, monkeypatch, capsys):
+def test_a_resumed_run_records_each_segment_and_its_config_follows_the_command_line(tiny_checkpoint, tmp_path,
+                                                                                    monkeypatch, capsys):
     skip_figures(monkeypatch)
     run = tmp_path / "A"
-    assert mc.main(run_flags(tiny_checkpoint, run, "--precision", "bf16", "--stop_after_stages", "1")) == 0
+    assert mc.main(run_flags(tiny_checkpoint, run, "--precision", "fp32", "--stop_after_stages", "1")) == 0
     assert mc.main(run_flags(tiny_checkpoint, run, "--precision", "fp32", "--resume")) == 0
     record = json.loads((run / "args.json").read_text())
-    assert record["args"]["precision"] == "fp32"  # the last segment's, as before
-    assert [(s["first_stage"], s["settings"]["precision"], s["resolved"]["precision"]) for s in record["segments"]] \
-        == [(1, "bf16", "bf16"), (2, "fp32", "fp32")]
-    capsys.readouterr()
-    config = str(run / "args.json")
+    assert [(s["first_stage"], s["resolved"]["precision"]) for s in record["segments"]] == [(1, "fp32"), (2, "fp32")]
+    # a record resumed on another machine, where auto resolved otherwise: its rerun says it cannot repeat it ...
+    record["segments"][0]["resolved"]["precision"] = "bf16"
+    config = write_config(tmp_path, record)
     assert exit_code(["--config", config, "--output_dir", str(tmp_path / "B")]) == 2
     line = one_error_line(capsys)
-    assert config in line and "changed --precision when it resumed at stage 2 (\"bf16\" before, \"fp32\" from then " \
-        "on)" in line and "give --precision to choose" in line
-    # the command line choosing the precision (or its alias) trains every stage with it
+    assert config in line and "changed the precision it resolved to when it resumed at stage 2 (\"bf16\" before, " \
+        "\"fp32\" from then on)" in line and "give --precision to choose" in line
+    # ... unless the command line chooses the precision (or its alias) for every stage
     for flags in (["--precision", "bf16"], ["--no-bf16"]):
         assert mc.parse_args(["--config", config, "--output_dir", str(tmp_path / "B"), *flags]).precision in \
             ("bf16", "fp32")
@@ -272,12 +269,11 @@ def test_a_run_resumed_in_another_precision_records_both_and_its_config_says_it_
 def test_segments_that_resolved_to_another_precision_or_are_not_described_are_refused(tmp_path, capsys):
     """`--precision auto` both times, but an L4 (bf16) then a T4 (fp16): the settings agree, what they made differs;
     a record whose earlier stages were not described cannot be repeated either."""
-    auto = segment_settings(dataclasses.asdict(TrainingArguments()))
-    for earlier, problem in [({"first_stage": 1, "settings": auto, "resolved": {"precision": "bf16", "device": "cuda:0"}},
+    for earlier, problem in [({"first_stage": 1, "resolved": {"precision": "bf16", "device": "cuda:0"}},
                               "changed the precision it resolved to when it resumed at stage 3"),
-                             ({"first_stage": None, "settings": None, "resolved": None},
+                             ({"first_stage": None, "resolved": None},
                               "without a record of how its earlier stages ran")]:
-        later = {"first_stage": 3, "settings": auto, "resolved": {"precision": "fp16", "device": "cuda:0"}}
+        later = {"first_stage": 3, "resolved": {"precision": "fp16", "device": "cuda:0"}}
         config = write_config(tmp_path, {"args": {"output_dir": str(tmp_path / "A")}, "segments": [earlier, later]})
         assert exit_code(["--config", config]) == 2
         assert problem in one_error_line(capsys)
@@ -286,14 +282,12 @@ def test_segments_that_resolved_to_another_precision_or_are_not_described_are_re
 def test_an_older_record_without_segments_becomes_the_first_segment_of_a_resumed_run(tmp_path):
     (tmp_path / "args.json").write_text(json.dumps({"args": {"precision": "bf16", "lr": 1e-3},
                                                     "resolved": {"precision": "bf16"}}))
-    pick = lambda settings: {"precision": settings["precision"]}  # noqa: E731
-    now = run_record.run_segments(tmp_path, True, 4, {"precision": "fp32"}, {"precision": "fp32"}, pick)
-    assert now == [{"first_stage": None, "settings": {"precision": "bf16"}, "resolved": {"precision": "bf16"}},
-                   {"first_stage": 4, "settings": {"precision": "fp32"}, "resolved": {"precision": "fp32"}}]
+    now = run_record.run_segments(tmp_path, True, 4, {"precision": "fp32"})
+    assert now == [{"first_stage": None, "resolved": {"precision": "bf16"}},
+                   {"first_stage": 4, "resolved": {"precision": "fp32"}}]
     (tmp_path / "args.json").write_text("{")  # unreadable: the earlier stages are described as unknown
-    assert run_record.run_segments(tmp_path, True, 4, {}, {}, pick)[0]["settings"] is None
-    assert run_record.run_segments(tmp_path, False, 1, {}, {}, pick) == [{"first_stage": 1, "settings": {},
-                                                                          "resolved": {}}]
+    assert run_record.run_segments(tmp_path, True, 4, {})[0]["resolved"] is None
+    assert run_record.run_segments(tmp_path, False, 1, {}) == [{"first_stage": 1, "resolved": {}}]
 
 
 ONE_TASK = {"tasks": "sst", "first_stages": "sst", "cycle": "", "smart_tasks": "sst", "smart": True}

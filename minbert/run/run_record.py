@@ -5,12 +5,13 @@ the code it ran (git commit) and the software and hardware it ran on.
      "resolved": {...},       # what "auto" and the device made of them: precision, device, processes
      "git": {"commit": "...", "dirty": false},   # null outside a git checkout or without git
      "environment": {"python": ..., "torch": ..., "cuda": ..., "gpus": [...]},
-     "segments": [{"first_stage": 1, "settings": {...}, "resolved": {...}}, ...]}
+     "segments": [{"first_stage": 1, "resolved": {...}}, ...]}
 
-"args" and "resolved" are those of the run's last start or --resume. A resume may change settings that change what
-the run trains (the precision, the device: training_args.segment_settings), so "segments" describe every part of
-the run as it ran: the stage it began or continued at, those settings and what they resolved to. --config refuses
-a record whose segments differ in a setting the command line does not decide: a run trains every stage one way.
+"args" and "resolved" are those of the run's last start or --resume. A resume refuses every setting that would
+change what the run trains (training_args.check_resume_arguments), but what "auto" resolves to follows the machine
+(an L4's bf16, a T4's fp16), so "segments" record what every part of the run resolved to and the stage it began or
+continued at. --config refuses a record whose segments resolved differently, unless the command line decides that
+setting: a run trains every stage one way.
 
 `python multitask_classifier.py --config RUN/args.json --output_dir OTHER` trains the run again. A record derived
 from an older run's best.json (scripts/write_args_json.py) has "derived_from" and null for what was not saved then;
@@ -61,24 +62,21 @@ def run_record(settings: dict, resolved: dict, source: Path, device: torch.devic
             "segments": segments}
 
 
-def run_segments(output_dir: Path, resumed: bool, first_stage: int, settings: dict, resolved: dict,
-                 earlier_settings) -> list[dict]:
-    """The record's segments with this one, which begins (or continues) at stage `first_stage` (1-based) with
-    `settings` (those a resume may change that change the result) resolved to `resolved`. A resumed run's earlier
-    ones come from OUTPUT_DIR/args.json: one written before records had segments is one segment of its "args"
-    (`earlier_settings` picks the same settings of them) and "resolved", begun at an unknown stage; without a
-    readable record the earlier stages are one segment described by null."""
-    segment = {"first_stage": first_stage, "settings": settings, "resolved": resolved}
+def run_segments(output_dir: Path, resumed: bool, first_stage: int, resolved: dict) -> list[dict]:
+    """The record's segments with this one, which begins (or continues) at stage `first_stage` (1-based) with its
+    settings resolved to `resolved`. A resumed run's earlier ones come from OUTPUT_DIR/args.json: one written before
+    records had segments is one segment of its "resolved", begun at an unknown stage; without a readable record the
+    earlier stages are one segment described by null."""
+    segment = {"first_stage": first_stage, "resolved": resolved}
     if not resumed:
         return [segment]
     try:
         earlier = json.loads((Path(output_dir) / RECORD_FILE).read_text())
         if isinstance(earlier.get("segments"), list):
             return [*earlier["segments"], segment]
-        described = {"first_stage": None, "settings": earlier_settings(earlier["args"]),
-                     "resolved": earlier["resolved"]}
+        described = {"first_stage": None, "resolved": dict(earlier["resolved"])}
     except (OSError, ValueError, AttributeError, KeyError, TypeError):  # a run never stops for its description
-        described = {"first_stage": None, "settings": None, "resolved": None}
+        described = {"first_stage": None, "resolved": None}
     return [described, segment]
 
 

@@ -696,15 +696,13 @@ def _config_settings(cls, path: str, content: dict) -> dict:
 
 
 def _record_segments(path: str, segments) -> list | None:
-    """A run record's "segments" (run_record.py), checked: a list of objects whose "settings" and "resolved" are
-    objects (or null where a segment is not described)."""
+    """A run record's "segments" (run_record.py), checked: a list of objects whose "resolved" is an object (or null
+    where a segment is not described)."""
     if segments is None:
         return None
     if not isinstance(segments, list) or not all(
-            isinstance(part, dict) and all(isinstance(part.get(key), (dict, type(None))) for key in
-                                           ("settings", "resolved")) for part in segments):
-        raise ValueError(f"--config {path}: 'segments' must be a list of objects with \"settings\" and "
-                         "\"resolved\" (run_record.py)")
+            isinstance(part, dict) and isinstance(part.get("resolved"), (dict, type(None))) for part in segments):
+        raise ValueError(f"--config {path}: 'segments' must be a list of objects with \"resolved\" (run_record.py)")
     return segments
 
 
@@ -1057,31 +1055,23 @@ RESOLVED_BY = {"precision": "precision", "device": "use_gpu"}
 
 
 def _check_segments(config: ConfigFile, given: set[str]) -> None:
-    """A record of a run resumed with other settings that change what it trains (segment_settings: the precision,
-    the device...) cannot be trained again as it ran: a run trains every stage one way. Refused, naming the change,
-    unless the command line decides that setting."""
+    """A record of a run whose settings resolved to another precision or device when it resumed (auto on another
+    machine) cannot be trained again as it ran: a run trains every stage one way. Refused, naming the change, unless
+    the command line decides that setting."""
     decided = given | {name for names in ALIASES if given & set(names) for name in names}
     segments = config.segments or []
     for earlier, later in zip(segments, segments[1:]):
         stage = later.get("first_stage")
-        if earlier["settings"] is None or earlier["resolved"] is None:
+        if earlier["resolved"] is None:
             raise ValueError(f"--config {config.path}: the run it records was resumed at stage {stage} without a "
                              "record of how its earlier stages ran; a rerun cannot repeat it")
-        for flag, what, before, after in _segment_changes(earlier, later):
-            if flag not in decided:
-                raise ValueError(f"--config {config.path}: the run it records changed {what} when it resumed at "
-                                 f"stage {stage} ({json.dumps(before)} before, {json.dumps(after)} from then on); a "
-                                 f"rerun trains every stage one way and cannot repeat it: give --{flag} to choose")
-
-
-def _segment_changes(earlier: dict, later: dict) -> list[tuple[str, str, object, object]]:
-    """(flag, what, before, after) of each setting or resolved value that differs between two segments."""
-    changes = [(name, f"--{name}", earlier["settings"].get(name), value)
-               for name, value in (later["settings"] or {}).items() if earlier["settings"].get(name) != value]
-    changes += [(flag, f"the {key} it resolved to", earlier["resolved"].get(key), (later["resolved"] or {}).get(key))
-                for key, flag in RESOLVED_BY.items()
-                if earlier["resolved"].get(key) != (later["resolved"] or {}).get(key)]
-    return changes
+        for key, flag in RESOLVED_BY.items():
+            before, after = earlier["resolved"].get(key), (later["resolved"] or {}).get(key)
+            if before != after and flag not in decided:
+                raise ValueError(f"--config {config.path}: the run it records changed the {key} it resolved to when "
+                                 f"it resumed at stage {stage} ({json.dumps(before)} before, {json.dumps(after)} from "
+                                 f"then on); a rerun trains every stage one way and cannot repeat it: give --{flag} "
+                                 "to choose")
 
 
 def _check_tasks_trained(args: TrainingArguments, config: ConfigFile, given: set[str]) -> None:
@@ -1117,22 +1107,3 @@ def follow_output_dir(prediction_files: dict, config: ConfigFile, given: set[str
             moved[flag] = str(Path(output_dir) / course_names[flag])
             outside.append(f"--{flag}")
     return moved, outside
-
-
-def segment_settings(settings: dict) -> dict:
-    """Of a run's settings (plain values by field name), those a --resume may change that change what it trains
-    (every resume-free one but the bookkeeping, RESUME_BOOKKEEPING): what args.json records of each segment."""
-    names = resume_free_fields(TrainingArguments) - set(RESUME_BOOKKEEPING)
-    return {name: settings.get(name) for name in sorted(names)}
-
-
-# Resume-free settings that leave the weights and predictions as they were: where files go, what is logged or saved
-# besides, the data loader's workers (batches are drawn from a seeded order), data paths (--resume compares the
-# data's content), --cycles (the stages done must begin the new schedule, whose stage i's order depends on i),
-# gradient checkpointing (recomputes what it drops) and --bf16 (folded into --precision, which a resume compares).
-# Every one is proven byte-identical across a resume by tests/test_resume_free_flags.py, so a segment differs from
-# the one before only in what the settings resolved to (auto's precision on another device).
-RESUME_BOOKKEEPING = ("data_files", "prediction_files", "data_dir", "simcse_data", "output_dir", "resume",
-                      "stop_after_stages", "demo", "keep_stage_models", "quiet", "logging_steps", "report_to",
-                      "save_steps", "save_every_minutes", "score_train", "num_workers", "cycles",
-                      "gradient_checkpointing", "bf16")
