@@ -25,7 +25,7 @@ from minbert.data.scores import scores_path, span_logits_path
 from minbert.distributed import Distributed, data_parallel
 from minbert.files import describe_os_error, locked_folder, remove_files
 from minbert.reports.embedding_analysis import MIN_TSNE_POINTS, plot_tsne, sentence_embeddings
-from minbert.reports.plots import write_run_reports
+from minbert.reports.plots import figure_problem, write_run_reports
 from minbert.run.run_record import RECORD_FILE, run_record, write_run_record
 from minbert.run.run_setup import build_run, check_pretrained, load_inputs
 from minbert.run.training_args import (TrainingArguments, UsageError, check_resume_arguments, parse_training_args,
@@ -120,6 +120,14 @@ def plot_embeddings(trainer: Trainer, task: str, path: Path) -> None:
     plot_tsne({f"{title} dev, best model": embeddings}, [e.label for e in examples], path, config.seed)
 
 
+def check_figure_libraries(tasks: list[str]) -> None:
+    """The figures a run draws at its end (write_run_reports, write_tsne) can be drawn: a broken matplotlib or
+    scikit-learn stops it now, in one line, not with a traceback once it has trained."""
+    problem = figure_problem(embeddings=any(TASKS[task].plots_embeddings for task in tasks))
+    if problem:
+        raise UsageError(problem)
+
+
 def resume(trainer: Trainer, args: TrainingArguments, prefix: Path, stage_labels: list[str]) -> None:
     """Continue from a stopped run's training state: refused, with the reason, when a setting that changes the
     result differs or the saved state does not fit this run's processes, schedule or data."""
@@ -143,6 +151,7 @@ def run(args: TrainingArguments) -> Trainer:
 
 def _run(args: TrainingArguments, distributed: Distributed, device) -> Trainer:
     stages, data, dropped_rows, triplets, teacher = load_inputs(args)
+    check_figure_libraries(list(data))
     output_dir = Path(args.output_dir)
     tokenizer = check_pretrained(args, data)
     # One run at a time in a folder: a second would interleave its metrics and checkpoints with this one's.

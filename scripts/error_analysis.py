@@ -18,7 +18,7 @@ from pathlib import Path
 from evaluation import PredictionsFileError, check_predictions_file, error_counts
 from minbert.data.batches import DataError, load_split, show_data_warnings_on_one_line
 from minbert.files import unwritable_folder
-from minbert.reports.plots import plot_error_analysis
+from minbert.reports.plots import figure_problem, plot_error_analysis
 from minbert.tasks import MULTITASK, default_output, output_flag
 
 
@@ -76,7 +76,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     show_data_warnings_on_one_line()
     output_dir = args.output_dir or args.run
-    problem = unwritable_folder(output_dir)
+    problem = unwritable_folder(output_dir) or figure_problem()
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 2

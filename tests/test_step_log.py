@@ -210,3 +210,31 @@ def test_report_to_tensorboard_without_tensorboard_is_one_line_before_any_model_
     error = capsys.readouterr().err.strip().splitlines()
     assert stop.value.code == 2 and len(error) == 1
     assert "--report_to tensorboard needs the tensorboard package: pip install tensorboard" in error[0]
+
+
+def installed_tensorboard(monkeypatch, folder, init: str) -> None:
+    """A `tensorboard` package whose __init__.py is `init` in place of the real one, for this test: the imports
+    of it that earlier tests cached are set aside, so that the next import reads the broken one."""
+    (folder / "tensorboard").mkdir()
+    (folder / "tensorboard" / "__init__.py").write_text(init)
+    for name in [name for name in sys.modules if name.split(".")[0] == "tensorboard"
+                 or name.startswith("torch.utils.tensorboard")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.syspath_prepend(str(folder))
+
+
+@pytest.mark.parametrize("init, problem", [
+    # protobuf newer than the one the package's generated _pb2 files were made for
+    ("raise TypeError('Descriptors cannot be created directly.\\nIf this call came from a _pb2.py file, ...')",
+     "TypeError: Descriptors cannot be created directly."),
+    ("", "TensorBoard logging requires TensorBoard version 1.15 or above"),  # too old to have __version__
+])
+def test_report_to_tensorboard_with_a_broken_tensorboard_is_one_line_before_any_model_loads(
+        tiny_checkpoint, tmp_path, monkeypatch, capsys, model_must_not_load, init, problem):
+    installed_tensorboard(monkeypatch, tmp_path, init)
+    with pytest.raises(SystemExit) as stop:
+        mc.main(run_flags(tiny_checkpoint, tmp_path))
+    error = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 2 and len(error) == 1, error
+    assert "--report_to tensorboard needs torch.utils.tensorboard, which fails to import" in error[0]
+    assert problem in error[0] and "pip install --upgrade tensorboard" in error[0]
