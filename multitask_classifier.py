@@ -30,7 +30,7 @@ from minbert.run.run_record import RECORD_FILE, run_record, write_run_record
 from minbert.run.run_setup import build_run, check_pretrained, load_inputs
 from minbert.run.training_args import (TrainingArguments, UsageError, check_resume_arguments, parse_training_args,
                                        prediction_paths)
-from minbert.runtime import precision_notice
+from minbert.runtime import compile_notice, precision_notice
 from minbert.step_log import STEPS_FILE, TENSORBOARD_DIR, TrainingDiverged
 from minbert.tasks import RUN_TASKS, SPLITS, TASKS, default_output
 from minbert.training.distillation import DISTILLED_TASKS
@@ -156,6 +156,8 @@ def _run(args: TrainingArguments, distributed: Distributed, device) -> Trainer:
     tokenizer = check_pretrained(args, data)
     # One run at a time in a folder: a second would interleave its metrics and checkpoints with this one's.
     with locked_folder(output_dir) if distributed.is_main else nullcontext():
+        if distributed.is_main and compile_notice(device, args.compile):
+            print(compile_notice(device, args.compile), file=sys.stderr)
         trainer = build_run(args, stages, data, tokenizer, triplets, teacher, device, distributed)
         if distributed.is_main:
             print(precision_notice(device, args.precision, args.smart, args.smart_precision))

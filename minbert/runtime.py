@@ -123,6 +123,17 @@ def precision_notice(device: torch.device, requested: str, smart: bool = False, 
     return line
 
 
+def compile_notice(device: torch.device, compile: bool) -> str | None:
+    """A warning, in one line, for --compile on a CPU, or None: inductor compiles each graph (training, evaluation,
+    each new batch shape until it turns the shape dynamic) with a C++ compiler, minutes on a laptop's cores that a
+    CPU run does not earn back."""
+    if not compile or device.type != "cpu":
+        return None
+    return ("warning: --compile on a CPU: torch.compile spends minutes compiling each training and evaluation graph "
+            "(and each new batch shape) with a C++ compiler, more than a CPU run saves (the demo runs over 10x slower "
+            "than eager); leave --compile off on a CPU, it pays on CUDA")
+
+
 def import_problem(module: str, feature: str, package: str) -> str | None:
     """Why `module`, which `feature` needs, does not import, in one line naming `package` (what pip installs) and
     the fix; None when

@@ -237,7 +237,8 @@ class TrainingArguments:
                                           OPTIMISATION, resume_free=True, action="store_true")
     # Not resume-free: on the CPU it pads batches to buckets of 8 tokens, which changes the dropout masks drawn.
     compile: bool = flag(False, "torch.compile BERT's layers (forward and backward, one graph) and AdamW's "
-                           "update; batches are padded to multiples of 8 tokens so that shapes repeat", OPTIMISATION,
+                           "update; batches are padded to multiples of 8 tokens so that shapes repeat. For CUDA: on a CPU the "
+                           "compiling costs more than it saves (a warning says so)", OPTIMISATION,
                          action="store_true")
     compile_mode: str = flag("default", "torch.compile's mode: default, reduce-overhead (CUDA graphs) or "
                                "max-autotune", OPTIMISATION, resume_free=True, choices=COMPILE_MODES)
