@@ -23,7 +23,8 @@ from evaluation import summarize_line
 from minbert.data.batches import DataError, show_data_warnings_on_one_line
 from minbert.data.scores import scores_path, span_logits_path
 from minbert.distributed import Distributed, data_parallel
-from minbert.files import describe_os_error, locked_folder, remove_files
+from minbert.model.checkpoint import checkpoint_folder
+from minbert.files import describe_os_error, remove_files
 from minbert.reports.embedding_analysis import MIN_TSNE_POINTS, plot_tsne, sentence_embeddings
 from minbert.reports.plots import figure_problem, write_run_reports
 from minbert.run.run_record import RECORD_FILE, run_record, write_run_record
@@ -155,7 +156,7 @@ def _run(args: TrainingArguments, distributed: Distributed, device) -> Trainer:
     output_dir = Path(args.output_dir)
     tokenizer = check_pretrained(args, data)
     # One run at a time in a folder: a second would interleave its metrics and checkpoints with this one's.
-    with locked_folder(output_dir) if distributed.is_main else nullcontext():
+    with checkpoint_folder(output_dir) if distributed.is_main else nullcontext():
         if distributed.is_main and compile_notice(device, args.compile):
             print(compile_notice(device, args.compile), file=sys.stderr)
         trainer = build_run(args, stages, data, tokenizer, triplets, teacher, device, distributed)
@@ -175,7 +176,8 @@ def _run(args: TrainingArguments, distributed: Distributed, device) -> Trainer:
                 print(f"note: starting a fresh run in {output_dir}; the earlier run's {len(removed)} files there "
                       "(checkpoints, metrics, scores, plots, predictions) are removed (use --resume to continue instead)")
         if distributed.is_main:  # a resumed run's record holds the settings it continues with
-            resolved = {"precision": trainer.precision, "device": str(device), "world_size": distributed.world_size}
+            resolved = {"precision": trainer.precision, "device": str(device), "world_size": distributed.world_size,
+                        "working_dir": str(Path.cwd())}  # what the flags' relative paths are relative to
             write_run_record(output_dir, run_record(dataclasses.asdict(args), resolved, ROOT, device))
         trainer.train(stages)
         if trainer.state.next_stage == len(stages):

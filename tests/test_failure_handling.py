@@ -185,6 +185,28 @@ def test_stop_after_zero_stages_is_refused_it_would_leave_nothing_to_resume(tmp_
     assert "--stop_after_stages must be >= 1, got 0" in capsys.readouterr().err
 
 
+def left_by_killed_saves(run) -> list:
+    """What kills mid-save leave in a run's folder: partial folders (one holding safetensors' own temporary, as big
+    as the weights) and a checkpoint's pending weights that never reached their JSON."""
+    partial = run / ".last.safetensors.k1ll3d00.minbert-partial"
+    partial.mkdir(parents=True)
+    (partial / ".tmpAbC123").write_bytes(b"\0" * 4096)
+    scores = run / "scores" / ".sst-dev.csv.k1ll3d00.minbert-partial"
+    scores.mkdir(parents=True)
+    (run / "stage_1.safetensors.tmp").write_bytes(b"\0" * 64)
+    return [partial, scores, run / "stage_1.safetensors.tmp"]
+
+
+@pytest.mark.parametrize("how", ["--resume", "fresh"])
+def test_what_a_killed_save_left_is_removed_when_a_run_opens_its_folder(tiny_checkpoint, tmp_path, how, capsys):
+    assert mc.main(quick_flags(tiny_checkpoint, tmp_path, "--stop_after_stages", "1")) == 0
+    left = left_by_killed_saves(tmp_path / "run")
+    assert mc.main(quick_flags(tiny_checkpoint, tmp_path, *([how] if how == "--resume" else []))) == 0
+    assert [path for path in left if path.exists()] == []
+    if how == "--resume":
+        assert "resuming after stage 1" in capsys.readouterr().out
+
+
 def test_a_duplicate_stage_record_from_a_kill_is_dropped_on_resume(tiny_checkpoint, tmp_path):
     assert mc.main(quick_flags(tiny_checkpoint, tmp_path, "--stop_after_stages", "1")) == 0
     metrics = tmp_path / "run" / "metrics.jsonl"

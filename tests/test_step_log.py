@@ -204,6 +204,7 @@ def test_a_resumed_run_logs_as_one_never_stopped(whole_run, tiny_checkpoint, tmp
 
 def test_report_to_tensorboard_without_tensorboard_is_one_line_before_any_model_loads(
         tiny_checkpoint, tmp_path, monkeypatch, capsys, model_must_not_load):
+    forget_tensorboard(monkeypatch)
     monkeypatch.setitem(sys.modules, "tensorboard", None)  # as if it were not installed
     with pytest.raises(SystemExit) as stop:
         mc.main(run_flags(tiny_checkpoint, tmp_path))
@@ -213,14 +214,18 @@ def test_report_to_tensorboard_without_tensorboard_is_one_line_before_any_model_
 
 
 def installed_tensorboard(monkeypatch, folder, init: str) -> None:
-    """A `tensorboard` package whose __init__.py is `init` in place of the real one, for this test: the imports
-    of it that earlier tests cached are set aside, so that the next import reads the broken one."""
+    """A `tensorboard` package whose __init__.py is `init` in place of the real one, for this test."""
     (folder / "tensorboard").mkdir()
     (folder / "tensorboard" / "__init__.py").write_text(init)
+    forget_tensorboard(monkeypatch)
+    monkeypatch.syspath_prepend(str(folder))
+
+
+def forget_tensorboard(monkeypatch) -> None:
+    """The imports of TensorBoard that earlier tests cached set aside for this test, so that the next one is real."""
     for name in [name for name in sys.modules if name.split(".")[0] == "tensorboard"
                  or name.startswith("torch.utils.tensorboard")]:
         monkeypatch.delitem(sys.modules, name)
-    monkeypatch.syspath_prepend(str(folder))
 
 
 @pytest.mark.parametrize("init, problem", [
