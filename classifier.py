@@ -39,8 +39,8 @@ from evaluation import summarize_line, write_predictions
 from minbert.data.batches import (DataError, SentenceExample, TaskData, load_task_data, make_dataloader,
                                   predict_in_file_order, show_data_warnings_on_one_line)
 from minbert.distributed import SINGLE_PROCESS, Distributed, data_parallel
-from minbert.files import describe_os_error, locked_folder
-from minbert.model.checkpoint import atomic_save, read_checkpoint
+from minbert.files import describe_os_error
+from minbert.model.checkpoint import atomic_save, checkpoint_folder, read_checkpoint
 from minbert.run.training_args import (ClassifierArguments, UsageError, build_parser, check_max_length, check_writable,
                                        data_paths, from_namespace)
 from minbert.runtime import seed_everything
@@ -217,7 +217,7 @@ def _run(args: ClassifierArguments, distributed: Distributed, device: torch.devi
     check_writable([args.output_dir, args.predictions_dir])
     data = load_data(args)  # every data file validated before the model loads, and before a folder is made
     # One writer per folder: two runs there at once would overwrite each other's best checkpoints mid-run.
-    with locked_folder(args.output_dir) if distributed.is_main else nullcontext():
+    with checkpoint_folder(args.output_dir) if distributed.is_main else nullcontext():
         return train_both(args, data, distributed, device)
 
 

@@ -23,14 +23,15 @@ from evaluation import summarize_line
 from minbert.data.batches import DataError, show_data_warnings_on_one_line
 from minbert.data.scores import scores_path, span_logits_path
 from minbert.distributed import Distributed, data_parallel
-from minbert.files import describe_os_error, locked_folder, remove_files
+from minbert.files import describe_os_error, remove_files
+from minbert.model.checkpoint import checkpoint_folder
 from minbert.reports.embedding_analysis import MIN_TSNE_POINTS, plot_tsne, sentence_embeddings
-from minbert.reports.plots import write_run_reports
+from minbert.reports.plots import figure_problem, write_run_reports
 from minbert.run.run_record import RECORD_FILE, run_record, run_segments, write_run_record
 from minbert.run.run_setup import build_run, check_pretrained, load_inputs
 from minbert.run.training_args import (TrainingArguments, UsageError, check_resume_arguments, parse_training_args,
                                        prediction_paths, saved_schedule_length)
-from minbert.runtime import precision_notice
+from minbert.runtime import compile_notice, precision_notice
 from minbert.step_log import STEPS_FILE, TENSORBOARD_DIR, TrainingDiverged
 from minbert.tasks import RUN_TASKS, SPLITS, TASKS, default_output
 from minbert.training.distillation import DISTILLED_TASKS
@@ -120,6 +121,14 @@ def plot_embeddings(trainer: Trainer, task: str, path: Path) -> None:
     plot_tsne({f"{title} dev, best model": embeddings}, [e.label for e in examples], path, config.seed)
 
 
+def check_figure_libraries(tasks: list[str]) -> None:
+    """The figures a run draws at its end (write_run_reports, write_tsne) can be drawn: a broken matplotlib or
+    scikit-learn stops it now, in one line, not with a traceback once it has trained."""
+    problem = figure_problem(embeddings=any(TASKS[task].plots_embeddings for task in tasks))
+    if problem:
+        raise UsageError(problem)
+
+
 def resume(trainer: Trainer, args: TrainingArguments, prefix: Path, stage_labels: list[str]) -> None:
     """Continue from a stopped run's training state: refused, with the reason, when a setting that changes the
     result differs or the saved state does not fit this run's processes, schedule or data."""
@@ -141,7 +150,8 @@ def resume(trainer: Trainer, args: TrainingArguments, prefix: Path, stage_labels
 
 def write_record(args: TrainingArguments, trainer: Trainer, output_dir: Path, device) -> None:
     """OUTPUT_DIR/args.json as the run starts or resumes (run_record.py), with the segment it begins now."""
-    resolved = {"precision": trainer.precision, "device": str(device), "world_size": trainer.distributed.world_size}
+    resolved = {"precision": trainer.precision, "device": str(device), "world_size": trainer.distributed.world_size,
+                "working_dir": str(Path.cwd())}  # what the flags' relative paths are relative to
     segments = run_segments(output_dir, args.resume, trainer.state.next_stage + 1, resolved)
     write_run_record(output_dir, run_record(dataclasses.asdict(args), resolved, ROOT, device, segments))
 
@@ -155,10 +165,13 @@ def run(args: TrainingArguments) -> Trainer:
 
 def _run(args: TrainingArguments, distributed: Distributed, device) -> Trainer:
     stages, data, dropped_rows, triplets, teacher = load_inputs(args)
+    check_figure_libraries(list(data))
     output_dir = Path(args.output_dir)
     tokenizer = check_pretrained(args, data)
     # One run at a time in a folder: a second would interleave its metrics and checkpoints with this one's.
-    with locked_folder(output_dir) if distributed.is_main else nullcontext():
+    with checkpoint_folder(output_dir) if distributed.is_main else nullcontext():
+        if distributed.is_main and compile_notice(device, args.compile):
+            print(compile_notice(device, args.compile), file=sys.stderr)
         trainer = build_run(args, stages, data, tokenizer, triplets, teacher, device, distributed)
         if distributed.is_main:
             print(precision_notice(device, args.precision, args.smart, args.smart_precision))

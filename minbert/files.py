@@ -4,9 +4,11 @@ DataError is raised for a file that cannot be used (missing, malformed, inconsis
 print it as `error: <file>[:<line>]: <problem>` and exit with code 2. DataWarning reports rows dropped on
 purpose (counted, with their lines), never silently.
 
-Every whole-file write goes through atomic_write (or its text, bytes and CSV forms): the content is written
-under a temporary sibling and moved into place. A set of files saved together (checkpoint.py's weights and JSON)
-writes each with write_aside, atomic_write's first half, and moves them in the order its reader relies on.
+Every whole-file write goes through atomic_write (or its text, bytes and CSV forms): the content is written in a
+partial folder beside the file (.NAME.XXXXXXXX.minbert-partial, a name this project owns, which holds the writing
+library's own temporaries too) and moved into place. A set of files saved together (checkpoint.py's weights and
+JSON) writes each with write_aside, atomic_write's first half, and moves them in the order its reader relies on.
+What a killed write leaves is removed by the next command that takes the folder's lock (locked_folder).
 """
 from __future__ import annotations
 
@@ -14,11 +16,16 @@ import csv
 import fcntl
 import io
 import os
+import shutil
 import tempfile
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+
+LOCK = ".lock"  # locked_folder's file in a folder a command writes in
+PARTIAL = ".minbert-partial"  # how the folders of writes under way end (partial_folder)
 
 
 class DataError(ValueError):
@@ -76,10 +83,11 @@ def read_input_bytes(path: str | os.PathLike) -> bytes:
 def locked_folder(directory: str | os.PathLike) -> Iterator[None]:
     """Hold DIRECTORY/.lock while a command writes there: a second process writing in the same folder at once is
     refused (DataError naming the lock) instead of interleaving its files with the first's. The lock is the
-    kernel's (flock), so a killed process leaves none behind."""
+    kernel's (flock), so a killed process leaves none behind; what its writes left half done there, the next holder
+    removes (remove_partial_writes)."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    lock = directory / ".lock"
+    lock = directory / LOCK
     with open(lock, "a") as handle:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -87,6 +95,7 @@ def locked_folder(directory: str | os.PathLike) -> Iterator[None]:
             raise DataError(lock, "another process is writing in this folder now; wait for it to end or write "
                                   "elsewhere") from None
         try:
+            remove_partial_writes(directory)
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
@@ -115,44 +124,72 @@ def unwritable_folder(directory: str | os.PathLike) -> str | None:
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[Path], object]) -> None:
-    """Have `write(temporary)` write the whole file under a temporary sibling, then move it over `path`: a crash
-    or an error mid-write never leaves a truncated file that looks complete, and leaves an old file as it was."""
+    """Have `write(temporary)` write the whole file under a temporary name, then move it over `path`: a crash or an
+    error mid-write never leaves a truncated file that looks complete, and leaves an old file as it was."""
     path = Path(path)
-    temporary = write_aside(path, write)
-    try:
-        os.replace(temporary, path)
-    except OSError as err:  # e.g. a folder in the file's place
-        temporary.unlink(missing_ok=True)
-        raise OutputError(f"{path}: cannot write it ({err.strerror or err})") from None
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise
+    with partial_folder(path) as folder:
+        written = _write_whole(path, write, folder)
+        try:
+            os.replace(written, path)
+        except OSError as err:  # e.g. a folder in the file's place
+            raise OutputError(f"{path}: cannot write it ({err.strerror or err})") from None
 
 
-def write_aside(path: str | os.PathLike, write: Callable[[Path], object], temporary: Path | None = None) -> Path:
-    """Have `write(temporary)` write the whole new content of `path` under a temporary sibling (a fresh name, or
-    `temporary`) and return that name, for the caller to move into place (os.replace); the file gets the mode
-    open() would give it. A failed write removes the partial file. A fixed `temporary` lets a reader find one
-    that a kill left behind (checkpoint.py finishes a save that way)."""
+def write_aside(path: str | os.PathLike, write: Callable[[Path], object], temporary: Path) -> Path:
+    """Have `write(...)` write the whole new content of `path` and move it to `temporary`, for the caller to move
+    into place (os.replace); returns `temporary`. A fixed name lets a reader find one that a kill left behind
+    (checkpoint.py finishes a save that way); until the write is whole it lies in a partial folder."""
     path = Path(path)
+    with partial_folder(path) as folder:
+        written = _write_whole(path, write, folder)
+        try:
+            os.replace(written, temporary)
+        except OSError as err:
+            raise OutputError(f"{path}: cannot write it ({err.strerror or err})") from None
+    return Path(temporary)
+
+
+@contextmanager
+def partial_folder(path: Path) -> Iterator[Path]:
+    """A fresh folder .NAME.XXXXXXXX.minbert-partial beside `path`, removed on leaving with whatever it holds.
+    Everything written there is this project's temporary, the temporaries of the libraries that write the file too
+    (safetensors' save_file writes a .tmpXXXXXX of its own beside its target): a kill leaves a name this project owns,
+    which remove_partial_writes removes once the folder's lock is held."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        if temporary is None:
-            handle, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-            os.close(handle)
-            temporary = Path(name)
+        folder = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=PARTIAL))
     except OSError as err:  # a read-only folder, a file in a folder's place
         raise OutputError(f"{path}: cannot write it ({err.strerror or err})") from None
     try:
-        write(temporary)
-        os.chmod(temporary, new_file_mode())  # mkstemp and safetensors give 0600: a file other users cannot read
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _write_whole(path: Path, write: Callable[[Path], object], folder: Path) -> Path:
+    """`write` of `path`'s content into `folder`, with the mode open() would give it; the file written."""
+    written = folder / path.name
+    try:
+        write(written)
+        os.chmod(written, new_file_mode())  # safetensors gives 0600: a file other users cannot read
     except OSError as err:  # a full disk, a quota
-        temporary.unlink(missing_ok=True)
         raise OutputError(f"{path}: cannot write it ({err.strerror or err})") from None
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise
-    return temporary
+    return written
+
+
+def remove_partial_writes(directory: str | os.PathLike) -> list[Path]:
+    """Remove the partial folders (partial_folder) that killed writes left in `directory` and the folders below it,
+    but not below a folder with a .lock of its own: another command's, whose writes may be under way. For the
+    holder of `directory`'s lock (locked_folder), whose folder no other write is then under way in."""
+    removed = []
+    for parent, folders, _ in os.walk(directory):
+        for name in list(folders):
+            if name.endswith(PARTIAL):
+                shutil.rmtree(Path(parent) / name, ignore_errors=True)
+                removed.append(Path(parent) / name)
+            if name.endswith(PARTIAL) or (Path(parent) / name / LOCK).exists():
+                folders.remove(name)
+    return removed
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:

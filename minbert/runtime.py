@@ -8,6 +8,7 @@ batches.
 """
 from __future__ import annotations
 
+import importlib
 import random
 import warnings
 from contextlib import contextmanager, nullcontext
@@ -120,6 +121,34 @@ def precision_notice(device: torch.device, requested: str, smart: bool = False, 
         line += f"; warning: {precision} is emulated on {device_name(device)}, much slower than " + (
             "fp16" if device.type == "cuda" else "float32")
     return line
+
+
+def compile_notice(device: torch.device, compile: bool) -> str | None:
+    """A warning, in one line, for --compile on a CPU, or None: inductor compiles each graph (training, evaluation,
+    each new batch shape until it turns the shape dynamic) with a C++ compiler, minutes on a laptop's cores that a
+    CPU run does not earn back."""
+    if not compile or device.type != "cpu":
+        return None
+    return ("warning: --compile on a CPU: torch.compile spends minutes compiling each training and evaluation graph "
+            "(and each new batch shape) with a C++ compiler, more than a CPU run saves (the demo runs over 10x slower "
+            "than eager); leave --compile off on a CPU, it pays on CUDA")
+
+
+def import_problem(module: str, feature: str, package: str) -> str | None:
+    """Why `module`, which `feature` needs, does not import, in one line naming `package` (what pip installs) and
+    the fix; None when
+    it imports. Imported for real, not looked up: an installed but broken package (a protobuf mismatch, a version
+    too old to say its own __version__) passes a lookup and fails only at the feature's first use, after the
+    model has loaded or the run has trained."""
+    try:
+        importlib.import_module(module)
+    except Exception as err:  # a broken package raises whatever its own imports raise (TypeError, AttributeError)
+        if isinstance(err, ModuleNotFoundError) and err.name in (package, module.split(".")[0]):
+            return f"{feature} needs the {package} package: pip install {package}"
+        reason = next(iter(str(err).strip().splitlines()), "")
+        return (f"{feature} needs {module}, which fails to import ({type(err).__name__}: {reason[:160]}); "
+                f"repair the {package} install: pip install --upgrade {package}")
+    return None
 
 
 def autocast(device: torch.device, precision: str):

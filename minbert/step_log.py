@@ -12,6 +12,8 @@ from pathlib import Path
 
 import torch
 
+from minbert.files import atomic_write_text
+
 REPORT_TO = ("none", "tensorboard")
 STEPS_FILE = "steps.jsonl"
 TENSORBOARD_DIR = "tensorboard"
@@ -195,7 +197,7 @@ class RunLog:
                 continue
             if isinstance(line, dict) and isinstance(line.get("update"), int) and line["update"] <= updates:
                 kept.append(text + "\n")
-        self.steps_path.write_text("".join(kept), encoding="utf-8")
+        atomic_write_text(self.steps_path, "".join(kept))
 
     def close(self) -> None:
         if self.writer is not None:

@@ -3,11 +3,13 @@
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 DATA_DIR="${DATA_DIR:-$ROOT/data}"
 SEED="${SEED:-11711}"  # SEED and RUN_NAME (the folder under runs/) may be set in the environment
-# RUNS_DIR: the folder that holds the runs' folders (default runs; a relative path is under the repository, where
-# the recipes run). Each recipe writes runs/NAME/, its checkpoints and predictions, as $RUNS_DIR/NAME/; the tests
-# point it at a temporary folder.
-RUNS_DIR="${RUNS_DIR:-runs}"
-# LAUNCH runs the command line: python, or torchrun for data parallel on several GPUs, e.g.
+# The recipes run in the folder they are started from (they name the repository's files by $ROOT): a relative path
+# in their extra flags or in these variables is relative to it, as the user typed it.
+# RUNS_DIR: the folder that holds the runs' folders (default the repository's runs/). Each recipe writes runs/NAME/,
+# its checkpoints and predictions, as $RUNS_DIR/NAME/; the tests point it at a temporary folder.
+RUNS_DIR="${RUNS_DIR:-$ROOT/runs}"
+# LAUNCH runs the command line (split into words: a program and its options): python, or torchrun for data parallel
+# on several GPUs, e.g.
 #   LAUNCH="torchrun --standalone --nproc_per_node 4" bash scripts/gpu_ss.sh   (batch 32 per GPU: 128 per update)
 LAUNCH="${LAUNCH:-python}"
 # The thesis' SMART weights: lambda_s = 5 for the pair tasks, 10 for SST; mu = 1.
@@ -34,35 +36,41 @@ CPU_FLAGS=(--pretrained minilm-l6 --option finetune --data_dir "$DATA_DIR" --see
 NLI_DIR="${NLI_DIR:-$ROOT/../shared/data/nli}"
 CPU_NLI_FILES=("$NLI_DIR/generative_nli/snli/dev.jsonl" "$NLI_DIR/snli_senteval/s1.test" "$NLI_DIR/generative_nli/mnli/dev.jsonl"
                "$NLI_DIR/generative_nli/anli/test.jsonl" "$NLI_DIR/sick/SICK.txt")
-# The six leaderboard CSVs of run NAME go to $RUNS_DIR/NAME/predictions/ (not the shared predictions/).
+# prediction_flags ARRAY NAME: the flags that send the six leaderboard CSVs of run NAME to $RUNS_DIR/NAME/predictions/
+# (not the shared predictions/), into the array named ARRAY: one element a word, so that a path with a space (Google
+# Drive's "My Drive") stays one argument, as "${ARRAY[@]}".
 prediction_flags() {
-    local dir="$RUNS_DIR/$1/predictions"
-    echo --sst_dev_out "$dir/sst-dev-out.csv" --sst_test_out "$dir/sst-test-out.csv" \
-         --para_dev_out "$dir/para-dev-out.csv" --para_test_out "$dir/para-test-out.csv" \
-         --sts_dev_out "$dir/sts-dev-out.csv" --sts_test_out "$dir/sts-test-out.csv"
+    local -n _flags=$1
+    local dir="$RUNS_DIR/$2/predictions"
+    _flags=(--sst_dev_out "$dir/sst-dev-out.csv" --sst_test_out "$dir/sst-test-out.csv"
+            --para_dev_out "$dir/para-dev-out.csv" --para_test_out "$dir/para-test-out.csv"
+            --sts_dev_out "$dir/sts-dev-out.csv" --sts_test_out "$dir/sts-test-out.csv")
 }
 # SQuAD 2.0 (--tasks ...,qa): SQUAD_DIR holds train-v2.0.json, dev-v2.0.json and test-v2.0.json (default DATA_DIR, where
 # scripts/download_data.py puts the official files; the CPU protocol's are in ../shared/data/squad).
 SQUAD_DIR="${SQUAD_DIR:-$DATA_DIR}"
-# SQuAD's files and its two predictions JSONs ($RUNS_DIR/NAME/predictions/squad-{dev,test}-out.json) for run NAME;
-# without a test-v2.0.json (the official test set is hidden) only dev is predicted.
+# squad_flags ARRAY NAME: SQuAD's files and its two predictions JSONs ($RUNS_DIR/NAME/predictions/squad-{dev,test}-out.json)
+# for run NAME, into the array named ARRAY as prediction_flags does; without a test-v2.0.json (the official test set is
+# hidden) only dev is predicted.
 squad_flags() {
-    local dir="$RUNS_DIR/$1/predictions"
-    echo --squad_train "$SQUAD_DIR/train-v2.0.json" --squad_dev "$SQUAD_DIR/dev-v2.0.json" \
-         --squad_dev_out "$dir/squad-dev-out.json" --squad_test_out "$dir/squad-test-out.json"
-    if [[ -f "$SQUAD_DIR/test-v2.0.json" ]]; then echo --squad_test "$SQUAD_DIR/test-v2.0.json"; fi
+    local -n _flags=$1
+    local dir="$RUNS_DIR/$2/predictions"
+    _flags=(--squad_train "$SQUAD_DIR/train-v2.0.json" --squad_dev "$SQUAD_DIR/dev-v2.0.json"
+            --squad_dev_out "$dir/squad-dev-out.json" --squad_test_out "$dir/squad-test-out.json")
+    if [[ -f "$SQUAD_DIR/test-v2.0.json" ]]; then _flags+=(--squad_test "$SQUAD_DIR/test-v2.0.json"); fi
 }
 # Per-task baselines: each task fine-tuned alone into its own model (QQP 1 epoch, STS 3, SST 3).
 # Usage: single_task_runs PREFIX FLAGS...   (writes $RUNS_DIR/PREFIX_single_{qqp,sts,sst}/)
 # TASKS (environment) picks some of them, e.g. TASKS="sts sst".
 single_task_runs() {
-    local prefix=$1 stages name task
+    local prefix=$1 stages name task predictions
     declare -A epochs=([qqp]='qqp' [sts]='sts*3' [sst]='sst*3')
     shift
     for task in ${TASKS:-qqp sts sst}; do
         stages=${epochs[$task]:?"TASKS: unknown task $task (use qqp, sts, sst)"}
         name="${prefix}_single_${task}"
-        $LAUNCH multitask_classifier.py "$@" --first_stages "$stages" --cycles 0 --output_dir "$RUNS_DIR/$name" \
-            $(prediction_flags "$name")
+        prediction_flags predictions "$name"
+        $LAUNCH "$ROOT/multitask_classifier.py" "$@" --first_stages "$stages" --cycles 0 --output_dir "$RUNS_DIR/$name" \
+            "${predictions[@]}"
     done
 }

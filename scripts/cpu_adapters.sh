@@ -5,8 +5,8 @@
 # adapters' 1e-3 a fine-tuned minilm-l6 collapses to the majority class; RESULTS.md). Output: runs/cpu_$ADAPTER/ (runs/$RUN_NAME/ if set)
 set -euo pipefail
 source "$(dirname "$0")/_common.sh"
-cd "$ROOT"
 ADAPTER=${ADAPTER:-lora}
 NAME=${RUN_NAME:-cpu_$ADAPTER}
-$LAUNCH multitask_classifier.py "${CPU_FLAGS[@]}" --option pretrain --adapter "$ADAPTER" --lr 1e-3 --cycles 2 \
-    --output_dir "$RUNS_DIR/$NAME" $(prediction_flags "$NAME") "$@"
+prediction_flags PREDICTIONS "$NAME"
+$LAUNCH "$ROOT/multitask_classifier.py" "${CPU_FLAGS[@]}" --option pretrain --adapter "$ADAPTER" --lr 1e-3 --cycles 2 \
+    --output_dir "$RUNS_DIR/$NAME" "${PREDICTIONS[@]}" "$@"

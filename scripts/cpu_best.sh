@@ -6,6 +6,6 @@
 # Extra flags are passed on. Output: runs/cpu_best/ (runs/$RUN_NAME/ if set)
 set -euo pipefail
 source "$(dirname "$0")/_common.sh"
-cd "$ROOT"
 NAME=${RUN_NAME:-cpu_best}
-$LAUNCH multitask_classifier.py "${CPU_FLAGS[@]}" "${BEST_FLAGS[@]}" --output_dir "$RUNS_DIR/$NAME" $(prediction_flags "$NAME") "$@"
+prediction_flags PREDICTIONS "$NAME"
+$LAUNCH "$ROOT/multitask_classifier.py" "${CPU_FLAGS[@]}" "${BEST_FLAGS[@]}" --output_dir "$RUNS_DIR/$NAME" "${PREDICTIONS[@]}" "$@"

@@ -9,13 +9,12 @@
 # Extra flags are passed on. Output: runs/cpu_best_$TASK/ (runs/$RUN_NAME/ if set), its two CSVs in predictions/
 set -euo pipefail
 source "$(dirname "$0")/_common.sh"
-cd "$ROOT"
 TASK=${TASK:?set TASK to sst, qqp or sts}
 declare -A STAGES=([sst]='sst*2' [sts]='sts*2' [qqp]='qqp,qqp:0.03,qqp:0.03')
 STAGE_LIST=${STAGES[$TASK]:?"TASK: unknown task $TASK (use sst, qqp, sts)"}
 NAME=${RUN_NAME:-cpu_best_$TASK}
 declare -A PREFIX=([sst]=sst [qqp]=para [sts]=sts)
 DIR="$RUNS_DIR/$NAME/predictions"
-$LAUNCH multitask_classifier.py "${CPU_FLAGS[@]}" "${BEST_FLAGS[@]}" --tasks "$TASK" --first_stages "$STAGE_LIST" \
+$LAUNCH "$ROOT/multitask_classifier.py" "${CPU_FLAGS[@]}" "${BEST_FLAGS[@]}" --tasks "$TASK" --first_stages "$STAGE_LIST" \
     --cycles 0 --output_dir "$RUNS_DIR/$NAME" --"${PREFIX[$TASK]}"_dev_out "$DIR/${PREFIX[$TASK]}-dev-out.csv" \
     --"${PREFIX[$TASK]}"_test_out "$DIR/${PREFIX[$TASK]}-test-out.csv" "$@"

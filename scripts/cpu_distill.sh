@@ -13,8 +13,8 @@
 # (runs/$RUN_NAME/ if set)
 set -euo pipefail
 source "$(dirname "$0")/_common.sh"
-cd "$ROOT"
 NAME=${RUN_NAME:-cpu_distill}
 : "${TEACHER:?set TEACHER to a folder with scores/TASK-train.csv (see the header of scripts/cpu_distill.sh)}"
-$LAUNCH multitask_classifier.py "${CPU_FLAGS[@]}" "${BEST_FLAGS[@]}" --distill "$TEACHER" \
-    --output_dir "$RUNS_DIR/$NAME" $(prediction_flags "$NAME") "$@"
+prediction_flags PREDICTIONS "$NAME"
+$LAUNCH "$ROOT/multitask_classifier.py" "${CPU_FLAGS[@]}" "${BEST_FLAGS[@]}" --distill "$TEACHER" \
+    --output_dir "$RUNS_DIR/$NAME" "${PREDICTIONS[@]}" "$@"

@@ -5,11 +5,13 @@
 # Extra flags are passed on (e.g. --sts weighted). Output: runs/cpu_ensemble/ ($OUTPUT_DIR if set)
 set -euo pipefail
 source "$(dirname "$0")/_common.sh"
-cd "$ROOT"
 MEMBERS=()
-for scores in results/*/scores results/*/*/scores; do
+for scores in "$ROOT"/results/*/scores "$ROOT"/results/*/*/scores; do
     # runs of the three tasks (a SQuAD-only run's scores hold no SST, QQP or STS)
     if [[ -f "$scores/sst-dev.csv" ]]; then MEMBERS+=("$(dirname "$scores")"); fi
 done
-python scripts/ensemble.py "${MEMBERS[@]}" --select \
+# Named from the folder the recipe runs in, as a user would type them (ensemble.json records them): results/NAME from
+# the repository, as before, with no machine's absolute path.
+mapfile -t MEMBERS < <(python -c 'import os, sys; print(*map(os.path.relpath, sys.argv[1:]), sep="\n")' "${MEMBERS[@]}")
+python "$ROOT/scripts/ensemble.py" "${MEMBERS[@]}" --select \
     --output_dir "${OUTPUT_DIR:-$RUNS_DIR/cpu_ensemble}" --data_dir "$DATA_DIR" "$@"

@@ -15,7 +15,6 @@
 # Output: runs/forgetting_$DEFENCE/ (runs/$RUN_NAME/ if set)
 set -euo pipefail
 source "$(dirname "$0")/_common.sh"
-cd "$ROOT"
 DEFENCE=${DEFENCE:-none}
 STAGES="qqp,sts*2,sst*2"
 case "$DEFENCE" in
@@ -30,5 +29,6 @@ case "$DEFENCE" in
        exit 2 ;;
 esac
 NAME=${RUN_NAME:-forgetting_$DEFENCE}
-$LAUNCH multitask_classifier.py "${CPU_FLAGS[@]}" --first_stages "$STAGES" --cycles 0 --stage_start best \
-    "${FLAGS[@]}" --output_dir "$RUNS_DIR/$NAME" $(prediction_flags "$NAME") "$@"
+prediction_flags PREDICTIONS "$NAME"
+$LAUNCH "$ROOT/multitask_classifier.py" "${CPU_FLAGS[@]}" --first_stages "$STAGES" --cycles 0 --stage_start best \
+    "${FLAGS[@]}" --output_dir "$RUNS_DIR/$NAME" "${PREDICTIONS[@]}" "$@"

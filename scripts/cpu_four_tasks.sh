@@ -5,7 +5,8 @@
 # Extra flags are passed on. Output: runs/cpu_four_tasks/ (runs/$RUN_NAME/ if set)
 set -euo pipefail
 source "$(dirname "$0")/_common.sh"
-cd "$ROOT"
 NAME=${RUN_NAME:-cpu_four_tasks}
-$LAUNCH multitask_classifier.py "${CPU_FLAGS[@]}" --tasks sst,qqp,sts,qa --schedule annealed --epochs 2 \
-    --output_dir "$RUNS_DIR/$NAME" $(prediction_flags "$NAME") $(squad_flags "$NAME") "$@"
+prediction_flags PREDICTIONS "$NAME"
+squad_flags SQUAD "$NAME"
+$LAUNCH "$ROOT/multitask_classifier.py" "${CPU_FLAGS[@]}" --tasks sst,qqp,sts,qa --schedule annealed --epochs 2 \
+    --output_dir "$RUNS_DIR/$NAME" "${PREDICTIONS[@]}" "${SQUAD[@]}" "$@"

@@ -7,7 +7,7 @@
 # Output: runs/cpu_squad/ (runs/$RUN_NAME/ if set), its predictions JSONs in runs/NAME/predictions/
 set -euo pipefail
 source "$(dirname "$0")/_common.sh"
-cd "$ROOT"
 NAME=${RUN_NAME:-cpu_squad}
-$LAUNCH multitask_classifier.py "${CPU_FLAGS[@]}" --tasks qa --first_stages "qa*2" --batch_size 16 \
-    --output_dir "$RUNS_DIR/$NAME" $(squad_flags "$NAME") "$@"
+squad_flags SQUAD "$NAME"
+$LAUNCH "$ROOT/multitask_classifier.py" "${CPU_FLAGS[@]}" --tasks qa --first_stages "qa*2" --batch_size 16 \
+    --output_dir "$RUNS_DIR/$NAME" "${SQUAD[@]}" "$@"

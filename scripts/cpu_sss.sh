@@ -4,6 +4,6 @@
 # Extra flags are passed on (e.g. --max_train_examples 2000, --cycles 1). Output: runs/cpu_sss/ (runs/$RUN_NAME/ if set)
 set -euo pipefail
 source "$(dirname "$0")/_common.sh"
-cd "$ROOT"
 NAME=${RUN_NAME:-cpu_sss}
-$LAUNCH multitask_classifier.py "${CPU_FLAGS[@]}" "${SMART_FLAGS[@]}" --simcse_data "${CPU_NLI_FILES[@]}" --cycles 3 --output_dir "$RUNS_DIR/$NAME" $(prediction_flags "$NAME") "$@"
+prediction_flags PREDICTIONS "$NAME"
+$LAUNCH "$ROOT/multitask_classifier.py" "${CPU_FLAGS[@]}" "${SMART_FLAGS[@]}" --simcse_data "${CPU_NLI_FILES[@]}" --cycles 3 --output_dir "$RUNS_DIR/$NAME" "${PREDICTIONS[@]}" "$@"

@@ -6,8 +6,8 @@
 # Extra flags are passed on (e.g. --max_train_examples 2000). Output: runs/cpu_thesis_ss/ (runs/$RUN_NAME/ if set)
 set -euo pipefail
 source "$(dirname "$0")/_common.sh"
-cd "$ROOT"
 NAME=${RUN_NAME:-cpu_thesis_ss}
-$LAUNCH multitask_classifier.py "${CPU_FLAGS[@]}" "${SMART_FLAGS[@]}" "${THESIS_FLAGS[@]}" --hidden_dropout_prob 0.3 \
+prediction_flags PREDICTIONS "$NAME"
+$LAUNCH "$ROOT/multitask_classifier.py" "${CPU_FLAGS[@]}" "${SMART_FLAGS[@]}" "${THESIS_FLAGS[@]}" --hidden_dropout_prob 0.3 \
     --first_stages "qqp,sts*3,sst*3" --cycles 0 --stage_start best \
-    --output_dir "$RUNS_DIR/$NAME" $(prediction_flags "$NAME") "$@"
+    --output_dir "$RUNS_DIR/$NAME" "${PREDICTIONS[@]}" "$@"

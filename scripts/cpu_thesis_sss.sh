@@ -8,8 +8,8 @@
 # (runs/$RUN_NAME/ if set)
 set -euo pipefail
 source "$(dirname "$0")/_common.sh"
-cd "$ROOT"
 NAME=${RUN_NAME:-cpu_thesis_sss}
-$LAUNCH multitask_classifier.py "${CPU_FLAGS[@]}" "${SMART_FLAGS[@]}" "${THESIS_FLAGS[@]}" --simcse_lr 1e-5 \
+prediction_flags PREDICTIONS "$NAME"
+$LAUNCH "$ROOT/multitask_classifier.py" "${CPU_FLAGS[@]}" "${SMART_FLAGS[@]}" "${THESIS_FLAGS[@]}" --simcse_lr 1e-5 \
     --simcse_data "${CPU_NLI_FILES[@]}" --simcse_epochs 2 --simcse_keep best --cycles 3 \
-    --output_dir "$RUNS_DIR/$NAME" $(prediction_flags "$NAME") "$@"
+    --output_dir "$RUNS_DIR/$NAME" "${PREDICTIONS[@]}" "$@"

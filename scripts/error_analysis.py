@@ -3,8 +3,9 @@
 
     python scripts/error_analysis.py results/cpu_best --data_dir ../shared/data/protocol
 
-The dev CSVs are those the run wrote where its flags sent them (its best.json records them: `--demo` writes
-predictions/ beside the repository, not in runs/demo/), else the three files (sst-dev-out.csv, para-dev-out.csv,
+The dev CSVs are those the run wrote where its flags sent them (its best.json records them, a relative path against
+the folder the run was started in, wherever this runs from: `--demo` writes predictions/ beside the repository, not
+in runs/demo/), else the three files (sst-dev-out.csv, para-dev-out.csv,
 sts-dev-out.csv) in the folder's predictions/ or directly in it, as the recipes' and scripts/ensemble.py's folders hold
 them; every dev example needs exactly one prediction. --data_dir defaults to the run's own.
 """
@@ -17,8 +18,9 @@ from pathlib import Path
 
 from evaluation import PredictionsFileError, check_predictions_file, error_counts
 from minbert.data.batches import DataError, load_split, show_data_warnings_on_one_line
-from minbert.files import unwritable_folder
-from minbert.reports.plots import plot_error_analysis
+from minbert.files import locked_folder, unwritable_folder
+from minbert.reports.plots import figure_problem, plot_error_analysis
+from minbert.run.run_record import recorded_path, working_dir_of
 from minbert.tasks import MULTITASK, default_output, output_flag
 
 
@@ -33,9 +35,10 @@ def run_settings(run: Path) -> dict:
 
 def dev_csv(run: Path, task: str) -> Path:
     name = Path(default_output(task, "dev")).name
-    written = run_settings(run).get("prediction_files", {})
+    settings = run_settings(run)
+    written = settings.get("prediction_files", {})
     recorded = written.get(output_flag(task, "dev")) if isinstance(written, dict) else None
-    candidates = [Path(recorded)] if isinstance(recorded, str) else []
+    candidates = [recorded_path(recorded, working_dir_of(run, settings))] if isinstance(recorded, str) else []
     candidates += [run / "predictions" / name, run / name]
     return next((path for path in candidates if path.is_file()), candidates[-1])
 
@@ -76,11 +79,12 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     show_data_warnings_on_one_line()
     output_dir = args.output_dir or args.run
-    problem = unwritable_folder(output_dir)
+    problem = unwritable_folder(output_dir) or figure_problem()
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 2
-    data_dir = args.data_dir or Path(run_settings(args.run).get("data_dir") or "data")
+    settings = run_settings(args.run)
+    data_dir = args.data_dir or recorded_path(settings.get("data_dir") or "data", working_dir_of(args.run, settings))
     try:
         pairs = predictions_and_gold(args.run, data_dir)
     except (DataError, PredictionsFileError) as err:
@@ -89,7 +93,11 @@ def main(argv=None) -> int:
     flat = [values for task in MULTITASK for values in pairs[task]]
     print("\n".join(report(error_counts(*flat))))
     try:
-        paths = plot_error_analysis(*flat, output_dir)
+        with locked_folder(output_dir):  # a run writing there at once would interleave its plots with these
+            paths = plot_error_analysis(*flat, output_dir)
+    except DataError as err:  # the lock: the run is writing there now
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     except OSError as err:
         print(f"error: {output_dir}: cannot write there ({err.strerror or err})", file=sys.stderr)
         return 2

@@ -23,10 +23,11 @@ import sys
 from pathlib import Path
 
 from base_bert import CheckpointError, resolve_pretrained, to_hf_state_dict
-from minbert.files import atomic_write, atomic_write_text, describe_os_error, unwritable_folder
+from minbert.files import atomic_write, atomic_write_text, describe_os_error, locked_folder, unwritable_folder
 from minbert.model.adapters import SHARED_SET, merge_adapters
 from minbert.model.checkpoint import save_tensors
 from minbert.model.multitask_bert import load_multitask_checkpoint
+from minbert.run.run_record import recorded_pretrained
 from minbert.tasks import MULTITASK, task_name
 
 TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
@@ -54,7 +55,7 @@ def export(checkpoint: Path, out: Path, task: str | None = None, pretrained: str
             raise CheckpointError(f"{checkpoint}: each task has its own adapters; choose one with --task "
                                   f"({', '.join(MULTITASK)})")
         bert = merge_adapters(bert, name)
-    pretrained = pretrained or metadata.get("args", {}).get("pretrained") or metadata.get("base", {}).get("pretrained")
+    pretrained = pretrained or recorded_pretrained(checkpoint, metadata)
     if not pretrained:
         raise CheckpointError(f"{checkpoint}: does not say which pretrained model (tokenizer) it came from; "
                               "give --pretrained")
@@ -63,25 +64,28 @@ def export(checkpoint: Path, out: Path, task: str | None = None, pretrained: str
     if not {"vocab.txt", "tokenizer.json"} & set(tokenizer_files):
         raise CheckpointError(f"{source}: no tokenizer (vocab.txt or tokenizer.json) of {pretrained} to export with "
                               "the model; give --pretrained")
-    # Every file is written aside and moved into place (files.py): an interrupted export leaves no torn file.
-    atomic_write_text(out / "config.json", json.dumps(hf_config(bert.config.to_dict()), indent=2) + "\n")
-    weights = {k: v.contiguous() for k, v in to_hf_state_dict(bert.state_dict()).items()}
-    atomic_write(out / "model.safetensors", lambda temporary: save_tensors(weights, temporary, {"format": "pt"}))
-    for name in tokenizer_files:
-        atomic_write(out / name, lambda temporary, name=name: shutil.copyfile(source / name, temporary))
-    max_length = metadata.get("args", {}).get("max_length", 128)
-    atomic_write_text(out / "sentence_bert_config.json", json.dumps({"max_seq_length": max_length,
-                                                                     "do_lower_case": False}) + "\n")
-    atomic_write_text(out / "modules.json", json.dumps([
-        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]) + "\n")
-    atomic_write_text(out / "1_Pooling" / "config.json", json.dumps({
-        "word_embedding_dimension": bert.config.hidden_size, "pooling_mode_cls_token": model.pooling == "cls",
-        "pooling_mode_mean_tokens": model.pooling == "mean", "pooling_mode_max_tokens": False,
-        "pooling_mode_mean_sqrt_len_tokens": False}) + "\n")
-    heads = {k: v.detach().contiguous() for k, v in model.state_dict().items() if not k.startswith(("bert.", "pals."))}
-    atomic_write(out / "heads.safetensors", lambda temporary: save_tensors(heads, temporary))
-    atomic_write_text(out / "heads.json", json.dumps(model.head_options(), indent=2) + "\n")
+    # Every file is written aside and moved into place (files.py): an interrupted export leaves no torn file, and
+    # the folder's lock keeps a second export from writing there at once (and removes what a killed one left).
+    with locked_folder(out):
+        atomic_write_text(out / "config.json", json.dumps(hf_config(bert.config.to_dict()), indent=2) + "\n")
+        weights = {k: v.contiguous() for k, v in to_hf_state_dict(bert.state_dict()).items()}
+        atomic_write(out / "model.safetensors", lambda temporary: save_tensors(weights, temporary, {"format": "pt"}))
+        for name in tokenizer_files:
+            atomic_write(out / name, lambda temporary, name=name: shutil.copyfile(source / name, temporary))
+        max_length = metadata.get("args", {}).get("max_length", 128)
+        atomic_write_text(out / "sentence_bert_config.json", json.dumps({"max_seq_length": max_length,
+                                                                         "do_lower_case": False}) + "\n")
+        atomic_write_text(out / "modules.json", json.dumps([
+            {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+            {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]) + "\n")
+        atomic_write_text(out / "1_Pooling" / "config.json", json.dumps({
+            "word_embedding_dimension": bert.config.hidden_size, "pooling_mode_cls_token": model.pooling == "cls",
+            "pooling_mode_mean_tokens": model.pooling == "mean", "pooling_mode_max_tokens": False,
+            "pooling_mode_mean_sqrt_len_tokens": False}) + "\n")
+        heads = {k: v.detach().contiguous() for k, v in model.state_dict().items()
+                 if not k.startswith(("bert.", "pals."))}
+        atomic_write(out / "heads.safetensors", lambda temporary: save_tensors(heads, temporary))
+        atomic_write_text(out / "heads.json", json.dumps(model.head_options(), indent=2) + "\n")
 
 
 def main(argv=None) -> int:

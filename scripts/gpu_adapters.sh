@@ -5,8 +5,8 @@
 # destroys a pretrained BERT). Output: runs/gpu_$ADAPTER/ (runs/$RUN_NAME/ if set)
 set -euo pipefail
 source "$(dirname "$0")/_common.sh"
-cd "$ROOT"
 ADAPTER=${ADAPTER:-dora}
 NAME=${RUN_NAME:-gpu_$ADAPTER}
-$LAUNCH multitask_classifier.py "${GPU_FLAGS[@]}" --option pretrain --adapter "$ADAPTER" --lr 1e-3 \
-    --output_dir "$RUNS_DIR/$NAME" $(prediction_flags "$NAME") "$@"
+prediction_flags PREDICTIONS "$NAME"
+$LAUNCH "$ROOT/multitask_classifier.py" "${GPU_FLAGS[@]}" --option pretrain --adapter "$ADAPTER" --lr 1e-3 \
+    --output_dir "$RUNS_DIR/$NAME" "${PREDICTIONS[@]}" "$@"

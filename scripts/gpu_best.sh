@@ -5,6 +5,6 @@
 # 1e-3 destroys a pretrained BERT). Extra flags are passed on. Output: runs/gpu_best/ (runs/$RUN_NAME/ if set)
 set -euo pipefail
 source "$(dirname "$0")/_common.sh"
-cd "$ROOT"
 NAME=${RUN_NAME:-gpu_best}
-$LAUNCH multitask_classifier.py "${GPU_FLAGS[@]}" "${BEST_FLAGS[@]}" --output_dir "$RUNS_DIR/$NAME" $(prediction_flags "$NAME") "$@"
+prediction_flags PREDICTIONS "$NAME"
+$LAUNCH "$ROOT/multitask_classifier.py" "${GPU_FLAGS[@]}" "${BEST_FLAGS[@]}" --output_dir "$RUNS_DIR/$NAME" "${PREDICTIONS[@]}" "$@"

@@ -5,8 +5,8 @@
 # Extra flags are passed on (--distill_weight, --distill_temperature). Output: runs/gpu_distill/ (runs/$RUN_NAME/)
 set -euo pipefail
 source "$(dirname "$0")/_common.sh"
-cd "$ROOT"
 NAME=${RUN_NAME:-gpu_distill}
 : "${TEACHER:?set TEACHER to a folder with scores/TASK-train.csv (see the header of scripts/cpu_distill.sh)}"
-$LAUNCH multitask_classifier.py "${GPU_FLAGS[@]}" "${BEST_FLAGS[@]}" --distill "$TEACHER" \
-    --output_dir "$RUNS_DIR/$NAME" $(prediction_flags "$NAME") "$@"
+prediction_flags PREDICTIONS "$NAME"
+$LAUNCH "$ROOT/multitask_classifier.py" "${GPU_FLAGS[@]}" "${BEST_FLAGS[@]}" --distill "$TEACHER" \
+    --output_dir "$RUNS_DIR/$NAME" "${PREDICTIONS[@]}" "$@"

@@ -7,6 +7,6 @@
 # Extra flags are passed on (e.g. --max_train_examples 2000, --cycles 1). Output: runs/gpu_sbert/ (runs/$RUN_NAME/ if set)
 set -euo pipefail
 source "$(dirname "$0")/_common.sh"
-cd "$ROOT"
 NAME=${RUN_NAME:-gpu_sbert}
-$LAUNCH multitask_classifier.py "${GPU_FLAGS[@]}" --output_dir "$RUNS_DIR/$NAME" $(prediction_flags "$NAME") "$@"
+prediction_flags PREDICTIONS "$NAME"
+$LAUNCH "$ROOT/multitask_classifier.py" "${GPU_FLAGS[@]}" --output_dir "$RUNS_DIR/$NAME" "${PREDICTIONS[@]}" "$@"

@@ -8,7 +8,7 @@
 # Extra flags are passed on. Output: runs/gpu_squad/ (runs/$RUN_NAME/ if set)
 set -euo pipefail
 source "$(dirname "$0")/_common.sh"
-cd "$ROOT"
 NAME=${RUN_NAME:-gpu_squad}
-$LAUNCH multitask_classifier.py "${GPU_FLAGS[@]}" --tasks qa --first_stages "qa*2" --lr 3e-5 \
-    --output_dir "$RUNS_DIR/$NAME" $(squad_flags "$NAME") "$@"
+squad_flags SQUAD "$NAME"
+$LAUNCH "$ROOT/multitask_classifier.py" "${GPU_FLAGS[@]}" --tasks qa --first_stages "qa*2" --lr 3e-5 \
+    --output_dir "$RUNS_DIR/$NAME" "${SQUAD[@]}" "$@"

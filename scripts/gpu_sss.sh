@@ -6,6 +6,6 @@
 # Extra flags are passed on (e.g. --max_train_examples 2000, --cycles 1). Output: runs/gpu_sss/ (runs/$RUN_NAME/ if set)
 set -euo pipefail
 source "$(dirname "$0")/_common.sh"
-cd "$ROOT"
 NAME=${RUN_NAME:-gpu_sss}
-$LAUNCH multitask_classifier.py "${GPU_FLAGS[@]}" "${SMART_FLAGS[@]}" --simcse_data ${NLI_FILES:?set NLI_FILES to NLI files} --simcse_epochs 3 --output_dir "$RUNS_DIR/$NAME" $(prediction_flags "$NAME") "$@"
+prediction_flags PREDICTIONS "$NAME"
+$LAUNCH "$ROOT/multitask_classifier.py" "${GPU_FLAGS[@]}" "${SMART_FLAGS[@]}" --simcse_data ${NLI_FILES:?set NLI_FILES to NLI files} --simcse_epochs 3 --output_dir "$RUNS_DIR/$NAME" "${PREDICTIONS[@]}" "$@"

@@ -15,8 +15,8 @@
 # (runs/$RUN_NAME/ if set)
 set -euo pipefail
 source "$(dirname "$0")/_common.sh"
-cd "$ROOT"
 NAME=${RUN_NAME:-gpu_thesis_ss}
-$LAUNCH multitask_classifier.py "${GPU_FLAGS[@]}" "${SMART_FLAGS[@]}" "${THESIS_FLAGS[@]}" --hidden_dropout_prob 0.3 \
+prediction_flags PREDICTIONS "$NAME"
+$LAUNCH "$ROOT/multitask_classifier.py" "${GPU_FLAGS[@]}" "${SMART_FLAGS[@]}" "${THESIS_FLAGS[@]}" --hidden_dropout_prob 0.3 \
     --first_stages "qqp*${QQP_EPOCHS:-1},sts*10,sst*10" --cycles 0 --stage_start best \
-    --output_dir "$RUNS_DIR/$NAME" $(prediction_flags "$NAME") "$@"
+    --output_dir "$RUNS_DIR/$NAME" "${PREDICTIONS[@]}" "$@"

@@ -9,8 +9,8 @@
 # (runs/$RUN_NAME/ if set)
 set -euo pipefail
 source "$(dirname "$0")/_common.sh"
-cd "$ROOT"
 NAME=${RUN_NAME:-gpu_thesis_sss}
-$LAUNCH multitask_classifier.py "${GPU_FLAGS[@]}" "${SMART_FLAGS[@]}" "${THESIS_FLAGS[@]}" --simcse_lr 1e-5 \
+prediction_flags PREDICTIONS "$NAME"
+$LAUNCH "$ROOT/multitask_classifier.py" "${GPU_FLAGS[@]}" "${SMART_FLAGS[@]}" "${THESIS_FLAGS[@]}" --simcse_lr 1e-5 \
     --simcse_data ${NLI_FILES:?set NLI_FILES to NLI files} --simcse_epochs 3 --simcse_keep best \
-    --output_dir "$RUNS_DIR/$NAME" $(prediction_flags "$NAME") "$@"
+    --output_dir "$RUNS_DIR/$NAME" "${PREDICTIONS[@]}" "$@"

@@ -19,6 +19,7 @@ from minbert.data.batches import DataError, load_split
 from minbert.files import unwritable_folder
 from minbert.model.multitask_bert import MultitaskBERT, load_multitask_checkpoint
 from minbert.reports.embedding_analysis import plot_tsne, sentence_embeddings
+from minbert.run.run_record import recorded_pretrained
 from minbert.runtime import resolve_device
 from tokenizer import BertTokenizer
 
@@ -29,7 +30,7 @@ def load_model(name: str, device) -> tuple[MultitaskBERT, str]:
     """(model, the pretrained model whose tokenizer it reads)."""
     if Path(name).with_suffix(".json").is_file() and Path(name).with_suffix(".safetensors").is_file():
         model, metadata = load_multitask_checkpoint(name, device)
-        pretrained = metadata.get("args", {}).get("pretrained") or metadata.get("base", {}).get("pretrained")
+        pretrained = recorded_pretrained(Path(name), metadata)
         if not pretrained:
             raise CheckpointError(f"{name}: does not say which pretrained model (tokenizer) it came from")
         return model, pretrained

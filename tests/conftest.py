@@ -60,6 +60,7 @@ def skip_figures(monkeypatch) -> None:
     for name in ("plot_forgetting_matrix", "plot_training_curves", "plot_error_analysis"):
         monkeypatch.setattr(plots, name, lambda *args, **kwargs: None)
     monkeypatch.setattr(multitask_classifier, "write_tsne", lambda *args, **kwargs: None)
+    monkeypatch.setattr(multitask_classifier, "check_figure_libraries", lambda *args, **kwargs: None)
 
 
 @pytest.fixture

@@ -74,3 +74,44 @@ def test_a_run_whose_csvs_went_elsewhere_is_read_where_its_flags_sent_them(tmp_p
     assert error_analysis.main([str(run)]) == 0
     assert "too positive" in capsys.readouterr().out
     assert len(list(run.glob("*.png"))) == 3
+
+
+DEV_SST = len(load_split(DEMO, "sst", "dev"))
+
+
+def started_in(folder: Path, output_dir: str, record_working_dir: bool) -> Path:
+    """A run started in `folder` with relative flags (its CSVs in folder/predictions, SST right on every row);
+    with `record_working_dir` its args.json says where it started. Returns the run's folder."""
+    write_dev_csvs(folder / "predictions")
+    run = folder / output_dir
+    run.mkdir(parents=True)
+    written = {f"{flag}_dev_out": f"predictions/{flag}-dev-out.csv" for flag in ("sst", "para", "sts")}
+    settings = {"data_dir": "data", "output_dir": output_dir, "prediction_files": written}
+    (run / "best.json").write_text(json.dumps({"args": settings}))
+    if record_working_dir:
+        (run / "args.json").write_text(json.dumps({"args": settings, "resolved": {"working_dir": str(folder)}}))
+    (folder / "data").symlink_to(DEMO)
+    return run
+
+
+def test_a_run_analysed_from_another_folder_reads_the_files_it_recorded_not_the_namesakes_there(
+        tmp_path, capsys, monkeypatch):
+    """Its recorded relative paths are relative to where it started: from elsewhere they once named that folder's
+    files (here SST predictions one class off), analysed and drawn into the run's plots as if they were the run's."""
+    run = started_in(tmp_path / "project", "runs/demo", record_working_dir=False)
+    elsewhere = tmp_path / "elsewhere"
+    write_dev_csvs(elsewhere / "predictions", sst_shift=1)
+    monkeypatch.chdir(elsewhere)
+    assert error_analysis.main([str(run)]) == 0
+    assert capsys.readouterr().out.startswith(f"SST (predicted - gold class): {DEV_SST} right, 0 off by 1")
+
+
+def test_a_moved_run_reads_the_files_where_its_args_json_says_it_started(tmp_path, capsys, monkeypatch):
+    run = started_in(tmp_path / "project", "runs/demo", record_working_dir=True)
+    moved = tmp_path / "archive" / "demo"
+    moved.parent.mkdir()
+    run.rename(moved)  # its recorded --output_dir no longer names where it is
+    write_dev_csvs(tmp_path / "predictions", sst_shift=1)
+    monkeypatch.chdir(tmp_path)
+    assert error_analysis.main([str(moved)]) == 0
+    assert capsys.readouterr().out.startswith(f"SST (predicted - gold class): {DEV_SST} right, 0 off by 1")

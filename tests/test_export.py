@@ -159,3 +159,27 @@ def test_an_export_folder_that_is_a_file_is_refused(tmp_path, tiny_checkpoint, c
     (tmp_path / "out").write_text("")
     assert export_hf.main([str(tmp_path / "best"), str(tmp_path / "out")]) == 2
     assert f"{tmp_path / 'out'} is a file, not a folder" in capsys.readouterr().err
+
+
+def test_an_export_removes_what_a_killed_export_left_in_its_folder(tmp_path, tiny_checkpoint):
+    trained_checkpoint(tmp_path, tiny_checkpoint)
+    partial = tmp_path / "out" / ".model.safetensors.k1ll3d00.minbert-partial"
+    partial.mkdir(parents=True)
+    (partial / ".tmpAbC123").write_bytes(b"\0" * 4096)  # safetensors' own temporary, as big as the weights
+    assert export_hf.main([str(tmp_path / "best"), str(tmp_path / "out")]) == 0
+    assert not partial.exists() and (tmp_path / "out" / "model.safetensors").is_file()
+
+
+def test_a_run_exported_from_another_folder_finds_the_pretrained_model_it_recorded(tmp_path, tiny_checkpoint,
+                                                                                    monkeypatch):
+    """The run was started in project/ with --pretrained models/tiny --output_dir runs/x: relative to project/,
+    not to the folder the export runs from."""
+    import shutil
+    project = tmp_path / "project"
+    shutil.copytree(tiny_checkpoint, project / "models" / "tiny")
+    model = MultitaskBERT(BertModel.from_pretrained(str(tiny_checkpoint)))
+    save_multitask_model(model, project / "runs" / "x" / "best",
+                         {"args": {"pretrained": "models/tiny", "output_dir": "runs/x", "max_length": 32}})
+    monkeypatch.chdir(tmp_path)
+    assert export_hf.main([str(project / "runs" / "x" / "best"), str(tmp_path / "out")]) == 0
+    assert (tmp_path / "out" / "vocab.txt").read_bytes() == (tiny_checkpoint / "vocab.txt").read_bytes()

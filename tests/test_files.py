@@ -1,14 +1,16 @@
 """files.py's whole-file writes: a failure mid-write leaves the old file as it was, for every kind of writer."""
+import json
 import os
 import zipfile
 from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import save_file
 
 import minbert.model.checkpoint as checkpoint
-from minbert.files import (atomic_write, atomic_write_bytes, atomic_write_csv, atomic_write_text, unwritable_folder,
-                           write_aside)
+from minbert.files import (PARTIAL, atomic_write, atomic_write_bytes, atomic_write_csv, atomic_write_text, locked_folder,
+                           unwritable_folder, write_aside)
 from minbert.model.checkpoint import atomic_save, read_checkpoint
 from prepare_submit import write_zip
 
@@ -121,3 +123,77 @@ def test_unwritable_folder_names_the_file_in_the_way(tmp_path):
     assert unwritable_folder(tmp_path / "new" / "deeper") is None
     assert unwritable_folder(tmp_path / "a_file" / "out") == (
         f"{tmp_path / 'a_file' / 'out'}: cannot write there, {tmp_path / 'a_file'} is a file, not a folder")
+
+
+KILLED_MID_WRITE = """
+import sys, time
+from pathlib import Path
+from minbert.files import atomic_write
+
+def write(temporary):  # as safetensors' save_file does: its own .tmpXXXXXX beside its target, then a rename
+    (temporary.parent / ".tmpAbC123").write_bytes(b"half of the weights")
+    print("writing", flush=True)
+    time.sleep(60)
+atomic_write(Path(sys.argv[1]) / "last.safetensors", write)
+"""
+
+
+def killed_mid_write(folder: Path) -> Path:
+    """A process killed while it writes FOLDER/last.safetensors; returns what it left there."""
+    import signal
+    import subprocess
+    import sys
+    folder.mkdir(parents=True, exist_ok=True)
+    writer = subprocess.Popen([sys.executable, "-c", KILLED_MID_WRITE, str(folder)], stdout=subprocess.PIPE, text=True)
+    assert writer.stdout.readline() == "writing\n"
+    writer.send_signal(signal.SIGKILL)
+    writer.wait()
+    (left,) = folder.iterdir()
+    return left
+
+
+def test_a_killed_write_leaves_a_partial_folder_that_the_next_holder_of_the_lock_removes(tmp_path):
+    left = killed_mid_write(tmp_path / "run")
+    assert left.name.startswith(".last.safetensors.") and left.name.endswith(PARTIAL)  # a name the project owns
+    assert (left / ".tmpAbC123").is_file()  # the library's own temporary inside it
+    with locked_folder(tmp_path / "run"):
+        assert sorted(path.name for path in (tmp_path / "run").iterdir()) == [".lock"]
+
+
+def test_safetensors_own_temporary_lands_in_the_partial_folder(tmp_path):
+    """save_file writes a .tmpXXXXXX of its own beside its target before renaming it: beside the partial file."""
+    seen = []
+
+    def save(temporary):
+        checkpoint.save_tensors({"w": torch.zeros(1 << 20)}, temporary)
+        seen.extend(os.listdir(tmp_path))
+    atomic_write(tmp_path / "model.safetensors", save)
+    assert len(seen) == 1 and seen[0].endswith(PARTIAL)
+    assert os.listdir(tmp_path) == ["model.safetensors"]
+
+
+def test_the_lock_holder_leaves_the_partial_writes_of_a_folder_locked_by_another_command(tmp_path):
+    (tmp_path / "run" / "scores" / ".x.csv.a1b2c3d4.minbert-partial").mkdir(parents=True)
+    inner = tmp_path / "run" / "ensemble"  # another command's folder: its writes may be under way
+    (inner / ".x.csv.a1b2c3d4.minbert-partial").mkdir(parents=True)
+    (inner / ".lock").touch()
+    (tmp_path / "run" / "notes.tmp").write_text("the user's")
+    with locked_folder(tmp_path / "run"):
+        assert not (tmp_path / "run" / "scores" / ".x.csv.a1b2c3d4.minbert-partial").exists()
+        assert (inner / ".x.csv.a1b2c3d4.minbert-partial").is_dir() and (tmp_path / "run" / "notes.tmp").is_file()
+
+
+def test_settling_a_folder_finishes_a_save_killed_between_its_moves_and_drops_one_killed_before(tmp_path):
+    atomic_save(tmp_path / "last", {"w": torch.zeros(2)}, {"n": 1})
+    atomic_save(tmp_path / "best", {"w": torch.zeros(2)}, {"n": 1})
+    save_file({"w": torch.ones(2)}, str(tmp_path / "best.safetensors.tmp"))  # killed before the JSON moved
+    (tmp_path / "best.json.tmp").write_text("{}")
+    pending = tmp_path / "last.safetensors.tmp"  # killed between the moves: the JSON names these weights
+    save_file({"w": torch.ones(2)}, str(pending))
+    info = json.loads((tmp_path / "last.json").read_text())
+    (tmp_path / "last.json").write_text(json.dumps({**info, "n": 2, "sha256": checkpoint._sha256(pending)}))
+    removed = checkpoint.settle_interrupted_saves(tmp_path)
+    assert sorted(path.name for path in removed) == ["best.json.tmp", "best.safetensors.tmp"]
+    assert sorted(os.listdir(tmp_path)) == ["best.json", "best.safetensors", "last.json", "last.safetensors"]
+    assert torch.equal(read_checkpoint(tmp_path / "last")[0]["w"], torch.ones(2))
+    assert torch.equal(read_checkpoint(tmp_path / "best")[0]["w"], torch.zeros(2))

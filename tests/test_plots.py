@@ -55,3 +55,20 @@ def test_run_reports_write_history_table_and_plots(tmp_path):
 def test_a_run_without_evaluated_stages_gets_only_its_history(tmp_path):
     assert write_run_reports([{"stage": "pretrained"}], {}, tmp_path) == ""
     assert sorted(path.name for path in tmp_path.iterdir()) == ["history.json"]
+
+
+def test_a_run_with_a_broken_figure_library_stops_in_one_line_before_any_model_loads(
+        tiny_checkpoint, tmp_path, monkeypatch, capsys, model_must_not_load):
+    """The figures' libraries are imported only when the run, trained, draws them: checked when it starts."""
+    import sys
+
+    import multitask_classifier as mc
+    from conftest import DEMO, prediction_flags
+    monkeypatch.setitem(sys.modules, "sklearn.manifold", None)  # an install that fails to import it
+    flags = ["--data_dir", str(DEMO), "--pretrained", str(tiny_checkpoint), "--option", "finetune", "--quiet",
+             "--max_train_examples", "16", "--first_stages", "sst", "--cycles", "0",
+             "--output_dir", str(tmp_path / "run"), *prediction_flags(tmp_path)]
+    assert mc.main(flags) == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and "the t-SNE plot of the embeddings needs sklearn.manifold" in error[0], error
+    assert "pip install --upgrade scikit-learn" in error[0]

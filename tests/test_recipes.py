@@ -92,32 +92,53 @@ def test_cpu_recipe_runs_on_the_demo_data(recipe, recipe_runs):
     assert len(written) == expected
 
 
-def launched_commands(recipe: str, **environment: str) -> list[list[str]]:
-    """The command lines a recipe would launch, printed by LAUNCH=echo instead (nothing runs, no GPU needed)."""
+def launches(recipe: str, cwd: Path = ROOT, *flags: str, **environment: str) -> list[tuple[Path, list[str]]]:
+    """The command lines a recipe started in `cwd` would launch, with the folder each would run in, printed by
+    tests/print_command.sh as LAUNCH instead (nothing runs, no GPU needed)."""
     env = {k: v for k, v in os.environ.items() if k != "RUNS_DIR"}  # the recipes' default unless given here
-    env.update(LAUNCH="echo", DATA_DIR=str(ROOT / "data" / "demo"), RUN_NAME="unused",
-               NLI_FILES="nli.jsonl", TEACHER="teacher",  # named for gpu_sss.sh and the distill recipes; not read
-               TASK="sst", **environment)  # cpu_best_one_task.sh's
-    result = subprocess.run(["bash", str(ROOT / "scripts" / recipe)], env=env, capture_output=True, text=True,
-                            timeout=60)
+    env.update({"LAUNCH": f"bash {ROOT / 'tests' / 'print_command.sh'}", "DATA_DIR": str(ROOT / "data" / "demo"),
+                "RUN_NAME": "unused", "NLI_FILES": "nli.jsonl", "TEACHER": "teacher",  # gpu_sss.sh's, distill's
+                "TASK": "sst", **environment})  # cpu_best_one_task.sh's
+    result = subprocess.run(["bash", str(ROOT / "scripts" / recipe), *flags], env=env, capture_output=True,
+                            text=True, timeout=60, cwd=cwd)
     assert result.returncode == 0, result.stderr[-2000:]
-    commands = [shlex.split(line) for line in result.stdout.splitlines() if line.strip()]
-    assert commands and all(command[0] == "multitask_classifier.py" for command in commands)
-    return commands
+    lines = [shlex.split(line) for line in result.stdout.splitlines() if line.strip()]
+    assert lines and all(command[1] == str(ROOT / "multitask_classifier.py") for command in lines)
+    return [(Path(folder), [Path(program).name, *rest]) for folder, program, *rest in lines]
+
+
+def launched_commands(recipe: str, **environment: str) -> list[list[str]]:
+    """The command lines a recipe started in the repository would launch (launches), the program named as
+    multitask_classifier.py."""
+    return [command for _, command in launches(recipe, **environment)]
 
 
 @pytest.mark.parametrize("recipe", TRAINING_RECIPES)
 def test_every_output_of_a_recipe_goes_under_runs_dir(recipe, tmp_path):
     """RUNS_DIR moves the run folder and its predictions (the tests' runs write into a temporary folder);
     without it they stay under runs/, as before the variable existed."""
-    for runs_dir, environment in (("runs", {}), (str(tmp_path), {"RUNS_DIR": str(tmp_path)})):
+    drive = tmp_path / "My Drive" / "runs"  # Google Drive's folder: a space in every path under it
+    for runs_dir, environment in ((ROOT / "runs", {}), (tmp_path, {"RUNS_DIR": str(tmp_path)}),
+                                  (drive, {"RUNS_DIR": str(drive), "RUN_NAME": "my run"})):
         for command in launched_commands(recipe, **environment):
             paths = {flag: value for flag, value in zip(command, command[1:])
                      if flag == "--output_dir" or flag.startswith("--") and flag.endswith("_out")}
             assert "--output_dir" in paths and any(flag.endswith("_out") for flag in paths)
             run_folder = Path(paths.pop("--output_dir"))
-            assert run_folder.parent == Path(runs_dir) and run_folder.name.startswith("unused")  # RUN_NAME's
+            assert run_folder.parent == runs_dir  # one argument each, however many spaces
+            assert run_folder.name.startswith(environment.get("RUN_NAME", "unused"))
             assert all(Path(path).parent == run_folder / "predictions" for path in paths.values()), paths
+
+
+@pytest.mark.parametrize("recipe", TRAINING_RECIPES)
+def test_a_recipe_runs_where_it_was_started_so_relative_paths_mean_what_the_user_typed(recipe, tmp_path):
+    """The recipes once changed to the repository first: --distill teacher or RUNS_DIR=runs typed in the user's
+    folder named the repository's instead. Now each runs where it was started, naming the repository's files by
+    their full path."""
+    for folder, command in launches(recipe, tmp_path, "--distill", "my teacher", RUNS_DIR="my runs"):
+        assert folder == tmp_path
+        assert ("--distill", "my teacher") in zip(command, command[1:])
+        assert Path(command[command.index("--output_dir") + 1]).parent == Path("my runs")
 
 
 @pytest.mark.parametrize("recipe", sorted(name for name in TRAINING_RECIPES if name.startswith("gpu_")))

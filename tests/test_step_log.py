@@ -204,9 +204,42 @@ def test_a_resumed_run_logs_as_one_never_stopped(whole_run, tiny_checkpoint, tmp
 
 def test_report_to_tensorboard_without_tensorboard_is_one_line_before_any_model_loads(
         tiny_checkpoint, tmp_path, monkeypatch, capsys, model_must_not_load):
+    forget_tensorboard(monkeypatch)
     monkeypatch.setitem(sys.modules, "tensorboard", None)  # as if it were not installed
     with pytest.raises(SystemExit) as stop:
         mc.main(run_flags(tiny_checkpoint, tmp_path))
     error = capsys.readouterr().err.strip().splitlines()
     assert stop.value.code == 2 and len(error) == 1
     assert "--report_to tensorboard needs the tensorboard package: pip install tensorboard" in error[0]
+
+
+def installed_tensorboard(monkeypatch, folder, init: str) -> None:
+    """A `tensorboard` package whose __init__.py is `init` in place of the real one, for this test."""
+    (folder / "tensorboard").mkdir()
+    (folder / "tensorboard" / "__init__.py").write_text(init)
+    forget_tensorboard(monkeypatch)
+    monkeypatch.syspath_prepend(str(folder))
+
+
+def forget_tensorboard(monkeypatch) -> None:
+    """The imports of TensorBoard that earlier tests cached set aside for this test, so that the next one is real."""
+    for name in [name for name in sys.modules if name.split(".")[0] == "tensorboard"
+                 or name.startswith("torch.utils.tensorboard")]:
+        monkeypatch.delitem(sys.modules, name)
+
+
+@pytest.mark.parametrize("init, problem", [
+    # protobuf newer than the one the package's generated _pb2 files were made for
+    ("raise TypeError('Descriptors cannot be created directly.\\nIf this call came from a _pb2.py file, ...')",
+     "TypeError: Descriptors cannot be created directly."),
+    ("", "TensorBoard logging requires TensorBoard version 1.15 or above"),  # too old to have __version__
+])
+def test_report_to_tensorboard_with_a_broken_tensorboard_is_one_line_before_any_model_loads(
+        tiny_checkpoint, tmp_path, monkeypatch, capsys, model_must_not_load, init, problem):
+    installed_tensorboard(monkeypatch, tmp_path, init)
+    with pytest.raises(SystemExit) as stop:
+        mc.main(run_flags(tiny_checkpoint, tmp_path))
+    error = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 2 and len(error) == 1, error
+    assert "--report_to tensorboard needs torch.utils.tensorboard, which fails to import" in error[0]
+    assert problem in error[0] and "pip install --upgrade tensorboard" in error[0]

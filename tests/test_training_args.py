@@ -259,3 +259,21 @@ def test_a_resume_may_change_cycles_unless_the_lr_or_the_bregman_anchor_follows_
                      dict(smart=True, smart_bregman_weight=0.0, smart_override=["sst:bregman_weight=1"])):
         with pytest.raises(CheckpointError, match="--cycles 2 -> 3 changes the total number of updates"):
             resume(**settings)
+
+
+def test_compile_on_a_cpu_warns_once_in_one_line(tiny_checkpoint, tmp_path, monkeypatch, capsys, no_plots):
+    """torch.compile's inductor spends minutes per graph on a CPU (the demo ran over 10x slower than eager) and
+    nothing said so. The compiling itself is replaced by the identity: what is tested is the word, said once."""
+    import torch
+
+    from conftest import prediction_flags
+    monkeypatch.setattr(torch, "compile", lambda function, **options: function)
+    flags = ["--data_dir", str(DEMO), "--pretrained", str(tiny_checkpoint), "--option", "finetune", "--quiet",
+             "--max_train_examples", "8", "--max_length", "32", "--first_stages", "sst", "--cycles", "0", "--compile",
+             "--output_dir", str(tmp_path / "run"), *prediction_flags(tmp_path)]
+    assert mc.main(flags) == 0
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "--compile" in line]
+    assert len(warnings) == 1 and warnings[0].startswith("warning: --compile on a CPU:"), warnings
+    assert "leave --compile off on a CPU" in warnings[0]
+    assert mc.main([flag for flag in flags if flag != "--compile"]) == 0
+    assert "--compile" not in capsys.readouterr().err

@@ -10,6 +10,8 @@ import hashlib
 import json
 import os
 import random
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +20,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from base_bert import CheckpointError
-from minbert.files import write_aside
+from minbert.files import locked_folder, write_aside
 
 MT19937_KEYS = 624  # the words of NumPy's Mersenne Twister state
 
@@ -36,8 +38,8 @@ def atomic_save(prefix: Path, tensors: dict[str, torch.Tensor], metadata: dict) 
 
     Both files are first written in full under .tmp names (files.write_aside); the JSON (with the weights' SHA-256)
     is then moved into place, and the weights last. A kill between the two moves leaves the new JSON beside
-    the old weights and the new weights under .tmp: read_checkpoint finishes that save. A kill before the
-    first move leaves the previous checkpoint untouched.
+    the old weights and the new weights under .tmp: read_checkpoint (or settle_interrupted_saves) finishes that
+    save. A kill before the first move leaves the previous checkpoint untouched.
     """
     weights, info = prefix.with_suffix(".safetensors"), prefix.with_suffix(".json")
     on_cpu = {k: v.cpu() for k, v in tensors.items()}
@@ -58,7 +60,45 @@ def save_tensors(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[st
 
 
 def _pending(path: Path) -> Path:
-    return path.with_name(path.name + ".tmp")
+    return path.with_name(path.name + PENDING)
+
+
+PENDING = ".tmp"  # a checkpoint file written whole, waiting for its move (atomic_save)
+
+
+@contextmanager
+def checkpoint_folder(folder: str | os.PathLike) -> Iterator[None]:
+    """files.locked_folder for a command that saves checkpoints in `folder`: holding the lock, it first settles the
+    saves a kill interrupted there (settle_interrupted_saves), so --resume and a fresh run open a folder without
+    half-done writes."""
+    with locked_folder(folder):
+        settle_interrupted_saves(Path(folder))
+        yield
+
+
+def settle_interrupted_saves(folder: Path) -> list[Path]:
+    """Every checkpoint save in `folder` that a kill interrupted, settled: finished when its JSON was moved into
+    place (the pending weights are those it names, as read_checkpoint would find), else its pending files removed
+    (the previous checkpoint is whole beside them). Returns those removed. For the holder of the folder's lock
+    (files.locked_folder): no save is under way there then."""
+    removed = []
+    for pending in sorted(folder.glob(f"*.safetensors{PENDING}")) + sorted(folder.glob(f"*.json{PENDING}")):
+        if not pending.is_file():
+            continue
+        if pending.name.endswith(f".safetensors{PENDING}") and _completes_its_save(pending):
+            os.replace(pending, pending.with_name(pending.name.removesuffix(PENDING)))
+        else:
+            pending.unlink()
+            removed.append(pending)
+    return removed
+
+
+def _completes_its_save(pending_weights: Path) -> bool:
+    info = pending_weights.with_name(pending_weights.name.removesuffix(f".safetensors{PENDING}") + ".json")
+    try:
+        return json.loads(info.read_text(encoding="utf-8")).get("sha256") == _sha256(pending_weights)
+    except (OSError, UnicodeDecodeError, ValueError, AttributeError, RecursionError):
+        return False
 
 
 def read_checkpoint(prefix: Path) -> tuple[dict[str, torch.Tensor], dict]:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from evaluation import overall_of, summarize_line
 from minbert.data.batches import TaskData, subsample
+from minbert.files import atomic_write_text
 from minbert.prediction.inference import Predictor
 from minbert.step_log import RunLog
 from minbert.tasks import MULTITASK, RUN_TASKS, TASKS
@@ -104,5 +105,4 @@ class MetricsLog:
         """metrics.jsonl as a resumed checkpoint's history: a kill between a stage's line and its checkpoint leaves a
         record the checkpoint does not have, and the checkpoint's history is the truth."""
         if self.active:
-            (self.output_dir / METRICS_FILE).write_text("".join(json.dumps(r) + "\n" for r in history),
-                                                        encoding="utf-8")
+            atomic_write_text(self.output_dir / METRICS_FILE, "".join(json.dumps(r) + "\n" for r in history))

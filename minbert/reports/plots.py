@@ -12,7 +12,8 @@ from pathlib import Path
 import numpy as np
 
 from evaluation import HISTORY_METRICS, error_counts, forgetting_table_markdown, history_matrix
-from minbert.files import atomic_write_text
+from minbert.files import atomic_write, atomic_write_text
+from minbert.runtime import import_problem
 from minbert.tasks.metrics import paired_arrays, paraphrase_metrics, sst_metrics, sts_metrics
 
 
@@ -26,13 +27,24 @@ def pyplot():
     return plt
 
 
+def figure_problem(embeddings: bool = False) -> str | None:
+    """Why a run's figures could not be drawn (matplotlib; scikit-learn's t-SNE with `embeddings`), in one line, or
+    None: asked when a command starts, as both are imported only when the first figure is drawn, at a run's end."""
+    problem = import_problem("matplotlib.pyplot", "drawing the figures", "matplotlib")
+    if problem is None and embeddings:
+        problem = import_problem("sklearn.manifold", "the t-SNE plot of the embeddings", "scikit-learn")
+    return problem
+
+
 def save_figure(fig, path: str | os.PathLike) -> Path:
-    """Write fig as a PNG (creating its folder) and close it, so that a run's many plots do not pile up in memory."""
+    """Write fig as a PNG (whole, as files.atomic_write does) and close it, so that a run's many plots do not pile up
+    in memory."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    pyplot().close(fig)
+    try:
+        atomic_write(path, lambda temporary: fig.savefig(temporary, dpi=120, format="png"))
+    finally:
+        pyplot().close(fig)
     return path
 
 

@@ -2,7 +2,8 @@
 the code it ran (git commit) and the software and hardware it ran on.
 
     {"args": {...},           # every setting by its field name (training_args.TrainingArguments): what --config reads
-     "resolved": {...},       # what "auto" and the device made of them: precision, device, processes
+     "resolved": {...},       # what "auto" and the device made of them: precision, device, processes; and
+                              # working_dir, what the settings' relative paths are relative to
      "git": {"commit": "...", "dirty": false},   # null outside a git checkout or without git
      "environment": {"python": ..., "torch": ..., "cuda": ..., "gpus": [...]},
      "segments": [{"first_stage": 1, "resolved": {...}}, ...]}
@@ -20,6 +21,7 @@ the settings it lacks (added to the code since) take today's defaults.
 from __future__ import annotations
 
 import json
+import os
 import platform
 import subprocess
 from pathlib import Path
@@ -85,3 +87,40 @@ def write_run_record(output_dir: Path, record: dict) -> Path:
     path = Path(output_dir) / RECORD_FILE
     atomic_write_text(path, json.dumps(record, indent=2) + "\n")
     return path
+
+
+def working_dir_of(run: Path, settings: dict) -> Path | None:
+    """The folder the relative paths among a run's recorded `settings` (its flags as typed) are relative to: the
+    working directory it started in, not the reader's. Where the run's folder now ends in its recorded relative
+    --output_dir, the folder above those parts (a tree moved whole, to another machine or Drive mount, still reads);
+    else the working_dir its args.json recorded; else None: unknown (an older run, moved)."""
+    output_dir = settings.get("output_dir")
+    if isinstance(output_dir, str) and output_dir and not Path(output_dir).is_absolute():
+        parts, here = Path(os.path.normpath(output_dir)).parts, Path(run).resolve().parts
+        if ".." not in parts and len(parts) < len(here) and here[len(here) - len(parts):] == parts:
+            return Path(*here[:len(here) - len(parts)])
+    try:
+        recorded = json.loads((Path(run) / RECORD_FILE).read_text(encoding="utf-8"))["resolved"]["working_dir"]
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError):
+        return None
+    return Path(recorded) if isinstance(recorded, str) else None
+
+
+def recorded_path(value: str, working_dir: Path | None) -> Path:
+    """A path a run recorded, as it was meant: a relative one against the run's working directory (working_dir_of;
+    the reader's own when unknown)."""
+    path = Path(value)
+    return path if path.is_absolute() or working_dir is None else working_dir / path
+
+
+def recorded_pretrained(checkpoint: Path, metadata: dict) -> str | None:
+    """The pretrained model a checkpoint (PREFIX, in its run's folder) came from, as its metadata records it: a
+    relative path read against the run's working directory (working_dir_of) when it is there, else the name as
+    recorded (an alias such as minilm-l6, a Hub name); None when the checkpoint does not say."""
+    settings = metadata.get("args") if isinstance(metadata.get("args"), dict) else {}
+    base = metadata.get("base") if isinstance(metadata.get("base"), dict) else {}
+    name = settings.get("pretrained") or base.get("pretrained")
+    if not isinstance(name, str) or not name:
+        return None
+    path = recorded_path(name, working_dir_of(Path(checkpoint).parent, settings))
+    return str(path) if path.exists() else name

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
-import importlib.util
 import json
 import math
 import re
@@ -32,7 +31,7 @@ from minbert.model.adapters import SHARINGS, TARGETS, AdapterConfig
 from minbert.model.checkpoint import check_resume_settings
 from minbert.model.multitask_bert import HEAD_ACTIVATIONS, POOLINGS, parse_pair_encoders
 from minbert.run.run_record import RECORD_FILE, RECORD_KEYS
-from minbert.runtime import COMPILE_MODES, PRECISIONS, requested_precision
+from minbert.runtime import COMPILE_MODES, PRECISIONS, import_problem, requested_precision
 from minbert.step_log import REPORT_TO
 from minbert.tasks import (MULTITASK, PART1_TASKS, RUN_TASKS, SIMCSE_TASKS, SPLITS, TASK_FILES, TASKS, course_file_name,
                            data_flag, default_output, output_flag, task_name)
@@ -243,7 +242,8 @@ class TrainingArguments:
                                           OPTIMISATION, resume_free=True, action="store_true")
     # Not resume-free: on the CPU it pads batches to buckets of 8 tokens, which changes the dropout masks drawn.
     compile: bool = flag(False, "torch.compile BERT's layers (forward and backward, one graph) and AdamW's "
-                           "update; batches are padded to multiples of 8 tokens so that shapes repeat", OPTIMISATION,
+                           "update; batches are padded to multiples of 8 tokens so that shapes repeat. For CUDA: on "
+                           "a CPU the compiling costs more than it saves (a warning says so)", OPTIMISATION,
                          action="store_true")
     # Not resume-free: each mode compiles other kernels (max-autotune picks them by timing them).
     compile_mode: str = flag("default", "torch.compile's mode: default, reduce-overhead (CUDA graphs) or "
@@ -412,8 +412,9 @@ def _check_run(args: TrainingArguments) -> None:
     _check(args.save_steps >= 0, f"--save_steps must be >= 0, got {args.save_steps}")
     _check(args.save_every_minutes is None or (_finite(args.save_every_minutes) and args.save_every_minutes >= 0),
            f"--save_every_minutes must be a number >= 0, got {args.save_every_minutes}")
-    _check(args.report_to != "tensorboard" or importlib.util.find_spec("tensorboard") is not None,
-           "--report_to tensorboard needs the tensorboard package: pip install tensorboard")
+    if args.report_to == "tensorboard":  # the module step_log.RunLog's writer comes from
+        problem = import_problem("torch.utils.tensorboard", "--report_to tensorboard", "tensorboard")
+        _check(problem is None, problem)
     for name in ("eval_train_examples", "num_workers"):
         _check(getattr(args, name) >= 0, f"--{name} must be >= 0, got {getattr(args, name)}")
     # 0 would stop before the first checkpoint, leaving nothing that --resume could continue
