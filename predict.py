@@ -29,6 +29,7 @@ from minbert.model.multitask_bert import MultitaskBERT, load_multitask_checkpoin
 from minbert.prediction.inference import PredictionSettings, Predictor, TokenizedSplits
 from minbert.prediction.new_inputs import (INPUT_FORMATS, OUTPUT_FORMATS, STANDARD_STREAM, decided, input_format,
                                            output_format, prediction_records, read_examples)
+from minbert.run.run_record import recorded_pretrained
 from minbert.runtime import PRECISIONS, resolve_device, resolve_precision, use_tf32
 from minbert.tasks import RUN_TASKS, TASKS, task_name
 from minbert.tasks.squad import QASettings
@@ -75,9 +76,12 @@ def checkpoint_prefix(run: str) -> Path:
     return prefix
 
 
-def predictor_of(model: MultitaskBERT, settings: dict, args: argparse.Namespace, device: torch.device) -> Predictor:
-    """A Predictor as the run's own: its tokenizer, --max_length, --eval_batch_size and precision."""
-    tokenizer = BertTokenizer.from_pretrained(settings["pretrained"])
+def predictor_of(model: MultitaskBERT, prefix: Path, metadata: dict, args: argparse.Namespace,
+                 device: torch.device) -> Predictor:
+    """A Predictor as the run's own: its tokenizer (its --pretrained, a relative path read where the run started),
+    --max_length, --eval_batch_size and precision."""
+    settings = metadata.get("args", {})
+    tokenizer = BertTokenizer.from_pretrained(recorded_pretrained(prefix, metadata) or settings["pretrained"])
     requested = args.precision or settings.get("precision", "auto")
     prediction = PredictionSettings(args.batch_size or settings["eval_batch_size"], settings["max_length"],
                                     resolve_precision(device, requested), args.quiet)
@@ -116,8 +120,7 @@ def predict(args: argparse.Namespace) -> int:
     model, metadata = load_multitask_checkpoint(prefix, device)
     if args.task not in model.objectives:
         raise CheckpointError(f"{prefix}: the model has no {args.task} head (it has {', '.join(model.objectives)})")
-    ids, scores = predictor_of(model, metadata.get("args", {}), args, device).predict(args.task, examples,
-                                                                                       scores=True)
+    ids, scores = predictor_of(model, prefix, metadata, args, device).predict(args.task, examples, scores=True)
     write(args, ids, scores)
     if args.output != STANDARD_STREAM:
         print(f"wrote {args.output} ({len(ids)} {args.task} predictions)", file=sys.stderr)
