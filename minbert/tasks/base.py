@@ -185,6 +185,11 @@ class Task(ABC):
         """Its share of the score that picks the model a run keeps, on [0, 1]."""
         return metrics[self.score_key]
 
+    def resampled_scores(self, predictions: np.ndarray, gold: np.ndarray) -> np.ndarray:
+        """Its score (score_key's metric) of each row of resampled examples: `predictions` and `gold` are (R, N),
+        row r one resample of a split; returns (R,). What a bootstrap interval over examples recomputes."""
+        raise TypeError(f"{self.name}: its score has no resampled form (bootstrap intervals cover SST, QQP and STS)")
+
     @abstractmethod
     def format_prediction(self, value) -> str:
         """A prediction as its leaderboard CSV writes it; ValueError if it is none of its."""

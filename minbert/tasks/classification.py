@@ -51,6 +51,9 @@ class Classification(Task):
             raise ValueError(f"{text!r} is not {self.class_range()}")
         return int(number)
 
+    def resampled_scores(self, predictions: np.ndarray, gold: np.ndarray) -> np.ndarray:
+        return (predictions == gold).mean(axis=-1)  # accuracy, its score
+
     @abstractmethod
     def probabilities(self, scores: np.ndarray) -> np.ndarray:
         """(N, C) class probabilities of one member's saved scores."""

@@ -75,6 +75,13 @@ class Similarity(SentencePairs, Task):
         m = sts_metrics(predictions, gold)
         return {f"{self.name}_pearson": m["pearson"], f"{self.name}_spearman": m["spearman"]}
 
+    def resampled_scores(self, predictions: np.ndarray, gold: np.ndarray) -> np.ndarray:
+        """Pearson's r of each row (0 where a row is constant, as sts_metrics reports it)."""
+        x = predictions - predictions.mean(axis=-1, keepdims=True)
+        y = gold - gold.mean(axis=-1, keepdims=True)
+        spread = np.sqrt((x * x).sum(axis=-1) * (y * y).sum(axis=-1))
+        return np.divide((x * y).sum(axis=-1), spread, out=np.zeros(spread.shape), where=spread > 0)
+
     def kept_score(self, metrics: Mapping[str, float]) -> float:
         return (metrics[self.score_key] + 1) / 2  # Pearson's r mapped onto [0, 1], as the overall score does
 

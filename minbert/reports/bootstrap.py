@@ -1,0 +1,107 @@
+"""How sure a dev score is, and whether two configurations differ: a bootstrap over the dev examples and, where an
+arm has several runs (seeds), over the runs too.
+
+    arms = [Arm("none", [run_a1, run_a2]), Arm("smart", [run_b1, run_b2])]   # run: task -> (predictions, gold)
+    result = compare(arms, MULTITASK, replicates=2000, seed=0)
+    result.scores["smart"]["overall"]            # Estimate(value, low, high): the mean over its runs, 95% interval
+    result.differences["smart"]["overall"]       # Difference(value, low, high, p) against the first arm
+
+Each replicate draws every task's dev examples with replacement, the same draw for every arm and run, so that
+differences are paired: an example that every model finds hard is hard in both arms of a replicate and cancels.
+Each arm's runs are drawn with replacement too (a hierarchical bootstrap), so that an arm of several seeds carries
+the seeds' spread as well as the examples'; an arm of one run carries the examples' alone, and its interval says
+nothing about another seed. Intervals are the replicates' 2.5th and 97.5th percentiles; a difference's p is the
+two-sided share of replicates on the other side of zero, and an interval that holds zero means "not separable".
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from minbert.tasks import MULTITASK, TASKS
+
+OVERALL = "overall"
+CHUNK = 100  # replicates drawn at once: QQP's 20,000 dev examples x 100 x a run's predictions stay a few MB
+
+
+@dataclass(frozen=True)
+class Arm:
+    """A configuration's runs (seeds): each run's dev predictions and gold labels per task, in one shared order."""
+    name: str
+    runs: Sequence[dict[str, tuple[np.ndarray, np.ndarray]]]
+
+
+@dataclass(frozen=True)
+class Estimate:
+    value: float
+    low: float
+    high: float
+
+
+@dataclass(frozen=True)
+class Difference(Estimate):
+    p: float
+
+    @property
+    def separable(self) -> bool:
+        return not self.low <= 0 <= self.high
+
+
+@dataclass(frozen=True)
+class Comparison:
+    scores: dict[str, dict[str, Estimate]]  # arm -> task (or "overall") -> its estimate
+    differences: dict[str, dict[str, Difference]]  # arm after the first -> task -> it minus the first arm
+
+
+def run_scores(run: dict[str, tuple[np.ndarray, np.ndarray]], tasks: Sequence[str],
+               rows: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+    """A run's score of each task (and the overall score when `tasks` are the course's three) on each row of example
+    indices `rows` (task -> (R, N)); on all its examples, as (1,) arrays, without `rows`."""
+    scores = {}
+    for task in tasks:
+        predictions, gold = run[task]
+        index = rows[task] if rows is not None else np.arange(len(gold))[None, :]
+        scores[task] = TASKS[task].resampled_scores(predictions[index], gold[index])
+    if tuple(tasks) == MULTITASK:  # the course's overall score: the mean of the tasks' shares (STS: (r + 1) / 2)
+        scores[OVERALL] = sum(TASKS[task].kept_score({TASKS[task].score_key: scores[task]}) for task in tasks) / 3
+    return scores
+
+
+def _arm_replicates(arm: Arm, tasks: Sequence[str], rows: dict[str, np.ndarray], runs: np.ndarray) -> dict:
+    """(R,) per task: the mean, over each replicate's drawn runs (`runs`: (R, K) indices), of their scores on that
+    replicate's examples."""
+    per_run = [run_scores(run, tasks, rows) for run in arm.runs]  # K x task -> (R,)
+    return {key: np.stack([scores[key] for scores in per_run], axis=1)[np.arange(len(runs))[:, None], runs].mean(1)
+            for key in per_run[0]}
+
+
+def compare(arms: Sequence[Arm], tasks: Sequence[str], replicates: int = 2000, seed: int = 0) -> Comparison:
+    """Every arm's scores with 95% intervals, and every later arm's difference from the first."""
+    sizes = {task: len(arms[0].runs[0][task][1]) for task in tasks}
+    generator = np.random.default_rng(seed)
+    drawn: dict[str, dict[str, list[np.ndarray]]] = {arm.name: {} for arm in arms}
+    for start in range(0, replicates, CHUNK):
+        count = min(CHUNK, replicates - start)
+        rows = {task: generator.integers(0, size, (count, size)) for task, size in sizes.items()}
+        for arm in arms:
+            runs = generator.integers(0, len(arm.runs), (count, len(arm.runs)))
+            for key, values in _arm_replicates(arm, tasks, rows, runs).items():
+                drawn[arm.name].setdefault(key, []).append(values)
+    replicated = {name: {key: np.concatenate(parts) for key, parts in keys.items()} for name, keys in drawn.items()}
+    points = {arm.name: {key: float(np.mean([run_scores(run, tasks)[key][0] for run in arm.runs]))
+                         for key in replicated[arm.name]} for arm in arms}
+    scores = {name: {key: Estimate(points[name][key], *np.percentile(values, [2.5, 97.5]))
+                     for key, values in keys.items()} for name, keys in replicated.items()}
+    first = arms[0].name
+    differences = {arm.name: {key: _difference(points[arm.name][key] - points[first][key],
+                                               replicated[arm.name][key] - replicated[first][key])
+                              for key in replicated[first]} for arm in arms[1:]}
+    return Comparison(scores, differences)
+
+
+def _difference(value: float, replicates: np.ndarray) -> Difference:
+    low, high = np.percentile(replicates, [2.5, 97.5])
+    other_side = min((replicates <= 0).mean(), (replicates >= 0).mean())
+    return Difference(value, float(low), float(high), float(min(1.0, 2 * other_side)))

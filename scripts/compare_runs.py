@@ -1,0 +1,103 @@
+"""Are two configurations' dev scores different, or within noise? Each arm's SST and QQP accuracy, STS Pearson's r
+and overall score from its runs' saved dev predictions (the kept model's leaderboard CSVs), with a bootstrap 95%
+interval over the dev examples and, for an arm of several runs (seeds), over its runs too; then each later arm's
+difference from the first, paired on the same examples, with its interval, a two-sided p and whether the two are
+separable (minbert/reports/bootstrap.py says how).
+
+    python scripts/compare_runs.py --data_dir ../shared/data/protocol \\
+        none=results/cpu_forgetting/none,results/cpu_forgetting/none_seed1,results/cpu_forgetting/none_seed2 \\
+        ewc=results/cpu_forgetting/ewc_1e6,results/cpu_forgetting/ewc_1e6_seed1,results/cpu_forgetting/ewc_1e6_seed2
+
+An arm is NAME=RUN[,RUN...], or one run's folder (named by its folder). A run's dev CSVs are found as
+scripts/error_analysis.py finds them (its recorded paths, else RUN/predictions/).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from error_analysis import predictions_and_gold
+from evaluation import PredictionsFileError
+from minbert.data.batches import DataError, show_data_warnings_on_one_line
+from minbert.reports.bootstrap import OVERALL, Arm, Comparison, compare
+from minbert.tasks import MULTITASK, TASKS
+
+COLUMNS = [*((task, f"{TASKS[task].title} {TASKS[task].score_key.split('_')[-1]}") for task in MULTITASK),
+           (OVERALL, "overall")]
+
+
+def parse_arm(text: str) -> tuple[str, list[Path]]:
+    name, _, runs = text.rpartition("=") if "=" in text else (Path(text).name, "", text)
+    folders = [Path(run) for run in runs.split(",") if run]
+    if not name or not folders:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected NAME=RUN[,RUN...] or a run's folder")
+    missing = [str(folder) for folder in folders if not folder.is_dir()]
+    if missing:
+        raise argparse.ArgumentTypeError(f"{missing[0]}: not a run's folder")
+    return name, folders
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("arms", nargs="+", type=parse_arm, help="NAME=RUN[,RUN...] or RUN; the first is the baseline")
+    parser.add_argument("--data_dir", required=True, help="the course's dev files the runs predicted")
+    parser.add_argument("--replicates", type=int, default=2000)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    if args.replicates < 100:
+        parser.error(f"--replicates must be >= 100 for a 95% interval, got {args.replicates}")
+    names = [name for name, _ in args.arms]
+    if len(set(names)) != len(names):
+        parser.error(f"arms: {sorted({n for n in names if names.count(n) > 1})[0]!r} names two arms")
+    return args
+
+
+def read_arm(name: str, runs: list[Path], data_dir: Path) -> Arm:
+    loaded = []
+    for run in runs:
+        pairs = predictions_and_gold(run, data_dir)
+        loaded.append({task: (np.asarray(predictions, dtype=np.float64), np.asarray(gold, dtype=np.float64))
+                       for task, (predictions, gold) in pairs.items()})
+    return Arm(name, loaded)
+
+
+def table(comparison: Comparison, arms: list[Arm]) -> list[str]:
+    lines = ["| arm | runs | " + " | ".join(title for _, title in COLUMNS) + " |",
+             "|---|---|" + "---|" * len(COLUMNS)]
+    for arm in arms:
+        cells = [f"{e.value:.4f} [{e.low:.4f}, {e.high:.4f}]"
+                 for e in (comparison.scores[arm.name][key] for key, _ in COLUMNS)]
+        lines.append(f"| {arm.name} | {len(arm.runs)} | " + " | ".join(cells) + " |")
+    first = arms[0].name
+    for arm in arms[1:]:
+        lines += ["", f"{arm.name} - {first} (paired over the same dev examples):", "",
+                  "| score | difference [95% interval] | p | |", "|---|---|---|---|"]
+        for key, title in COLUMNS:
+            d = comparison.differences[arm.name][key]
+            verdict = ("higher" if d.value > 0 else "lower") if d.separable else "not separable"
+            lines.append(f"| {title} | {d.value:+.4f} [{d.low:+.4f}, {d.high:+.4f}] | {d.p:.3f} | {verdict} |")
+    if any(len(arm.runs) == 1 for arm in arms):
+        lines += ["", "An arm of one run: its interval covers the dev examples only, not another seed."]
+    return lines
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    show_data_warnings_on_one_line()
+    try:
+        arms = [read_arm(name, runs, Path(args.data_dir)) for name, runs in args.arms]
+    except (DataError, PredictionsFileError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    comparison = compare(arms, MULTITASK, args.replicates, args.seed)
+    print(f"{args.replicates} bootstrap replicates (seed {args.seed}) over the dev examples of {args.data_dir}"
+          + (" and over each arm's runs" if any(len(arm.runs) > 1 for arm in arms) else "") + "\n")
+    print("\n".join(table(comparison, arms)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,120 @@
+"""minbert/reports/bootstrap.py and scripts/compare_runs.py: bootstrap intervals of dev scores and paired
+differences between configurations, from runs' saved dev predictions."""
+import numpy as np
+import pytest
+from scipy import stats
+
+import compare_runs
+from conftest import DEMO
+from minbert.data.batches import load_split
+from minbert.reports.bootstrap import OVERALL, Arm, compare, run_scores
+from minbert.tasks import MULTITASK, TASKS
+
+
+def demo_run(tmp_path, name: str, flip: float, seed: int):
+    """A run's folder whose dev CSVs get the demo's gold labels wrong on about `flip` of the examples."""
+    generator = np.random.default_rng(seed)
+    folder = tmp_path / name
+    for task in MULTITASK:
+        examples = load_split(DEMO, task, "dev")
+        gold = np.array([e.label for e in examples], dtype=float)
+        wrong = generator.random(len(gold)) < flip
+        if TASKS[task].num_classes:
+            predicted = np.where(wrong, (gold + 1) % TASKS[task].num_classes, gold).astype(int)
+        else:
+            predicted = np.clip(gold + wrong * generator.normal(0, 2.5, len(gold)), 0, 5)
+        TASKS[task].write_predictions(folder / "predictions" / f"{TASKS[task].flag_prefix}-dev-out.csv",
+                                      [e.id for e in examples], predicted.tolist())
+    return folder
+
+
+def arm(name: str, runs: list) -> Arm:
+    return Arm(name, [{task: (np.asarray(p, float), np.asarray(g, float)) for task, (p, g) in run.items()}
+                      for run in runs])
+
+
+def synthetic_run(generator, accuracy: float, n: int = 400) -> dict:
+    run = {}
+    for task in MULTITASK:
+        if TASKS[task].num_classes:
+            gold = generator.integers(0, TASKS[task].num_classes, n)
+            right = generator.random(n) < accuracy
+            run[task] = (np.where(right, gold, (gold + 1) % TASKS[task].num_classes), gold)
+        else:
+            gold = generator.uniform(0, 5, n)
+            run[task] = (gold + generator.normal(0, 3 * (1 - accuracy), n), gold)
+    return run
+
+
+def test_resampled_scores_are_the_tasks_own_metrics_row_by_row():
+    generator = np.random.default_rng(0)
+    predictions, gold = generator.integers(0, 5, (3, 50)), generator.integers(0, 5, (3, 50))
+    assert TASKS["sst"].resampled_scores(predictions, gold) == pytest.approx((predictions == gold).mean(axis=1))
+    x, y = generator.normal(size=(3, 50)), generator.normal(size=(3, 50))
+    assert TASKS["sts"].resampled_scores(x, y) == pytest.approx([stats.pearsonr(a, b)[0] for a, b in zip(x, y)])
+    assert TASKS["sts"].resampled_scores(np.ones((1, 5)), y[:1, :5]).tolist() == [0.0]  # constant: 0, as sts_metrics
+    with pytest.raises(TypeError, match="qa: its score has no resampled form"):
+        TASKS["qa"].resampled_scores(x, y)
+
+
+def test_the_overall_score_is_the_courses():
+    run = synthetic_run(np.random.default_rng(1), 0.7)
+    scores = {key: value[0] for key, value in run_scores(run, MULTITASK).items()}
+    assert scores[OVERALL] == pytest.approx((scores["sst"] + scores["qqp"] + (scores["sts"] + 1) / 2) / 3)
+
+
+def test_an_arm_against_itself_is_not_separable_and_a_clearly_better_one_is():
+    generator = np.random.default_rng(2)
+    weak = [synthetic_run(generator, 0.55) for _ in range(3)]
+    strong = [{task: (gold, gold) if TASKS[task].num_classes else (gold + 0.1 * generator.normal(size=len(gold)),
+                                                                   gold)
+               for task, (_, gold) in run.items()} for run in weak]  # the same examples, (nearly) all right
+    result = compare([arm("weak", weak), arm("same", weak), arm("strong", strong)], MULTITASK, replicates=300)
+    for key in (*MULTITASK, OVERALL):
+        same, better = result.differences["same"][key], result.differences["strong"][key]
+        # its runs are drawn apart from the baseline's (seeds are not paired), its examples with them
+        assert same.value == 0 and not same.separable and same.p > 0.2
+        assert better.separable and better.value > 0 and better.p < 0.01
+        estimate = result.scores["weak"][key]
+        assert estimate.low <= estimate.value <= estimate.high
+
+
+def test_one_run_against_itself_differs_by_nothing_in_every_replicate():
+    run = synthetic_run(np.random.default_rng(4), 0.6)
+    result = compare([arm("a", [run]), arm("b", [run])], MULTITASK, replicates=200)
+    assert {(d.value, d.low, d.high, d.p, d.separable) for d in result.differences["b"].values()} == {
+        (0, 0, 0, 1, False)}
+
+
+def test_seeds_widen_an_arms_interval_and_the_draws_repeat():
+    generator = np.random.default_rng(3)
+    runs = [synthetic_run(generator, accuracy) for accuracy in (0.5, 0.7, 0.9)]  # seeds that disagree a lot
+    one, three = (compare([arm("a", chosen)], MULTITASK, replicates=400, seed=5) for chosen in (runs[1:2], runs))
+    width = {name: r.scores["a"][OVERALL].high - r.scores["a"][OVERALL].low for name, r in (("one", one),
+                                                                                              ("three", three))}
+    assert width["three"] > 2 * width["one"]
+    assert compare([arm("a", runs)], MULTITASK, replicates=400, seed=5) == three
+
+
+def test_the_script_compares_run_folders(tmp_path, capsys):
+    good = ",".join(str(demo_run(tmp_path, f"good{s}", 0.1, s)) for s in range(2))
+    bad = ",".join(str(demo_run(tmp_path, f"bad{s}", 0.6, s)) for s in range(2))
+    assert compare_runs.main(["--data_dir", str(DEMO), "--replicates", "200", f"bad={bad}", f"good={good}"]) == 0
+    out = capsys.readouterr().out
+    assert "| bad | 2 |" in out and "| good | 2 |" in out and "good - bad (paired over the same dev examples)" in out
+    overall = next(line for line in out.splitlines() if line.startswith("| overall |"))
+    assert overall.endswith("| higher |")
+
+
+def test_bad_arms_are_refused_in_one_line(tmp_path, capsys):
+    run = demo_run(tmp_path, "run", 0.1, 0)
+    (run / "predictions" / "sts-dev-out.csv").unlink()
+    assert compare_runs.main(["--data_dir", str(DEMO), str(run)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and "sts-dev-out.csv: file not found" in err[0]
+    for argv, problem in [([f"a={run}", f"a={run}"], "'a' names two arms"),
+                          ([str(tmp_path / "nope")], "nope: not a run's folder"),
+                          (["--replicates", "10", str(run)], "--replicates must be >= 100")]:
+        with pytest.raises(SystemExit) as exit_info:
+            compare_runs.main(["--data_dir", str(DEMO), *argv])
+        assert exit_info.value.code == 2 and problem in capsys.readouterr().err
