@@ -19,10 +19,10 @@ from pathlib import Path
 
 import numpy as np
 
-from error_analysis import predictions_and_gold
 from evaluation import PredictionsFileError
 from minbert.data.batches import DataError, show_data_warnings_on_one_line
 from minbert.reports.bootstrap import OVERALL, Arm, Comparison, compare
+from minbert.run.run_outputs import predictions_and_gold
 from minbert.tasks import MULTITASK, TASKS
 
 COLUMNS = [*((task, f"{TASKS[task].title} {TASKS[task].score_key.split('_')[-1]}") for task in MULTITASK),

@@ -12,45 +12,16 @@ them; every dev example needs exactly one prediction. --data_dir defaults to the
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
-from evaluation import PredictionsFileError, check_predictions_file, error_counts
-from minbert.data.batches import DataError, load_split, show_data_warnings_on_one_line
+from evaluation import PredictionsFileError, error_counts
+from minbert.data.batches import DataError, show_data_warnings_on_one_line
 from minbert.files import locked_folder, unwritable_folder
 from minbert.reports.plots import figure_problem, plot_error_analysis
+from minbert.run.run_outputs import predictions_and_gold, run_settings
 from minbert.run.run_record import recorded_path, working_dir_of
-from minbert.tasks import MULTITASK, default_output, output_flag
-
-
-def run_settings(run: Path) -> dict:
-    """The flags a run was trained with, as its best.json records them ({} for a folder without one: an ensemble's)."""
-    try:
-        settings = json.loads((run / "best.json").read_text(encoding="utf-8")).get("args", {})
-    except (OSError, UnicodeDecodeError, ValueError, AttributeError):
-        return {}
-    return settings if isinstance(settings, dict) else {}
-
-
-def dev_csv(run: Path, task: str) -> Path:
-    name = Path(default_output(task, "dev")).name
-    settings = run_settings(run)
-    written = settings.get("prediction_files", {})
-    recorded = written.get(output_flag(task, "dev")) if isinstance(written, dict) else None
-    candidates = [recorded_path(recorded, working_dir_of(run, settings))] if isinstance(recorded, str) else []
-    candidates += [run / "predictions" / name, run / name]
-    return next((path for path in candidates if path.is_file()), candidates[-1])
-
-
-def predictions_and_gold(run: Path, data_dir: Path) -> dict[str, tuple[list, list]]:
-    """(predictions, gold) per task in the order of the dev file."""
-    pairs = {}
-    for task in MULTITASK:
-        gold = {example.id: example.label for example in load_split(data_dir, task, "dev")}
-        predicted = check_predictions_file(dev_csv(run, task), gold.keys(), task)
-        pairs[task] = ([predicted[i] for i in gold], list(gold.values()))
-    return pairs
+from minbert.tasks import MULTITASK
 
 
 def report(counts: dict) -> list[str]:
