@@ -16,8 +16,11 @@ LAUNCH="${LAUNCH:-python}"
 SMART_FLAGS=(--smart --smart_adv_weight 5 --smart_bregman_weight 1 --smart_override sst:adv_weight=10)
 # The thesis' own settings where the project's recipes depart from them (scripts/*_thesis_*.sh; seed 000): batch 8,
 # lr 1e-5 (not stated by the thesis: the course's fine-tuning default), float32, STS trained as 2.5 cos + 2.5 with
-# dropout before the cosine (listing A.6), and SMART as its listings A.1-A.4 write it: the perturbation rescaled to
-# inf-norm eps per example, the Bregman momentum restarting every epoch and D_Breg anchored to the epoch's first weights.
+# dropout before the cosine (listing A.6), and SMART close to its listings A.1-A.4: the perturbation rescaled to
+# inf-norm eps per example, the Bregman momentum restarting every epoch and D_Breg anchored to the epoch's first
+# weights. Not yet as they write it: R_s sums the divergence over classes where listing A.1 takes the maximum over
+# classes before the batch mean, and the anchor's forward runs with dropout off where the thesis' copy is in train
+# mode; the recipes cut text at 128 tokens (--max_length), the thesis' tokenizer at 512.
 THESIS_FLAGS=(--batch_size 8 --lr 1e-5 --precision fp32 --similarity_objective shifted --sts_cosine_dropout
               --smart_norm_level sentence --smart_projection rescale --smart_momentum_schedule stage
               --smart_anchor stage_start)

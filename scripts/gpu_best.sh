@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU twin of cpu_best.sh on bert-base-uncased: per-task LoRA (rank 16 on every linear layer) over the frozen
 # encoder, QQP cross-encoded, SST ordinal, QQP -> [STS, SST, QQP 3%] x 2. Measured on minilm-l6 only: the seeds
-# found a frozen bert-base 0.012-0.041 below fine-tuning it, so also try --option finetune --lr 2e-5 (BERT's rate:
+# found a frozen bert-base 0.005-0.041 below fine-tuning it, so also try --option finetune --lr 2e-5 (BERT's rate:
 # 1e-3 destroys a pretrained BERT). Extra flags are passed on. Output: runs/gpu_best/ (runs/$RUN_NAME/ if set)
 set -euo pipefail
 source "$(dirname "$0")/_common.sh"
