@@ -20,7 +20,6 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from base_bert import BertConfig, BertPreTrainedModel
-from minbert.runtime import host_indices
 
 
 class BertEmbeddings(nn.Module):
@@ -115,6 +114,15 @@ class BertLayer(nn.Module):
             attended = attended + beside  # LN(h + SA(h) + PAL(h)), Stickland & Murray's eq. 3
         tokens = self.add_norm(tokens, attended, self.attention_norm)
         return self.add_norm(tokens, self.feed_forward(tokens), self.output_norm)  # (N, H)
+
+
+def host_indices(indices: np.ndarray, device: torch.device) -> torch.Tensor:
+    """Indices computed on the host, as a tensor on `device` that nothing waits for: on CUDA copied from pinned
+    memory (a copy from pageable memory first waits for the device's queue to drain)."""
+    tensor = torch.from_numpy(indices)
+    if device.type == "cuda":
+        tensor = tensor.pin_memory()
+    return tensor.to(device, non_blocking=True)
 
 
 class TokenLayout:

@@ -2,7 +2,9 @@
 
 The course's files stay at the top of the repository where the handout puts them (bert.py, optimizer.py, smart.py,
 simcse.py, tokenizer.py, evaluation.py, multitask_classifier.py, ...); this package holds the rest, each layer
-importing only the layers listed before it (tests/test_module_boundaries.py holds the rules):
+importing only the layers listed before it (tests/test_module_boundaries.py holds the rules). It builds on the
+course's building blocks (bert.py, base_bert.py, optimizer.py, smart.py, tokenizer.py), which import nothing from
+it, and never imports the course's other files: evaluation.py, simcse.py and datasets.py name code that lives here.
 
     runtime.py, distributed.py, files.py, step_log.py
                  the device, precision and seeds; torchrun's data parallel; checked file IO; step logs
@@ -10,10 +12,10 @@ importing only the layers listed before it (tests/test_module_boundaries.py hold
                  objectives' building blocks (losses.py) and SQuAD's files, windows and decoding (squad.py)
     data/        the tasks' files batched (batches.py), NLI pairs for SimCSE, the scores files runs save
     model/       MultitaskBERT (its heads are the tasks'), adapters (LoRA, DoRA, PALs), checkpoints
-    prediction/  predicting and evaluating a model, ensembles of runs' saved scores
-    reports/     a run's figures (forgetting matrix, curves, error plots, t-SNE)
+    prediction/  predicting and evaluating a model, the leaderboard's scores and CSVs, ensembles of runs' saved scores
+    reports/     a run's figures (forgetting matrix, curves, error plots, t-SNE) and the tables behind them
     training/    the loop (Trainer, StepLoop), stages and schedules, SMART's anchor, EWC, L2-SP, LNSR, surgery,
-                 distillation, MLM, the state saved for resuming
+                 distillation, MLM, SimCSE, the state saved for resuming
     run/         a run from its flags: the flag schema (training_args.py), assembling a run (run_setup.py), args.json
 
 `pip install -e .` makes it importable from anywhere, scripts/ included.

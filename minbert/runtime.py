@@ -210,15 +210,6 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def host_indices(indices: np.ndarray, device: torch.device) -> torch.Tensor:
-    """Indices computed on the host, as a tensor on `device` that nothing waits for: on CUDA copied from pinned
-    memory (a copy from pageable memory first waits for the device's queue to drain)."""
-    tensor = torch.from_numpy(indices)
-    if device.type == "cuda":
-        tensor = tensor.pin_memory()
-    return tensor.to(device, non_blocking=True)
-
-
 def to_device(batch: dict, device: torch.device) -> dict:
     """Tensors to `device`; asynchronous from pinned memory (make_dataloader pins batches for CUDA)."""
     return {k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}

@@ -167,7 +167,7 @@ def test_failed_replace_keeps_old_file_and_removes_temp(tmp_path, monkeypatch):
     def failing_replace(src, dst):
         raise OSError("disk full")
 
-    monkeypatch.setattr(evaluation.os, "replace", failing_replace)
+    monkeypatch.setattr(os, "replace", failing_replace)
     with pytest.raises(OSError, match="disk full"):
         write_predictions(path, ["b"], [2], "sst")
     assert os.listdir(tmp_path) == ["sst.csv"]

@@ -1,7 +1,8 @@
 """The seams between the project's modules, read from their import statements and syntax: the package's layers
 (minbert/__init__.py) import only the layers below them, no import cycle, library modules never import a command
-line, no module outside minbert/tasks/ tests a task's name (it asks the task), and the test-only oracles
-(transformers, sentence-transformers, peft) stay out of training and prediction."""
+line, the seam between the course's top-level files and the package points one way, no module outside minbert/tasks/
+tests a task's name (it asks the task), and the test-only oracles (transformers, sentence-transformers, peft) stay
+out of training and prediction."""
 import ast
 from pathlib import Path
 
@@ -25,6 +26,8 @@ COMMAND_LINES = {"multitask_classifier", "classifier", "prepare_submit", "sanity
                  *(path.stem for path in ROOT.glob("scripts/*.py"))}
 # The package's layers, lowest first (minbert/__init__.py): a module imports its own layer and those before it.
 LAYERS = ("core", "tasks", "data", "model", "prediction", "reports", "training", "run")
+# The course's building blocks: the package builds on them, so they import nothing from it.
+BUILDING_BLOCKS = {"bert", "base_bert", "optimizer", "smart", "tokenizer"}
 ORACLES = {"transformers", "sentence_transformers", "peft"}
 ORACLE_USERS = {ROOT / "sanity_check.py", ROOT / "scripts" / "benchmark.py"}
 TASK_NAMES = {name for task in TASKS.values() for name in (task.name, *task.aliases)}
@@ -102,6 +105,56 @@ def test_scripts_never_import_another_command_line():
     """A script that trains as multitask_classifier.py does shares its library code (minbert.run)."""
     for path in ROOT.glob("scripts/*.py"):
         assert not imported_modules(path) & COMMAND_LINES, f"{path.relative_to(ROOT)} imports a command line"
+
+
+def seam_crossings(modules: dict[str, Path]) -> list[str]:
+    """Where the imports between the course's top-level files and the package point both ways: a building block
+    that imports the package, or a course file that imports the package and that the package imports, directly or
+    through other course files (through such a file a module reaches any layer, its own rules unchecked)."""
+    imports = {name: imported_modules(path) & modules.keys() for name, path in modules.items()}
+    package = {name for name in modules if layer(name)}
+    crossings = [f"{name}.py, a building block, imports {sorted(imported & package)}"
+                 for name, imported in imports.items() if name in BUILDING_BLOCKS and imported & package]
+    reached = set(package)  # the package and every course file it imports, directly or not
+    while new := {imported for name in reached for imported in imports[name]} - reached:
+        reached |= new
+    for name, imported in imports.items():
+        importers = sorted(user for user in reached if name in imports[user])
+        if layer(name) is None and name not in BUILDING_BLOCKS and imported & package and importers:
+            crossings.append(f"{name}.py imports {sorted(imported & package)} and is imported by {importers}")
+    return crossings
+
+
+def test_the_seam_between_the_course_files_and_the_package_points_one_way():
+    """The package builds on the course's building blocks, and the course's other files (evaluation.py, simcse.py,
+    datasets.py, the command lines) build on the package: no import runs back up."""
+    crossings = seam_crossings(MODULES)
+    assert not crossings, "\n".join(crossings)
+
+
+def test_the_seam_check_can_fail(tmp_path):
+    """The three crossings the seam had (issue 45): bert.py importing minbert.runtime, and evaluation.py and
+    simcse.py each importing the package and imported by it; and a course file that the package reaches through a
+    building block. datasets.py and the command lines, which the package never imports, pass."""
+    sources = {"bert": "from base_bert import BertConfig\nfrom minbert.runtime import host_indices\n",
+               "base_bert": "import torch\n",
+               "evaluation": "from minbert.tasks import TASKS\n",
+               "simcse": "def losses():\n    from minbert.runtime import float32_exact\n",
+               "datasets": "from minbert.data.batches import load_split\n",
+               "multitask_classifier": "import evaluation\nfrom minbert.run import run_setup\n",
+               "minbert.reports.plots": "from evaluation import error_counts\nfrom bert import BertModel\n",
+               "minbert.run.run_setup": "import simcse\nimport bert\nimport smart\n",
+               "smart": "from helpers import clip\n", "helpers": "from minbert.runtime import autocast\n",
+               "minbert.runtime": "", "minbert.tasks": "", "minbert.data.batches": "", "minbert.run": ""}
+    modules = {}
+    for name, source in sources.items():
+        modules[name] = tmp_path / f"{name}.py"
+        modules[name].write_text(source, encoding="utf-8")
+    assert seam_crossings(modules) == [
+        "bert.py, a building block, imports ['minbert.runtime']",
+        "evaluation.py imports ['minbert.tasks'] and is imported by ['minbert.reports.plots']",
+        "simcse.py imports ['minbert.runtime'] and is imported by ['minbert.run.run_setup']",
+        "helpers.py imports ['minbert.runtime'] and is imported by ['smart']"]
 
 
 def test_the_package_and_the_scripts_never_import_the_course_datasets_module():

@@ -4,8 +4,9 @@ from collections import Counter
 
 import pytest
 
+from minbert.reports.tables import tasks_trained_by
 from minbert.training.schedules import (Stage, StageKind, annealed_probabilities, build_schedule, learning_rate_factor,
-                                        multitask_order, parse_stage_list, tasks_trained_by, train_tasks, trained_heads)
+                                        multitask_order, parse_stage_list, train_tasks, trained_heads)
 
 
 def test_mlm_stages_parse_with_fractions_and_repeats():
@@ -142,3 +143,14 @@ def test_tasks_trained_by_a_stage_label():
     for label in ("mlm", "mlm@0.5", "simcse", "pretrained", "qa"):
         assert tasks_trained_by(label, tasks) == set()
     assert {stage.label for stage in parse_stage_list("qqp,sts:0.5,mlm")} == {"qqp", "sts@0.5", "mlm"}
+
+
+def test_every_kind_of_stage_label_reads_back_as_the_heads_its_stage_trains():
+    """Stage.label writes the labels a history holds and reports/tables.py reads them (the reports layer is below
+    training): the two agree on every kind of stage."""
+    tasks = ("sst", "qqp", "sts")
+    stages = [*build_schedule("sequential", "mlm:0.5,qqp,sts:0.5*2", "sst", 1, simcse_epochs=1, tasks=tasks),
+              *build_schedule("annealed", epochs=2, tasks=tasks)]
+    assert {stage.kind for stage in stages} == set(StageKind)
+    for stage in stages:
+        assert tasks_trained_by(stage.label, tasks) == trained_heads([stage], tasks), stage.label

@@ -1,1 +1,2 @@
-"""Prediction: a model's predictions and scores on a split, its evaluation on dev, and ensembles of runs."""
+"""Prediction: a model's predictions and scores on a split, its evaluation on dev, the leaderboard's scores and CSVs,
+and ensembles of runs."""

@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from evaluation import kept_model_score, overall_of, task_metrics
 from minbert.data.batches import DataError, load_split
 from minbert.data.scores import ScoresFileError, read_scores, scores_path
+from minbert.prediction.leaderboard import kept_model_score, overall_of, task_metrics
 from minbert.tasks import MULTITASK, RUN_TASKS, TASKS
 
 SPLITS = ("dev", "test")

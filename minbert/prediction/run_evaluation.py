@@ -11,10 +11,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from evaluation import overall_of, summarize_line
 from minbert.data.batches import TaskData, subsample
 from minbert.files import atomic_write_text
 from minbert.prediction.inference import Predictor
+from minbert.prediction.leaderboard import overall_of, summarize_line
 from minbert.step_log import RunLog
 from minbert.tasks import MULTITASK, RUN_TASKS, TASKS
 

@@ -1,6 +1,6 @@
 """The figures of a run: the forgetting matrix, the training curves and the error-analysis plots, and
 write_run_reports, which writes them beside the run's history.json and forgetting table. The numbers they draw
-come from evaluation.py; matplotlib is imported on the first plot, so that importing this module (every run's
+come from tables.py; matplotlib is imported on the first plot, so that importing this module (every run's
 --help, every test) does not pay for it.
 """
 
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
-from evaluation import HISTORY_METRICS, error_counts, forgetting_table_markdown, history_matrix
 from minbert.files import atomic_write, atomic_write_text
+from minbert.reports.tables import HISTORY_METRICS, error_counts, forgetting_table_markdown, history_matrix
 from minbert.runtime import import_problem
 from minbert.tasks.metrics import paired_arrays, paraphrase_metrics, sst_metrics, sts_metrics
 

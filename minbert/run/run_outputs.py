@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from evaluation import check_predictions_file
 from minbert.data.batches import load_split
+from minbert.prediction.leaderboard import check_predictions_file
 from minbert.run.run_record import recorded_path, working_dir_of
 from minbert.tasks import MULTITASK, default_output, output_flag
 

@@ -37,10 +37,10 @@ from minbert.training.mlm import MaskedLanguageModelHead, load_mlm_head
 from minbert.training.optimization import build_optimizer
 from minbert.training.regularization import Regularization
 from minbert.training.schedules import Stage, StageKind, train_tasks
+from minbert.training.simcse import SIMCSE_OBJECTIVES
 from minbert.training.stage_transitions import TransitionSettings
 from minbert.training.trainer import SimcseStage, Trainer
 from minbert.training.training_steps import LoopConfig
-from simcse import SIMCSE_OBJECTIVES
 from smart import BregmanAnchor, SmartRegularizer, bregman_momentum
 from tokenizer import BertTokenizer
 

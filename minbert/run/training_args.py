@@ -42,7 +42,7 @@ from minbert.training.gradient_surgery import GRADIENT_SURGERIES, GradientSurger
 from minbert.training.lnsr import LnsrConfig
 from minbert.training.schedules import (LR_SCHEDULES, SCHEDULES, STAGE_STARTS, Stage, StageKind, build_schedule,
                                         train_tasks, trained_heads)
-from simcse import SIMCSE_OBJECTIVES
+from minbert.training.simcse import SIMCSE_OBJECTIVES
 from smart import ANCHORS, MOMENTUM_SCHEDULES, NORM_LEVELS, NORMS
 from smart import PRECISIONS as SMART_PRECISIONS
 from smart import PROJECTIONS, SmartConfig

@@ -1,5 +1,5 @@
 """The metrics of the tasks' predictions: accuracy and F1 of classes, Pearson and Spearman correlations of scores.
-Plain numpy, no model: evaluation.py and plots.py read them too.
+Plain numpy, no model: prediction/leaderboard.py and the reports read them too.
 """
 import warnings
 

@@ -18,9 +18,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from base_bert import BertConfig, CheckpointError, find_weight_file, load_state_dict_file, resolve_pretrained
+from bert import host_indices
 from minbert.data.batches import PairExample, TaskData, row_lengths
 from minbert.distributed import cut_global_batches, shard_batch
-from minbert.runtime import host_indices
 from minbert.tasks import MULTITASK
 
 IGNORED_LABEL = -100

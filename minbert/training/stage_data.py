@@ -17,7 +17,7 @@ from minbert.distributed import SINGLE_PROCESS, Distributed, global_batch_count
 from minbert.prediction.inference import TokenizedSplits
 from minbert.training.mlm import mlm_batches, task_sentences
 from minbert.training.schedules import Stage, StageKind
-from simcse import triplet_batches
+from minbert.training.simcse import triplet_batches
 
 
 class RestartingLoaders:

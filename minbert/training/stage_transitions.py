@@ -11,9 +11,9 @@ from typing import Callable
 import torch
 
 from base_bert import CheckpointError
-from evaluation import kept_model_score
 from minbert.distributed import SINGLE_PROCESS, Distributed
 from minbert.model.multitask_bert import MultitaskBERT, load_trained_tensors, trained_tensors
+from minbert.prediction.leaderboard import kept_model_score
 from minbert.tasks import SIMCSE_TASKS
 from minbert.training.regularization import Regularization
 from minbert.training.schedules import (Stage, StageKind, block_length, multi_epoch_stages, patience_exhausted,

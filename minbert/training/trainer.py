@@ -26,7 +26,6 @@ from typing import Callable
 
 import torch
 
-from evaluation import kept_model_score
 from minbert.data.batches import TaskData
 from minbert.distributed import SINGLE_PROCESS, Distributed
 from minbert.model.checkpoint import (gather_rank_states, optimizer_state, rank_states, read_checkpoint,
@@ -34,6 +33,7 @@ from minbert.model.checkpoint import (gather_rank_states, optimizer_state, rank_
 from minbert.model.multitask_bert import (MultitaskBERT, load_trained_tensors, model_metadata, save_multitask_model,
                                           trained_tensors)
 from minbert.prediction.inference import PredictionSettings, Predictor, TokenizedSplits
+from minbert.prediction.leaderboard import kept_model_score
 from minbert.prediction.run_evaluation import Evaluator, MetricsLog, stage_record
 from minbert.runtime import to_device, use_tf32
 from minbert.step_log import RunLog
