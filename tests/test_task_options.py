@@ -11,7 +11,7 @@ import pytest
 import minbert.run.training_args as training_args
 from conftest import tiny_model
 from minbert.model.multitask_bert import load_multitask_model, save_multitask_model
-from minbert.run.training_args import TrainingArguments, build_parser
+from minbert.run.training_args import TrainingArguments, build_parser, with_task_options
 from minbert.tasks import TASKS, head_options, task_settings
 from minbert.tasks.base import TaskOption
 from minbert.tasks.classification import SentenceClassification
@@ -52,7 +52,8 @@ class Toy(SentenceClassification):
 
 TASK = Toy(name="toy", order=10, trainable=True, title="Toy", file_prefix="toy", flag_prefix="toy",
            label_column="label", leaderboard_column="Predicted_Label", num_classes=2, head_name="toy_head",
-           options=(TaskOption("toy_label_smoothing", 0.0, "label smoothing of the toy loss", argparse=dict(type=float)),))
+           options=(TaskOption("toy_label_smoothing", 0.0, "label smoothing of the toy loss",
+                               argparse=dict(type=float)),))
 '''
 
 # Run in the copy: the option from the flag, from a --config, into the model, through a checkpoint, and into the
@@ -134,6 +135,12 @@ def test_an_option_named_as_a_flag_of_the_command_line_is_refused_in_one_line(mo
     err = capsys.readouterr().err
     assert exit.value.code == 2 and len(err.splitlines()) == 1
     assert "error: minbert/tasks/toy.py: its flag --lr is already " in err and err.endswith("'s own\n")
+
+
+def test_the_tasks_options_need_a_place_among_the_settings():
+    """A renamed anchor field would otherwise drop every task's flags without a word."""
+    with pytest.raises(TypeError, match="has no field 'nowhere'"):
+        with_task_options(after="nowhere")(type("Settings", (), {"__annotations__": {"lr": "float"}}))
 
 
 def test_the_tasks_options_are_the_flags_args_json_and_checkpoint_keys_they_were():

@@ -109,18 +109,17 @@ def with_task_options(after: str):
     option the tasks declare (Task.options), placed after the field `after`. An option named as one of the class's
     own fields is not added: build_parser refuses it in one line."""
     def add_options(cls):
-        annotations = {}
-        for name, annotation in cls.__annotations__.items():
-            annotations[name] = annotation
-            if name != after:
-                continue
-            for task in TASKS.values():
-                for option in task.options:
-                    if option.name not in cls.__annotations__:
-                        annotations[option.name] = "object"
-                        setattr(cls, option.name, flag(option.default, option.help, option.group, task=task.name,
-                                                       **option.argparse))
-        cls.__annotations__ = annotations
+        own = cls.__annotations__
+        if after not in own:  # the options would vanish from the command line
+            raise TypeError(f"with_task_options: {cls.__name__} has no field {after!r} to place the tasks' options "
+                            "after")
+        options = {option.name: flag(option.default, option.help, option.group, task=task.name, **option.argparse)
+                   for task in TASKS.values() for option in task.options if option.name not in own}
+        names = list(own)
+        place = names.index(after) + 1
+        cls.__annotations__ = {name: own.get(name, "object") for name in [*names[:place], *options, *names[place:]]}
+        for name, option_field in options.items():
+            setattr(cls, name, option_field)
         return cls
     return add_options
 
