@@ -99,7 +99,7 @@ def write_train_scores(trainer: Trainer, run_dir: Path) -> None:
             continue
         scores = TASKS[task].train_scores(trainer.predictor, train)
         if trainer.distributed.is_main:
-            print(f"wrote {TASKS[task].write_train_scores(run_dir, scores, trainer.qa)}")
+            print(f"wrote {TASKS[task].write_train_scores(run_dir, scores, trainer.task_settings)}")
 
 
 def write_tsne(trainer: Trainer, output_dir: Path) -> None:

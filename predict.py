@@ -31,8 +31,7 @@ from minbert.prediction.new_inputs import (INPUT_FORMATS, OUTPUT_FORMATS, STANDA
                                            output_format, prediction_records, read_examples)
 from minbert.run.run_record import recorded_pretrained
 from minbert.runtime import PRECISIONS, resolve_device, resolve_precision, use_tf32
-from minbert.tasks import RUN_TASKS, TASKS, task_name
-from minbert.tasks.squad import QASettings
+from minbert.tasks import RUN_TASKS, TASKS, task_name, task_settings
 from tokenizer import BertTokenizer
 
 # The tasks a multitask model may have a head for whose examples are sentences (SQuAD's questions are not lines).
@@ -79,13 +78,14 @@ def checkpoint_prefix(run: str) -> Path:
 def predictor_of(model: MultitaskBERT, prefix: Path, metadata: dict, args: argparse.Namespace,
                  device: torch.device) -> Predictor:
     """A Predictor as the run's own: its tokenizer (its --pretrained, a relative path read where the run started),
-    --max_length, --eval_batch_size and precision."""
+    --max_length, --eval_batch_size, precision and the tasks' own options (SQuAD's windows and answer limits; a
+    record older than an option: its default)."""
     settings = metadata.get("args", {})
     tokenizer = BertTokenizer.from_pretrained(recorded_pretrained(prefix, metadata) or settings["pretrained"])
     requested = args.precision or settings.get("precision", "auto")
     prediction = PredictionSettings(args.batch_size or settings["eval_batch_size"], settings["max_length"],
                                     resolve_precision(device, requested), args.quiet)
-    splits = TokenizedSplits(tokenizer, model, settings["max_length"], QASettings())
+    splits = TokenizedSplits(tokenizer, model, settings["max_length"], task_settings(settings))
     return Predictor(model, splits, device, prediction)
 
 

@@ -154,6 +154,11 @@ def test_the_teacher_is_read_by_id_whatever_its_row_order(tmp_path):
     assert teacher["sst"].of(["z", "x"], torch.zeros(2, 5)).tolist() == [[10, 11, 12, 13, 14], [0, 1, 2, 3, 4]]
 
 
+def windows(max_length: int, doc_stride: int) -> dict:
+    """A student's task settings (tasks.task_settings) that cut SQuAD's windows so."""
+    return {"qa_max_length": max_length, "qa_doc_stride": doc_stride}
+
+
 def test_squad_window_logits_read_back_exact_and_are_padded_as_the_students_batch(tmp_path):
     path = span_logits_path(tmp_path)
     logits = [np.arange(6.0).reshape(3, 2), np.full((2, 2), -0.5), np.ones((4, 2))]
@@ -163,7 +168,7 @@ def test_squad_window_logits_read_back_exact_and_are_padded_as_the_students_batc
     assert all(np.array_equal(a, b) for a, b in zip(spans.logits, logits))
     write_span_logits(tmp_path / "again.safetensors", spans.ids, spans.logits, 48, 16)
     assert (tmp_path / "again.safetensors").read_bytes() == path.read_bytes()
-    teacher = load_teacher(tmp_path, {"qa": ["q2", "q1"]}, qa_windowing=(48, 16))["qa"]
+    teacher = load_teacher(tmp_path, {"qa": ["q2", "q1"]}, windows(48, 16))["qa"]
     target = teacher.of(["q1#1", "q1#0"], torch.zeros(2, 5, 2))  # a batch padded to 5 tokens
     assert target[0, :2].tolist() == [[-0.5, -0.5]] * 2 and target[1, :3].tolist() == logits[0].tolist()
     assert (target[0, 2:] == PADDING_LOGIT).all() and (target[1, 3:] == PADDING_LOGIT).all()
@@ -188,16 +193,16 @@ class Windows(list):
 
 def test_squad_teachers_that_do_not_fit_are_refused(tmp_path):
     with pytest.raises(ScoresFileError, match="no SQuAD train logits for --distill"):
-        load_teacher(tmp_path, {"qa": ["q1"]}, (48, 16))
+        load_teacher(tmp_path, {"qa": ["q1"]}, windows(48, 16))
     path = span_logits_path(tmp_path)
     write_span_logits(path, ["q1#0"], [np.zeros((3, 2))], max_length=48, doc_stride=16)
     with pytest.raises(ScoresFileError, match="windows of 48 tokens with stride 16, this run cuts 64 with stride 16"):
-        load_teacher(tmp_path, {"qa": ["q1"]}, (64, 16))
+        load_teacher(tmp_path, {"qa": ["q1"]}, windows(64, 16))
     with pytest.raises(ScoresFileError, match=r"no teacher logits for 1 of the 2 qa training questions \(e.g. id q2\)"):
-        load_teacher(tmp_path, {"qa": ["q1", "q2"]}, (48, 16))
+        load_teacher(tmp_path, {"qa": ["q1", "q2"]}, windows(48, 16))
     path.write_bytes(path.read_bytes()[:-4])  # cut short
     with pytest.raises(ScoresFileError, match="not a SQuAD train-logits file"):
-        load_teacher(tmp_path, {"qa": ["q1"]}, (48, 16))
+        load_teacher(tmp_path, {"qa": ["q1"]}, windows(48, 16))
     write_span_logits(path, ["q1#0"], [np.array([[0.0, math.inf]])], 48, 16)
     with pytest.raises(ScoresFileError, match="not finite"):
         read_span_logits(path)

@@ -224,7 +224,7 @@ def test_sts_cosine_dropout_round_trips_and_needs_a_cosine(tmp_path):
     from minbert.model.multitask_bert import load_multitask_model, save_multitask_model
     model = tiny_model(sts_cosine_dropout=True)
     save_multitask_model(model, tmp_path / "m", {})
-    assert load_multitask_model(tmp_path / "m").sts_cosine_dropout
+    assert load_multitask_model(tmp_path / "m").task_options["sts_cosine_dropout"]
     with pytest.raises(ValueError, match="sts_cosine_dropout"):
         tiny_model(pair_encoder="sts:cross", sts_cosine_dropout=True)
     with pytest.raises(ValueError, match="--sts_cosine_dropout"):

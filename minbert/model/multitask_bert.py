@@ -8,8 +8,10 @@ computes its outputs from the encoder's hidden states; this module holds what th
       hybrid  the joint encoding, each sentence's own tokens mean-pooled into u and v (AllBERT, seed 004 eq. 5)
     dense heads   with head_hidden > 0 each task's features first pass a dense layer of its own (linear ->
                   activation -> dropout, a per-task copy of BERT's pooler as in AllBERT)
-    dropout       before each task's linear head (and, with sts_cosine_dropout, on both embeddings before the STS
-                  cosine, as the thesis' listing A.6 does)
+    dropout       before each task's linear head (and, with STS's sts_cosine_dropout, on both embeddings before
+                  its cosine, as the thesis' listing A.6 does)
+    task options  what a task's own options set of the model (Task.head_options: STS's similarity_objective, ...),
+                  which the task reads: the model holds them (task_options) and saves them with its own options
 
 The heads as the tasks build them: sst dropout + linear on the pooled sentence -> 5 logits; qqp a linear head on
 [u, v, |u - v|] (cross: on the pooled pair) -> 1 logit; sts cos(u, v) (cross: a linear head -> 1 logit); qa a
@@ -43,8 +45,7 @@ from base_bert import BertConfig, CheckpointError
 from bert import BertModel, TokenLayout
 from minbert.model.adapters import SHARED_SET, AdapterConfig, activate, add_adapters
 from minbert.model.checkpoint import atomic_save, check_fields, read_checkpoint
-from minbert.tasks import MULTITASK, PAIR_TASKS, RUN_TASKS, TASKS, task_name
-from minbert.tasks.losses import SIMILARITY_OBJECTIVES
+from minbert.tasks import MULTITASK, PAIR_TASKS, RUN_TASKS, TASKS, head_options, task_name
 
 POOLINGS = ("mean", "cls")
 PAIR_ENCODERS = ("sbert", "cross", "hybrid")
@@ -110,33 +111,31 @@ class MultitaskBERT(nn.Module):
     """Shared minBERT with Sentence-BERT heads (see the module docstring)."""
 
     def __init__(self, bert: BertModel, pooling: str = "mean", dropout: float = 0.1,
-                 pair_encoder: str | dict = "sbert", similarity_objective: str = "cosine",
-                 sentiment_ordinal_weight: float = 0.0, head_hidden: int = 0, head_activation: str = "tanh",
+                 pair_encoder: str | dict = "sbert", *, head_hidden: int = 0, head_activation: str = "tanh",
                  adapter: AdapterConfig | dict | None = None, tasks: tuple[str, ...] | list[str] = MULTITASK,
-                 sts_cosine_dropout: bool = False):
-        """`tasks`: those the model has heads (and per-task adapters) for, some of RUN_TASKS. `sts_cosine_dropout`:
-        dropout on both sentence embeddings before the STS cosine (sbert and hybrid STS)."""
+                 **task_options):
+        """`tasks`: those the model has heads (and per-task adapters) for, some of RUN_TASKS. `task_options`: what
+        the tasks' own options set of the model (tasks.head_options: STS's similarity_objective, ...), each task's
+        default where absent."""
         super().__init__()
         if not tasks or not set(tasks) <= set(RUN_TASKS):
             raise ValueError(f"tasks must be some of {RUN_TASKS}, got {tasks!r}")
         self.tasks = tuple(task for task in RUN_TASKS if task in tasks)
         if pooling not in POOLINGS:
             raise ValueError(f"pooling must be one of {POOLINGS}, got {pooling!r}")
-        if similarity_objective not in SIMILARITY_OBJECTIVES:
-            raise ValueError(f"similarity_objective must be one of {SIMILARITY_OBJECTIVES}, "
-                             f"got {similarity_objective!r}")
         if head_activation not in HEAD_ACTIVATIONS or head_hidden < 0:
             raise ValueError(f"head_hidden must be >= 0 and head_activation one of {tuple(HEAD_ACTIVATIONS)}")
+        defaults = head_options({})
+        unknown = sorted(set(task_options) - set(defaults))
+        if unknown:
+            raise ValueError(f"no task has the option {unknown[0]!r} (the tasks' are {', '.join(defaults)})")
         hidden = bert.config.hidden_size
         self.bert = bert
         self.pooling = pooling
         self.pair_encoders = parse_pair_encoders(pair_encoder)
-        self.similarity_objective = similarity_objective
-        self.sentiment_ordinal_weight = sentiment_ordinal_weight
         self.head_hidden, self.head_activation = head_hidden, head_activation
-        self.sts_cosine_dropout = sts_cosine_dropout
-        options = {"pair_encoder": self.pair_encoders, "similarity_objective": similarity_objective,
-                   "sentiment_ordinal_weight": sentiment_ordinal_weight, "sts_cosine_dropout": sts_cosine_dropout}
+        self.task_options = defaults | task_options
+        options = {"pair_encoder": self.pair_encoders, **self.task_options}
         for task in RUN_TASKS:
             TASKS[task].check_options(options)
         self.objectives = {task: TASKS[task].objective(options) for task in RUN_TASKS}
@@ -166,12 +165,12 @@ class MultitaskBERT(nn.Module):
                 setattr(self, TASKS[task].head_name, TASKS[task].build_head(features.get(task, hidden)))
 
     def head_options(self) -> dict:
+        """What rebuilds the model's heads (a checkpoint's "heads": MultitaskBERT(bert, **head_options())), the tasks'
+        options under the keys they have always been saved under."""
         return {"pooling": self.pooling, "dropout": self.dropout.p, "pair_encoder": self.pair_encoders,
-                "similarity_objective": self.similarity_objective,
-                "sentiment_ordinal_weight": self.sentiment_ordinal_weight, "head_hidden": self.head_hidden,
-                "head_activation": self.head_activation,
+                "head_hidden": self.head_hidden, "head_activation": self.head_activation,
                 "adapter": None if self.adapter is None else dataclasses.asdict(self.adapter),
-                "tasks": list(self.tasks), "sts_cosine_dropout": self.sts_cosine_dropout}
+                "tasks": list(self.tasks), **self.task_options}
 
     def has_task_adapters(self) -> bool:
         """Whether each task has adapters of its own, switched by set_adapter (shared ones always run)."""

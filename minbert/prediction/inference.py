@@ -1,14 +1,14 @@
 """A MultitaskBERT's predictions of whole splits: each task's predictions or the scores they are decided from, and
 SQuAD's answers and window logits, batched for evaluation and, under torchrun, shared out over the ranks.
 
-    splits = TokenizedSplits(tokenizer, model, max_length, qa)        # each split tokenised once per run
+    splits = TokenizedSplits(tokenizer, model, max_length, task_settings)  # each split tokenised once per run
     predictor = Predictor(model, splits, device, PredictionSettings(batch_size, max_length, precision, quiet))
     ids, scores = predictor.predict("sst", examples, scores=True)
     answers = predictor.answer("qa", questions)                        # SQuAD: squad.Answer by question id
 """
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,7 +20,7 @@ from minbert.distributed import SINGLE_PROCESS, Distributed
 from minbert.model.multitask_bert import MultitaskBERT
 from minbert.runtime import autocast, pad_to_multiple_of, to_device
 from minbert.tasks import TASKS
-from minbert.tasks.squad import Answer, QAExample, QASettings, QAWindows, decode_answers
+from minbert.tasks.squad import Answer, QAExample, QAWindows, decode_answers
 
 
 def scored_batches(model: MultitaskBERT, task: str, shard: TokenizedExamples | QAWindows, device: torch.device,
@@ -100,11 +100,12 @@ def decide(model: MultitaskBERT, task: str, scores: np.ndarray) -> np.ndarray:
 
 class TokenizedSplits:
     """Each split ready to batch, made on its first use only and kept for the run (training and prediction share
-    them): tokenised examples at the run's max_length and the task's pair encoding, or SQuAD's windows."""
+    them): tokenised examples at the run's max_length and the task's pair encoding, or SQuAD's windows, as the
+    tasks' own options (`task_settings`: tasks.task_settings) say."""
 
-    def __init__(self, tokenizer, model: MultitaskBERT, max_length: int, qa: QASettings):
+    def __init__(self, tokenizer, model: MultitaskBERT, max_length: int, task_settings: Mapping[str, object]):
         self.cache = TokenizationCache(tokenizer)
-        self.model, self.max_length, self.qa = model, max_length, qa
+        self.model, self.max_length, self.task_settings = model, max_length, task_settings
 
     @property
     def tokenizer(self):
@@ -112,7 +113,7 @@ class TokenizedSplits:
 
     def get(self, task: str, examples: list) -> TokenizedExamples | QAWindows:
         joint_pairs = self.model.reads_pairs_jointly(task)
-        return TASKS[task].tokenize(self.cache, examples, self.max_length, joint_pairs, self.qa)
+        return TASKS[task].tokenize(self.cache, examples, self.max_length, joint_pairs, self.task_settings)
 
 
 @dataclass(frozen=True)
@@ -143,7 +144,7 @@ class Predictor:
 
     def answer(self, task: str, questions: list[QAExample]) -> dict[str, Answer]:
         """An extractive task's (SQuAD's) questions' best spans and no-answer margins (predict_answers)."""
-        settings, qa = self.settings, self.splits.qa
+        settings, qa = self.settings, TASKS[task].windowing(self.splits.task_settings)
         return predict_answers(self.model, task, self.splits.get(task, questions), self.device, settings.batch_size,
                                settings.precision, settings.quiet, self.distributed, qa.n_best, qa.max_answer_tokens)
 

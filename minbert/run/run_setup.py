@@ -26,10 +26,10 @@ from minbert.distributed import SINGLE_PROCESS, Distributed
 from minbert.model.multitask_bert import MultitaskBERT, freeze_encoder
 from minbert.run.training_args import (CUDA_SAVE_MINUTES, TrainingArguments, UsageError, adapter_config,
                                        check_max_length, check_writable, data_paths, distill_settings, distill_teachers,
-                                       distilled_tasks, lnsr_config, lnsr_tasks, prediction_paths, qa_settings,
-                                       regularized_tasks, run_schedule, run_tasks, smart_configs)
+                                       distilled_tasks, lnsr_config, lnsr_tasks, prediction_paths, regularized_tasks,
+                                       run_schedule, run_task_settings, run_tasks, smart_configs)
 from minbert.runtime import pad_to_multiple_of, place_encoder, resolve_precision, seed_everything
-from minbert.tasks import TASKS, data_flag
+from minbert.tasks import TASKS, data_flag, head_options
 from minbert.training.continual import L2SP, ElasticWeightConsolidation
 from minbert.training.distillation import SOFTENED_TASKS, Distillation, TeacherScores, TeacherSpans, load_teacher
 from minbert.training.gradient_surgery import GradientSurgery
@@ -112,7 +112,7 @@ def load_distillation_teacher(args: TrainingArguments, stages: list[Stage],
     teacher = {}
     for folder in dict.fromkeys(teachers[task] for task in train_ids):
         taught = {task: ids for task, ids in train_ids.items() if teachers[task] == folder}
-        teacher |= load_teacher(folder, taught, (args.qa_max_length, args.qa_doc_stride))
+        teacher |= load_teacher(folder, taught, run_task_settings(args))
     settings = distill_settings(args)
     print("distillation: the train scores of " + ", ".join(
         f"{task} from {settings[task]['teacher']} (weight {settings[task]['weight']}"
@@ -135,7 +135,7 @@ def check_pretrained(args: TrainingArguments, data: dict) -> BertTokenizer:
         check_max_length(length, config.max_position_embeddings, args.pretrained, flag)
     try:
         for task, task_data in data.items():
-            TASKS[task].check_inputs(task_data, tokenizer, qa_settings(args), check_length)
+            TASKS[task].check_inputs(task_data, tokenizer, run_task_settings(args), check_length)
         if args.lnsr:
             lnsr_config(args, config.num_hidden_layers)
         if args.adapter == "pals" and args.pal_size and args.pal_size % config.num_attention_heads:
@@ -152,10 +152,9 @@ def build_model(args: TrainingArguments, trained: set[str]) -> MultitaskBERT:
     overrides = {} if args.encoder_dropout is None else {"hidden_dropout_prob": args.encoder_dropout}
     bert = BertModel.from_pretrained(args.pretrained, **overrides)
     bert.encoder.gradient_checkpointing = args.gradient_checkpointing
-    ordinal_weight = args.ordinal_weight if args.sst_objective == "ordinal" else 0.0
-    model = MultitaskBERT(bert, args.pooling, args.hidden_dropout_prob, args.pair_encoder, args.similarity_objective,
-                          ordinal_weight, args.head_hidden, args.head_activation, adapter_config(args), run_tasks(args),
-                          args.sts_cosine_dropout)
+    model = MultitaskBERT(bert, args.pooling, args.hidden_dropout_prob, args.pair_encoder, head_hidden=args.head_hidden,
+                          head_activation=args.head_activation, adapter=adapter_config(args), tasks=run_tasks(args),
+                          **head_options(run_task_settings(args)))
     if args.option == "pretrain":
         freeze_encoder(model)
         # A task without a head (STS's cosine of the frozen encoder's embeddings) trains nothing unless adapters or
@@ -216,7 +215,7 @@ def build_trainer(args: TrainingArguments, model: MultitaskBERT, tokenizer, data
         distillation = Distillation(teacher, args.distill_weight, args.distill_temperature,
                                     {task: (s["weight"], s["temperature"]) for task, s in settings.items()})
     return Trainer(model, tokenizer, data, device, loop_config(args, device), optimizer,
-                   build_regularization(args, model), simcse, surgery, qa_settings(args), mlm_head, distributed,
+                   build_regularization(args, model), simcse, surgery, run_task_settings(args), mlm_head, distributed,
                    dataclasses.asdict(args), distillation)
 
 

@@ -10,7 +10,8 @@ stopped run and its --resume) and the `args` saved in checkpoints all read these
 Every flag is validated in one pass (validate) when the settings are made, before anything is read. The settings
 derived from several flags (the schedule, SMART's per-task configs, the distillation teachers...) are functions
 here; building a run from them is run_setup.py's. The course's per-file flags (--sst_train ... --sts_test_out) are
-generated from the task table.
+generated from the task table, and each task's own options (--similarity_objective, --qa_max_length, ...) from its
+declaration (Task.options), which the task checks (Task.check_settings) and reads (tasks.task_settings).
 """
 from __future__ import annotations
 
@@ -34,9 +35,8 @@ from minbert.run.run_record import RECORD_FILE, RECORD_KEYS
 from minbert.runtime import COMPILE_MODES, PRECISIONS, import_problem, requested_precision
 from minbert.step_log import REPORT_TO
 from minbert.tasks import (MULTITASK, PART1_TASKS, RUN_TASKS, SIMCSE_TASKS, SPLITS, TASK_FILES, TASKS, course_file_name,
-                           data_flag, default_output, output_flag, task_name)
-from minbert.tasks.losses import SENTIMENT_OBJECTIVES, SIMILARITY_OBJECTIVES
-from minbert.tasks.squad import QASettings
+                           data_flag, default_output, output_flag, task_name, task_settings)
+from minbert.tasks.base import HEADS_GROUP
 from minbert.training.distillation import DISTILLED_TASKS, SOFTENED_TASKS
 from minbert.training.gradient_surgery import GRADIENT_SURGERIES, GradientSurgery
 from minbert.training.lnsr import LnsrConfig
@@ -50,14 +50,13 @@ from tokenizer import shortest_max_length
 
 COURSE = "course options (defaults unchanged)"
 RUN = "data, model and run"
-HEADS = "model heads"
+HEADS = HEADS_GROUP
 OPTIMISATION = "optimisation"
 SCHEDULE = "schedule"
 SMART = "SMART (Jiang et al. 2020); defaults are the paper's"
 SIMCSE = "SimCSE stage (before the tasks)"
 ADAPTERS = "adapters (parameter-efficient; with --option pretrain only adapters and heads train)"
 LNSR = "LNSR, layer-wise noise stability (Hua et al. 2021); defaults are AllBERT's for STS"
-QA = "SQuAD 2.0 question answering (--tasks ...,qa); defaults are those of the BERT repository's run_squad.py"
 DISTILL = "distillation: a teacher's saved scores on the train splits as soft targets"
 FORGETTING = ("defences against forgetting in the sequential schedule (continual.py), added to every task step's "
               "loss; 0 turns one off")
@@ -86,9 +85,13 @@ def check_writable(directories) -> None:
             raise UsageError(problem)
 
 
-def flag(default=None, help: str | None = None, group: str = RUN, resume_free: bool = False, **argparse_kwargs):
-    """A dataclass field that is also a command-line flag --NAME (argparse_kwargs: type, choices, action...)."""
+def flag(default=None, help: str | None = None, group: str = RUN, resume_free: bool = False, task: str | None = None,
+         **argparse_kwargs):
+    """A dataclass field that is also a command-line flag --NAME (argparse_kwargs: type, choices, action...);
+    `task`: the task whose option it is (with_task_options)."""
     metadata = {"group": group, "help": help, "resume_free": resume_free, "argparse": argparse_kwargs}
+    if task is not None:
+        metadata["task"] = task
     if isinstance(default, list):
         return field(default_factory=lambda: list(default), metadata=metadata)
     return field(default=default, metadata=metadata)
@@ -99,6 +102,26 @@ def per_file_options(kind: str, tasks: tuple[str, ...], group: str = COURSE, res
     kind "data" -> --sst_train ... (default: DATA_DIR/<course file name>), "predictions" -> --sst_dev_out ..."""
     metadata = {"group": group, "resume_free": resume_free, "per_file": kind, "tasks": tasks}
     return field(default_factory=dict, metadata=metadata)
+
+
+def with_task_options(after: str):
+    """A class decorator, applied before @dataclass: a field (and so a flag, a --config and args.json key) for each
+    option the tasks declare (Task.options), placed after the field `after`. An option named as one of the class's
+    own fields is not added: build_parser refuses it in one line."""
+    def add_options(cls):
+        own = cls.__annotations__
+        if after not in own:  # the options would vanish from the command line
+            raise TypeError(f"with_task_options: {cls.__name__} has no field {after!r} to place the tasks' options "
+                            "after")
+        options = {option.name: flag(option.default, option.help, option.group, task=task.name, **option.argparse)
+                   for task in TASKS.values() for option in task.options if option.name not in own}
+        names = list(own)
+        place = names.index(after) + 1
+        cls.__annotations__ = {name: own.get(name, "object") for name in [*names[:place], *options, *names[place:]]}
+        for name, option_field in options.items():
+            setattr(cls, name, option_field)
+        return cls
+    return add_options
 
 
 def _per_file_flags(kind: str, tasks: tuple[str, ...]) -> dict[str, tuple[str | None, str]]:
@@ -135,8 +158,9 @@ def _check_common(args, texts_per_input: int) -> None:
 
 
 @dataclass
+@with_task_options(after="encoder_dropout")
 class TrainingArguments:
-    """Every setting of multitask_classifier.py."""
+    """Every setting of multitask_classifier.py; the tasks' own options follow the model heads' (with_task_options)."""
 
     # The course's flags, defaults unchanged.
     # Data paths may be spelled differently or moved on --resume: the trainer compares the data's content.
@@ -194,19 +218,10 @@ class TrainingArguments:
                                "joint encoding, segment ids 0/1, a linear head) or hybrid (the joint encoding, each "
                                "sentence mean-pooled apart; AllBERT's STS); one for both or per task, e.g. "
                                "qqp:cross,sts:hybrid", HEADS)
-    similarity_objective: str = flag("cosine", "cosine: MSE(cos, label/5) (measured best); shifted: the "
-                                       "thesis' 2.5cos+2.5; cosent (sbert and hybrid STS)", HEADS,
-                                       choices=SIMILARITY_OBJECTIVES)
-    sst_objective: str = flag("ce", "ce: cross entropy; ordinal: plus --ordinal_weight x the expected distance "
-                                "|y - j| of the predicted class (AllBERT)", HEADS, choices=SENTIMENT_OBJECTIVES)
-    ordinal_weight: float = flag(1.0, "lambda of --sst_objective ordinal", HEADS, type=float)
     head_hidden: int = flag(0, "a dense layer of this width (linear, activation, dropout) in each task's head "
                               "before its output (0: none)", HEADS, type=int)
     head_activation: str = flag("tanh", "activation of --head_hidden (tanh: BERT's pooler's)", HEADS,
                                   choices=tuple(HEAD_ACTIVATIONS))
-    sts_cosine_dropout: bool = flag(False, "--hidden_dropout_prob's dropout on both sentence embeddings before the STS "
-                                    "cosine, as the thesis' listing A.6 does with its 2.5cos+2.5 (--similarity_objective "
-                                    "shifted)", HEADS, action="store_true")
     encoder_dropout: float | None = flag(None, "dropout inside BERT (default: the checkpoint's own, 0.1 "
                                            "for BERT)", HEADS, type=float)
 
@@ -326,13 +341,6 @@ class TrainingArguments:
                                     "measured (default: L - 2, AllBERT's 10 of 12)", LNSR, type=int)
     lnsr_noise_std: float = flag(LnsrConfig.noise_std, "sigma (AllBERT: sigma^2 = 1e-5)", LNSR, type=float)
 
-    # SQuAD.
-    qa_max_length: int = flag(QASettings.max_length, "tokens per window: [CLS] question [SEP] context piece [SEP]", QA, type=int)
-    qa_doc_stride: int = flag(QASettings.doc_stride, "tokens each window shares with the one before, when a context needs several "
-                              "(transformers' stride)", QA, type=int)
-    qa_max_answer_tokens: int = flag(QASettings.max_answer_tokens, "longest answer span, in tokens", QA, type=int)
-    qa_n_best: int = flag(QASettings.n_best, "start and end candidates per window", QA, type=int)
-
     # Distillation.
     distill: str | None = flag(None, "a teacher folder (an scripts/ensemble.py output or a run) whose "
                                "scores/{sst,qqp,sts}-train.csv (SQuAD: scores/qa-train.safetensors) become soft "
@@ -401,7 +409,7 @@ def validate(args: TrainingArguments) -> None:
     the flags that depend on it. ValueError naming the flag. What needs the files or the model's config is checked
     once they are read, still before the model loads (run_setup.load_inputs, check_pretrained)."""
     _check_common(args, texts_per_input=2)  # QQP and STS may be encoded jointly (--pair_encoder cross, hybrid)
-    for check in (_check_run, _check_squad, _check_optimisation, _check_schedule_flags, _check_heads,
+    for check in (_check_run, _check_optimisation, _check_schedule_flags, _check_heads, _check_task_options,
                   _check_adapters, _check_simcse, _check_forgetting, _check_smart_and_lnsr, _check_distillation):
         check(args)
     _check_stages(args, run_schedule(args))
@@ -420,12 +428,6 @@ def _check_run(args: TrainingArguments) -> None:
     # 0 would stop before the first checkpoint, leaving nothing that --resume could continue
     _check(args.stop_after_stages is None or args.stop_after_stages >= 1,
            f"--stop_after_stages must be >= 1, got {args.stop_after_stages}")
-
-
-def _check_squad(args: TrainingArguments) -> None:
-    for name in ("qa_max_length", "qa_doc_stride", "qa_max_answer_tokens", "qa_n_best"):
-        _check(getattr(args, name) >= 1, f"--{name} must be >= 1, got {getattr(args, name)}")
-    _check(args.qa_doc_stride < args.qa_max_length, "--qa_doc_stride must be below --qa_max_length")
 
 
 def _check_optimisation(args: TrainingArguments) -> None:
@@ -457,15 +459,17 @@ def _check_heads(args: TrainingArguments) -> None:
     _check(args.encoder_dropout is None or (_finite(args.encoder_dropout) and 0 <= args.encoder_dropout < 1),
            f"--encoder_dropout must be in [0, 1), got {args.encoder_dropout}")
     _check(args.head_hidden >= 0, f"--head_hidden must be >= 0, got {args.head_hidden}")
-    _check(_finite(args.ordinal_weight) and args.ordinal_weight >= 0, "--ordinal_weight must be finite and >= 0")
     try:
-        encoders = parse_pair_encoders(args.pair_encoder)
+        parse_pair_encoders(args.pair_encoder)
     except ValueError as err:
         raise ValueError(f"--pair_encoder: {err}") from None
-    _check(encoders["sts"] != "cross" or args.similarity_objective == "cosine",
-           "--similarity_objective applies to a cosine; a cross-encoded STS is trained as MSE(sigmoid, label/5)")
-    _check(encoders["sts"] != "cross" or not args.sts_cosine_dropout,
-           "--sts_cosine_dropout applies to the STS cosine (sbert, hybrid); a cross-encoded STS has none")
+
+
+def _check_task_options(args: TrainingArguments) -> None:
+    """Each task's options, as the task checks them (with the pairs' encoders, which _check_heads has checked)."""
+    settings, encoders = run_task_settings(args), parse_pair_encoders(args.pair_encoder)
+    for task in TASKS.values():
+        task.check_settings(settings, encoders)
 
 
 def _check_adapters(args: TrainingArguments) -> None:
@@ -580,10 +584,17 @@ class OneLineErrorParser(argparse.ArgumentParser):
 
 
 def _refuse_task_flags_taking_own_flags(parser: argparse.ArgumentParser, cls) -> None:
-    """A task's per-file flag spelled as one of the command line's own (a task with flag_prefix "score" would claim
-    --score_train) stops it in one line naming the task's module, not in argparse's traceback. The tasks' flags
-    among themselves are minbert/tasks/registry.py's check."""
-    own = {f.name for f in dataclasses.fields(cls) if "per_file" not in f.metadata}
+    """A task's per-file flag or option spelled as one of the command line's own (a task with flag_prefix "score" would
+    claim --score_train, an option named lr --lr) stops it in one line naming the task's module, not in argparse's
+    traceback or by taking the flag's value. The tasks' flags among themselves are minbert/tasks/registry.py's
+    check."""
+    own = {f.name for f in dataclasses.fields(cls) if "per_file" not in f.metadata and "task" not in f.metadata}
+    if any("task" in f.metadata for f in dataclasses.fields(cls)):  # a class with_task_options
+        for task in TASKS.values():
+            taken = sorted(own & {option.name for option in task.options})
+            if taken:
+                parser.exit(2, f"{parser.prog}: error: {TASK_FILES[task.name]}: its flag --{taken[0]} is already "
+                               f"{parser.prog}'s own\n")
     for f in dataclasses.fields(cls):
         for task in f.metadata.get("tasks", ()):
             taken = own & set(_per_file_flags(f.metadata["per_file"], (task,)))
@@ -785,10 +796,9 @@ def run_tasks(args: TrainingArguments) -> tuple[str, ...]:
     return tuple(args.tasks.split(","))
 
 
-def qa_settings(args: TrainingArguments) -> QASettings:
-    """How SQuAD is cut into windows and answered (--qa_max_length, --qa_doc_stride, --qa_n_best,
-    --qa_max_answer_tokens)."""
-    return QASettings(args.qa_max_length, args.qa_doc_stride, args.qa_n_best, args.qa_max_answer_tokens)
+def run_task_settings(args: TrainingArguments) -> dict[str, object]:
+    """The tasks' own options as the run sets them (tasks.task_settings): what each task reads its own from."""
+    return task_settings(vars(args))
 
 
 def run_schedule(args: TrainingArguments) -> list[Stage]:

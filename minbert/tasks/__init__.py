@@ -18,13 +18,16 @@ package is imported, so a new task is a new file and nothing else. Its fields pl
 tasks, `default` among the multitask model's default tasks, `trainable` by multitask_classifier.py, `part1` by
 classifier.py, `simcse_score` among the tasks whose dev score picks SimCSE's best epoch. What a task owns (its
 names, order, title, flags, leaderboard and scores files, head, metric keys) is its alone: registry.py refuses a
-second owner, and a TASK that is no task, in one line naming both files, when the package is imported.
+second owner, and a TASK that is no task, in one line naming both files, when the package is imported. A task's own
+settings are its `options` (base.TaskOption): multitask_classifier.py's flags, --config and args.json keys are made
+from them, and the task reads them (base.OwnOptions).
 """
 from __future__ import annotations
 
 import importlib
 import pkgutil
 import sys
+from collections.abc import Mapping
 
 from minbert.tasks.base import Task
 from minbert.tasks.course_files import SPLITS  # noqa: F401 (tasks.SPLITS: the splits of every task)
@@ -95,3 +98,16 @@ def default_output(task: str, split: str) -> str:
     'predictions/para-dev-out.csv' (the starter code's defaults said -output.csv); for qa the official
     SQuAD predictions JSON, 'predictions/squad-dev-out.json'."""
     return TASKS[task].default_output(split)
+
+
+def task_settings(values: Mapping[str, object]) -> dict[str, object]:
+    """Every task's options (Task.options) by name, as `values` give them (a run's settings, its recorded args), each
+    one's default where `values` lacks it (a record older than the option): what the tasks read their own from."""
+    return {name: value for task in TASKS.values() for name, value in task.own_settings(values).items()}
+
+
+def head_options(settings: Mapping[str, object]) -> dict[str, object]:
+    """What the tasks' options (`settings`, as task_settings reads them) set of the model, every task's: MultitaskBERT's
+    task options, under a checkpoint's "heads" keys."""
+    return {key: value for task in TASKS.values()
+            for key, value in task.head_options(task.own_settings(settings)).items()}

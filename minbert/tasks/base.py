@@ -2,8 +2,11 @@
 model's heads, evaluation, the scores files, ensembles, distillation) ask the task and never test its name.
 
 A task is one object, `TASK`, in one module of this folder (sst.py, ...); __init__.py finds it there.
-Its fields say who it is and where its files and flags are; its methods are its behaviour:
+Its fields say who it is and where its files and flags are, and `options` its own settings (TaskOption: each a flag
+of multitask_classifier.py, a --config and args.json key); its methods are its behaviour:
 
+    settings     check_settings(settings, pair_encoders): its options' values; head_options(settings): what they set
+                 of the model (OwnOptions)
     reading      load(path, split) -> examples; tokenize(cache, examples, ...) -> what its batches are cut from;
                  check_inputs(data, ...): what the pretrained model cannot read with the run's settings
     the model    feature_size, has_head, build_head: its head; outputs(model, hidden, inputs): the head's outputs
@@ -28,7 +31,7 @@ import os
 from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -41,6 +44,19 @@ from minbert.tasks.score_files import (ScoresFileError, TeacherScores, as_saved,
                                        scores_path, write_score_rows)
 
 COURSE_SPLIT_NAMES = {"train": "train", "dev": "dev", "test": "test-student"}  # the course's file name of a split
+HEADS_GROUP = "model heads"  # the --help group of the options that shape a task's head or objective
+
+
+@dataclass(frozen=True)
+class TaskOption:
+    """A setting of one task: the flag --NAME of multitask_classifier.py (NAME is also its key in a --config and a
+    run's args.json), its default and --help text, the --help group it is listed in, and what argparse needs to
+    read it (`argparse`: type, choices or action, as add_argument takes them)."""
+    name: str
+    default: object
+    help: str
+    group: str = HEADS_GROUP
+    argparse: Mapping[str, object] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -61,7 +77,26 @@ def first_few(items: Iterable[str], limit: int = 3) -> str:
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
-class Task(ABC):
+class OwnOptions:
+    """A task's own settings: the options it declares, and what it reads of them. `settings` is every task's options
+    by name (tasks.task_settings), wherever they are passed: each task reads its own."""
+    options: tuple[TaskOption, ...] = ()
+
+    def own_settings(self, settings: Mapping[str, object]) -> dict[str, object]:
+        """Its options' values in `settings`, each one's default where absent."""
+        return {option.name: settings.get(option.name, option.default) for option in self.options}
+
+    def check_settings(self, settings: Mapping[str, object], pair_encoders: Mapping[str, str]) -> None:
+        """Refuse (ValueError naming the flag) values of its options that cannot work, alone or with the pairs'
+        encoders (MultitaskBERT.pair_encoders)."""
+
+    def head_options(self, settings: Mapping[str, object]) -> dict[str, object]:
+        """What its options set of the model: MultitaskBERT's task options, under a checkpoint's "heads" keys."""
+        return {}
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class Task(OwnOptions, ABC):
     """One task: its declared fields, then its behaviour (the module docstring lists it)."""
     name: str  # the internal name: code, stage syntax, metric keys, checkpoints, scores files
     order: int  # where it comes in every list of tasks, and so in what order the model creates its head
@@ -114,12 +149,13 @@ class Task(ABC):
     def load(self, path: str | Path, split: str) -> list:
         """Its examples in a data file, validated: every problem a DataError naming the file (and line)."""
 
-    def tokenize(self, cache, examples: Sequence, max_length: int, joint_pairs: bool, windowing):
+    def tokenize(self, cache, examples: Sequence, max_length: int, joint_pairs: bool, settings: Mapping[str, object]):
         """What its batches are cut from, tokenised once per run by `cache` (datasets.TokenizationCache): its
-        examples, each pair as one sequence when `joint_pairs`; `windowing` (squad.QASettings) is SQuAD's."""
+        examples, each pair as one sequence when `joint_pairs`."""
         return cache.get(examples, max_length, joint_pairs)
 
-    def check_inputs(self, data, tokenizer, windowing, check_length: Callable[[int, str], None]) -> None:
+    def check_inputs(self, data, tokenizer, settings: Mapping[str, object],
+                     check_length: Callable[[int, str], None]) -> None:
         """Refuse (ValueError) its splits (`data`: datasets.TaskData) that the pretrained model cannot read with the
         run's settings, before its weights load; `check_length(length, flag)` refuses a length beyond the model's
         positions. Nothing by default: a text longer than --max_length is cut."""
@@ -147,7 +183,7 @@ class Task(ABC):
         `inputs` (multitask_bert.EncoderInputs), through the model's pooling, dense layer, dropout and its head."""
 
     def check_options(self, options: Mapping[str, object]) -> None:
-        """Refuse (ValueError) head options (MultitaskBERT.head_options' keys) that cannot work for this task."""
+        """Refuse (ValueError) the model's options (MultitaskBERT.head_options') that cannot work for this task."""
 
     @abstractmethod
     def objective(self, options: Mapping[str, object]):
@@ -229,9 +265,9 @@ class Task(ABC):
         its leaderboard files are decided from (predict_scores). Every rank predicts (a collective under torchrun)."""
         return self.predict_scores(predictor, examples)
 
-    def write_train_scores(self, run_dir: str | os.PathLike, scores, windowing) -> str:
-        """train_scores' `scores` in run_dir/scores/, where load_teacher reads them; `windowing` (squad.QASettings)
-        is SQuAD's. Returns the file and what it holds, in words."""
+    def write_train_scores(self, run_dir: str | os.PathLike, scores, settings: Mapping[str, object]) -> str:
+        """train_scores' `scores` in run_dir/scores/, where load_teacher reads them. Returns the file and what it
+        holds, in words."""
         ids, values = scores
         path = scores_path(run_dir, self.name, "train")
         self.write_scores(path, ids, values)
@@ -259,9 +295,9 @@ class Task(ABC):
         ids, scores = read_score_rows(path, self.score_columns, self.score_problem)
         return ids, scores if len(self.score_columns) > 1 else scores[:, 0]
 
-    def load_teacher(self, run_dir: str | os.PathLike, ids: list[str], windowing: tuple[int, int] | None):
+    def load_teacher(self, run_dir: str | os.PathLike, ids: list[str], settings: Mapping[str, object] | None):
         """A teacher's train scores of the examples `ids` (the student's) from its folder; ScoresFileError naming
-        the file when it is missing or lacks one of them. `windowing` is SQuAD's."""
+        the file when it is missing or lacks one of them. `settings`: the student's (None: unknown)."""
         path = scores_path(run_dir, self.name, "train")
         if not path.is_file():
             raise ScoresFileError(f"{path}: no train scores for --distill; write them with --score_train (a run) "

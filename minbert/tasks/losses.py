@@ -16,7 +16,7 @@ decide(score(outputs)).
 Similarity objectives for the SBERT cosine (measured in RESULTS.md: `cosine` is best on STS-B dev):
     cosine   MSE(cos, label / 5)              sentence-transformers' CosineSimilarityLoss
     shifted  MSE(cos, (label - 2.5) / 2.5)    the thesis' 2.5 cos + 2.5 against the 0-5 label (its dropout on the
-                                              two embeddings before the cosine is MultitaskBERT's sts_cosine_dropout)
+                                              two embeddings before the cosine is STS's option sts_cosine_dropout)
     cosent   CoSENT ranking loss (Su 2022)
 """
 from __future__ import annotations

@@ -23,13 +23,23 @@ from safetensors.numpy import save
 from torch import Tensor, nn
 
 from minbert.files import atomic_write_bytes, atomic_write_csv
-from minbert.tasks.base import Task, TaskEvaluation
+from minbert.tasks.base import Task, TaskEvaluation, TaskOption
 from minbert.tasks.losses import SpanObjective, softened_span_kl
 from minbert.tasks.score_files import MAX_LOGIT, ScoresFileError, fingerprint, score_text
-from minbert.tasks.squad import (Answer, QAExample, QAWindows, best_threshold, check_window_room, load_squad,
-                                 predictions, qa_metrics, write_squad_predictions)
+from minbert.tasks.squad import (Answer, QAExample, QASettings, QAWindows, best_threshold, check_window_room,
+                                 load_squad, predictions, qa_metrics, write_squad_predictions)
 
 PADDING_LOGIT = -1e4  # a span logit of padding: exp() of it is 0 in float32
+GROUP = "SQuAD 2.0 question answering (--tasks ...,qa); defaults are those of the BERT repository's run_squad.py"
+OPTIONS = (
+    TaskOption("qa_max_length", QASettings.max_length, "tokens per window: [CLS] question [SEP] context piece [SEP]",
+               GROUP, dict(type=int)),
+    TaskOption("qa_doc_stride", QASettings.doc_stride, "tokens each window shares with the one before, when a "
+               "context needs several (transformers' stride)", GROUP, dict(type=int)),
+    TaskOption("qa_max_answer_tokens", QASettings.max_answer_tokens, "longest answer span, in tokens", GROUP,
+               dict(type=int)),
+    TaskOption("qa_n_best", QASettings.n_best, "start and end candidates per window", GROUP, dict(type=int)),
+)
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -40,16 +50,34 @@ class QuestionAnswering(Task):
     def history_columns(self) -> tuple[tuple[str, str], ...]:
         return ((f"{self.name}_f1", f"{self.title} F1"),)
 
+    def windowing(self, settings: Mapping[str, object]) -> QASettings:
+        """How its questions are cut into windows and answered, by its options in `settings`."""
+        settings = self.own_settings(settings)
+        return QASettings(settings["qa_max_length"], settings["qa_doc_stride"], settings["qa_n_best"],
+                          settings["qa_max_answer_tokens"])
+
+    def check_settings(self, settings: Mapping[str, object], pair_encoders: Mapping[str, str]) -> None:
+        settings = self.own_settings(settings)
+        for name, value in settings.items():
+            if not value >= 1:
+                raise ValueError(f"--{name} must be >= 1, got {value}")
+        if settings["qa_doc_stride"] >= settings["qa_max_length"]:
+            raise ValueError("--qa_doc_stride must be below --qa_max_length")
+
     def load(self, path: str | Path, split: str) -> list[QAExample]:
         return load_squad(path, split)
 
-    def tokenize(self, cache, examples: Sequence[QAExample], max_length: int, joint_pairs: bool, windowing):
-        """Its questions cut into windows of `windowing` (squad.QASettings), once per run."""
+    def tokenize(self, cache, examples: Sequence[QAExample], max_length: int, joint_pairs: bool,
+                 settings: Mapping[str, object]):
+        """Its questions cut into windows (windowing), once per run."""
+        windowing = self.windowing(settings)
         return cache.windows(examples, windowing.max_length, windowing.doc_stride)
 
-    def check_inputs(self, data, tokenizer, windowing, check_length: Callable[[int, str], None]) -> None:
+    def check_inputs(self, data, tokenizer, settings: Mapping[str, object],
+                     check_length: Callable[[int, str], None]) -> None:
         """Its windows (--qa_max_length) fit the model's positions, and leave more than --qa_doc_stride context
         tokens beside the longest question of each split: what cutting the windows would find only mid-run."""
+        windowing = self.windowing(settings)
         check_length(windowing.max_length, "--qa_max_length")
         for split in (data.train, data.dev, data.test):
             if split is not None:
@@ -112,24 +140,25 @@ class QuestionAnswering(Task):
     def train_scores(self, predictor, examples: list[QAExample]) -> tuple[list[str], list[np.ndarray]]:
         return predictor.span_logits(self.name, examples)
 
-    def write_train_scores(self, run_dir: str | os.PathLike, scores, windowing) -> str:
+    def write_train_scores(self, run_dir: str | os.PathLike, scores, settings: Mapping[str, object]) -> str:
         ids, logits = scores
-        path = span_logits_path(run_dir)
+        path, windowing = span_logits_path(run_dir), self.windowing(settings)
         write_span_logits(path, ids, logits, windowing.max_length, windowing.doc_stride)
         return f"{path} ({len(ids)} windows)"
 
     # -- distillation ------------------------------------------------------------------------------
     def load_teacher(self, run_dir: str | os.PathLike, ids: list[str],
-                     windowing: tuple[int, int] | None) -> TeacherSpans:
-        """The teacher's window logits of the questions `ids`; refused when its windows are cut otherwise
-        (`windowing`: the student's (max_length, doc_stride))."""
+                     settings: Mapping[str, object] | None) -> TeacherSpans:
+        """The teacher's window logits of the questions `ids`; refused when its windows are cut otherwise than the
+        student's (`settings`; None: not checked)."""
         path = span_logits_path(run_dir)
         if not path.is_file():
             raise ScoresFileError(f"{path}: no SQuAD train logits for --distill; write them with --score_train")
         spans = read_span_logits(path)
-        if windowing is not None and (spans.max_length, spans.doc_stride) != tuple(windowing):
+        student = None if settings is None else self.windowing(settings)
+        if student is not None and (spans.max_length, spans.doc_stride) != (student.max_length, student.doc_stride):
             raise ScoresFileError(f"{path}: windows of {spans.max_length} tokens with stride {spans.doc_stride}, this "
-                                  f"run cuts {windowing[0]} with stride {windowing[1]} (--qa_max_length, "
+                                  f"run cuts {student.max_length} with stride {student.doc_stride} (--qa_max_length, "
                                   "--qa_doc_stride)")
         scored = {i.rpartition("#")[0] for i in spans.ids}
         missing = [i for i in ids if i not in scored]
@@ -147,7 +176,7 @@ class QuestionAnswering(Task):
 TASK = QuestionAnswering(name="qa", order=4, trainable=True, aliases=("squad",), title="SQuAD", file_prefix="squad",
                          flag_prefix="squad", file_names=("train-v2.0.json", "dev-v2.0.json", "test-v2.0.json"),
                          output_extension="json", label_column="answers", text_columns=(), leaderboard_column="answer",
-                         head_name="span_head", softens=True, test_file_optional=True)
+                         head_name="span_head", softens=True, test_file_optional=True, options=OPTIONS)
 
 
 def write_qa_scores(path: str | os.PathLike, answers: dict[str, Answer]) -> None:

@@ -1,8 +1,9 @@
 """The one check of the task modules: each module's TASK is a task, and nothing one task owns is another's.
 
 A task owns more than its fields: its name and aliases (as the command line reads them), its order, its title (the
-tables' and figures' label), its per-file flags, the leaderboard files a run writes, its scores files, its head (the
-model's attribute and the checkpoint's key prefix) and its metric keys. Two tasks sharing any of these would not
+tables' and figures' label), its per-file flags and its options' flags, the leaderboard files a run writes, its scores
+files, its head (the model's attribute and the checkpoint's key prefix), the model's options its options set (a
+checkpoint's "heads" keys) and its metric keys. Two tasks sharing any of these would not
 fail: one would silently take the other's flags, overwrite its files or train its head. So every claim is listed
 here, and the package refuses a second owner of any of them when it is imported, naming both files.
 """
@@ -32,8 +33,10 @@ def claims(task: Task) -> list[tuple[str, object]]:
             ("title", task.title),
             *(("flag", f"--{task.data_flag(split)}") for split in SPLITS),
             *(("flag", f"--{task.output_flag(split)}") for split in PREDICTED_SPLITS),
+            *(("flag", f"--{option.name}") for option in task.options),
             *(("leaderboard file", Path(task.default_output(split)).name.lower()) for split in PREDICTED_SPLITS),
             ("head", task.head_name),
+            *(("model option", key) for key in task.head_options(task.own_settings({}))),
             *(("metric key", key) for key, _ in task.history_columns)]
 
 

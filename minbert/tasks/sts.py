@@ -2,7 +2,7 @@
 gold scores (mapped onto [0, 1] as (r + 1) / 2 in the course's overall score).
 
     sbert / hybrid   cos(u, v) of the two sentence embeddings (through the task's dense layer, a projection of each
-                     side, with --head_hidden; through the heads' dropout with sts_cosine_dropout), trained by
+                     side, with --head_hidden; through the heads' dropout with --sts_cosine_dropout), trained by
                      --similarity_objective and reported as a 0-5 score
     cross            a linear head on the pooled joint encoding: one logit, reported as 5 sigmoid
 """
@@ -16,14 +16,23 @@ import numpy as np
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from minbert.tasks.base import Task
-from minbert.tasks.losses import CosineSimilarityObjective, CrossSimilarityObjective, scaled_squared_error
+from minbert.tasks.base import Task, TaskOption
+from minbert.tasks.losses import (SIMILARITY_OBJECTIVES, CosineSimilarityObjective, CrossSimilarityObjective,
+                                  scaled_squared_error)
 from minbert.tasks.metrics import sts_metrics
 from minbert.tasks.pairs import PAIR_COLUMNS, SentencePairs
 
 SCORE_RANGE = (0.0, 5.0)
 # A saved score may be the range's bound give or take float32's rounding of a cosine.
 SCORE_ROUNDING = 1e-4
+# The model's options as well (a checkpoint's "heads" keys), under the same names.
+OPTIONS = (
+    TaskOption("similarity_objective", "cosine", "cosine: MSE(cos, label/5) (measured best); shifted: the thesis' "
+               "2.5cos+2.5; cosent (sbert and hybrid STS)", argparse=dict(choices=SIMILARITY_OBJECTIVES)),
+    TaskOption("sts_cosine_dropout", False, "--hidden_dropout_prob's dropout on both sentence embeddings before the "
+               "STS cosine, as the thesis' listing A.6 does with its 2.5cos+2.5 (--similarity_objective shifted)",
+               argparse=dict(action="store_true")),
+)
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -48,11 +57,26 @@ class Similarity(SentencePairs, Task):
 
     def outputs_of_embeddings(self, model: nn.Module, u: Tensor, v: Tensor) -> Tensor:
         u, v = model.features(self.name, u), model.features(self.name, v)  # a dense layer projects each side
-        if model.sts_cosine_dropout:
+        if model.task_options["sts_cosine_dropout"]:
             u, v = model.dropout(u), model.dropout(v)
         return F.cosine_similarity(u.float(), v.float(), dim=-1)  # (B,)
 
+    def check_settings(self, settings: Mapping[str, object], pair_encoders: Mapping[str, str]) -> None:
+        settings = self.own_settings(settings)
+        if self.is_cross_encoded(pair_encoders) and settings["similarity_objective"] != "cosine":
+            raise ValueError("--similarity_objective applies to a cosine; a cross-encoded STS is trained as "
+                             "MSE(sigmoid, label/5)")
+        if self.is_cross_encoded(pair_encoders) and settings["sts_cosine_dropout"]:
+            raise ValueError("--sts_cosine_dropout applies to the STS cosine (sbert, hybrid); a cross-encoded STS has "
+                             "none")
+
+    def head_options(self, settings: Mapping[str, object]) -> dict[str, object]:
+        return self.own_settings(settings)
+
     def check_options(self, options: Mapping[str, object]) -> None:
+        if options["similarity_objective"] not in SIMILARITY_OBJECTIVES:
+            raise ValueError(f"similarity_objective must be one of {SIMILARITY_OBJECTIVES}, "
+                             f"got {options['similarity_objective']!r}")
         if options["sts_cosine_dropout"] and self.is_cross_encoded(options["pair_encoder"]):
             raise ValueError("sts_cosine_dropout applies to the STS cosine (sbert, hybrid); a cross-encoded STS has "
                              "none")
@@ -140,4 +164,4 @@ class Similarity(SentencePairs, Task):
 
 TASK = Similarity(name="sts", order=2, default=True, trainable=True, title="STS", file_prefix="sts", flag_prefix="sts",
                   label_column="similarity", leaderboard_column="Predicted_Similarity", head_name="similarity_head",
-                  simcse_score="dev Pearson")
+                  simcse_score="dev Pearson", options=OPTIONS)

@@ -17,6 +17,7 @@ SQuAD teacher is one run.)
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,15 +33,15 @@ SOFTENED_TASKS = tuple(task for task in RUN_TASKS if TASKS[task].softens)  # tho
 
 
 def load_teacher(run_dir: str | Path, train_ids: dict[str, list[str]],
-                 qa_windowing: tuple[int, int] | None = None) -> dict[str, TeacherScores | TeacherSpans]:
+                 task_settings: Mapping[str, object] | None = None) -> dict[str, TeacherScores | TeacherSpans]:
     """The teacher's train scores of every task in `train_ids` (the student's training ids per task; SQuAD's
     question ids). A missing file, or one that lacks an id the student trains on (another data set, or a teacher
     written with fewer training examples), raises ScoresFileError naming the file; so does SQuAD's when its
-    (max_length, doc_stride) is not the student's `qa_windowing`."""
+    windows are not those of the student's `task_settings` (tasks.task_settings; None: not checked)."""
     if not Path(run_dir).is_dir():
         raise ScoresFileError(f"{run_dir}: not a folder; --distill names a teacher's folder (a run written with "
                               "--score_train, or scripts/ensemble.py --score_train's output)")
-    return {task: TASKS[task].load_teacher(run_dir, ids, qa_windowing) for task, ids in train_ids.items()}
+    return {task: TASKS[task].load_teacher(run_dir, ids, task_settings) for task, ids in train_ids.items()}
 
 
 @dataclass(frozen=True)

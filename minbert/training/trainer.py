@@ -37,7 +37,6 @@ from minbert.prediction.leaderboard import kept_model_score
 from minbert.prediction.run_evaluation import Evaluator, MetricsLog, stage_record
 from minbert.runtime import to_device, use_tf32
 from minbert.step_log import RunLog
-from minbert.tasks.squad import QASettings
 from minbert.training.distillation import Distillation
 from minbert.training.gradient_surgery import GradientSurgery
 from minbert.training.mlm import MaskedLanguageModelHead
@@ -77,18 +76,18 @@ class Trainer:
     def __init__(self, model: MultitaskBERT, tokenizer, data: dict[str, TaskData], device: torch.device,
                  config: LoopConfig, optimizer: AdamW, regularization: Regularization | None = None,
                  simcse: SimcseStage | None = None, gradient_surgery: GradientSurgery | None = None,
-                 qa: QASettings = QASettings(), mlm_head: MaskedLanguageModelHead | None = None,
+                 task_settings: dict | None = None, mlm_head: MaskedLanguageModelHead | None = None,
                  distributed: Distributed = SINGLE_PROCESS, settings: dict | None = None,
                  distillation: Distillation | None = None):
         """`optimizer`: over the model's (and the mlm head's) parameters (optimization.build_optimizer).
         `gradient_surgery`: how multi-task epochs combine the tasks' gradients (None: one task per step). `mlm_head`:
         given when the schedule has an mlm stage; it trains with the model, and only the training state keeps it.
         `distributed`: this process's place under torchrun; each rank trains on its slice of every batch and
-        only rank 0 writes. `settings`: the run's settings as plain values, saved in every checkpoint.
-        `distillation`: a teacher's train scores that task steps mix into the gold loss."""
+        only rank 0 writes. `settings`: the run's settings as plain values, saved in every checkpoint; `task_settings`:
+        the tasks' own options (tasks.task_settings). `distillation`: a teacher's train scores for the task steps."""
         self.model, self.tokenizer, self.data, self.device, self.config = model, tokenizer, data, device, config
         self.optimizer, self.regularization = optimizer, regularization or Regularization()
-        self.simcse, self.qa = simcse, qa
+        self.simcse, self.task_settings = simcse, task_settings or {}
         self.distributed, self.settings = distributed, settings or {}
         triplets = simcse.triplets if simcse is not None else []
         # the data and a teacher's scores never change during a run, nor between a stop and its --resume
@@ -102,7 +101,7 @@ class Trainer:
         self.steps = StepLoop(model, device, config, optimizer, self.state, self.run_log, self.save_checkpoint,
                               self.regularization, simcse.loss if simcse is not None else None, gradient_surgery,
                               mlm_head, distillation, distributed)
-        splits = TokenizedSplits(tokenizer, model, config.max_length, qa)  # for training and prediction alike
+        splits = TokenizedSplits(tokenizer, model, config.max_length, self.task_settings)  # training and predictions
         self.predictor = Predictor(model, splits, device, PredictionSettings(
             config.eval_batch_size, config.max_length, self.precision, self.steps.quiet), distributed)
         self.evaluator = Evaluator(self.predictor, data, config.seed)
