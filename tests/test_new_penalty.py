@@ -49,13 +49,13 @@ PENALTY = PenaltyKind(name="drift", flags={"drift_weight": PenaltyFlag(0.0, "the
                       build=lambda settings, model: StageDrift(model, settings.drift_weight) if settings.drift_weight
                       else None, check=check)
 '''
-# Dies as update 4 begins (its gradients computed, nothing stepped), as kill -9 would leave it: with last.* as saved.
+# Dies as update 10 begins (the fourth of the second stage) (its gradients computed, nothing stepped), as kill -9 would leave it: with last.* as saved.
 KILLED = '''import sys
 import minbert.training.training_steps as steps
 import multitask_classifier as mc
 original = steps.StepLoop.optimizer_step
 def optimizer_step(self, *args, **kwargs):
-    if self.state.updates == 3:
+    if self.state.updates == 9:
         raise SystemExit(99)
     return original(self, *args, **kwargs)
 steps.StepLoop.optimizer_step = optimizer_step
@@ -93,7 +93,8 @@ def test_a_new_penalty_is_one_new_file(tmp_path, tiny_checkpoint):
     killed = run(tmp_path / "killed.py", *flags(tmp_path / "parts", "--save_steps", "2"))
     assert killed.returncode == 99, killed.stderr[-3000:]
     saved = json.loads((tmp_path / "parts" / "run" / "last.json").read_text())
-    assert saved["position"]["updates"] == saved["updates"] == 2  # inside the first stage
+    # Inside the second stage (6 updates each), whose drift anchor only the checkpoint holds.
+    assert saved["position"]["stage"] == 1 and saved["updates"] == 8
     assert saved["args"]["drift_weight"] == 0.5
 
     changed = run(repo / "multitask_classifier.py", *flags(tmp_path / "parts", "--save_steps", "2", "--resume",
