@@ -446,7 +446,9 @@ def multitask_setup(args, device, smart: bool, adapter: str | None = None, check
 def multitask_step_fn(model, optimizer, regularizer, batch, device, precision: str, task="qqp"):
     """One training step as the trainer takes it: with SMART at precision exact, compute_task_loss runs the whole loss
     in float32 whatever the autocast around it."""
-    from minbert.training.training_steps import compute_task_loss
+    from minbert.training.objective import compute_task_loss
+    from minbert.training.regularization import SmartPenalty
+    penalties = [] if regularizer is None else [SmartPenalty({task: regularizer})]
     if TASKS[task].num_classes == 2:  # two classes on one logit: the 0-5 labels cut at their middle
         batch = {**batch, "labels": (batch["labels"] > 2.5).float()}
     update = Update(optimizer, device, precision)
@@ -454,7 +456,7 @@ def multitask_step_fn(model, optimizer, regularizer, batch, device, precision: s
     def step():
         optimizer.zero_grad(set_to_none=True)
         with autocast(device, precision):
-            loss = compute_task_loss(model, task, batch, regularizer)
+            loss, _ = compute_task_loss(model, task, batch, penalties)
         if update(loss) and regularizer is not None:
             regularizer.anchor.update(model)
     return step
@@ -643,7 +645,7 @@ def bench_pipeline(args, device) -> dict:
     """Real-text training throughput: loading, tokenizing, collating, forward, backward, AdamW."""
     from minbert.data.batches import load_sentence_examples, make_dataloader
     from minbert.model.multitask_bert import MultitaskBERT
-    from minbert.training.training_steps import compute_task_loss
+    from minbert.training.objective import compute_task_loss
     data = Path(args.data_dir) / "ids-sst-train.csv"
     examples = load_sentence_examples(data, "sst", "train")
     tokenizer = build_tokenizer(args)
@@ -663,7 +665,7 @@ def bench_pipeline(args, device) -> dict:
         batch = {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
         optimizer.zero_grad(set_to_none=True)
         with autocast(device, args.precision):
-            loss = compute_task_loss(model, "sst", batch)
+            loss, _ = compute_task_loss(model, "sst", batch)
         update(loss)
         if batches == args.steps * args.rounds:
             break
@@ -884,7 +886,7 @@ def _data_parallel_worker(rank: int, world_size: int, port: int, args, results) 
     import os
 
     from minbert.distributed import Distributed, leaving_together
-    from minbert.training.training_steps import compute_task_loss
+    from minbert.training.objective import compute_task_loss
     if world_size > 1:
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
                           WORLD_SIZE=str(world_size))
@@ -902,7 +904,7 @@ def _data_parallel_worker(rank: int, world_size: int, port: int, args, results) 
             start = time.perf_counter()
             optimizer.zero_grad(set_to_none=True)
             with autocast(cpu, args.precision):
-                loss = compute_task_loss(model, "qqp", batch)
+                loss, _ = compute_task_loss(model, "qqp", batch)
             # A disabled scaler (bf16, fp32) passes the loss and the step through.
             update.scaler.scale(loss).backward()
             reduce_start = time.perf_counter()
@@ -1229,14 +1231,13 @@ def plain_step_graph_breaks(trainer, task: str, batch: dict) -> dict:
     to capture, its inputs and token layout prepared on the host beforehand, as the step prepares them) and of the
     step's whole loss computation (compute_task_loss under the run's autocast, as task_step runs it: the host-side
     preparation included)."""
-    from minbert.training.training_steps import compute_task_loss
-    model, regularization = trainer.model, trainer.regularization
+    from minbert.training.objective import compute_task_loss
+    model = trainer.model
     batch = to_device(batch, trainer.device)
 
     def loss():
         with trainer.steps.amp:
-            return compute_task_loss(model, task, batch, regularization.smart.get(task), regularization.lnsr.get(task),
-                                     trainer.steps.distillation)
+            return compute_task_loss(model, task, batch, trainer.penalties)[0]
     model.set_adapter(task)
     inputs = model.encoder_inputs(task, batch)
 
@@ -1314,7 +1315,7 @@ def bench_qqp_epoch(args, device) -> dict:
     epoch_steps = math.ceil(COURSE_QQP_TRAIN_PAIRS / args.batch_size)
     result = {"benchmark": f"one QQP SMART epoch of the course's {COURSE_QQP_TRAIN_PAIRS:,} pairs at batch "
                            f"{args.batch_size} (measured steps x the epoch's {epoch_steps} steps)",
-              "smart_precision": trainer.regularization.smart["qqp"].config.precision,
+              "smart_precision": trainer.penalty("smart").regularizers["qqp"].config.precision,
               "timed_steps": needed - args.warmup, "step_s": round(step_s, 5), "epoch_steps": epoch_steps,
               "epoch_hours": round(step_s * epoch_steps / 3600, 3),
               "thesis_l4_epoch_hours_at_batch_8": THESIS_SMART_QQP_EPOCH_HOURS}

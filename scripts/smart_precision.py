@@ -2,7 +2,7 @@
 
 For a few batches per task, with dropout on (training mode) and the same random state in every variant (so the
 dropout masks and SMART's random start are the same draws), one SMART step of the trainer
-(training_steps.compute_task_loss, the thesis' weights: lambda_s 5 for the pair tasks, 10 for SST; mu 1) runs in
+(objective.compute_task_loss, the thesis' weights: lambda_s 5 for the pair tasks, 10 for SST; mu 1) runs in
 exact float32 and again in each other precision the device offers: bf16 autocast (CPUs with native bf16, Ampere+
 GPUs), fp16 autocast (CUDA) and float32 with TF32 matmuls (CUDA). Against exact float32 it prints, averaged over
 the batches:
@@ -39,7 +39,8 @@ from minbert.model.multitask_bert import MultitaskBERT, load_multitask_model
 from minbert.run.training_args import parse_training_args, smart_configs
 from minbert.runtime import has_native_bf16, place_encoder, to_device
 from minbert.tasks import MULTITASK
-from minbert.training.training_steps import compute_task_loss
+from minbert.training.objective import compute_task_loss
+from minbert.training.regularization import SmartPenalty
 from smart import SmartRegularizer
 from tokenizer import BertTokenizer
 
@@ -93,7 +94,7 @@ def one_step(model: MultitaskBERT, task: str, batch: dict, precision: str, seed:
         if device.type == "cuda":
             torch.cuda.manual_seed_all(seed)
         with context(precision, device):
-            loss = compute_task_loss(model, task, batch, regularizer)
+            loss, _ = compute_task_loss(model, task, batch, [SmartPenalty({task: regularizer})])
         loss.backward()
     finally:
         smart._normalise, smart.adversarial_regularizer = normalise, regularize

@@ -10,7 +10,7 @@ from minbert.model.multitask_bert import freeze_encoder, trained_tensors
 from minbert.run.training_args import TrainingArguments, adapter_config
 from minbert.training.continual import ElasticWeightConsolidation
 from minbert.training.schedules import Stage, StageKind
-from minbert.training.training_steps import compute_task_loss, task_loss_and_penalties
+from minbert.training.objective import compute_task_loss
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -28,21 +28,21 @@ def moved(trainer, by: float = 0.01) -> dict[str, torch.Tensor]:
 
 def test_the_penalties_are_added_to_the_task_loss_as_computed_by_hand(tmp_path, tokenizer):
     trainer = make_trainer(tmp_path, tokenizer, ewc_weight=3.0, l2sp_weight=0.5)
-    model, regularization = trainer.model, trainer.regularization
+    model, ewc_penalty, l2sp_penalty = trainer.model, trainer.penalty("ewc"), trainer.penalty("l2sp")
     pretrained = moved(trainer)
     # A Fisher and an anchor set by hand on the encoder parameters EWC holds.
-    anchor = {name: pretrained[name] + 0.005 for name in regularization.ewc.names}
+    anchor = {name: pretrained[name] + 0.005 for name in ewc_penalty.names}
     fisher = {name: torch.rand_like(p) for name, p in anchor.items()}
-    regularization.ewc.fisher, regularization.ewc.anchor = fisher, anchor
+    ewc_penalty.fisher, ewc_penalty.anchor = fisher, anchor
     live = dict(model.named_parameters())
     encoder = [name for name in live if name.startswith("bert.")]
-    assert set(regularization.ewc.names) == set(encoder) == set(regularization.l2sp.start)
+    assert set(ewc_penalty.names) == set(encoder) == set(l2sp_penalty.start)
     ewc = 0.5 * 3.0 * sum((fisher[n] * (live[n] - anchor[n]) ** 2).sum() for n in encoder)
     l2sp = 0.5 * 0.5 * sum(((live[n] - pretrained[n]) ** 2).sum() for n in encoder)
     batch = sentence_batch(tokenizer, 4)
     model.eval()
-    plain = compute_task_loss(model, "sst", batch)
-    loss, penalties = task_loss_and_penalties(model, "sst", batch, defences=regularization.defences)
+    plain, _ = compute_task_loss(model, "sst", batch)
+    loss, penalties = compute_task_loss(model, "sst", batch, trainer.penalties)
     torch.testing.assert_close(penalties["ewc"], ewc.detach())
     torch.testing.assert_close(penalties["l2sp"], l2sp.detach())
     torch.testing.assert_close(loss, plain + ewc + l2sp)
@@ -62,10 +62,10 @@ def test_a_training_step_trains_on_the_penalties(tmp_path, tokenizer):
     loss = trainer.steps.task_step("sts", batch, 1)
     trainer.model.eval()
     live = dict(trainer.model.named_parameters())
-    expected = compute_task_loss(trainer.model, "sts", batch) + sum(
-        ((live[n] - pretrained[n]) ** 2).sum() for n in trainer.regularization.l2sp.start)
+    expected = compute_task_loss(trainer.model, "sts", batch)[0] + sum(
+        ((live[n] - pretrained[n]) ** 2).sum() for n in trainer.penalty("l2sp").start)
     torch.testing.assert_close(loss, expected.detach())
-    assert set(trainer.steps.penalties.sums) == {"l2sp"}
+    assert set(trainer.steps.penalty_terms.sums) == {"l2sp"}
 
 
 def test_l2sp_holds_the_pretrained_weights_and_ewc_the_shared_encoder_with_adapters(tmp_path, tokenizer):
@@ -73,7 +73,7 @@ def test_l2sp_holds_the_pretrained_weights_and_ewc_the_shared_encoder_with_adapt
     model = deterministic_tiny_model(adapter=adapter_config(TrainingArguments(**settings)))
     freeze_encoder(model)  # as multitask_classifier.build_model does with --option pretrain
     trainer = make_trainer(tmp_path, tokenizer, model=model, **settings)
-    names = trainer.regularization.ewc.names
+    names = trainer.penalty("ewc").names
     assert names and all(".adapters.shared." in name for name in names)  # BERT's own weights are frozen
     with pytest.raises(ValueError, match="--l2sp_weight"):
         TrainingArguments(option="pretrain", adapter="lora", adapter_sharing="shared", l2sp_weight=1.0)
@@ -111,7 +111,8 @@ def test_the_fisher_is_consolidated_at_each_block_end_but_not_after_the_last_sta
     assert [batches for _, batches, _ in calls] == [3, 3]  # after the SST block and after QQP; not after STS
     for (_, _, weights), start in zip(calls, (starts[2], starts[3])):
         assert all(torch.equal(weights[k], start[k]) for k in weights)  # at the weights the next stage starts from
-    assert all(torch.equal(trainer.regularization.ewc.anchor[n], starts[3][n]) for n in trainer.regularization.ewc.names)
+    ewc = trainer.penalty("ewc")
+    assert all(torch.equal(ewc.anchor[n], starts[3][n]) for n in ewc.names)
 
 
 def test_the_fisher_uses_the_task_loss_alone(tmp_path, tokenizer, monkeypatch):
@@ -119,13 +120,13 @@ def test_the_fisher_uses_the_task_loss_alone(tmp_path, tokenizer, monkeypatch):
                            lnsr=True, lnsr_tasks="sst")
     seen = []
 
-    def spy(model, task, batch, regularizer=None, lnsr=None, distillation=None, defences=None):
-        seen.append((regularizer, lnsr, distillation, defences))
-        return original(model, task, batch)
+    def spy(model, task, batch, penalties=()):
+        seen.append(list(penalties))
+        return original(model, task, batch, penalties)
     original = compute_task_loss
     monkeypatch.setattr("minbert.training.trainer.compute_task_loss", spy)
     trainer.train([SST, QQP])
-    assert seen == [(None, None, None, None)] * 2
+    assert seen == [[]] * 2
 
 
 def test_ewc_and_the_block_best_survive_a_resume(tmp_path, tokenizer):
@@ -137,11 +138,10 @@ def test_ewc_and_the_block_best_survive_a_resume(tmp_path, tokenizer):
     stopped.train(stages)
     tensors, metadata = stopped.state_dict()
     assert {k for k in tensors if k.startswith("ewc.")} == {f"ewc.{kind}.{n}" for kind in ("fisher", "anchor")
-                                                            for n in stopped.regularization.ewc.names}
+                                                            for n in stopped.penalty("ewc").names}
     resumed = make_trainer(tmp_path / "parts", tokenizer, ewc_weight=50.0, l2sp_weight=1.0, ewc_fisher_batches=2)
     resumed.load_state_dict(tensors, metadata)
-    assert all(torch.equal(resumed.regularization.ewc.fisher[n], f)
-               for n, f in stopped.regularization.ewc.fisher.items())
+    assert all(torch.equal(resumed.penalty("ewc").fisher[n], f) for n, f in stopped.penalty("ewc").fisher.items())
     resumed.train(stages)
     assert all(torch.equal(a, b) for a, b in zip(trained_tensors(resumed.model).values(),
                                                  trained_tensors(whole.model).values()))
@@ -161,4 +161,4 @@ def test_bad_defence_flags_are_refused(settings, problem):
 
 def test_defences_are_off_by_default(tmp_path, tokenizer):
     trainer = make_trainer(tmp_path, tokenizer, data=demo_data(train=4, dev=4, test=2))
-    assert trainer.regularization.defences == {}
+    assert trainer.penalties == []

@@ -45,11 +45,12 @@ def minilm_multitask(**options):
 
 def loss_and_grads(model, task: str, batch: dict, precision: str, regularizer=None):
     from minbert.runtime import autocast
-    from minbert.training.training_steps import compute_task_loss
+    from minbert.training.objective import compute_task_loss
+    from minbert.training.regularization import SmartPenalty
     model.zero_grad(set_to_none=True)
     torch.manual_seed(0)
     with autocast(torch.device("cuda"), precision):
-        loss = compute_task_loss(model, task, batch, regularizer)
+        loss, _ = compute_task_loss(model, task, batch, [SmartPenalty({task: regularizer})] if regularizer else [])
     loss.backward()
     return loss.detach()
 
@@ -163,7 +164,8 @@ def test_a_batch_32x128_smart_step_of_bert_base_fits_in_12_gib(checkpointing):
     from base_bert import BertConfig
     from bert import BertModel
     from minbert.model.multitask_bert import MultitaskBERT
-    from minbert.training.training_steps import compute_task_loss
+    from minbert.training.objective import compute_task_loss
+    from minbert.training.regularization import SmartPenalty
     from optimizer import AdamW
     from smart import SmartConfig, SmartRegularizer
     torch.manual_seed(0)
@@ -178,7 +180,7 @@ def test_a_batch_32x128_smart_step_of_bert_base_fits_in_12_gib(checkpointing):
     torch.cuda.reset_peak_memory_stats()
     for _ in range(2):  # the second step holds AdamW's moments too
         optimizer.zero_grad(set_to_none=True)
-        compute_task_loss(model, "qqp", batch, regularizer).backward()
+        compute_task_loss(model, "qqp", batch, [SmartPenalty({"qqp": regularizer})])[0].backward()
         optimizer.step()
         regularizer.anchor.update(model)
     peak = torch.cuda.max_memory_allocated() / 2**30

@@ -213,11 +213,11 @@ def test_which_tasks_read_pairs_jointly():
                                    dict(head_hidden=8), dict(adapter=dict(kind="lora", rank=2))])
 def test_trains_with_frozen_encoder_says_whether_a_frozen_bert_leaves_sts_anything_to_train(tokenizer, heads):
     from minbert.model.multitask_bert import freeze_encoder
-    from minbert.training.training_steps import compute_task_loss
+    from minbert.training.objective import compute_task_loss
     model = tiny_model(**heads)
     freeze_encoder(model)
     batch = pair_batch(tokenizer, "sts", 3, cross=model.reads_pairs_jointly("sts"))
-    assert model.trains_with_frozen_encoder("sts") == compute_task_loss(model, "sts", batch).requires_grad
+    assert model.trains_with_frozen_encoder("sts") == compute_task_loss(model, "sts", batch)[0].requires_grad
     assert all(model.trains_with_frozen_encoder(task) for task in ("sst", "qqp"))
 
 

@@ -11,7 +11,8 @@ from minbert.prediction.inference import predict_answers
 from minbert.tasks import MULTITASK, RUN_TASKS
 from minbert.tasks.qa import PADDING_LOGIT
 from minbert.tasks.squad import QAExample, QAWindows
-from minbert.training.training_steps import compute_task_loss
+from minbert.training.objective import compute_task_loss
+from minbert.training.regularization import SmartPenalty
 from smart import SmartConfig, SmartRegularizer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -60,7 +61,7 @@ def test_span_loss_is_the_mean_of_the_start_and_end_cross_entropies(tokenizer):
     logits = model("qa", batch)
     expected = (torch.nn.functional.cross_entropy(logits[..., 0], batch["labels"][:, 0])
                 + torch.nn.functional.cross_entropy(logits[..., 1], batch["labels"][:, 1])) / 2
-    loss = compute_task_loss(model, "qa", batch)
+    loss, _ = compute_task_loss(model, "qa", batch)
     assert torch.allclose(loss, expected)
     loss.backward()
     assert model.span_head.weight.grad.abs().sum() > 0
@@ -69,10 +70,10 @@ def test_span_loss_is_the_mean_of_the_start_and_end_cross_entropies(tokenizer):
 def test_smart_regularises_the_span_head_with_a_finite_positive_penalty(tokenizer):
     model = deterministic_tiny_model(tasks=RUN_TASKS)
     batch = qa_batch(tokenizer)
-    plain = compute_task_loss(model, "qa", batch)
+    plain, _ = compute_task_loss(model, "qa", batch)
     regularizer = SmartRegularizer(model, SmartConfig(epsilon=1e-2, step_size=1e-1, noise_std=1e-2,
                                                       bregman_weight=0.0))
-    smart = compute_task_loss(model, "qa", batch, regularizer)
+    smart, _ = compute_task_loss(model, "qa", batch, [SmartPenalty({"qa": regularizer})])
     assert torch.isfinite(smart) and smart > plain
 
 
@@ -86,7 +87,7 @@ def test_a_qa_adapter_cannot_change_the_other_tasks(tokenizer):
     optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=1.0)
     for _ in range(2):
         optimizer.zero_grad()
-        compute_task_loss(model, "qa", qa_batch(tokenizer)).backward()
+        compute_task_loss(model, "qa", qa_batch(tokenizer))[0].backward()
         optimizer.step()
     with torch.no_grad():
         assert torch.equal(model("sst", sentences), before[0]) and torch.equal(model("qqp", pairs), before[1])

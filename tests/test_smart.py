@@ -573,7 +573,8 @@ def test_bregman_momentum_schedule():
 def smoothness_term(model, task, batch, epsilon, context, monkeypatch) -> float:
     """R_s (dropout off) as the trainer's SMART step computes it under `context`, read where penalty() gets it."""
     import smart
-    from minbert.training.training_steps import compute_task_loss
+    from minbert.training.objective import compute_task_loss
+    from minbert.training.regularization import SmartPenalty
     seen = []
 
     def recording(*args, **kwargs):
@@ -583,8 +584,8 @@ def smoothness_term(model, task, batch, epsilon, context, monkeypatch) -> float:
     monkeypatch.setattr(smart, "adversarial_regularizer", recording)
     torch.manual_seed(0)  # the same random start everywhere
     with context:
-        compute_task_loss(model, task, batch, SmartRegularizer(model, SmartConfig(epsilon=epsilon, noise_std=epsilon,
-                                                                                  precision="exact")))
+        regularizer = SmartRegularizer(model, SmartConfig(epsilon=epsilon, noise_std=epsilon, precision="exact"))
+        compute_task_loss(model, task, batch, [SmartPenalty({task: regularizer})])
     monkeypatch.undo()
     return seen[0]
 
@@ -594,7 +595,8 @@ def test_a_smart_step_computes_in_float32_under_autocast(dtype, tokenizer):
     """The trainer's task step under bf16 (L4) or fp16 (T4) autocast: with SMART at precision exact, loss and
     penalty are exactly the float32 ones; the ascent gradient is a float32 one, so fp16 cannot underflow it. At
     the run's precision (the default) the same step computes under the autocast."""
-    from minbert.training.training_steps import compute_task_loss
+    from minbert.training.objective import compute_task_loss
+    from minbert.training.regularization import SmartPenalty
     model = deterministic_tiny_model().eval()
     batch = sentence_batch(tokenizer, 8)
     values = {}
@@ -603,7 +605,7 @@ def test_a_smart_step_computes_in_float32_under_autocast(dtype, tokenizer):
         for name, context in (("fp32", nullcontext()), ("autocast", torch.autocast("cpu", dtype=dtype))):
             torch.manual_seed(0)
             with context:
-                values[precision, name] = compute_task_loss(model, "sst", batch, regularizer).item()
+                values[precision, name] = compute_task_loss(model, "sst", batch, [SmartPenalty({"sst": regularizer})])[0].item()
     assert values["exact", "fp32"] == values["exact", "autocast"] == values["run", "fp32"]
     if dtype == torch.float16:  # fp16 would underflow the ascent's gradient: SMART computes exactly there too
         assert values["run", "autocast"] == values["run", "fp32"]

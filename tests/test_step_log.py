@@ -104,7 +104,7 @@ def test_smart_lnsr_and_fp16_add_their_terms(tmp_path, tokenizer):
     # fp16 autocast runs on the CPU too (slowly: a tiny model and a few steps)
     trainer = make_trainer(tmp_path, tokenizer, logging_steps=2, smart=True, smart_adv_weight=2.0, lnsr=True,
                            lnsr_tasks="sst", lnsr_layer=0, precision="fp16")
-    regularizer = trainer.regularization.smart["sst"]
+    regularizer = trainer.penalty("smart").regularizers["sst"]
     terms = []
     task_step = trainer.steps.task_step
 

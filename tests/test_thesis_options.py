@@ -178,7 +178,7 @@ def test_the_stage_momentum_schedule_restarts_every_stage(tmp_path, tokenizer, m
 def test_the_stage_start_anchor_is_the_weights_each_stage_began_with(tmp_path, tokenizer, monkeypatch):
     trainer = make_trainer(tmp_path, tokenizer, data=demo_data(train=12, dev=4, test=2), smart=True,
                            smart_tasks="sst", smart_anchor="stage_start")
-    anchor = trainer.regularization.anchor
+    anchor = trainer.penalty("smart").anchor
     monkeypatch.setattr(anchor, "update", lambda model: pytest.fail("the stage_start anchor never moves"))
     anchors, run_stage = [], trainer.run_stage
 

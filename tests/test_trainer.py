@@ -18,7 +18,7 @@ from minbert.training.gradient_surgery import cagrad_combine, pcgrad_combine
 from minbert.training.schedules import Stage, StageKind, learning_rate_factor
 from minbert.training.stage_data import RestartingLoaders
 from minbert.training.trainer import Trainer
-from minbert.training.training_steps import compute_task_loss
+from minbert.training.objective import compute_task_loss
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -44,7 +44,7 @@ def gradients(model) -> dict[str, torch.Tensor]:
 def loss_gradient(model, task, batch, scale: float = 1.0) -> dict[str, torch.Tensor]:
     """The gradient of scale * (the task's loss on this batch alone)."""
     model.zero_grad(set_to_none=True)
-    (scale * compute_task_loss(model, task, batch)).backward()
+    (scale * compute_task_loss(model, task, batch)[0]).backward()
     grads = gradients(model)
     model.zero_grad(set_to_none=True)
     return grads
@@ -63,7 +63,7 @@ def test_compute_task_loss_is_the_objective_of_the_forward(tokenizer, pair_encod
     with torch.no_grad():
         for task, batch in batches.items():
             expected = model.objectives[task].loss(model(task, batch), batch["labels"])
-            assert compute_task_loss(model, task, batch).item() == pytest.approx(expected.item(), rel=1e-6), task
+            assert compute_task_loss(model, task, batch)[0].item() == pytest.approx(expected.item(), rel=1e-6), task
 
 
 def test_predict_examples_answers_in_the_examples_order(tokenizer):
@@ -229,12 +229,12 @@ def test_constant_schedule_keeps_the_stage_learning_rate(tmp_path, tokenizer, mo
 
 def record_anchor_momentum(trainer, monkeypatch) -> list[float]:
     momenta = []
-    update = trainer.regularization.anchor.update
+    update = trainer.penalty("smart").anchor.update
 
     def recording_update(model):
-        momenta.append(trainer.regularization.anchor.momentum)
+        momenta.append(trainer.penalty("smart").anchor.momentum)
         return update(model)
-    monkeypatch.setattr(trainer.regularization.anchor, "update", recording_update)
+    monkeypatch.setattr(trainer.penalty("smart").anchor, "update", recording_update)
     return momenta
 
 
@@ -251,7 +251,7 @@ def test_smart_anchor_momentum_is_099_for_the_first_tenth_of_the_run_then_0999(t
 def test_a_fixed_smart_momentum_holds_for_the_whole_run(tmp_path, tokenizer, monkeypatch):
     trainer = make_trainer(tmp_path, tokenizer, data=demo_data(train=12, dev=4, test=2), smart=True,
                            smart_tasks="sst", smart_momentum=0.5)
-    assert trainer.regularization.anchor.momentum == 0.5
+    assert trainer.penalty("smart").anchor.momentum == 0.5
     momenta = record_anchor_momentum(trainer, monkeypatch)
     trainer.train([Stage(StageKind.TASK, "sst")])
     assert momenta == [0.5] * 3
@@ -321,8 +321,8 @@ def test_state_dict_round_trip_restores_the_state_and_weights(tmp_path, tokenize
     fresh.load_state_dict(tensors, metadata)
     assert fresh.state == trainer.state
     assert all(torch.equal(p, q) for p, q in zip(fresh.model.parameters(), trainer.model.parameters()))
-    assert all(torch.equal(fresh.regularization.anchor.params[n], t)
-               for n, t in trainer.regularization.anchor.params.items())
+    assert all(torch.equal(fresh.penalty("smart").anchor.params[n], t)
+               for n, t in trainer.penalty("smart").anchor.params.items())
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -392,7 +392,7 @@ def test_trainer_decays_matrices_only_and_skips_frozen_parameters(tmp_path, toke
 
 def scaled_backward(trainer, tokenizer):
     batch = sentence_batch(tokenizer, 4)
-    trainer.steps.backward(compute_task_loss(trainer.model, "sst", batch), 4, 1)
+    trainer.steps.backward(compute_task_loss(trainer.model, "sst", batch)[0], 4, 1)
 
 
 def test_an_fp16_step_with_inf_gradients_moves_nothing(tmp_path, tokenizer):
@@ -402,17 +402,17 @@ def test_an_fp16_step_with_inf_gradients_moves_nothing(tmp_path, tokenizer):
     scaled_backward(trainer, tokenizer)
     next(p for p in trainer.model.parameters() if p.grad is not None).grad[0] = math.inf
     weights = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
-    anchor = {n: t.clone() for n, t in trainer.regularization.anchor.params.items()}
+    anchor = {n: t.clone() for n, t in trainer.penalty("smart").anchor.params.items()}
     scale = trainer.steps.scaler.get_scale()
     trainer.steps.optimizer_step()
     assert (trainer.state.updates, trainer.state.skipped_updates, trainer.steps.scaler.get_scale()) == (0, 1, scale / 2)
     assert all(torch.equal(p, weights[n]) for n, p in trainer.model.named_parameters())
-    assert all(torch.equal(t, anchor[n]) for n, t in trainer.regularization.anchor.params.items())
+    assert all(torch.equal(t, anchor[n]) for n, t in trainer.penalty("smart").anchor.params.items())
     assert not trainer.optimizer.state
     scaled_backward(trainer, tokenizer)
     trainer.steps.optimizer_step()
     assert (trainer.state.updates, trainer.state.skipped_updates) == (1, 1)
-    assert not all(torch.equal(t, anchor[n]) for n, t in trainer.regularization.anchor.params.items())
+    assert not all(torch.equal(t, anchor[n]) for n, t in trainer.penalty("smart").anchor.params.items())
 
 
 def test_fp16_gradients_are_unscaled_before_clipping(tmp_path, tokenizer, monkeypatch):

@@ -35,7 +35,10 @@ from minbert.training.distillation import SOFTENED_TASKS, Distillation, TeacherS
 from minbert.training.gradient_surgery import GradientSurgery
 from minbert.training.mlm import MaskedLanguageModelHead, load_mlm_head
 from minbert.training.optimization import build_optimizer
-from minbert.training.regularization import Regularization
+from minbert.training.lnsr import LnsrPenalty
+from minbert.training.objective import Penalty
+from minbert.training.penalties import PENALTY_KINDS
+from minbert.training.regularization import SmartPenalty
 from minbert.training.schedules import Stage, StageKind, train_tasks
 from minbert.training.simcse import SIMCSE_OBJECTIVES
 from minbert.training.stage_transitions import TransitionSettings
@@ -209,14 +212,9 @@ def build_trainer(args: TrainingArguments, model: MultitaskBERT, tokenizer, data
                                                temperature=args.simcse_temperature), args.simcse_lr)
     surgery = None if args.gradient_surgery == "none" else GradientSurgery(args.gradient_surgery, args.cagrad_c)
     optimizer = build_optimizer(model, args.lr, args.weight_decay, args.layerwise_lr_decay, mlm_head, args.compile)
-    distillation = None
-    if teacher:
-        settings = distill_settings(args)
-        distillation = Distillation(teacher, args.distill_weight, args.distill_temperature,
-                                    {task: (s["weight"], s["temperature"]) for task, s in settings.items()})
     return Trainer(model, tokenizer, data, device, loop_config(args, device), optimizer,
-                   build_regularization(args, model), simcse, surgery, run_task_settings(args), mlm_head, distributed,
-                   dataclasses.asdict(args), distillation)
+                   build_penalties(args, model, teacher), simcse, surgery, run_task_settings(args), mlm_head,
+                   distributed, dataclasses.asdict(args))
 
 
 def save_minutes(requested: float | None, device: torch.device) -> float:
@@ -242,24 +240,39 @@ def loop_config(args: TrainingArguments, device: torch.device) -> LoopConfig:
                       pad_to_multiple_of=pad_to_multiple_of(device, args.compile))
 
 
-def build_regularization(args: TrainingArguments, model: MultitaskBERT) -> Regularization:
-    """SMART's regularizers (one Bregman anchor shared by every task that needs one), LNSR's configs, and EWC and
-    L2-SP (built on the model as it is: the pretrained weights, before a resume loads the run's)."""
+def build_penalties(args: TrainingArguments, model: MultitaskBERT,
+                    teacher: dict[str, TeacherScores | TeacherSpans] | None = None) -> list[Penalty]:
+    """The penalties of the run's task losses, in the order each task's objective applies them: distillation from
+    --distill's `teacher` scores, LNSR, SMART, EWC, L2-SP (built on the model as it is: the pretrained weights, before
+    a resume loads the run's), then those of minbert/training/penalties/ that their flags turn on."""
+    penalties = []
+    if teacher:
+        settings = distill_settings(args)
+        penalties.append(Distillation(teacher, args.distill_weight, args.distill_temperature,
+                                      {task: (s["weight"], s["temperature"]) for task, s in settings.items()}))
+    if args.lnsr:
+        num_layers = model.bert.config.num_hidden_layers
+        penalties.append(LnsrPenalty({task: lnsr_config(args, num_layers) for task in lnsr_tasks(args)}))
+    if regularized_tasks(args):
+        penalties.append(smart_penalty(args, model))
+    trainable = [name for name, p in model.named_parameters() if p.requires_grad]
+    if args.ewc_weight:  # the encoder (and shared adapters): a task's own head or adapters no other task trains
+        penalties.append(ElasticWeightConsolidation(model, args.ewc_weight, [name for name in trainable
+                                                                             if model.is_shared(name)],
+                                                    args.ewc_fisher_batches))
+    if args.l2sp_weight:  # BERT's own weights, all of them from the checkpoint; adapters start from no pretrained value
+        penalties.append(L2SP(model, args.l2sp_weight, [name for name in trainable
+                                                        if name.startswith("bert.") and ".adapters." not in name]))
+    built = (kind.build(args, model) for kind in PENALTY_KINDS.values())
+    return penalties + [penalty for penalty in built if penalty is not None]
+
+
+def smart_penalty(args: TrainingArguments, model: MultitaskBERT) -> SmartPenalty:
+    """SMART's regularizers of --smart_tasks, one Bregman anchor shared by every task that needs one."""
     tasks = regularized_tasks(args)
-    configs = smart_configs(args) if tasks else {}
+    configs = smart_configs(args)
     anchor = None
     if any(configs[task].bregman_weight > 0 for task in tasks):
         anchor = BregmanAnchor(model, bregman_momentum(0, 1, args.smart_momentum))
-    num_layers = model.bert.config.num_hidden_layers
-    trainable = [name for name, p in model.named_parameters() if p.requires_grad]
-    ewc = l2sp = None
-    if args.ewc_weight:  # the encoder (and shared adapters): a task's own head or adapters no other task trains
-        ewc = ElasticWeightConsolidation(model, args.ewc_weight, [name for name in trainable if model.is_shared(name)])
-    if args.l2sp_weight:  # BERT's own weights, all of them from the checkpoint; adapters start from no pretrained value
-        l2sp = L2SP(model, args.l2sp_weight, [name for name in trainable
-                                              if name.startswith("bert.") and ".adapters." not in name])
-    return Regularization(smart={task: SmartRegularizer(model, configs[task], anchor) for task in tasks},
-                          anchor=anchor, anchor_momentum=args.smart_momentum,
-                          momentum_schedule=args.smart_momentum_schedule, anchored_to=args.smart_anchor,
-                          lnsr={task: lnsr_config(args, num_layers) for task in lnsr_tasks(args)},
-                          ewc=ewc, ewc_fisher_batches=args.ewc_fisher_batches, l2sp=l2sp)
+    return SmartPenalty({task: SmartRegularizer(model, configs[task], anchor) for task in tasks}, anchor,
+                        args.smart_momentum, args.smart_momentum_schedule, args.smart_anchor)

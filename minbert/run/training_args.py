@@ -21,6 +21,7 @@ import dataclasses
 import json
 import math
 import re
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -40,6 +41,7 @@ from minbert.tasks.base import HEADS_GROUP
 from minbert.training.distillation import DISTILLED_TASKS, SOFTENED_TASKS
 from minbert.training.gradient_surgery import GRADIENT_SURGERIES, GradientSurgery
 from minbert.training.lnsr import LnsrConfig
+from minbert.training.penalties import PENALTY_FILES, PENALTY_KINDS
 from minbert.training.schedules import (LR_SCHEDULES, SCHEDULES, STAGE_STARTS, Stage, StageKind, build_schedule,
                                         train_tasks, trained_heads)
 from minbert.training.simcse import SIMCSE_OBJECTIVES
@@ -391,6 +393,30 @@ class TrainingArguments:
         validate(self)
 
 
+def with_penalty_flags(cls):
+    """`cls` with a field (a flag) for each flag of the penalties in minbert/training/penalties/, after its own, so
+    that a new penalty's file brings its flags and a run without one saves the settings it saved before. A penalty
+    flag spelled as one of the command line's own stops it in one line naming the penalty's file."""
+    own = {f.name for f in dataclasses.fields(cls)}
+    added = []
+    for kind in PENALTY_KINDS.values():
+        group = kind.title or f"penalty {kind.name} (minbert/training/penalties/)"
+        for name, spec in kind.flags.items():
+            if name in own:
+                print(f"error: {PENALTY_FILES[kind.name]}: its flag --{name} is already the command line's own",
+                      file=sys.stderr)
+                raise SystemExit(2)
+            added.append((name, type(spec.default), flag(spec.default, spec.help, group, spec.resume_free,
+                                                         type=spec.type)))
+    if not added:
+        return cls
+    return dataclasses.make_dataclass(cls.__name__, added, bases=(cls,), namespace={"__doc__": cls.__doc__,
+                                                                                    "__module__": cls.__module__})
+
+
+TrainingArguments = with_penalty_flags(TrainingArguments)
+
+
 def task_derived_settings(tasks: tuple[str, ...], demo: bool = False) -> dict:
     """The settings whose defaults follow --tasks (and --demo): the three tasks' stages (the demo's shorter cycle),
     else one epoch of each task and no cycle; SMART on every task. A --config recorded for other tasks holds them
@@ -410,7 +436,8 @@ def validate(args: TrainingArguments) -> None:
     once they are read, still before the model loads (run_setup.load_inputs, check_pretrained)."""
     _check_common(args, texts_per_input=2)  # QQP and STS may be encoded jointly (--pair_encoder cross, hybrid)
     for check in (_check_run, _check_optimisation, _check_schedule_flags, _check_heads, _check_task_options,
-                  _check_adapters, _check_simcse, _check_forgetting, _check_smart_and_lnsr, _check_distillation):
+                  _check_adapters, _check_simcse, _check_forgetting, _check_smart_and_lnsr, _check_distillation,
+                  *(kind.check for kind in PENALTY_KINDS.values())):
         check(args)
     _check_stages(args, run_schedule(args))
 

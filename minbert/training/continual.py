@@ -17,6 +17,10 @@ from collections.abc import Callable, Collection, Iterable, Mapping
 import torch
 from torch import Tensor, nn
 
+from minbert.training.objective import FinishedBlock, Penalty, TaskForward
+
+EWC_KEY = "ewc."  # the Fisher's and the anchor's tensors in a checkpoint
+
 
 def _check_weight(owner: str, weight: float) -> None:
     if not (isinstance(weight, (int, float)) and math.isfinite(weight) and weight >= 0):
@@ -87,18 +91,22 @@ def diagonal_fisher(model: nn.Module, batch_losses: Callable[[], Iterable[Tensor
     return {name: value / batches for name, value in fisher.items()}
 
 
-class ElasticWeightConsolidation:
-    """EWC's penalty lambda / 2 * sum_i F_i (theta_i - theta*_i)^2 over the named parameters.
+class ElasticWeightConsolidation(Penalty):
+    """EWC's penalty lambda / 2 * sum_i F_i (theta_i - theta*_i)^2 over the named parameters, as "ewc".
 
     Built before training with no Fisher (penalty 0); consolidate() at the end of a stage estimates F on that
     stage's data at its final weights theta*. A later consolidate adds its F to the earlier ones and moves theta*
     to the newer weights (online EWC, Schwarz et al. 2018, with no decay): one Fisher and one anchor whatever the
     number of stages, where Kirkpatrick et al.'s one penalty per stage would hold two copies of the weights each.
+    As a run's penalty, it consolidates when a block of task stages ends, on the first `fisher_batches` batches of
+    the block's last stage, by the task's loss alone.
     """
+    name = "ewc"
 
-    def __init__(self, model: nn.Module, weight: float, names: Collection[str] | None = None):
+    def __init__(self, model: nn.Module, weight: float, names: Collection[str] | None = None,
+                 fisher_batches: int = 100):
         _check_weight("ElasticWeightConsolidation", weight)
-        self.weight = weight
+        self.weight, self.fisher_batches = weight, fisher_batches
         self.shapes = {name: p.shape for name, p in trainable_parameters(model, names).items()}
         self.names = tuple(self.shapes)
         self.fisher: dict[str, Tensor] = {}
@@ -119,6 +127,20 @@ class ElasticWeightConsolidation:
         if not self.fisher:
             return torch.zeros((), device=next(model.parameters()).device)
         return 0.5 * self.weight * _squared_distance(model, self.anchor, self.fisher)
+
+    def terms(self, forward: TaskForward) -> dict[str, Tensor]:
+        return {"ewc": self.penalty(forward.model)}  # on the weights alone: computed on the device, nothing read back
+
+    def end_block(self, model: nn.Module, block: FinishedBlock) -> None:
+        self.consolidate(model, lambda: block.losses(self.fisher_batches))
+        self.fisher = dict(zip(self.fisher, block.average(list(self.fisher.values()))))
+
+    def state_tensors(self) -> dict[str, Tensor]:
+        return {f"{EWC_KEY}{k}": v.contiguous() for k, v in self.state_dict().items()}
+
+    def load_state(self, tensors: dict[str, Tensor], metadata: dict, device: torch.device) -> None:
+        self.load_state_dict({name[len(EWC_KEY):]: tensor.to(device) for name, tensor in tensors.items()
+                              if name.startswith(EWC_KEY)})
 
     def state_dict(self) -> dict[str, Tensor]:
         """The Fisher and the anchor by name, 'fisher.NAME' and 'anchor.NAME' (empty before a consolidation), so
@@ -141,10 +163,12 @@ class ElasticWeightConsolidation:
         self.anchor = {name: state[f"anchor.{name}"] for name in self.names}
 
 
-class L2SP:
-    """L2-SP's penalty alpha / 2 * sum (theta - theta_start)^2 over the named parameters, theta_start their values
-    when it is built: build it on the pretrained model, before any training, and name the pretrained weights (Li et
-    al.'s second term, beta / 2 times the squared norm of the new weights, is weight decay on the heads)."""
+class L2SP(Penalty):
+    """L2-SP's penalty alpha / 2 * sum (theta - theta_start)^2 over the named parameters, as "l2sp", theta_start
+    their values when it is built: build it on the pretrained model, before any training, and name the pretrained
+    weights (Li et al.'s second term, beta / 2 times the squared norm of the new weights, is weight decay on the
+    heads)."""
+    name = "l2sp"
 
     def __init__(self, model: nn.Module, weight: float, names: Collection[str] | None = None):
         _check_weight("L2SP", weight)
@@ -153,3 +177,6 @@ class L2SP:
 
     def penalty(self, model: nn.Module) -> Tensor:
         return 0.5 * self.weight * _squared_distance(model, self.start)
+
+    def terms(self, forward: TaskForward) -> dict[str, Tensor]:
+        return {"l2sp": self.penalty(forward.model)}

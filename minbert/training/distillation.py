@@ -27,6 +27,7 @@ from minbert.tasks import RUN_TASKS, TASKS
 from minbert.tasks.losses import Objective
 from minbert.tasks.qa import TeacherSpans
 from minbert.tasks.score_files import ScoresFileError, TeacherScores
+from minbert.training.objective import Penalty, TaskForward
 
 DISTILLED_TASKS = RUN_TASKS  # the tasks whose saved scores a student can learn from: every task a run trains
 SOFTENED_TASKS = tuple(task for task in RUN_TASKS if TASKS[task].softens)  # those that soften at a temperature
@@ -45,13 +46,16 @@ def load_teacher(run_dir: str | Path, train_ids: dict[str, list[str]],
 
 
 @dataclass(frozen=True)
-class Distillation:
+class Distillation(Penalty):
     """The teacher's scores and how a student's loss mixes them in: (1 - weight) * gold + weight * distillation,
-    with `weight` and `temperature` unless `per_task` gives a task its own (weight, temperature)."""
+    with `weight` and `temperature` unless `per_task` gives a task its own (weight, temperature). As a penalty
+    (objective.Penalty) it mixes the task's loss rather than adding a term, and a resume must find the teacher's
+    scores unchanged (fingerprints)."""
     teacher: dict[str, TeacherScores | TeacherSpans]
     weight: float = 0.5
     temperature: float = 1.0
     per_task: dict[str, tuple[float, float]] = field(default_factory=dict)
+    name = "distillation"
 
     def __post_init__(self):
         for weight, temperature in [(self.weight, self.temperature), *self.per_task.values()]:
@@ -63,6 +67,12 @@ class Distillation:
     def fingerprints(self) -> dict[str, str]:
         """The teacher's scores of each task, as --resume compares them ("distill/TASK")."""
         return {f"distill/{task}": teacher.fingerprint() for task, teacher in self.teacher.items()}
+
+    def applies_to(self, task: str) -> bool:
+        return task in self.teacher
+
+    def add_to(self, loss: Tensor, forward: TaskForward) -> tuple[Tensor, dict[str, Tensor]]:
+        return self.mix(forward.task, loss, forward.objective, forward.outputs, forward.batch["ids"]), {}
 
     def setting(self, task: str) -> tuple[float, float]:
         """The task's (weight, temperature)."""

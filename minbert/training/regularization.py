@@ -1,26 +1,27 @@
-"""The penalties that a run's task steps add to the task's loss: SMART (a regularizer per task, all sharing one
-Bregman anchor), LNSR (a config per task) and the defences against forgetting of a sequential schedule (EWC and
-L2-SP, continual.py); and what becomes of their state after each update, between stages and in a checkpoint.
+"""SMART as a penalty of the run's task losses (objective.Penalty): a regularizer per task (smart.py), all sharing one
+Bregman anchor, whose moving average follows the model after each update, is reset before a stage (anchor
+"stage_start") and is kept in the checkpoint with the adversarial terms skipped so far.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 import torch
+from torch import Tensor
 
-from minbert.training.continual import L2SP, ElasticWeightConsolidation
-from minbert.training.lnsr import LnsrConfig
-from smart import BregmanAnchor, SmartRegularizer, bregman_momentum
+from minbert.training.objective import Penalty, TaskForward, UpdatePlace
+from smart import BregmanAnchor, SmartRegularizer, bregman_momentum, computes_exactly
 
 # The anchor's tensors in a checkpoint: the key predates the name "anchor", and runs saved with it must still resume.
 ANCHOR_KEY = "teacher."
-EWC_KEY = "ewc."
+SKIPPED_KEY = "smart_skipped_steps"  # the checkpoint's field, and steps.jsonl's, of the adversarial terms dropped
 
 
 @dataclass
-class Regularization:
-    """SMART, LNSR, EWC and L2-SP as a run uses them; none of them by default."""
-    smart: dict[str, SmartRegularizer] = field(default_factory=dict)
+class SmartPenalty(Penalty):
+    """SMART's lambda_s * R_s and mu * D_Breg on the tasks of `regularizers`, as "smart_adversarial" and
+    "smart_bregman"; with the shared `anchor` (None without a Bregman term)."""
+    regularizers: dict[str, SmartRegularizer] = field(default_factory=dict)
     anchor: BregmanAnchor | None = None  # theta_tilde of every task's D_Breg
     anchor_momentum: float | None = None  # a fixed beta, or None for the SMART paper's schedule (bregman_momentum)
     # Whether that schedule's 10% is of the run's updates or of each stage's, restarting every stage
@@ -29,56 +30,58 @@ class Regularization:
     # What D_Breg compares with (smart.ANCHORS): the moving average, or the weights the stage started from (the
     # anchor is reset before every stage and never updated).
     anchored_to: str = "moving_average"
-    lnsr: dict[str, LnsrConfig] = field(default_factory=dict)
-    ewc: ElasticWeightConsolidation | None = None  # consolidated when a block of task stages gives way to the next
-    ewc_fisher_batches: int = 100  # the Fisher's batches: the first ones of the block's last stage
-    l2sp: L2SP | None = None
+    name = "smart"
 
-    @property
-    def defences(self) -> dict[str, ElasticWeightConsolidation | L2SP]:
-        """The defences against forgetting by their penalties' names (trainer.task_loss_and_penalties)."""
-        return {name: defence for name, defence in (("ewc", self.ewc), ("l2sp", self.l2sp)) if defence is not None}
+    def applies_to(self, task: str) -> bool:
+        return task in self.regularizers
 
-    def after_update(self, model: torch.nn.Module, stage_update: int, stage_updates: int, run_update: int,
-                     run_updates: int) -> None:
-        """After an optimizer update (`stage_update` of its stage's `stage_updates`, `run_update` of the run's
-        `run_updates`, 0-based): the moving average follows the model, at the momentum of the update's place."""
+    def computes_exactly(self, task: str, device_type: str) -> bool:
+        return computes_exactly(self.regularizers[task].config, device_type)
+
+    def add_to(self, loss: Tensor, forward: TaskForward) -> tuple[Tensor, dict[str, Tensor]]:
+        regularizer = self.regularizers[forward.task]
+        loss = loss + regularizer.penalty(forward.outputs_from_embeddings, forward.embeddings, forward.outputs,
+                                          forward.objective.divergence, anchor_args=(forward.task, forward.batch),
+                                          token_mask=forward.inputs.attention_mask)
+        return loss, {f"smart_{name}": term for name, term in regularizer.terms.items()}
+
+    def after_update(self, model: torch.nn.Module, place: UpdatePlace) -> None:
+        """The moving average follows the model, at the momentum of the update's place."""
         if self.anchor is None or self.anchored_to != "moving_average":
             return
-        position, count = ((stage_update, stage_updates) if self.momentum_schedule == "stage"
-                           else (run_update, run_updates))
+        position, count = ((place.stage_update, place.stage_updates) if self.momentum_schedule == "stage"
+                           else (place.run_update, place.run_updates))
         self.anchor.momentum = bregman_momentum(position, count, self.anchor_momentum)
         self.anchor.update(model)
 
     def start_stage(self, model: torch.nn.Module) -> None:
-        """Before a stage: the anchor "stage_start" becomes the weights the stage starts from."""
+        """The anchor "stage_start" becomes the weights the stage starts from."""
         if self.anchor is not None and self.anchored_to == "stage_start":
             self.anchor.reset(model)
 
     def skipped_steps(self) -> dict[str, int]:
-        """SMART's adversarial terms dropped for a non-finite ascent so far, by task."""
-        return {task: regularizer.skipped_steps for task, regularizer in self.smart.items()}
+        """The adversarial terms dropped for a non-finite ascent so far, by task."""
+        return {task: regularizer.skipped_steps for task, regularizer in self.regularizers.items()}
 
-    def state_tensors(self) -> dict[str, torch.Tensor]:
-        """The anchor's and EWC's tensors, by their checkpoint keys."""
-        tensors = {}
+    def state_tensors(self) -> dict[str, Tensor]:
+        if self.anchor is None:
+            return {}
+        return {f"{ANCHOR_KEY}{k}": v.contiguous() for k, v in self.anchor.state_dict().items()}
+
+    def checkpoint_values(self) -> dict:
+        return {SKIPPED_KEY: self.skipped_steps()}
+
+    def load_state(self, tensors: dict[str, Tensor], metadata: dict, device: torch.device) -> None:
         if self.anchor is not None:
-            tensors.update({f"{ANCHOR_KEY}{k}": v.contiguous() for k, v in self.anchor.state_dict().items()})
-        if self.ewc is not None:
-            tensors.update({f"{EWC_KEY}{k}": v.contiguous() for k, v in self.ewc.state_dict().items()})
-        return tensors
+            self.anchor.load_state_dict(prefixed(tensors, ANCHOR_KEY, device))
+        for task, skipped in metadata.get(SKIPPED_KEY, {}).items():
+            if task in self.regularizers:
+                self.regularizers[task].skipped_steps = skipped
 
-    def load_state(self, tensors: dict[str, torch.Tensor], skipped_steps: dict[str, int],
-                   device: torch.device) -> None:
-        """state_tensors' tensors of a checkpoint among `tensors`, and skipped_steps' counts, put back."""
-        if self.anchor is not None:
-            self.anchor.load_state_dict(_prefixed(tensors, ANCHOR_KEY, device))
-        if self.ewc is not None:
-            self.ewc.load_state_dict(_prefixed(tensors, EWC_KEY, device))
-        for task, skipped in skipped_steps.items():
-            if task in self.smart:
-                self.smart[task].skipped_steps = skipped
+    def log_values(self) -> dict:
+        return {SKIPPED_KEY: sum(self.skipped_steps().values())}
 
 
-def _prefixed(tensors: dict[str, torch.Tensor], prefix: str, device: torch.device) -> dict[str, torch.Tensor]:
+def prefixed(tensors: dict[str, Tensor], prefix: str, device: torch.device) -> dict[str, Tensor]:
+    """The tensors whose keys begin with `prefix`, without it, on `device`."""
     return {name[len(prefix):]: tensor.to(device) for name, tensor in tensors.items() if name.startswith(prefix)}

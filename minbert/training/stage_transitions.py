@@ -15,7 +15,7 @@ from minbert.distributed import SINGLE_PROCESS, Distributed
 from minbert.model.multitask_bert import MultitaskBERT, load_trained_tensors, trained_tensors
 from minbert.prediction.leaderboard import kept_model_score
 from minbert.tasks import SIMCSE_TASKS
-from minbert.training.regularization import Regularization
+from minbert.training.objective import FinishedBlock, Penalty
 from minbert.training.schedules import (Stage, StageKind, block_length, multi_epoch_stages, patience_exhausted,
                                         trained_heads)
 from minbert.training.training_state import TrainingState
@@ -45,14 +45,15 @@ class TransitionSettings:
 
 
 class StageTransitions:
-    """Between the stages of a run of `tasks`. `consolidate(stage, index)`: EWC's consolidation on the batches of
-    task stage `index` (the trainer's, which batches and computes its loss)."""
+    """Between the stages of a run of `tasks`, and the penalties' hooks there. `finished_block(stage, index)`: the
+    block of task stages that ends with stage `index`, as the penalties see it (the trainer's, which batches and
+    computes its loss)."""
 
     def __init__(self, model: MultitaskBERT, device: torch.device, tasks: tuple[str, ...],
-                 settings: TransitionSettings, regularization: Regularization,
-                 consolidate: Callable[[Stage, int], None], distributed: Distributed = SINGLE_PROCESS):
+                 settings: TransitionSettings, penalties: list[Penalty],
+                 finished_block: Callable[[Stage, int], FinishedBlock], distributed: Distributed = SINGLE_PROCESS):
         self.model, self.device, self.tasks, self.settings = model, device, tasks, settings
-        self.regularization, self.consolidate, self.distributed = regularization, consolidate, distributed
+        self.penalties, self.finished_block, self.distributed = penalties, finished_block, distributed
         self.block_best: BlockBest | None = None  # the best stage of the block under way (stage_start, simcse_keep)
         self.saved_schedule_length: int | None = None  # the stages of the schedule a resumed checkpoint was saved in
 
@@ -90,8 +91,8 @@ class StageTransitions:
         """After stage `index` (and early stopping), before its checkpoint, so that a resume starts the next stage
         (`following`) as an uninterrupted run does: keep the block's best stage so far (block_policy "best"); when
         the next stage begins another block, go on from that best stage's weights (only the model's: the
-        optimizer's moments go on) and consolidate EWC on the finished block's task; reset SMART's anchor
-        "stage_start"."""
+        optimizer's moments go on) and end the finished block of a task for the penalties (EWC consolidates); then
+        start the next stage for them (SMART's anchor "stage_start" resets)."""
         stage = stages[index]
         if self.block_policy(stage) == "best" and block_length(stages, index) > 1:
             score = kept_model_score(record, {stage.task} if stage.task else set(SIMCSE_TASKS))  # SimCSE's: STS's r
@@ -109,9 +110,12 @@ class StageTransitions:
                     print(f"stage {following + 1} starts from stage {best.index}, the best of its block on dev "
                           f"({best.score:.4f}; --{'simcse_keep' if stage.kind is StageKind.SIMCSE else 'stage_start'} "
                           "best)")
-            if self.regularization.ewc is not None and stage.kind is StageKind.TASK:
-                self.consolidate(stage, index)
-        self.regularization.start_stage(self.model)
+            if stage.kind is StageKind.TASK:
+                block = self.finished_block(stage, index)
+                for penalty in self.penalties:
+                    penalty.end_block(self.model, block)
+        for penalty in self.penalties:
+            penalty.start_stage(self.model)
 
     def extend(self, stages: list[Stage], state: TrainingState) -> None:
         """A checkpoint saved at the end of a shorter schedule (load_state's saved_schedule_length), resumed with more

@@ -37,15 +37,14 @@ from minbert.prediction.leaderboard import kept_model_score
 from minbert.prediction.run_evaluation import Evaluator, MetricsLog, stage_record
 from minbert.runtime import to_device, use_tf32
 from minbert.step_log import RunLog
-from minbert.training.distillation import Distillation
 from minbert.training.gradient_surgery import GradientSurgery
 from minbert.training.mlm import MaskedLanguageModelHead
-from minbert.training.regularization import Regularization
+from minbert.training.objective import FinishedBlock, Penalty, compute_task_loss, penalties_state
 from minbert.training.schedules import Stage, StageKind, multitask_order, trained_heads
 from minbert.training.stage_data import StageData
 from minbert.training.stage_transitions import StageTransitions
 from minbert.training.training_state import TrainingState, data_fingerprints, save_training_state
-from minbert.training.training_steps import LoopConfig, ResumedStage, StagePlace, StepLoop, compute_task_loss
+from minbert.training.training_steps import LoopConfig, ResumedStage, StagePlace, StepLoop
 from optimizer import AdamW
 
 
@@ -74,24 +73,25 @@ class Trainer:
     optimizer, SMART's state and the run's files; `predictor` and `evaluator` predict and evaluate its splits."""
 
     def __init__(self, model: MultitaskBERT, tokenizer, data: dict[str, TaskData], device: torch.device,
-                 config: LoopConfig, optimizer: AdamW, regularization: Regularization | None = None,
+                 config: LoopConfig, optimizer: AdamW, penalties: list[Penalty] | None = None,
                  simcse: SimcseStage | None = None, gradient_surgery: GradientSurgery | None = None,
                  task_settings: dict | None = None, mlm_head: MaskedLanguageModelHead | None = None,
-                 distributed: Distributed = SINGLE_PROCESS, settings: dict | None = None,
-                 distillation: Distillation | None = None):
+                 distributed: Distributed = SINGLE_PROCESS, settings: dict | None = None):
         """`optimizer`: over the model's (and the mlm head's) parameters (optimization.build_optimizer).
         `gradient_surgery`: how multi-task epochs combine the tasks' gradients (None: one task per step). `mlm_head`:
         given when the schedule has an mlm stage; it trains with the model, and only the training state keeps it.
         `distributed`: this process's place under torchrun; each rank trains on its slice of every batch and
         only rank 0 writes. `settings`: the run's settings as plain values, saved in every checkpoint; `task_settings`:
-        the tasks' own options (tasks.task_settings). `distillation`: a teacher's train scores for the task steps."""
+        the tasks' own options (tasks.task_settings). `penalties`: what each task's objective adds to its loss, in
+        order (run_setup.build_penalties)."""
         self.model, self.tokenizer, self.data, self.device, self.config = model, tokenizer, data, device, config
-        self.optimizer, self.regularization = optimizer, regularization or Regularization()
+        self.optimizer, self.penalties = optimizer, penalties or []
         self.simcse, self.task_settings = simcse, task_settings or {}
         self.distributed, self.settings = distributed, settings or {}
         triplets = simcse.triplets if simcse is not None else []
-        # the data and a teacher's scores never change during a run, nor between a stop and its --resume
-        self.data_sha256 = data_fingerprints(data, triplets) | (distillation.fingerprints() if distillation else {})
+        # the data and the penalties' inputs (a teacher's scores) never change in a run, nor between a stop and --resume
+        self.data_sha256 = data_fingerprints(data, triplets) | {
+            name: sha for penalty in self.penalties for name, sha in penalty.fingerprints().items()}
         self.output_dir, self.precision = Path(config.output_dir), config.precision
         use_tf32(device)
         self.tasks = tuple(data)  # the run's tasks, in tasks.RUN_TASKS' order
@@ -99,16 +99,16 @@ class Trainer:
         self.run_log = RunLog(self.output_dir, config.report_to, distributed.is_main)
         self.metrics_log = MetricsLog(self.output_dir, self.run_log, distributed.is_main)
         self.steps = StepLoop(model, device, config, optimizer, self.state, self.run_log, self.save_checkpoint,
-                              self.regularization, simcse.loss if simcse is not None else None, gradient_surgery,
-                              mlm_head, distillation, distributed)
+                              self.penalties, simcse.loss if simcse is not None else None, gradient_surgery,
+                              mlm_head, distributed)
         splits = TokenizedSplits(tokenizer, model, config.max_length, self.task_settings)  # training and predictions
         self.predictor = Predictor(model, splits, device, PredictionSettings(
             config.eval_batch_size, config.max_length, self.precision, self.steps.quiet), distributed)
         self.evaluator = Evaluator(self.predictor, data, config.seed)
         self.stage_data = StageData(data, splits, triplets, config.batch_size, config.num_workers,
                                     config.pad_to_multiple_of, device, distributed, gradient_surgery is not None)
-        self.transitions = StageTransitions(model, device, self.tasks, config.transitions, self.regularization,
-                                            self.consolidate, distributed)
+        self.transitions = StageTransitions(model, device, self.tasks, config.transitions, self.penalties,
+                                            self.finished_block, distributed)
         self.kept: KeptModel | None = None  # the best model of this process's stages (a resumed run may have none)
         self.resumed: ResumedStage | None = None  # a checkpoint inside a stage, until run_stage continues it
 
@@ -162,24 +162,18 @@ class Trainer:
         return self.steps.run_steps(((partial(step, t), batches.next(t)) for t in order[done:]), steps, description,
                                     place=place, resumed=resumed)
 
-    def consolidate(self, stage: Stage, index: int) -> None:
-        """EWC's Fisher of a task stage's loss at the weights the next stage starts from, on the first
-        ewc_fisher_batches batches of the stage's own order (its seed), by the task's loss alone: no SMART, LNSR nor
-        distillation. Under torchrun each rank's Fisher (of its slices of the batches) is averaged over the ranks, so
-        that every rank and a resume hold the same."""
-        ewc = self.regularization.ewc
-        loader = self.stage_data.train_loader(stage.task, self.config.seed + 1000 * index,
-                                              self.stage_data.stage_size(stage))
-
-        def batch_losses():
-            for batch in itertools.islice(loader, self.regularization.ewc_fisher_batches):
-                batch = to_device(batch, self.device)
-                with self.steps.amp:
-                    loss = compute_task_loss(self.model, stage.task, batch)
+    def finished_block(self, stage: Stage, index: int) -> FinishedBlock:
+        """Task stage `index`, the last of its block, for the penalties (EWC's Fisher): its task's loss alone on the
+        first batches of the stage's own order (its seed); averaged over torchrun's ranks, so that all hold the same."""
+        def losses(count: int):
+            loader = self.stage_data.train_loader(stage.task, self.config.seed + 1000 * index,
+                                                  self.stage_data.stage_size(stage))
+            for batch in itertools.islice(loader, count):
+                with self.steps.amp:  # the loss only: what consumes it runs outside the autocast
+                    loss, _ = compute_task_loss(self.model, stage.task, to_device(batch, self.device))
                 yield loss
-        ewc.consolidate(self.model, batch_losses)
-        if self.distributed.enabled:
-            ewc.fisher = dict(zip(ewc.fisher, self.distributed.average_tensors(list(ewc.fisher.values()))))
+        distributed = self.distributed
+        return FinishedBlock(stage.task, losses, distributed.average_tensors if distributed.enabled else list)
 
     # -- the whole run ----------------------------------------------------------------------------
     def train(self, stages: list[Stage]) -> None:
@@ -247,6 +241,9 @@ class Trainer:
         self.evaluator.chosen = self.kept.metrics
         return self.kept.metrics, self.kept.predictions, self.kept.scores
 
+    def penalty(self, name: str) -> Penalty | None:  # the run's penalty of that name (Penalty.name), or None
+        return next((penalty for penalty in self.penalties if penalty.name == name), None)
+
     def log(self, record: dict) -> None:
         """A record of the history (run_evaluation.stage_record), also written where the metrics go."""
         self.state.history.append(record)
@@ -275,7 +272,8 @@ class Trainer:
         tensors = {f"model.{k}": v for k, v in trained_tensors(self.model).items()}
         optimizer_tensors, optimizer_info = optimizer_state(self.optimizer)
         block_tensors, block_best = self.transitions.state()
-        tensors |= optimizer_tensors | rank_tensors | self.regularization.state_tensors() | block_tensors
+        penalty_tensors, penalty_values = penalties_state(self.penalties)
+        tensors |= optimizer_tensors | rank_tensors | penalty_tensors | block_tensors
         if self.steps.mlm_head is not None:
             tensors |= {f"mlm_head.{k}": v.detach().contiguous() for k, v in self.steps.mlm_head.state_dict().items()}
         state = dataclasses.asdict(self.state)
@@ -283,7 +281,7 @@ class Trainer:
             **model_metadata(self.model), "args": self.settings, "next_stage": state["next_stage"],
             "history": state["history"], "best_score": state["best_score"], "updates": state["updates"],
             "data_sha256": self.data_sha256, "world_size": self.distributed.world_size,
-            "optimizer": optimizer_info, "rng": rng_info, "smart_skipped_steps": self.regularization.skipped_steps(),
+            "optimizer": optimizer_info, "rng": rng_info, **penalty_values,
             # The fp16 gradient scaler's scale and growth counter (plain numbers; {} without fp16).
             "grad_scaler": self.steps.scaler.state_dict(), "skipped_updates": state["skipped_updates"],
             # The block's best stage so far (stage_transitions), its tensors under block_best.; None outside a block.
@@ -296,7 +294,8 @@ class Trainer:
         schedule of `saved_schedule_length` stages (None: this run's); train() extends a finished shorter one."""
         load_trained_tensors(self.model, {k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
         restore_optimizer(self.optimizer, tensors, metadata["optimizer"])
-        self.regularization.load_state(tensors, metadata["smart_skipped_steps"], self.device)
+        for penalty in self.penalties:
+            penalty.load_state(tensors, metadata, self.device)
         if self.steps.mlm_head is not None:
             self.steps.mlm_head.load_state_dict({k[9:]: v for k, v in tensors.items() if k.startswith("mlm_head.")})
         self.transitions.load_state(tensors, metadata.get("block_best"), saved_schedule_length)

@@ -26,10 +26,11 @@ from minbert.model.checkpoint import (atomic_save, check_fields, python_generato
                                       rng_info_problem)
 
 TRAINING_STATE_FIELDS = {"args": dict, "data_sha256": dict, "next_stage": int, "history": list, "best_score": (int, float),
-                         "updates": int, "optimizer": dict, "rng": dict, "smart_skipped_steps": dict}
-# "position": where a stage stood when the checkpoint was saved inside it (StepLoop.save_inside_stage)
+                         "updates": int, "optimizer": dict, "rng": dict}
+# "position": where a stage stood when the checkpoint was saved inside it (StepLoop.save_inside_stage).
+# "smart_skipped_steps": SMART's (a penalty's checkpoint value: a run without SMART saves none; earlier code always did).
 OPTIONAL_FIELDS = {"grad_scaler": dict, "skipped_updates": int, "skipped_stages": list,
-                   "block_best": (dict, type(None)), "position": dict}
+                   "block_best": (dict, type(None)), "position": dict, "smart_skipped_steps": dict}
 
 
 @dataclass
@@ -163,7 +164,7 @@ def check_values(metadata: dict, refuse: Callable[[str], None]) -> None:
         refuse(f"best_score {best!r} is not a score in [0, 1]")
     counters = [("updates", metadata["updates"], 0), ("skipped_updates", metadata.get("skipped_updates", 0), 0),
                 ("world_size", metadata.get("world_size", 1), 1)]
-    counters += [(f"smart_skipped_steps[{task!r}]", n, 0) for task, n in metadata["smart_skipped_steps"].items()]
+    counters += [(f"smart_skipped_steps[{task!r}]", n, 0) for task, n in metadata.get("smart_skipped_steps", {}).items()]
     for name, count, least in counters:
         if not isinstance(count, int) or isinstance(count, bool) or count < least:
             refuse(f"{name} must be a whole number >= {least}, found {count!r}")

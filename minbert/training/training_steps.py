@@ -1,10 +1,9 @@
 """The inner loop of training: a stage's steps driven with gradient accumulation (StepLoop.run_steps), each one the
-forward and backward of a batch (a task's, with SMART, LNSR, distillation and the defences against forgetting; a
-SimCSE or masked-LM batch; gradient surgery's batch of every task), the optimizer's updates at the schedule's
-learning rate, a line of steps.jsonl every logging_steps updates and the checkpoints inside the stage.
+forward and backward of a batch (a task's objective with its penalties: objective.TaskObjective; a SimCSE or
+masked-LM batch; gradient surgery's batch of every task), the optimizer's updates at the schedule's learning rate,
+a line of steps.jsonl every logging_steps updates and the checkpoints inside the stage.
 
-    loss = compute_task_loss(model, task, batch, regularizer)       # one task batch's loss, SMART's penalty included
-    steps = StepLoop(model, device, config, optimizer, state, run_log, save_checkpoint, regularization)
+    steps = StepLoop(model, device, config, optimizer, state, run_log, save_checkpoint, penalties)
     mean_loss = steps.run_steps(((partial(steps.task_step, "sst"), b) for b in loader), len(loader), "stage 1 sst")
 """
 from __future__ import annotations
@@ -12,7 +11,6 @@ from __future__ import annotations
 import math
 import random
 import time
-from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -23,79 +21,16 @@ from tqdm import tqdm
 from minbert.distributed import SINGLE_PROCESS, Distributed
 from minbert.model.checkpoint import restore_rng
 from minbert.model.multitask_bert import MultitaskBERT
-from minbert.runtime import autocast, float32_exact, to_device
+from minbert.runtime import autocast, to_device
 from minbert.step_log import DeviceSums, RunLog, StageLosses, read_line
-from minbert.training.continual import L2SP, ElasticWeightConsolidation
-from minbert.training.distillation import Distillation
 from minbert.training.gradient_surgery import GradientSurgery
-from minbert.training.lnsr import LnsrConfig, encode_with_noise_stability
 from minbert.training.mlm import MaskedLanguageModelHead, mlm_loss
+from minbert.training.objective import Penalty, TaskObjective, UpdatePlace
 from minbert.training.optimization import update_weights
-from minbert.training.regularization import Regularization
 from minbert.training.schedules import learning_rate_factor
 from minbert.training.stage_transitions import TransitionSettings
 from minbert.training.training_state import TrainingState
 from optimizer import AdamW
-from smart import SmartRegularizer, computes_exactly
-
-
-def compute_task_loss(model: MultitaskBERT, task: str, batch: dict, regularizer: SmartRegularizer | None = None,
-                      lnsr: LnsrConfig | None = None, distillation: Distillation | None = None,
-                      defences: dict[str, ElasticWeightConsolidation | L2SP] | None = None) -> torch.Tensor:
-    """The task's loss on one batch (mixed with the teacher's scores under distillation), plus SMART's and
-    LNSR's penalties and the defences against forgetting (EWC's, L2-SP's: continual.py) when they are given.
-
-    With SMART at precision "exact", or under fp16 autocast, the whole step runs in exact float32 whatever the
-    run's autocast (smart.computes_exactly says why)."""
-    return task_loss_and_penalties(model, task, batch, regularizer, lnsr, distillation, defences)[0]
-
-
-def task_loss_and_penalties(model: MultitaskBERT, task: str, batch: dict, regularizer: SmartRegularizer | None = None,
-                            lnsr: LnsrConfig | None = None, distillation: Distillation | None = None,
-                            defences: dict[str, ElasticWeightConsolidation | L2SP] | None = None
-                            ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """compute_task_loss's loss, and the penalties in it as they were added, detached on the device: SMART's
-    "smart_adversarial" (lambda_s * R_s) and "smart_bregman" (mu * D_Breg), LNSR's "lnsr", and each defence's
-    under its name in `defences` ("ewc", "l2sp")."""
-    exact = regularizer is not None and computes_exactly(regularizer.config, next(model.parameters()).device.type)
-    with float32_exact() if exact else nullcontext():
-        return _task_loss(model, task, batch, regularizer, lnsr, distillation, defences)
-
-
-def _task_loss(model: MultitaskBERT, task: str, batch: dict, regularizer: SmartRegularizer | None,
-               lnsr: LnsrConfig | None, distillation: Distillation | None,
-               defences: dict[str, ElasticWeightConsolidation | L2SP] | None
-               ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    model.set_adapter(task)  # the passes below run the encoder in parts, not through forward()
-    inputs = model.encoder_inputs(task, batch)
-    embeddings = model.embed(inputs)
-
-    def forward_fn(e):
-        return model.outputs_from_embeddings(task, e, inputs)
-    objective = model.objectives[task]
-    penalty = None
-    penalties = {}
-    if lnsr is None:
-        outputs = forward_fn(embeddings)
-    else:  # the clean pass of LNSR is the task's forward
-        hidden, penalty = encode_with_noise_stability(model.bert.encoder, embeddings, inputs.attention_mask, lnsr,
-                                                      inputs.layout)
-        outputs = model.outputs_from_hidden(task, hidden, inputs)
-    loss = objective.loss(outputs, batch["labels"])
-    if distillation is not None:
-        loss = distillation.mix(task, loss, objective, outputs, batch["ids"])
-    if penalty is not None:
-        loss = loss + penalty
-        penalties["lnsr"] = penalty.detach()
-    if regularizer is not None:
-        loss = loss + regularizer.penalty(forward_fn, embeddings, outputs, objective.divergence,
-                                          anchor_args=(task, batch), token_mask=inputs.attention_mask)
-        penalties.update({f"smart_{name}": term for name, term in regularizer.terms.items()})
-    for name, defence in (defences or {}).items():  # on the weights alone: computed on the device, nothing read back
-        term = defence.penalty(model)
-        loss = loss + term
-        penalties[name] = term.detach()
-    return loss, penalties
 
 
 @dataclass(frozen=True)
@@ -160,15 +95,16 @@ class StepLoop:
 
     def __init__(self, model: MultitaskBERT, device: torch.device, config: LoopConfig, optimizer: AdamW,
                  state: TrainingState, run_log: RunLog, save_checkpoint: Callable[[dict, dict], None],
-                 regularization: Regularization,
+                 penalties: list[Penalty],
                  simcse_loss: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
                  gradient_surgery: GradientSurgery | None = None, mlm_head: MaskedLanguageModelHead | None = None,
-                 distillation: Distillation | None = None, distributed: Distributed = SINGLE_PROCESS):
+                 distributed: Distributed = SINGLE_PROCESS):
         self.model, self.device, self.config, self.optimizer = model, device, config, optimizer
         self.state, self.run_log, self.save_checkpoint = state, run_log, save_checkpoint
-        self.regularization = regularization
+        self.penalties = penalties
+        self.objectives: dict[str, TaskObjective] = {}  # each task's, built at its first step
         self.simcse_loss, self.gradient_surgery, self.mlm_head = simcse_loss, gradient_surgery, mlm_head
-        self.distillation, self.distributed = distillation, distributed
+        self.distributed = distributed
         self.quiet = config.quiet or not distributed.is_main
         self.amp = autocast(device, config.precision)
         # fp16 (GPUs without bf16: T4, V100) underflows small gradients: the loss is scaled up before backward
@@ -178,8 +114,8 @@ class StepLoop:
         self.stage_update, self.stage_updates, self.total_updates = 0, 1, 1
         self.stage_lr = self.learning_rate = config.lr  # the stage's base rate, and that of the last update
         # Since the last line of steps.jsonl, on the device: each task's losses (simcse and mlm stages: theirs),
-        # and the penalties (task_loss_and_penalties' names).
-        self.task_losses, self.penalties = DeviceSums(), DeviceSums()
+        # and the penalties (their terms, by the names their objective gives them).
+        self.task_losses, self.penalty_terms = DeviceSums(), DeviceSums()
         self.last_save = time.monotonic()  # of the last checkpoint: save_every_minutes counts from it
         self.stage_start = time.time()  # when the stage being trained began (a resumed one: its earlier seconds too)
 
@@ -192,15 +128,15 @@ class StepLoop:
 
     def task_step(self, task: str, batch: dict, group_size: int) -> float:
         batch = to_device(batch, self.device)
+        if task not in self.objectives:
+            self.objectives[task] = TaskObjective(task, self.penalties)
         with self.amp:
-            loss, penalties = task_loss_and_penalties(self.model, task, batch, self.regularization.smart.get(task),
-                                                      self.regularization.lnsr.get(task), self.distillation,
-                                                      self.regularization.defences)
+            loss, penalties = self.objectives[task](self.model, batch)
         if loss.requires_grad:  # not so for the SBERT cosine with --option pretrain: it has no trainable weight
             self.backward(loss, len(batch["labels"]), group_size)
         self.task_losses.add(task, loss)
         for name, value in penalties.items():
-            self.penalties.add(name, value)
+            self.penalty_terms.add(name, value)
         return loss.detach()
 
     def simcse_step(self, batch: dict, group_size: int) -> float:
@@ -258,8 +194,9 @@ class StepLoop:
             # Nothing moved: neither SMART's anchor nor the schedules (learning rate, SMART's momentum) advance.
             self.state.skipped_updates += 1
             return norm
-        self.regularization.after_update(self.model, self.stage_update, self.stage_updates, self.state.updates,
-                                         self.total_updates)
+        place = UpdatePlace(self.stage_update, self.stage_updates, self.state.updates, self.total_updates)
+        for penalty in self.penalties:
+            penalty.after_update(self.model, place)
         self.state.updates += 1
         return norm
 
@@ -282,7 +219,7 @@ class StepLoop:
         accumulation = self.config.grad_accumulation_steps
         losses = StageLosses(self.device)
         self.task_losses.clear()
-        self.penalties.clear()
+        self.penalty_terms.clear()
         done = 0 if resumed is None else self.continue_stage(resumed, losses)
         # Examples counted in full batches of every rank (a stage's last batch may be shorter).
         step_examples = self.config.batch_size * self.distributed.world_size * batches_per_step
@@ -329,11 +266,11 @@ class StepLoop:
         loss_tensors, loss_counts = losses.state()
         local = {f"position.losses.{name}": tensor for name, tensor in loss_tensors.items()}
         local |= {f"position.task_losses.{name}": tensor for name, tensor in self.task_losses.sums.items()}
-        local |= {f"position.penalties.{name}": tensor for name, tensor in self.penalties.sums.items()}
+        local |= {f"position.penalties.{name}": tensor for name, tensor in self.penalty_terms.sums.items()}
         position = {"stage": place.index, "label": place.label, "steps_done": done, "steps": total,
                     "updates": math.ceil(done / accumulation), "stage_updates": math.ceil(total / accumulation),
                     "seconds": time.time() - self.stage_start, "losses": loss_counts,
-                    "task_losses": dict(self.task_losses.counts), "penalties": dict(self.penalties.counts),
+                    "task_losses": dict(self.task_losses.counts), "penalties": dict(self.penalty_terms.counts),
                     **place.extras()}
         self.save_checkpoint(position, local)
 
@@ -343,7 +280,7 @@ class StepLoop:
         position, tensors = resumed.position, resumed.tensors
         losses.load_state({name: tensors[f"position.losses.{name}"] for name in ("total", "recent", "first_nonfinite")},
                           position["losses"])
-        for name, sums in (("task_losses", self.task_losses), ("penalties", self.penalties)):
+        for name, sums in (("task_losses", self.task_losses), ("penalties", self.penalty_terms)):
             sums.load_state({key: tensors[f"position.{name}.{key}"].to(self.device) for key in position[name]},
                             position[name])
         # Only now that the stage's loaders exist: each iter(DataLoader) draws a seed from torch's generator, as the
@@ -356,9 +293,9 @@ class StepLoop:
         """A line of steps.jsonl (and TensorBoard's train/ scalars) for the updates since the last one
         (step_log.read_line); returns its loss. `grad_norm`: the last update's, before clipping."""
         line = {"update": self.state.updates, "stage": description,
-                **read_line(losses, description, self.task_losses, self.penalties, self.learning_rate, grad_norm)}
-        if self.regularization.smart:  # adversarial terms dropped for a non-finite ascent, so far in the run
-            line["smart_skipped_steps"] = sum(self.regularization.skipped_steps().values())
+                **read_line(losses, description, self.task_losses, self.penalty_terms, self.learning_rate, grad_norm)}
+        for penalty in self.penalties:  # their counters so far in the run (SMART's adversarial terms dropped)
+            line |= penalty.log_values()
         if self.scaler.is_enabled():
             line |= {"fp16_scale": self.scaler.get_scale(), "fp16_skipped_updates": self.state.skipped_updates}
         line |= {"seconds": seconds, "examples_per_second": examples / max(seconds, 1e-9)}
