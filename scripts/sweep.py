@@ -42,7 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TRAINER = ROOT / "multitask_classifier.py"
 TRIAL_RECORD = "sweep_trial.json"  # in a trial's folder: its parameters, each seed's score, how it ended
 RUN_LOG = "sweep.log"  # in a run's folder: what the run printed
-POLL_SECONDS = 1.0
+POLL_SECONDS = 0.5
 STOP_SECONDS = 120  # a pruned run's time to save its checkpoint after SIGINT before it is killed
 # Flags the sweep sets for every trial: a space or the base flags naming them would be overridden.
 SWEEP_FLAGS = ("output_dir", "resume", "config", "help")
@@ -331,7 +331,7 @@ def watch_run(process: subprocess.Popen, trial, sweep: Sweep, run: Path, report:
     while process.poll() is None:
         time.sleep(POLL_SECONDS)
         for record in stage_records(run):
-            if sweep.objective not in record:
+            if record["index"] >= 1 and sweep.objective not in record:  # the pretrained model's has no train_loss
                 stop_run(process)
                 raise SweepError(f"--objective {sweep.objective}: {run / 'metrics.jsonl'} records no such metric "
                                  f"(it has {', '.join(k for k in record if k not in ('stage', 'index'))})")
@@ -570,6 +570,8 @@ def trial_row(frozen, best_number: int | None) -> str:
     note = frozen.user_attrs.get("note", "")
     if state == "fail" and "note" not in frozen.user_attrs:
         state, note = "interrupted", "continued by a later trial"
+    elif is_continuation(frozen) and not note:
+        note = f"continues trial {frozen.system_attrs['failed_trial']}"
     value = "" if frozen.value is None else f"{frozen.value:.4f}"
     params = ", ".join(f"{name}={value:.4g}" if isinstance(value, float) else f"{name}={value}"
                        for name, value in frozen.params.items())
