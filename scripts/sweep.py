@@ -43,6 +43,7 @@ TRAINER = ROOT / "multitask_classifier.py"
 TRIAL_RECORD = "sweep_trial.json"  # in a trial's folder: its parameters, each seed's score, how it ended
 RUN_LOG = "sweep.log"  # in a run's folder: what the run printed
 POLL_SECONDS = 0.5
+FAILURES_IN_A_ROW = 3  # a worker whose trials fail so often stops: the base run itself cannot run
 STOP_SECONDS = 120  # a pruned run's time to save its checkpoint after SIGINT before it is killed
 # Flags the sweep sets for every trial: a space or the base flags naming them would be overridden.
 SWEEP_FLAGS = ("output_dir", "resume", "config", "help")
@@ -505,13 +506,23 @@ def objective(trial, sweep: Sweep) -> float:
 
 def work(study, sweep: Sweep) -> None:
     """This worker's share of the sweep: trials, one at a time, until the sweep's places are taken and none waits
-    to be continued, or the time budget is spent."""
-    started = time.monotonic()
+    to be continued, or the time budget is spent. Trials failing one after another (a base run that cannot run:
+    its data or model missing) stop it rather than use up the sweep."""
+    import optuna
+    started, failures = time.monotonic(), []
     while sweep.timeout is None or time.monotonic() - started < sweep.timeout:
         take_over_orphans(study, sweep.heartbeat * 3)
         if places_taken(study) >= sweep.trials and not waiting_trials(study):
             return
-        study.optimize(lambda trial: objective(trial, sweep), n_trials=1, catch=(TrialFailed, SurplusTrial))
+        ended = []
+        study.optimize(lambda trial: objective(trial, sweep), n_trials=1, catch=(TrialFailed, SurplusTrial),
+                       callbacks=[lambda _, frozen: ended.append(frozen)])
+        if ended and ended[0].state == optuna.trial.TrialState.FAIL and "note" in ended[0].user_attrs:
+            failures.append(ended[0].user_attrs["note"])
+            if len(failures) == FAILURES_IN_A_ROW:
+                raise SweepError(f"{FAILURES_IN_A_ROW} trials in a row failed, the last: {failures[-1]}")
+        elif ended and not ended[0].user_attrs.get("surplus"):
+            failures.clear()
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -525,15 +536,21 @@ def open_storage(url: str, heartbeat: int):
     # A lock held by another worker is waited for; an unreachable server is given up on after a while.
     connect_args = ({"timeout": 60} if url.startswith("sqlite")
                     else {"connect_timeout": 10} if url.startswith(("postgresql", "mysql")) else {})
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            return optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": connect_args},
-                                              heartbeat_interval=heartbeat, grace_period=3 * heartbeat,
-                                              heartbeat_stale_trial_callback=continue_trial)
-    except (ImportError, ValueError, sqlalchemy.exc.SQLAlchemyError) as err:
-        reason = str(getattr(err, "orig", None) or err).strip().splitlines()
-        raise SweepError(f"--storage {url}: cannot open it ({reason[0] if reason else type(err).__name__})") from None
+    for attempt in range(3):  # the last attempt returns or raises
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                return optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": connect_args},
+                                                  heartbeat_interval=heartbeat, grace_period=3 * heartbeat,
+                                                  heartbeat_stale_trial_callback=continue_trial)
+        except (ImportError, ValueError, sqlalchemy.exc.SQLAlchemyError) as err:
+            reason = str(getattr(err, "orig", None) or err).strip().splitlines()
+            # Workers started together on a new database race to create its tables: the losers open it again.
+            if attempt < 2 and (isinstance(err, sqlalchemy.exc.IntegrityError) or "already exists" in str(err)):
+                time.sleep(1)
+                continue
+            raise SweepError(f"--storage {url}: cannot open it ({reason[0] if reason else type(err).__name__})") \
+                from None
 
 
 def sweep_identity(sweep: Sweep) -> dict:
@@ -622,7 +639,7 @@ def write_plots(study, folder: Path) -> list[str]:
             figure = (axes.flat[0] if hasattr(axes, "flat") else axes).figure
             figure.savefig(folder / name, dpi=100, bbox_inches="tight")
             plt.close(figure)
-        except (ValueError, RuntimeError, ZeroDivisionError) as err:
+        except (ValueError, RuntimeError, ZeroDivisionError, ImportError) as err:  # too few trials yet
             notes.append(f"note: no {name} yet ({err})")
     return notes
 

@@ -92,6 +92,20 @@ def test_a_study_is_continued_only_with_the_space_it_was_begun_with(tmp_path, ca
     assert "it was begun with another space" in refusal(capsys, argv)
 
 
+def test_trials_failing_in_a_row_stop_the_sweep_instead_of_using_it_up(tmp_path, capsys, tiny_checkpoint,
+                                                                        monkeypatch):
+    """A base run that cannot run (here every run fails at once) stops the worker after 3 failed trials."""
+    def fail(trial, sweep_, params, seed, run, report):
+        raise sweep.TrialFailed(f"{run}: exit code 2: error: data/missing/ids-sts-train.csv: no such file")
+    monkeypatch.setattr(sweep, "run_seed", fail)
+    line = refusal(capsys, sweep_flags(tmp_path, None, "s", 10) + ["--", *base_flags(tiny_checkpoint)])
+    assert line.startswith("error: 3 trials in a row failed, the last: ") and "no such file" in line
+    study = optuna.load_study(study_name="s", storage=f"sqlite:///{tmp_path / 'sweeps' / 's.db'}")
+    assert [t.state for t in study.trials] == [optuna.trial.TrialState.FAIL] * 3
+    record = json.loads((tmp_path / "sweeps" / "s" / "trial_2" / sweep.TRIAL_RECORD).read_text())
+    assert record["state"] == "failed" and "no such file" in record["note"]
+
+
 def test_conditional_parameters_and_switches_become_the_flags_of_the_run():
     parameters = tuple(sweep.parameter_from("x", name, spec, []) if name != "smart_adv_weight" else
                        sweep.parameter_from("x", name, spec, [sweep.parameter_from("x", "smart", SPACE["smart"], [])])
@@ -238,7 +252,7 @@ def free_port() -> int:
 def postgres():
     """A real PostgreSQL server on a free loopback port, in a temporary folder, as `nobody` when run as root
     (the server refuses root); its URL."""
-    pytest.importorskip("psycopg2", reason="psycopg2 (requirements-dev.txt) is not installed")
+    psycopg = pytest.importorskip("psycopg", reason="psycopg (requirements-dev.txt) is not installed")
     tools = {name: shutil.which(name) or f"/usr/local/bin/{name}" for name in ("initdb", "pg_ctl", "postgres")}
     if not all(os.access(path, os.X_OK) for path in tools.values()):
         pytest.skip("PostgreSQL's initdb, pg_ctl and postgres are not installed")
@@ -253,11 +267,9 @@ def postgres():
     subprocess.run([*as_user, tools["pg_ctl"], "-D", str(folder / "data"), "-l", str(folder / "log"), "-w",
                     "-o", f"-p {port} -h 127.0.0.1 -k {folder}", "start"], check=True, capture_output=True)
     try:
-        import psycopg2
-        connection = psycopg2.connect(host="127.0.0.1", port=port, user="postgres", dbname="postgres")
-        connection.autocommit = True
-        connection.cursor().execute("CREATE DATABASE sweeps")
-        connection.close()
+        with psycopg.connect(host="127.0.0.1", port=port, user="postgres", dbname="postgres",
+                             autocommit=True) as connection:
+            connection.execute("CREATE DATABASE sweeps")
         yield f"postgresql://postgres@127.0.0.1:{port}/sweeps"
     finally:
         subprocess.run([*as_user, tools["pg_ctl"], "-D", str(folder / "data"), "-m", "immediate", "stop"],
