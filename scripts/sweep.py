@@ -25,6 +25,7 @@ import json
 import math
 import os
 import re
+import shlex
 import signal
 import socket
 import subprocess
@@ -45,6 +46,7 @@ RUN_LOG = "sweep.log"  # in a run's folder: what the run printed
 POLL_SECONDS = 0.5
 FAILURES_IN_A_ROW = 3  # a worker whose trials fail so often stops: the base run itself cannot run
 STOP_SECONDS = 120  # a pruned run's time to save its checkpoint after SIGINT before it is killed
+INTERRUPT_SECONDS = 5  # a run's time to end by itself on a Ctrl-C that reached it too
 # Flags the sweep sets for every trial: a space or the base flags naming them would be overridden.
 SWEEP_FLAGS = ("output_dir", "resume", "config", "help")
 KINDS = ("float", "int", "choices")
@@ -199,10 +201,11 @@ def check_space(space: tuple[Parameter, ...], base: list[str], space_path: Path,
     base_args = parse_run(base + scratch, "the base flags after --")
     for parameter in space:
         where = f"--space {space_path}: {parameter.name!r}"
-        if parameter.name not in actions or parameter.name in SWEEP_FLAGS or (parameter.name == "seed" and seeds > 1):
+        if parameter.name not in actions or parameter.name in SWEEP_FLAGS or (parameter.name, seeds > 1) == ("seed", True):
             close = difflib.get_close_matches(parameter.name, actions, 1)
+            suggestion = f" (did you mean {close[0]!r}?)" if close else ""
             reason = ("is set by the sweep itself" if parameter.name in actions
-                      else "is not a flag of multitask_classifier.py" + (f" (did you mean {close[0]!r}?)" if close else ""))
+                      else f"is not a flag of multitask_classifier.py{suggestion}")
             raise SweepError(f"{where} {reason}")
         action = actions[parameter.name]
         if action.nargs == 0 and not isinstance(action, argparse.BooleanOptionalAction) \
@@ -266,7 +269,6 @@ def run_command(sweep: Sweep, params: dict, seed: int, run: Path, resume: bool) 
 
 
 def command_line(words: list[str]) -> str:
-    import shlex
     return " ".join(shlex.quote(word) for word in words)
 
 
@@ -368,9 +370,11 @@ def run_seed(trial, sweep: Sweep, params: dict, seed: int, run: Path, report: bo
     try:
         pruned_at = watch_run(process, trial, sweep, run, report)
     except KeyboardInterrupt:
-        if process.poll() is None:
+        try:  # Ctrl-C in a terminal reaches the run too: it ends by itself
+            process.wait(INTERRUPT_SECONDS)
+        except subprocess.TimeoutExpired:
             stop_run(process)
-        leave_running()
+        raise
     code = process.wait()
     if pruned_at is not None:
         raise optuna.TrialPruned(f"pruned after stage {pruned_at}")
@@ -484,6 +488,7 @@ def objective(trial, sweep: Sweep) -> float:
     trial.set_user_attr("folder", folder_name)
     folder = sweep.folder / folder_name
     params = suggest(trial, sweep.space)
+    trial.set_user_attr("values", params)  # as the flags take them (a list chosen by its JSON text is a list here)
     record = read_trial_record(folder)
     record.update(trial=trial.number, params=params, state="running")
     write_trial_record(folder, record)
@@ -492,6 +497,8 @@ def objective(trial, sweep: Sweep) -> float:
             if str(seed) not in record["seeds"]:
                 record["seeds"][str(seed)] = run_seed(trial, sweep, params, seed, run, report=position == 0)
                 write_trial_record(folder, record)
+    except KeyboardInterrupt:
+        leave_running()
     except Exception as err:
         import optuna
         pruned = isinstance(err, optuna.TrialPruned)
@@ -614,7 +621,8 @@ def summary(study, sweep: Sweep) -> str:
     if best is None:
         return "\n".join(lines + ["", "No trial has completed yet."]) + "\n"
     run = run_folders(sweep.folder / best.user_attrs["folder"], sweep.seeds)[0]
-    flags = [word for name, value in best.params.items() for word in flag_tokens(name, value, flag_actions())]
+    values = best.user_attrs.get("values", best.params)
+    flags = [word for name, value in values.items() for word in flag_tokens(name, value, flag_actions())]
     lines += ["", f"Best: trial {best.number}, {sweep.objective} {best.value:.4f}, in {run}.", "",
               "Its run again, from its own record:", "",
               f"    python multitask_classifier.py --config {command_line([str(run / 'args.json')])} "

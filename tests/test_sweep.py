@@ -156,16 +156,20 @@ def stages_recorded(run: Path) -> int:
 
 @pytest.fixture(scope="module")
 def killed_and_resumed(tmp_path_factory, tiny_checkpoint):
-    """A 4-trial sweep killed with SIGKILL in its second trial's run, after that run's second stage, then the
-    same command again."""
+    """A 4-trial sweep killed with SIGKILL in its second trial's run, after that run's third stage; the same command
+    again, interrupted with SIGINT (Ctrl-C) in its next new trial's run; the same command a third time."""
     tmp_path = tmp_path_factory.mktemp("killed")
     argv = sweep_flags(tmp_path, None, "s", 4, "--pruner", "none") + ["--", *base_flags(tiny_checkpoint, cycles=10)]
-    log = tmp_path / "sweep.log"
+    log, folder = tmp_path / "sweep.log", tmp_path / "sweeps" / "s"
     first = start_sweep(argv, log)
-    wait_for(lambda: stages_recorded(tmp_path / "sweeps" / "s" / "trial_1") >= 3)
+    wait_for(lambda: stages_recorded(folder / "trial_1") >= 3)
     first.send_signal(signal.SIGKILL)
     first.wait()
-    checkpointed = (tmp_path / "sweeps" / "s" / "trial_1" / "last.json").is_file()
+    checkpointed = (folder / "trial_1" / "last.json").is_file()
+    second = start_sweep(argv, log)  # continues trial 1 as trial 2, then begins trial 3
+    wait_for(lambda: stages_recorded(folder / "trial_3") >= 3)
+    second.send_signal(signal.SIGINT)
+    assert second.wait(60) == 130, log.read_text()
     finish(start_sweep(argv, log), log)
     return tmp_path, checkpointed
 
@@ -176,20 +180,25 @@ def test_a_sweep_killed_mid_trial_resumes_with_no_trial_lost_or_duplicated(kille
     trials = trials_of(f"sqlite:///{tmp_path / 'sweeps' / 's.db'}")
     done = completed(trials)
     folders = sorted(t.user_attrs["folder"] for t in done)
-    assert len(done) == 4 and len(set(folders)) == 4 and "trial_1" in folders
+    assert folders == ["trial_0", "trial_1", "trial_3", "trial_5"] and len(done) == 4
     interrupted = [t for t in trials if t.state == optuna.trial.TrialState.FAIL]
-    assert [t.number for t in interrupted] == [1] and len(trials) == 5
-    continuation = next(t for t in done if t.user_attrs["folder"] == "trial_1")
-    assert continuation.system_attrs["failed_trial"] == 1 and continuation.params == interrupted[0].params
+    assert [t.number for t in interrupted] == [1, 3] and len(trials) == 6
+    for original in interrupted:
+        continuation = next(t for t in done if t.user_attrs["folder"] == f"trial_{original.number}")
+        assert continuation.system_attrs["failed_trial"] == original.number
+        assert continuation.params == original.params
     folder = tmp_path / "sweeps" / "s"
     assert sorted(p.name for p in folder.glob("trial_*")) == folders
     commands = [line for line in (folder / "trial_1" / sweep.RUN_LOG).read_text().splitlines()
                 if line.startswith("$ ")]
     # continued from its checkpoint where the kill left one, else run again from its start
     assert len(commands) == 2 and commands[1].endswith("--resume") == checkpointed
+    interrupted_log = (folder / "trial_3" / sweep.RUN_LOG).read_text()
+    # the run under Ctrl-C ended (by then it may have finished its stages), and its continuation resumed
+    assert [line for line in interrupted_log.splitlines() if line.startswith("$ ")][1].endswith("--resume")
     summary = (folder / "summary.md").read_text()
-    assert "| 1 | interrupted |" in summary and summary.count("| complete |") == 4
-    assert f"| {continuation.number} | complete |" in summary and "continues trial 1" in summary
+    assert "| 1 | interrupted |" in summary and "| 3 | interrupted |" in summary
+    assert summary.count("| complete |") == 4 and "continues trial 1" in summary and "continues trial 3" in summary
     for plot in sweep.PLOTS:
         assert (folder / plot).stat().st_size > 0
 
@@ -226,7 +235,7 @@ def test_a_trial_falling_behind_is_pruned_early_and_marked(tmp_path, tiny_checkp
     (trial 1) only lowers at every stage: the median pruner, with one trial finished before it prunes, stops
     trial 1 after its first stage."""
     space = {"lr": {"float": [1e-9, 1e-2], "log": True}}
-    argv = sweep_flags(tmp_path, space, "s", 2, "--startup_trials", "1") + ["--", *base_flags(tiny_checkpoint, 20)]
+    argv = sweep_flags(tmp_path, space, "s", 2, "--startup_trials", "1") + ["--", *base_flags(tiny_checkpoint, 10)]
     storage = f"sqlite:///{tmp_path / 'sweeps' / 's.db'}"
     (tmp_path / "sweeps").mkdir()
     study = optuna.create_study(study_name="s", storage=storage, direction="maximize")
@@ -236,7 +245,7 @@ def test_a_trial_falling_behind_is_pruned_early_and_marked(tmp_path, tiny_checkp
     first, second = trials_of(storage)
     assert first.state == optuna.trial.TrialState.COMPLETE and second.state == optuna.trial.TrialState.PRUNED
     folder = tmp_path / "sweeps" / "s"
-    assert stages_recorded(folder / "trial_0") == 22 and stages_recorded(folder / "trial_1") < 22
+    assert stages_recorded(folder / "trial_0") == 12 and stages_recorded(folder / "trial_1") < 12
     assert json.loads((folder / "trial_1" / sweep.TRIAL_RECORD).read_text())["state"] == "pruned"
     assert "interrupted" in (folder / "trial_1" / sweep.RUN_LOG).read_text()
     assert "| 1 | pruned |" in (folder / "summary.md").read_text()
