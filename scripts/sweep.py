@@ -201,7 +201,8 @@ def check_space(space: tuple[Parameter, ...], base: list[str], space_path: Path,
     base_args = parse_run(base + scratch, "the base flags after --")
     for parameter in space:
         where = f"--space {space_path}: {parameter.name!r}"
-        if parameter.name not in actions or parameter.name in SWEEP_FLAGS or (parameter.name, seeds > 1) == ("seed", True):
+        set_by_sweep = parameter.name in SWEEP_FLAGS or (parameter.name == "seed" and seeds > 1)
+        if parameter.name not in actions or set_by_sweep:
             close = difflib.get_close_matches(parameter.name, actions, 1)
             suggestion = f" (did you mean {close[0]!r}?)" if close else ""
             reason = ("is set by the sweep itself" if parameter.name in actions
