@@ -49,6 +49,7 @@ def test_the_notebook_is_valid_committed_without_outputs_and_parameterised():
     for cell_id in ("install", "drive", "tensorboard", "submit"):
         assert "if IN_COLAB" in sources[cell_id], cell_id
     assert "if GPU and GPU_CHECK" in sources["gpu-check"]
+    assert "if SWEEP_TRIALS" in sources["sweep"]  # the optional sweep (scripts/sweep.py), off unless asked for
 
 
 @pytest.mark.slow
@@ -106,6 +107,7 @@ COURSE_CHECKS = False
     assert sorted(path.name for path in (run / "predictions").iterdir()) == sorted(names)
     assert list((run / "tensorboard").glob("events.out.tfevents.*"))
     assert '"update"' in text["results"] and "forgetting" in text["results"]
+    assert "sweep: skipped (SWEEP_TRIALS = 0)" in text["sweep"]
     with zipfile.ZipFile(run / "cs224n_default_final_project_submission.zip") as archive:
         assert sorted(archive.namelist()) == sorted(f"predictions/{name}" for name in names)
     # The export loaded in transformers and sentence-transformers, outside the project folder, with one embedding.

@@ -1,0 +1,297 @@
+"""scripts/sweep.py: Optuna sweeps of multitask_classifier.py. The refusals run in process (seconds); the sweeps
+themselves start the script with sys.executable on the demo's STS data with the tiny random BERT (each trial a
+few seconds, most of them the run's imports), and are in the slow tier."""
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import DEMO, MAX_LENGTH
+
+optuna = pytest.importorskip("optuna")
+import sweep  # noqa: E402  (scripts/, after the skip: the script needs Optuna)
+
+ROOT = Path(__file__).resolve().parents[1]
+SPACE = {"lr": {"float": [1e-4, 1e-2], "log": True}, "smart": {"choices": [True, False]},
+         "smart_adv_weight": {"float": [1, 20], "when": {"smart": True}}}
+
+
+def base_flags(checkpoint, cycles: int = 2) -> list[str]:
+    """A run of STS alone (the cheapest: no t-SNE, one dev set), `cycles` + 1 stages."""
+    return ["--data_dir", str(DEMO), "--pretrained", str(checkpoint), "--option", "finetune", "--tasks", "sts",
+            "--first_stages", "sts", "--cycle", "sts", "--cycles", str(cycles), "--max_train_examples", "16",
+            "--max_length", str(MAX_LENGTH), "--batch_size", "8"]
+
+
+def sweep_flags(tmp_path, space=None, study="s", trials=2, *extra) -> list[str]:
+    space_file = tmp_path / "space.json"
+    if not space_file.exists():
+        space_file.write_text(json.dumps(space or SPACE))
+    return ["--study", study, "--space", str(space_file), "--trials", str(trials), "--sweeps_dir",
+            str(tmp_path / "sweeps"), "--objective", "sts_pearson", *extra]
+
+
+def refusal(capsys, argv) -> str:
+    assert sweep.main(argv) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), lines
+    return lines[0]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Refused before any trial starts
+
+
+@pytest.mark.parametrize("space, problem", [
+    ("{not json", "not a JSON file"),
+    ({"lr": {"float": [1e-2, 1e-4]}}, "low < high"),
+    ({"lr": {"float": [0, 1e-3], "log": True}}, "'log' needs low > 0"),
+    ({"lr": {"choices": []}}, "non-empty list"),
+    ({"smart_adv_weight": {"float": [1, 2], "when": {"smart": True}}}, "not a parameter above it"),
+    ({"smart_adv_weigth": {"float": [1, 2]}}, "did you mean 'smart_adv_weight'"),
+    ({"output_dir": {"choices": ["a", "b"]}}, "set by the sweep itself"),
+    ({"hidden_dropout_prob": {"float": [0.0, 1.5]}}, "hidden_dropout_prob' = 1.5"),  # refused by the run's own check
+])
+def test_a_bad_space_is_refused_in_one_line_before_any_trial(tmp_path, capsys, tiny_checkpoint, space, problem):
+    (tmp_path / "space.json").write_text(space if isinstance(space, str) else json.dumps(space))
+    line = refusal(capsys, sweep_flags(tmp_path) + ["--", *base_flags(tiny_checkpoint)])
+    assert problem in line and "space.json" in line
+    assert not (tmp_path / "sweeps").exists()
+
+
+def test_bad_base_flags_are_refused_in_one_line(tmp_path, capsys, tiny_checkpoint):
+    line = refusal(capsys, sweep_flags(tmp_path) + ["--", *base_flags(tiny_checkpoint), "--lr", "fast"])
+    assert line.startswith("error: the base flags after --:") and "--lr" in line
+    line = refusal(capsys, sweep_flags(tmp_path) + ["--", *base_flags(tiny_checkpoint), "--output_dir", "x"])
+    assert "--output_dir" in line
+    # A switch the base turns on cannot be turned off by a trial: refused, not silently left on.
+    line = refusal(capsys, sweep_flags(tmp_path) + ["--", *base_flags(tiny_checkpoint), "--smart"])
+    assert "the choice false cannot turn it off" in line
+
+
+@pytest.mark.parametrize("url", ["postgresql://nobody@127.0.0.1:1/sweeps", "sqlite:////nonexistent/dir/s.db",
+                                 "nosuchdb://x"])
+def test_an_unreachable_storage_is_refused_in_one_line(tmp_path, capsys, tiny_checkpoint, url):
+    line = refusal(capsys, sweep_flags(tmp_path) + ["--storage", url, "--", *base_flags(tiny_checkpoint)])
+    assert line.startswith(f"error: --storage {url}: cannot open it (")
+
+
+def test_a_study_is_continued_only_with_the_space_it_was_begun_with(tmp_path, capsys, tiny_checkpoint):
+    argv = sweep_flags(tmp_path) + ["--", *base_flags(tiny_checkpoint)]
+    (tmp_path / "sweeps").mkdir()
+    sweep.open_study(sweep.make_sweep(sweep.parse_args(argv)))
+    (tmp_path / "space.json").write_text(json.dumps({"lr": {"float": [1e-4, 1e-3]}}))
+    assert "it was begun with another space" in refusal(capsys, argv)
+
+
+def test_trials_failing_in_a_row_stop_the_sweep_instead_of_using_it_up(tmp_path, capsys, tiny_checkpoint,
+                                                                        monkeypatch):
+    """A base run that cannot run (here every run fails at once) stops the worker after 3 failed trials."""
+    def fail(trial, sweep_, params, seed, run, report):
+        raise sweep.TrialFailed(f"{run}: exit code 2: error: data/missing/ids-sts-train.csv: no such file")
+    monkeypatch.setattr(sweep, "run_seed", fail)
+    line = refusal(capsys, sweep_flags(tmp_path, None, "s", 10) + ["--", *base_flags(tiny_checkpoint)])
+    assert line.startswith("error: 3 trials in a row failed, the last: ") and "no such file" in line
+    study = optuna.load_study(study_name="s", storage=f"sqlite:///{tmp_path / 'sweeps' / 's.db'}")
+    assert [t.state for t in study.trials] == [optuna.trial.TrialState.FAIL] * 3
+    record = json.loads((tmp_path / "sweeps" / "s" / "trial_2" / sweep.TRIAL_RECORD).read_text())
+    assert record["state"] == "failed" and "no such file" in record["note"]
+
+
+def test_conditional_parameters_and_switches_become_the_flags_of_the_run():
+    parameters = tuple(sweep.parameter_from("x", name, spec, []) if name != "smart_adv_weight" else
+                       sweep.parameter_from("x", name, spec, [sweep.parameter_from("x", "smart", SPACE["smart"], [])])
+                       for name, spec in SPACE.items())
+    off = sweep.suggest(optuna.trial.FixedTrial({"lr": 1e-3, "smart": False}), parameters)
+    assert off == {"lr": 1e-3, "smart": False}  # smart_adv_weight is not searched without SMART
+    on = sweep.suggest(optuna.trial.FixedTrial({"lr": 1e-3, "smart": True, "smart_adv_weight": 4.0}), parameters)
+    actions = sweep.flag_actions()
+    words = [w for name, value in on.items() for w in sweep.flag_tokens(name, value, actions)]
+    assert words == ["--lr", "0.001", "--smart", "--smart_adv_weight", "4.0"]
+    assert sweep.flag_tokens("smart", False, actions) == []
+
+
+# ---------------------------------------------------------------------------------------------------
+# Sweeps
+
+
+def start_sweep(argv, log: Path) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    with open(log, "a") as out:
+        return subprocess.Popen([sys.executable, str(ROOT / "scripts" / "sweep.py"), *argv], stdout=out,
+                                stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+
+
+def finish(process: subprocess.Popen, log: Path, timeout: int = 300) -> None:
+    assert process.wait(timeout) == 0, log.read_text()
+
+
+def trials_of(storage: str, study: str = "s") -> list:
+    return optuna.load_study(study_name=study, storage=storage).get_trials()
+
+
+def wait_for(condition, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.1)
+
+
+def completed(trials) -> list:
+    return [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
+
+
+def stages_recorded(run: Path) -> int:
+    path = run / "metrics.jsonl"
+    return len(path.read_text().splitlines()) if path.is_file() else 0
+
+
+@pytest.fixture(scope="module")
+def killed_and_resumed(tmp_path_factory, tiny_checkpoint):
+    """A 4-trial sweep killed with SIGKILL in its second trial's run, after that run's third stage; the same command
+    again, interrupted with SIGINT (Ctrl-C) in its next new trial's run; the same command a third time."""
+    tmp_path = tmp_path_factory.mktemp("killed")
+    argv = sweep_flags(tmp_path, None, "s", 4, "--pruner", "none") + ["--", *base_flags(tiny_checkpoint, cycles=10)]
+    log, folder = tmp_path / "sweep.log", tmp_path / "sweeps" / "s"
+    first = start_sweep(argv, log)
+    wait_for(lambda: stages_recorded(folder / "trial_1") >= 3)
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    checkpointed = (folder / "trial_1" / "last.json").is_file()
+    second = start_sweep(argv, log)  # continues trial 1 as trial 2, then begins trial 3
+    wait_for(lambda: stages_recorded(folder / "trial_3") >= 3)
+    second.send_signal(signal.SIGINT)
+    assert second.wait(60) == 130, log.read_text()
+    finish(start_sweep(argv, log), log)
+    return tmp_path, checkpointed
+
+
+@pytest.mark.slow
+def test_a_sweep_killed_mid_trial_resumes_with_no_trial_lost_or_duplicated(killed_and_resumed):
+    tmp_path, checkpointed = killed_and_resumed
+    trials = trials_of(f"sqlite:///{tmp_path / 'sweeps' / 's.db'}")
+    done = completed(trials)
+    folders = sorted(t.user_attrs["folder"] for t in done)
+    assert folders == ["trial_0", "trial_1", "trial_3", "trial_5"] and len(done) == 4
+    interrupted = [t for t in trials if t.state == optuna.trial.TrialState.FAIL]
+    assert [t.number for t in interrupted] == [1, 3] and len(trials) == 6
+    for original in interrupted:
+        continuation = next(t for t in done if t.user_attrs["folder"] == f"trial_{original.number}")
+        assert continuation.system_attrs["failed_trial"] == original.number
+        assert continuation.params == original.params
+    folder = tmp_path / "sweeps" / "s"
+    assert sorted(p.name for p in folder.glob("trial_*")) == folders
+    commands = [line for line in (folder / "trial_1" / sweep.RUN_LOG).read_text().splitlines()
+                if line.startswith("$ ")]
+    # continued from its checkpoint where the kill left one, else run again from its start
+    assert len(commands) == 2 and commands[1].endswith("--resume") == checkpointed
+    interrupted_log = (folder / "trial_3" / sweep.RUN_LOG).read_text()
+    # the run under Ctrl-C ended (by then it may have finished its stages), and its continuation resumed
+    assert [line for line in interrupted_log.splitlines() if line.startswith("$ ")][1].endswith("--resume")
+    summary = (folder / "summary.md").read_text()
+    assert "| 1 | interrupted |" in summary and "| 3 | interrupted |" in summary
+    assert summary.count("| complete |") == 4 and "continues trial 1" in summary and "continues trial 3" in summary
+    for plot in sweep.PLOTS:
+        assert (folder / plot).stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_the_best_trials_config_reruns_it_to_the_same_csvs(killed_and_resumed, tmp_path):
+    sweeps, _ = killed_and_resumed
+    study = optuna.load_study(study_name="s", storage=f"sqlite:///{sweeps / 'sweeps' / 's.db'}")
+    run = sweeps / "sweeps" / "s" / study.best_trial.user_attrs["folder"]
+    subprocess.run([sys.executable, str(ROOT / "multitask_classifier.py"), "--config", str(run / "args.json"),
+                    "--output_dir", str(tmp_path / "rerun")], check=True, capture_output=True, cwd=ROOT,
+                   env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
+    for name in ("sts-dev-out.csv", "sts-test-out.csv"):
+        assert (tmp_path / "rerun" / "predictions" / name).read_text() == (run / "predictions" / name).read_text()
+
+
+@pytest.mark.slow
+def test_two_workers_on_one_sqlite_file_finish_exactly_the_trials_asked(tmp_path, tiny_checkpoint):
+    argv = sweep_flags(tmp_path, None, "s", 3, "--pruner", "none") + ["--", *base_flags(tiny_checkpoint, cycles=0)]
+    (tmp_path / "sweeps").mkdir()
+    workers = [start_sweep(argv, tmp_path / f"worker{i}.log") for i in range(2)]
+    for i, worker in enumerate(workers):
+        finish(worker, tmp_path / f"worker{i}.log")
+    trials = trials_of(f"sqlite:///{tmp_path / 'sweeps' / 's.db'}")
+    done = completed(trials)
+    assert len(done) == 3 and len({t.user_attrs["folder"] for t in done}) == 3
+    assert len({t.user_attrs["worker"]["pid"] for t in done}) == 2  # both worked
+    assert all(t.user_attrs.get("surplus") for t in trials if t not in done)
+
+
+@pytest.mark.slow
+def test_a_trial_falling_behind_is_pruned_early_and_marked(tmp_path, tiny_checkpoint):
+    """Trial 0 barely moves the tiny random BERT (lr 1e-9), whose STS correlation, by chance, training at lr 1e-2
+    (trial 1) only lowers at every stage: the median pruner, with one trial finished before it prunes, stops
+    trial 1 after its first stage."""
+    space = {"lr": {"float": [1e-9, 1e-2], "log": True}}
+    argv = sweep_flags(tmp_path, space, "s", 2, "--startup_trials", "1") + ["--", *base_flags(tiny_checkpoint, 10)]
+    storage = f"sqlite:///{tmp_path / 'sweeps' / 's.db'}"
+    (tmp_path / "sweeps").mkdir()
+    study = optuna.create_study(study_name="s", storage=storage, direction="maximize")
+    study.enqueue_trial({"lr": 1e-9})
+    study.enqueue_trial({"lr": 1e-2})
+    finish(start_sweep(argv, tmp_path / "sweep.log"), tmp_path / "sweep.log")
+    first, second = trials_of(storage)
+    assert first.state == optuna.trial.TrialState.COMPLETE and second.state == optuna.trial.TrialState.PRUNED
+    folder = tmp_path / "sweeps" / "s"
+    assert stages_recorded(folder / "trial_0") == 12 and stages_recorded(folder / "trial_1") < 12
+    assert json.loads((folder / "trial_1" / sweep.TRIAL_RECORD).read_text())["state"] == "pruned"
+    assert "interrupted" in (folder / "trial_1" / sweep.RUN_LOG).read_text()
+    assert "| 1 | pruned |" in (folder / "summary.md").read_text()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def postgres():
+    """A real PostgreSQL server on a free loopback port, in a temporary folder, as `nobody` when run as root
+    (the server refuses root); its URL."""
+    psycopg = pytest.importorskip("psycopg", reason="psycopg (requirements-dev.txt) is not installed")
+    tools = {name: shutil.which(name) or f"/usr/local/bin/{name}" for name in ("initdb", "pg_ctl", "postgres")}
+    if not all(os.access(path, os.X_OK) for path in tools.values()):
+        pytest.skip("PostgreSQL's initdb, pg_ctl and postgres are not installed")
+    folder = Path(tempfile.mkdtemp(prefix="sweep-postgres-"))
+    as_user = []
+    if os.geteuid() == 0:
+        os.chown(folder, 65534, 65534)
+        as_user = ["runuser", "-u", "nobody", "--"]
+    port = free_port()
+    subprocess.run([*as_user, tools["initdb"], "-D", str(folder / "data"), "-U", "postgres", "--auth=trust"],
+                   check=True, capture_output=True)
+    subprocess.run([*as_user, tools["pg_ctl"], "-D", str(folder / "data"), "-l", str(folder / "log"), "-w",
+                    "-o", f"-p {port} -h 127.0.0.1 -k {folder}", "start"], check=True, capture_output=True)
+    try:
+        with psycopg.connect(host="127.0.0.1", port=port, user="postgres", dbname="postgres",
+                             autocommit=True) as connection:
+            connection.execute("CREATE DATABASE sweeps")
+        yield f"postgresql://postgres@127.0.0.1:{port}/sweeps"
+    finally:
+        subprocess.run([*as_user, tools["pg_ctl"], "-D", str(folder / "data"), "-m", "immediate", "stop"],
+                       capture_output=True)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.mark.slow
+def test_two_workers_share_a_postgresql_study(tmp_path, tiny_checkpoint, postgres):
+    argv = sweep_flags(tmp_path, None, "s", 2, "--pruner", "none", "--storage", postgres) + \
+        ["--", *base_flags(tiny_checkpoint, cycles=0)]
+    workers = [start_sweep(argv, tmp_path / f"worker{i}.log") for i in range(2)]
+    for i, worker in enumerate(workers):
+        finish(worker, tmp_path / f"worker{i}.log")
+    done = completed(trials_of(postgres))
+    assert len(done) == 2 and len({t.user_attrs["folder"] for t in done}) == 2
