@@ -279,7 +279,7 @@ GRADIENT_SCALING: list[dict] = []  # {"skipped": n} of this benchmark's fp16 upd
 
 
 class Update:
-    """The backward pass and optimizer step of a training step as minbert/training/training_steps.py takes them at
+    """The backward pass and optimizer step of a training step as minbert/training/loop.py takes them at
     `precision`: with fp16 through a torch.amp.GradScaler (the loss scaled before backward; scaler.step skips the
     step when a gradient is inf or NaN and scaler.update then lowers the scale). No clipping here, so no unscale_
     before the step."""
