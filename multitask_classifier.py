@@ -177,9 +177,9 @@ def _run(args: TrainingArguments, distributed: Distributed, device) -> Trainer:
             print(precision_notice(device, args.precision, args.smart, args.smart_precision))
         if args.resume:
             resume(trainer, args, output_dir / "last", [stage.label for stage in stages])
-            if trainer.resumed is not None:
+            if trainer.state.stage is not None:
                 print(f"resuming inside stage {trainer.state.next_stage + 1} of {len(stages)}: the checkpoint "
-                      f"{kept_inside_stage(trainer.resumed.position)}")
+                      f"{kept_inside_stage(trainer.state.stage.saved)}")
             else:
                 print(f"resuming after stage {trainer.state.next_stage} of {len(stages)}")
         elif distributed.is_main:

@@ -14,8 +14,8 @@ it, and never imports the course's other files: evaluation.py, simcse.py and dat
     model/       MultitaskBERT (its heads are the tasks'), adapters (LoRA, DoRA, PALs), checkpoints
     prediction/  predicting and evaluating a model, the leaderboard's scores and CSVs, ensembles of runs' saved scores
     reports/     a run's figures (forgetting matrix, curves, error plots, t-SNE) and the tables behind them
-    training/    the loop (Trainer, StepLoop), stages and schedules, SMART's anchor, EWC, L2-SP, LNSR, surgery,
-                 distillation, MLM, SimCSE, the state saved for resuming
+    training/    the step loop (StepLoop) and the run of stages around it (Trainer), schedules, SMART's anchor, EWC,
+                 L2-SP, LNSR, surgery, distillation, MLM, SimCSE, the run's progress saved for resuming
     run/         a run from its flags: the flag schema (training_args.py), assembling a run (run_setup.py), args.json
 
 `pip install -e .` makes it importable from anywhere, scripts/ included.

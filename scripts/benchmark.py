@@ -279,7 +279,7 @@ GRADIENT_SCALING: list[dict] = []  # {"skipped": n} of this benchmark's fp16 upd
 
 
 class Update:
-    """The backward pass and optimizer step of a training step as minbert/training/training_steps.py takes them at
+    """The backward pass and optimizer step of a training step as minbert/training/loop.py takes them at
     `precision`: with fp16 through a torch.amp.GradScaler (the loss scaled before backward; scaler.step skips the
     step when a gradient is inf or NaN and scaler.update then lowers the scale). No clipping here, so no unscale_
     before the step."""
@@ -1203,12 +1203,12 @@ def audited_step(trainer, task: str, warm_up: dict, counted: dict) -> StepCount:
     `warm_up` (the optimizer's state, SMART's anchor). task_step's loss, a float or a tensor on the device, is not
     read here: reading it is the training loop's affair, once per step or once per log line."""
     trainer.model.train()
-    steps = trainer.steps
+    steps, loop = trainer.steps, trainer.loop
     steps.task_step(task, warm_up, 1)
-    steps.optimizer_step()
+    loop.optimizer_step()
     with counting(trainer.device) as count:
         steps.task_step(task, counted, 1)
-        steps.optimizer_step()
+        loop.optimizer_step()
     return count
 
 
@@ -1301,15 +1301,15 @@ def bench_qqp_epoch(args, device) -> dict:
         needed = args.warmup + args.steps * args.rounds
         batches = [batch for _, batch in zip(range(needed), itertools.cycle(loader))]
         trainer.model.train()
-        steps = trainer.steps
+        steps, loop = trainer.steps, trainer.loop
         for batch in batches[:args.warmup]:
             steps.task_step("qqp", batch, 1)
-            steps.optimizer_step()
+            loop.optimizer_step()
         synchronize(device)
         start = time.perf_counter()
         for batch in batches[args.warmup:]:
             steps.task_step("qqp", batch, 1)
-            steps.optimizer_step()
+            loop.optimizer_step()
         synchronize(device)
         step_s = (time.perf_counter() - start) / (needed - args.warmup)
     epoch_steps = math.ceil(COURSE_QQP_TRAIN_PAIRS / args.batch_size)

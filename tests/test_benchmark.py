@@ -285,7 +285,7 @@ def test_step_audit_ends_with_its_two_summary_lines(tmp_path, tiny_config_for_te
     """One plain and one SMART step of the tiny BERT built by the training command line on the demo data: the
     counts in the last two lines are the --json line's, and every sync is listed above them. A sync added to the
     optimizer step is counted once per audited step: the warm-up step before it is not counted."""
-    from minbert.training.training_steps import StepLoop
+    from minbert.training.loop import StepLoop
     optimizer_step = StepLoop.optimizer_step
 
     def optimizer_step_with_a_sync(self, *args, **kwargs):

@@ -65,7 +65,7 @@ def test_a_training_step_trains_on_the_penalties(tmp_path, tokenizer):
     expected = compute_task_loss(trainer.model, "sts", batch)[0] + sum(
         ((live[n] - pretrained[n]) ** 2).sum() for n in trainer.penalty("l2sp").start)
     torch.testing.assert_close(loss, expected.detach())
-    assert set(trainer.steps.penalty_terms.sums) == {"l2sp"}
+    assert set(trainer.state.penalty_terms.sums) == {"l2sp"}
 
 
 def test_l2sp_holds_the_pretrained_weights_and_ewc_the_shared_encoder_with_adapters(tmp_path, tokenizer):

@@ -142,11 +142,11 @@ def test_a_plain_training_step_waits_for_the_device_nowhere(tmp_path, tokenizer,
     batch = first_batch(trainer, task)
     trainer.model.train()
     trainer.steps.task_step(task, batch, 1)
-    trainer.steps.optimizer_step()  # the optimizer's state exists from here on
+    trainer.loop.optimizer_step()  # the optimizer's state exists from here on
 
     def step():
         loss = trainer.steps.task_step(task, batch, 1)
-        trainer.steps.optimizer_step()
+        trainer.loop.optimizer_step()
         assert torch.is_tensor(loss) and loss.requires_grad is False
     assert count_syncs(step) == []
 
@@ -156,8 +156,8 @@ def test_a_smart_step_reads_one_flag_back(tmp_path, tokenizer):
     batch = first_batch(trainer, "sst")
     trainer.model.train()
     trainer.steps.task_step("sst", batch, 1)
-    trainer.steps.optimizer_step()
-    syncs = count_syncs(lambda: (trainer.steps.task_step("sst", batch, 1), trainer.steps.optimizer_step()))
+    trainer.loop.optimizer_step()
+    syncs = count_syncs(lambda: (trainer.steps.task_step("sst", batch, 1), trainer.loop.optimizer_step()))
     assert syncs == ["aten::is_nonzero"] or syncs == ["aten::_local_scalar_dense"]
 
 
@@ -173,7 +173,7 @@ def test_losses_are_read_back_every_logging_steps_updates_and_at_the_stage_end(t
         transfers.append(trainer.state.updates)
         return original(values)
     monkeypatch.setattr(step_log, "read_back", read_back)
-    seen = count_syncs(lambda: trainer.steps.run_steps(iter(steps), 5, "stage 1 sst"))
+    seen = count_syncs(lambda: trainer.loop.run_steps(iter(steps), 5, "stage 1 sst"))
     # updates 2 and 4 log, and the stage's end (its last line; then its mean and the divergence flag again)
     assert transfers == [2, 4, 5] and len(seen) == 2, (transfers, seen)
 
@@ -250,7 +250,7 @@ def test_an_inductor_compiled_training_step_equals_the_eager_one(tmp_path, token
         trainer.model.train()
         torch.manual_seed(0)
         losses.append([trainer.steps.task_step("sts", batch, 1).item() for _ in range(2)])
-        trainer.steps.optimizer_step()
+        trainer.loop.optimizer_step()
         losses[-1].append(trainer.steps.task_step("sts", batch, 1).item())
     np.testing.assert_allclose(losses[1], losses[0], rtol=1e-4)
 
@@ -275,8 +275,8 @@ def test_an_mlm_step_reads_nothing_back_and_equals_finding_the_masked_positions_
     batch = next(mlm_batches([e.sentence for e in demo_examples("sst", "train", 8)], tokenizer, 8, 0, MAX_LENGTH))
     trainer.model.train()
     trainer.steps.mlm_step(batch, 1)
-    trainer.steps.optimizer_step()
-    assert count_syncs(lambda: (trainer.steps.mlm_step(batch, 1), trainer.steps.optimizer_step())) == []
+    trainer.loop.optimizer_step()
+    assert count_syncs(lambda: (trainer.steps.mlm_step(batch, 1), trainer.loop.optimizer_step())) == []
     bert = tiny_bert(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     head = MaskedLanguageModelHead(bert.config)
     on_the_device = {k: v for k, v in batch.items() if k not in ("lengths", "masked")}

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-import minbert.training.training_steps as training_steps
+import minbert.training.loop as loop
 import multitask_classifier as mc
 from conftest import DEMO, ROOT, exit_code, prediction_flags, skip_figures
 from minbert.training.training_state import read_training_state
@@ -47,13 +47,13 @@ class Killed(BaseException):
 
 def killed_after(monkeypatch, updates: int) -> None:
     """The next run dies as its update `updates` + 1 begins (its gradients computed, nothing stepped)."""
-    original = training_steps.StepLoop.optimizer_step
+    original = loop.StepLoop.optimizer_step
 
     def optimizer_step(self, *args, **kwargs):
         if self.state.updates == updates:
             raise Killed
         return original(self, *args, **kwargs)
-    monkeypatch.setattr(training_steps.StepLoop, "optimizer_step", optimizer_step)
+    monkeypatch.setattr(loop.StepLoop, "optimizer_step", optimizer_step)
 
 
 def saved_position(out) -> dict | None:
@@ -129,24 +129,25 @@ def test_gradient_surgery_resumes_its_random_draws(tiny_checkpoint, tmp_path, mo
     """PCGrad shuffles the tasks with the epoch's generator at every step (which changes the step only where
     several gradients conflict): the checkpoint keeps where the generator stood."""
     flags = [*ANNEALED, "--epochs", "1", "--max_train_examples", "24", "--gradient_surgery", "pcgrad"]
-    draws = {}  # by run: the generator's state at each update
-    original = training_steps.StepLoop.surgery_step
+    draws = {"whole": {}, "resumed": {}}  # by run: the generator's state at each update
+    run = ["whole"]  # the run under way
+    original = loop.BatchSteps.surgery_step
 
     def surgery_step(self, batches, group_size, rng):
-        draws[self.config.output_dir][self.state.updates] = rng.getstate()
+        draws[run[0]][self.state().updates] = rng.getstate()
         return original(self, batches, group_size, rng)
-    monkeypatch.setattr(training_steps.StepLoop, "surgery_step", surgery_step)
-    draws[tmp_path / "whole" / "run"], draws[tmp_path / "run"] = {}, {}
-    optimizer_step = training_steps.StepLoop.optimizer_step
+    monkeypatch.setattr(loop.BatchSteps, "surgery_step", surgery_step)
+    optimizer_step = loop.StepLoop.optimizer_step
     assert mc.main(run_flags(tiny_checkpoint, tmp_path / "whole", *flags)) == 0
+    run[0] = "resumed"
     killed_after(monkeypatch, 3)
     with pytest.raises(Killed):
         mc.main(run_flags(tiny_checkpoint, tmp_path, *flags, "--save_steps", "1"))
     assert saved_position(tmp_path)["updates"] == 3
-    monkeypatch.setattr(training_steps.StepLoop, "optimizer_step", optimizer_step)
+    monkeypatch.setattr(loop.StepLoop, "optimizer_step", optimizer_step)
     assert mc.main(run_flags(tiny_checkpoint, tmp_path, *flags, "--resume")) == 0
     assert outputs(tmp_path) == outputs(tmp_path / "whole")
-    assert draws[tmp_path / "run"] == draws[tmp_path / "whole" / "run"]
+    assert draws["resumed"] == draws["whole"]
 
 
 def test_the_resumed_stage_logs_its_loss_as_the_uninterrupted_one(tiny_checkpoint, tmp_path, monkeypatch):
@@ -168,13 +169,13 @@ def test_the_resumed_stage_logs_its_loss_as_the_uninterrupted_one(tiny_checkpoin
 
 
 def test_a_stop_inside_a_stage_says_how_much_was_kept(tiny_checkpoint, tmp_path, monkeypatch, capsys):
-    original = training_steps.StepLoop.optimizer_step
+    original = loop.StepLoop.optimizer_step
 
     def interrupted(self, *args, **kwargs):
         if self.state.updates == 9:
             raise KeyboardInterrupt
         return original(self, *args, **kwargs)
-    monkeypatch.setattr(training_steps.StepLoop, "optimizer_step", interrupted)
+    monkeypatch.setattr(loop.StepLoop, "optimizer_step", interrupted)
     assert mc.main(run_flags(tiny_checkpoint, tmp_path, *SEQUENTIAL, "--save_steps", "2")) == 130
     last = tmp_path / "run" / "last"
     assert (f"interrupted: {last}.* kept 2 of 6 updates of stage 2 qqp and every stage before it; rerun the same "
@@ -187,12 +188,15 @@ def test_a_stop_inside_a_stage_says_how_much_was_kept(tiny_checkpoint, tmp_path,
 
 def test_the_minutes_decide_when_to_save_never_what_is_trained(never_stopped, tiny_checkpoint, tmp_path, monkeypatch):
     """Saves due after a fraction of a microsecond: a checkpoint after nearly every update, and the same bytes."""
-    saves = []
-    original = training_steps.StepLoop.save_inside_stage
-    monkeypatch.setattr(training_steps.StepLoop, "save_inside_stage",
-                        lambda self, *args: saves.append(original(self, *args)))
+    saves = []  # the checkpoints inside a stage: those with the stage's progress
+    original = loop.StepLoop.save
+
+    def save(self, stage=None, description=""):
+        saves.append(stage)
+        original(self, stage, description)
+    monkeypatch.setattr(loop.StepLoop, "save", save)
     assert mc.main(run_flags(tiny_checkpoint, tmp_path, *SEQUENTIAL, "--save_every_minutes", "1e-8")) == 0
-    assert len(saves) >= 10
+    assert len([stage for stage in saves if stage is not None]) >= 10
     assert outputs(tmp_path) == never_stopped["sequential"]
 
 

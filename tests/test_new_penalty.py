@@ -51,7 +51,7 @@ PENALTY = PenaltyKind(name="drift", flags={"drift_weight": PenaltyFlag(0.0, "the
 '''
 # Dies as update 10 begins (the fourth of the second stage) (its gradients computed, nothing stepped), as kill -9 would leave it: with last.* as saved.
 KILLED = '''import sys
-import minbert.training.training_steps as steps
+import minbert.training.loop as steps
 import multitask_classifier as mc
 original = steps.StepLoop.optimizer_step
 def optimizer_step(self, *args, **kwargs):

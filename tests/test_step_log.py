@@ -35,7 +35,7 @@ def train_steps(trainer, tasks=("sst",), batches: int = 5) -> list[float]:
         losses.append(float(loss))
         return loss
     pairs = [(partial(step, tasks[i % len(tasks)]), fixed[tasks[i % len(tasks)]]) for i in range(batches)]
-    trainer.steps.run_steps(iter(pairs), batches, "stage 1 " + "+".join(tasks))
+    trainer.loop.run_steps(iter(pairs), batches, "stage 1 " + "+".join(tasks))
     return losses
 
 
@@ -87,7 +87,7 @@ def test_only_the_lines_read_the_device_back_one_transfer_each(tmp_path, tokeniz
         return original(values)
     monkeypatch.setattr(step_log, "read_back", read_back)
     steps = [(partial(trainer.steps.task_step, "sst"), first_batch(trainer, "sst"))] * 7
-    syncs = count_syncs(lambda: trainer.steps.run_steps(iter(steps), 7, "stage 1 sst"))
+    syncs = count_syncs(lambda: trainer.loop.run_steps(iter(steps), 7, "stage 1 sst"))
     assert transfers == [3, 6, 7] and len(syncs) == 2, syncs  # the stage's end: its mean and divergence flag
 
 

@@ -169,8 +169,8 @@ def test_the_last_short_accumulation_group_is_divided_by_its_own_size(tmp_path, 
         captured.append(gradients(model))
         trainer.optimizer.zero_grad(set_to_none=True)
         return torch.zeros(())  # the gradient norm steps.jsonl's line at the stage's end reports
-    monkeypatch.setattr(trainer.steps, "optimizer_step", capture_instead_of_stepping)
-    trainer.steps.run_steps(((partial(trainer.steps.task_step, "sst"), b) for b in batches), 3, "test")
+    monkeypatch.setattr(trainer.loop, "optimizer_step", capture_instead_of_stepping)
+    trainer.loop.run_steps(((partial(trainer.steps.task_step, "sst"), b) for b in batches), 3, "test")
 
     assert len(captured) == 2  # groups [1, 2] and [3]
     g1, g2, g3 = (loss_gradient(model, "sst", b) for b in batches)
@@ -182,7 +182,7 @@ def test_the_last_short_accumulation_group_is_divided_by_its_own_size(tmp_path, 
 def test_accumulation_takes_one_update_per_group(tmp_path, tokenizer):
     trainer = make_trainer(tmp_path, tokenizer, grad_accumulation_steps=3)
     batches = [sentence_batch(tokenizer, 2) for _ in range(7)]
-    trainer.steps.run_steps(((partial(trainer.steps.task_step, "sst"), b) for b in batches), 7, "test")
+    trainer.loop.run_steps(((partial(trainer.steps.task_step, "sst"), b) for b in batches), 7, "test")
     assert trainer.state.updates == 3  # 3 + 3 + 1
 
 
@@ -209,7 +209,7 @@ def test_linear_schedule_sets_each_update_learning_rate(tmp_path, tokenizer, mon
     rates = record_learning_rates(trainer, monkeypatch)
     trainer.train([Stage(StageKind.TASK, "sst"), Stage(StageKind.TASK, "sst")])
     total = 2 * math.ceil(4 / accumulation)
-    assert trainer.steps.total_updates == total and trainer.state.updates == total
+    assert trainer.state.total_updates == total and trainer.state.updates == total
     expected = [1e-3 * learning_rate_factor(u, total, "linear", 0.25) for u in range(total)]
     assert [r[0] for r in rates] == pytest.approx(expected, rel=1e-12)
     assert all(len(set(r)) == 1 for r in rates)  # every parameter group
@@ -219,10 +219,10 @@ def test_linear_schedule_sets_each_update_learning_rate(tmp_path, tokenizer, mon
 def test_constant_schedule_keeps_the_stage_learning_rate(tmp_path, tokenizer, monkeypatch):
     trainer = make_trainer(tmp_path, tokenizer)
     rates = record_learning_rates(trainer, monkeypatch)
-    trainer.steps.total_updates = 5
+    trainer.state.total_updates = 5
     for _ in range(3):
         trainer.steps.task_step("sst", sentence_batch(tokenizer, 2), 1)
-        trainer.steps.optimizer_step()
+        trainer.loop.optimizer_step()
     assert rates == [[1e-3] * len(trainer.optimizer.param_groups)] * 3
     assert all(group["lr"] == 1e-3 for group in trainer.optimizer.param_groups)
 
@@ -244,7 +244,7 @@ def test_smart_anchor_momentum_is_099_for_the_first_tenth_of_the_run_then_0999(t
                            smart_tasks="sst")
     momenta = record_anchor_momentum(trainer, monkeypatch)
     trainer.train([Stage(StageKind.TASK, "sst"), Stage(StageKind.TASK, "sst")])
-    assert trainer.steps.total_updates == 20
+    assert trainer.state.total_updates == 20
     assert momenta == [0.99] * 2 + [0.999] * 18
 
 
@@ -404,13 +404,13 @@ def test_an_fp16_step_with_inf_gradients_moves_nothing(tmp_path, tokenizer):
     weights = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     anchor = {n: t.clone() for n, t in trainer.penalty("smart").anchor.params.items()}
     scale = trainer.steps.scaler.get_scale()
-    trainer.steps.optimizer_step()
+    trainer.loop.optimizer_step()
     assert (trainer.state.updates, trainer.state.skipped_updates, trainer.steps.scaler.get_scale()) == (0, 1, scale / 2)
     assert all(torch.equal(p, weights[n]) for n, p in trainer.model.named_parameters())
     assert all(torch.equal(t, anchor[n]) for n, t in trainer.penalty("smart").anchor.params.items())
     assert not trainer.optimizer.state
     scaled_backward(trainer, tokenizer)
-    trainer.steps.optimizer_step()
+    trainer.loop.optimizer_step()
     assert (trainer.state.updates, trainer.state.skipped_updates) == (1, 1)
     assert not all(torch.equal(t, anchor[n]) for n, t in trainer.penalty("smart").anchor.params.items())
 
@@ -427,5 +427,5 @@ def test_fp16_gradients_are_unscaled_before_clipping(tmp_path, tokenizer, monkey
     norms = []
     clip = torch.nn.utils.clip_grad_norm_
     monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", lambda params, max_norm: norms.append(clip(params, max_norm)))
-    trainer.steps.optimizer_step()
+    trainer.loop.optimizer_step()
     assert trainer.steps.scaler.get_scale() == 65536.0 and norms[0].item() == pytest.approx(expected, rel=1e-5)

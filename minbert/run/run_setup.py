@@ -43,7 +43,7 @@ from minbert.training.schedules import Stage, StageKind, train_tasks
 from minbert.training.simcse import SIMCSE_OBJECTIVES
 from minbert.training.stage_transitions import TransitionSettings
 from minbert.training.trainer import SimcseStage, Trainer
-from minbert.training.training_steps import LoopConfig
+from minbert.training.loop import LoopConfig
 from smart import BregmanAnchor, SmartRegularizer, bregman_momentum
 from tokenizer import BertTokenizer
 

@@ -1,11 +1,12 @@
-"""The training state a run saves after every stage, and inside one (--save_steps, --save_every_minutes), as
-OUTPUT_DIR/last.*, which --resume continues from: its files, and the checks that a checkpoint fits the run that
-wants to continue it. What the state holds is the trainer's (Trainer.state_dict / load_state_dict).
+"""The run's progress (TrainingState: what the step loop advances, the checkpoint saves and --resume restores) and
+the files it is saved in after every stage, and inside one (--save_steps, --save_every_minutes), as OUTPUT_DIR/last.*,
+with the checks that a checkpoint fits the run that wants to continue it. What else a checkpoint holds (the weights,
+the optimizer, the penalties) is loop.RunCheckpoint's.
 
-    save_training_state(output_dir / "last", *trainer.state_dict())
+    save_training_state(output_dir / "last", *checkpoint.state_dict(state))
     tensors, metadata = read_training_state(output_dir / "last")
     check_resumable(metadata, world_size, stage_labels, data_sha256, info, tasks)  # refused, with the reason
-    trainer.load_state_dict(tensors, metadata)
+    state = checkpoint.load(tensors, metadata)
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import itertools
 import json
 import math
 import random
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -24,33 +26,112 @@ from base_bert import CheckpointError
 from minbert.data.batches import TaskData
 from minbert.model.checkpoint import (atomic_save, check_fields, python_generator_state, read_checkpoint,
                                       rng_info_problem)
+from minbert.step_log import DeviceSums, StageLosses
 
 TRAINING_STATE_FIELDS = {"args": dict, "data_sha256": dict, "next_stage": int, "history": list, "best_score": (int, float),
                          "updates": int, "optimizer": dict, "rng": dict}
-# "position": where a stage stood when the checkpoint was saved inside it (StepLoop.save_inside_stage).
+# "position": where a stage stood when the checkpoint was saved inside it (StageProgress.position).
 # "smart_skipped_steps": SMART's (a penalty's checkpoint value: a run without SMART saves none; earlier code always did).
 OPTIONAL_FIELDS = {"grad_scaler": dict, "skipped_updates": int, "skipped_stages": list,
                    "block_best": (dict, type(None)), "position": dict, "smart_skipped_steps": dict}
+# The sums a stage's position keeps as tensors (position.losses.total, ...), beside their counts in last.json.
+STAGE_LOSSES = ("total", "recent", "first_nonfinite")
+LOGGED_SUMS = ("task_losses", "penalties")
+
+
+@dataclass
+class StageProgress:
+    """Where the stage under way stands: what a checkpoint inside it saves ("position" in last.json, its sums as
+    position.* tensors) and --resume restores, to continue at its next batch as if the run had never stopped."""
+    index: int | None  # its place in the schedule (0-based); None: steps trained outside one, never saved inside
+    label: str
+    steps: int  # its steps: a batch each, or gradient surgery's batch of every task
+    updates: int  # its optimizer updates: SMART's momentum schedule "stage" follows update / updates
+    losses: StageLosses  # its losses so far, on the device
+    lr: float = 0.0  # its base learning rate (each parameter group scales it)
+    steps_done: int = 0
+    update: int = 0  # the update under way within it (0-based)
+    seconds_before: float = 0.0  # trained before the checkpoint a resumed stage continues from
+    started: float = field(default_factory=time.time)
+    # What else says where it stands, for a checkpoint (a multi-task epoch: its loaders and gradient surgery's draws).
+    where: Callable[[], dict] = dict
+    # Resumed: the position saved (a multi-task epoch's loaders and draws) and the RNG states (tensors, plain
+    # values) to put back once the stage's loaders exist, as the saving run's had drawn from them before it saved.
+    saved: dict = field(default_factory=dict)
+    rng: tuple[dict[str, torch.Tensor], dict] | None = None
+
+    @property
+    def seconds(self) -> float:
+        """Seconds trained in this stage, a resumed one's before its checkpoint included."""
+        return self.seconds_before + time.time() - self.started
+
+    def position(self, accumulation: int, state: TrainingState) -> tuple[dict, dict[str, torch.Tensor]]:
+        """What a checkpoint inside the stage saves: its place (last.json's "position") and its sums (this rank's
+        position.* tensors), with the sums steps.jsonl reports since its last line (`state`'s)."""
+        loss_tensors, loss_counts = self.losses.state()
+        local = {f"position.losses.{name}": tensor for name, tensor in loss_tensors.items()}
+        local |= {f"position.task_losses.{name}": tensor for name, tensor in state.task_losses.sums.items()}
+        local |= {f"position.penalties.{name}": tensor for name, tensor in state.penalty_terms.sums.items()}
+        position = {"stage": self.index, "label": self.label, "steps_done": self.steps_done, "steps": self.steps,
+                    "updates": math.ceil(self.steps_done / accumulation), "stage_updates": self.updates,
+                    "seconds": self.seconds, "losses": loss_counts, "task_losses": dict(state.task_losses.counts),
+                    "penalties": dict(state.penalty_terms.counts), **self.where()}
+        return position, local
+
+    @classmethod
+    def resumed(cls, position: dict, tensors: dict[str, torch.Tensor], rng: dict,
+                device: torch.device) -> StageProgress:
+        """The stage a checkpoint inside it saved (`tensors`: this rank's, without rank suffix), its losses back on
+        `device`."""
+        losses = StageLosses(device)
+        losses.load_state({name: tensors[f"position.losses.{name}"] for name in STAGE_LOSSES}, position["losses"])
+        kept = {name: tensor for name, tensor in tensors.items() if name.startswith("rng.")}
+        return cls(position["stage"], position["label"], position["steps"], position["stage_updates"], losses,
+                   steps_done=position["steps_done"], seconds_before=position["seconds"], saved=position,
+                   rng=(kept, rng))
 
 
 @dataclass
 class TrainingState:
-    """Where a run stands between stages; with the tensors, what Trainer.state_dict saves for --resume."""
+    """The run's progress, in one place: the step loop (loop.StepLoop) advances it, the trainer records its stages
+    in it, and the checkpoint saves it (saved_values, StageProgress.position) and --resume restores it
+    (from_checkpoint). Like transformers' TrainerState."""
     next_stage: int = 0
     updates: int = 0  # optimizer steps taken; the learning rate and SMART's momentum follow it
     best_score: float = -math.inf  # kept_model_score of the model kept so far
     history: list[dict] = field(default_factory=list)  # one record per evaluation (index 0: the pretrained model)
     skipped_updates: int = 0  # fp16 steps skipped for inf / NaN gradients
     skipped_stages: list[int] = field(default_factory=list)  # schedule positions early stopping skipped (0-based)
+    # Below, what two states equal by (==) leaves out: their progress between stages is the fields above.
+    # Not saved: what a run computes again, or restarts, when it resumes.
+    total_updates: int = field(default=1, compare=False)  # the updates of the whole schedule: the rate's horizon
+    learning_rate: float = field(default=0.0, compare=False)  # the base rate of the last update
+    last_save: float = field(default_factory=time.monotonic, compare=False)  # save_every_minutes counts from it
+    # Since the last line of steps.jsonl, on the device: each task's losses (simcse and mlm stages: theirs), and the
+    # penalties' terms (by the names their objective gives them). A checkpoint inside a stage saves them.
+    task_losses: DeviceSums = field(default_factory=DeviceSums, compare=False)
+    penalty_terms: DeviceSums = field(default_factory=DeviceSums, compare=False)
+    # The stage under way (or resumed inside); None between stages.
+    stage: StageProgress | None = field(default=None, compare=False)
 
-    def restore(self, metadata: dict) -> None:
-        """The state a checkpoint holds, in place (the trainer's loops share this object); fields added later read
-        as a run saved before them did."""
-        self.next_stage, self.updates, self.best_score = metadata["next_stage"], metadata["updates"], \
-            metadata["best_score"]
-        self.history = metadata["history"]
-        self.skipped_updates = metadata.get("skipped_updates", 0)
-        self.skipped_stages = metadata.get("skipped_stages", [])
+    def saved_values(self) -> dict:
+        """The fields of last.json that are the run's progress between stages."""
+        return {"next_stage": self.next_stage, "history": [dict(record) for record in self.history],
+                "best_score": self.best_score, "updates": self.updates}
+
+    @classmethod
+    def from_checkpoint(cls, metadata: dict, tensors: dict[str, torch.Tensor], device: torch.device) -> TrainingState:
+        """The progress a checkpoint holds (`tensors`: this rank's, without rank suffix); fields added later read as
+        a run saved before them did. Inside a stage, also its sums since the last line of steps.jsonl."""
+        state = cls(metadata["next_stage"], metadata["updates"], metadata["best_score"], metadata["history"],
+                    metadata.get("skipped_updates", 0), metadata.get("skipped_stages", []))
+        position = metadata.get("position")
+        if position is not None:
+            state.stage = StageProgress.resumed(position, tensors, metadata["rng"], device)
+            for name, sums in zip(LOGGED_SUMS, (state.task_losses, state.penalty_terms)):
+                sums.load_state({key: tensors[f"position.{name}.{key}"].to(device) for key in position[name]},
+                                position[name])
+        return state
 
 
 def data_fingerprints(data: dict[str, TaskData], triplets: list) -> dict[str, str]:

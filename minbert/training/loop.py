@@ -1,0 +1,447 @@
+"""The training loop: a stage's steps, read top to bottom in StepLoop.run_steps — the forward and the loss terms of a
+batch and its backward (BatchSteps: a task's objective with its penalties, a SimCSE or masked-LM batch, gradient
+surgery's batch of every task), then at each update's end the learning rate, clipping and the optimizer's step, a
+line of steps.jsonl and the checkpoint inside the stage. The run's progress is one TrainingState (training_state.py)
+that the loop advances and its RunCheckpoint saves and restores; what follows an update is decided in a
+TrainerControl the loop reads (should_log, should_save, should_evaluate), and between stages whether the run stops
+(should_stop). The loop saves its checkpoints itself; the trainer (trainer.py) runs the schedule around it.
+
+    loop = StepLoop(steps, stage_data, config, optimizer, checkpoint, run_log, penalties, simcse_lr)
+    mean_loss = loop.run_stage(index, stage)      # then the trainer evaluates, and loop.save() the stage's checkpoint
+"""
+from __future__ import annotations
+
+import math
+import random
+import time
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Callable
+
+import torch
+from tqdm import tqdm
+
+from minbert.distributed import SINGLE_PROCESS, Distributed
+from minbert.model.checkpoint import (gather_rank_states, optimizer_state, rank_states, restore_optimizer,
+                                      restore_rng)
+from minbert.model.multitask_bert import MultitaskBERT, load_trained_tensors, model_metadata, trained_tensors
+from minbert.runtime import autocast, to_device
+from minbert.step_log import RunLog, StageLosses, read_line
+from minbert.training.gradient_surgery import GradientSurgery
+from minbert.training.mlm import MaskedLanguageModelHead, mlm_loss
+from minbert.training.objective import Penalty, TaskObjective, UpdatePlace, penalties_state
+from minbert.training.optimization import update_weights
+from minbert.training.schedules import Stage, StageKind, learning_rate_factor, multitask_order
+from minbert.training.stage_data import StageData
+from minbert.training.stage_transitions import StageTransitions, TransitionSettings
+from minbert.training.training_state import StageProgress, TrainingState, save_training_state
+from optimizer import AdamW
+
+
+@dataclass(frozen=True)
+class LoopConfig:
+    """The training loop's own settings. The run's objects (optimizer, SMART and LNSR, the SimCSE loss, gradient
+    surgery) are built outside (run_setup.build_trainer does it from the command line) and handed over; the
+    trainer (trainer.py) reads them as its step loop does."""
+    output_dir: Path
+    lr: float  # the base learning rate of task and mlm stages (each parameter group scales it)
+    seed: int
+    batch_size: int
+    eval_batch_size: int
+    max_length: int
+    num_workers: int
+    grad_accumulation_steps: int
+    max_grad_norm: float  # 0: no clipping
+    lr_schedule: str  # schedules.LR_SCHEDULES
+    warmup_ratio: float
+    schedule: str  # how multi-task epochs order their batches (schedules.multitask_order)
+    epochs: int  # multi-task epochs in the run: annealed sampling's horizon
+    precision: str  # resolved (runtime.resolve_precision): fp32, bf16 or fp16 autocast
+    quiet: bool  # no progress bars
+    stop_after_stages: int | None  # stop, resumably, after this many stages
+    keep_stage_models: bool  # also save the model after every stage (OUTPUT_DIR/stage_N.*)
+    pad_to_multiple_of: int | None  # batches padded to length buckets (runtime.pad_to_multiple_of), or None
+    eval_train_examples: int  # also score this many train examples per task after each stage
+    # The host reads the losses (progress bar, divergence check) and writes a line of steps.jsonl every this many
+    # updates.
+    logging_steps: int = 50
+    report_to: str = "none"  # also where the steps and the stage metrics go: step_log.REPORT_TO
+    # Checkpoints inside a stage (OUTPUT_DIR/last.*, which --resume continues at the next batch): every this many
+    # updates, and every this many minutes (0: neither).
+    save_steps: int = 0
+    save_every_minutes: float = 0.0
+    # Between stages: early stopping and what the stage after a block of repeated stages starts from.
+    transitions: TransitionSettings = TransitionSettings()
+
+
+@dataclass
+class TrainerControl:
+    """What the loop does next, decided from the settings and the state, never written by another object (as
+    transformers' TrainerControl): after an update, whether to write a line of steps.jsonl (should_log), save a
+    checkpoint inside the stage (should_save) or end the stage for its dev pass (should_evaluate); before a stage,
+    whether the run stops there (should_stop: --stop_after_stages)."""
+    should_log: bool = False
+    should_save: bool = False
+    should_evaluate: bool = False
+    should_stop: bool = False
+
+
+class BatchSteps:
+    """The forward and backward of one batch of each kind, under the run's autocast and fp16's loss scale: a task's
+    objective with its penalties, a SimCSE triplet batch, a masked-LM batch, gradient surgery's batch of every task.
+    Each adds its losses to the state's sums for steps.jsonl and returns its loss, a 0-dim device tensor."""
+
+    def __init__(self, model: MultitaskBERT, device: torch.device, precision: str, state: Callable[[], TrainingState],
+                 penalties: list[Penalty],
+                 simcse_loss: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+                 gradient_surgery: GradientSurgery | None = None, mlm_head: MaskedLanguageModelHead | None = None,
+                 distributed: Distributed = SINGLE_PROCESS):
+        """`state`: the run's state as it is now (the loop's: a resume replaces it)."""
+        self.model, self.device, self.state, self.penalties = model, device, state, penalties
+        self.objectives: dict[str, TaskObjective] = {}  # each task's, built at its first step
+        self.simcse_loss, self.gradient_surgery, self.mlm_head = simcse_loss, gradient_surgery, mlm_head
+        self.distributed = distributed
+        self.amp = autocast(device, precision)
+        # fp16 (GPUs without bf16: T4, V100) underflows small gradients: the loss is scaled up before backward
+        # and the gradients unscaled before clipping and the step; a step with inf / NaN gradients is skipped.
+        self.scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
+
+    def backward(self, loss: torch.Tensor, count: int | torch.Tensor, group_size: int) -> None:
+        """Backward of a mean loss over `count` local items (examples, masked tokens), divided by its
+        accumulation group's size; under torchrun weighted by this rank's share of the global batch."""
+        if self.distributed.enabled:
+            loss = loss * self.distributed.share(count, self.device)
+        self.scaler.scale(loss / group_size).backward()
+
+    def task_step(self, task: str, batch: dict, group_size: int) -> torch.Tensor:
+        batch = to_device(batch, self.device)
+        if task not in self.objectives:
+            self.objectives[task] = TaskObjective(task, self.penalties)
+        with self.amp:
+            loss, penalties = self.objectives[task](self.model, batch)
+        if loss.requires_grad:  # not so for the SBERT cosine with --option pretrain: it has no trainable weight
+            self.backward(loss, len(batch["labels"]), group_size)
+        state = self.state()
+        state.task_losses.add(task, loss)
+        for name, value in penalties.items():
+            state.penalty_terms.add(name, value)
+        return loss.detach()
+
+    def simcse_step(self, batch: dict, group_size: int) -> torch.Tensor:
+        batch = to_device(batch, self.device)
+        with self.amp:
+            embeddings = self.model.encode_sentences(batch["input_ids"], batch["attention_mask"])
+            # Under torchrun every rank's triplets are in-batch negatives (gradients reach the local slice).
+            anchor, positive, negative = (self.distributed.gather_with_grad(e) for e in embeddings.chunk(3))
+            loss = self.simcse_loss(anchor, positive, negative)
+        # The loss is already the global batch's; the gradient average over ranks would divide it.
+        self.scaler.scale(loss * self.distributed.world_size / group_size).backward()
+        self.state().task_losses.add("simcse", loss)
+        return loss.detach()
+
+    def mlm_step(self, batch: dict, group_size: int) -> torch.Tensor:
+        batch = to_device(batch, self.device)
+        with self.amp:
+            loss = mlm_loss(self.model.bert, self.mlm_head, batch)
+        self.backward(loss, len(batch["masked"]), group_size)  # mlm_batches' masked positions, on the host
+        self.state().task_losses.add("mlm", loss)
+        return loss.detach()
+
+    def surgery_step(self, batches: list[tuple[str, dict]], group_size: int, rng: random.Random) -> torch.Tensor:
+        """One backward per task (a task's batches summed), then the tasks' gradients combined by the gradient
+        surgery into .grad."""
+        named = [(name, p) for name, p in self.model.named_parameters() if p.requires_grad]
+        params = [p for _, p in named]
+        accumulated = [p.grad for p in params]
+        task_gradients, losses = [], []
+        for task in dict.fromkeys(task for task, _ in batches):
+            for p in params:
+                p.grad = None
+            losses += [self.task_step(task, batch, group_size) for name, batch in batches if name == task]
+            gradients = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+            task_gradients.append(self.distributed.average_tensors(gradients))  # the surgery sees global gradients
+        combined = self.gradient_surgery.combine(task_gradients, [self.model.is_shared(name) for name, _ in named], rng)
+        for p, previous, gradient in zip(params, accumulated, combined):
+            p.grad = gradient if previous is None else previous + gradient
+        return torch.stack(losses).mean()
+
+
+class StepLoop:
+    """Trains each stage's steps and takes the optimizer's updates (run_stage, run_steps), logs them and saves the
+    checkpoints inside the stage; owns the run's TrainingState, which its RunCheckpoint saves (save) and restores
+    (resume). The trainer reads the state and records its stages in it."""
+
+    def __init__(self, steps: BatchSteps, stage_data: StageData, config: LoopConfig, optimizer: AdamW,
+                 checkpoint: RunCheckpoint, run_log: RunLog, penalties: list[Penalty], simcse_lr: float | None = None):
+        """`simcse_lr`: the base learning rate of SimCSE stages (config.lr: the others')."""
+        self.steps, self.stage_data, self.config, self.optimizer = steps, stage_data, config, optimizer
+        self.checkpoint, self.run_log, self.penalties, self.simcse_lr = checkpoint, run_log, penalties, simcse_lr
+        self.model, self.device, self.distributed = steps.model, steps.device, steps.distributed
+        self.quiet = config.quiet or not self.distributed.is_main
+        self.state = TrainingState(learning_rate=config.lr)
+        self.control = TrainerControl()
+
+    # -- a stage: its batches, from where it stands ------------------------------------------------------
+    def run_stage(self, index: int, stage: Stage) -> float:
+        """Train stage `index` of the schedule (continuing it where a checkpoint inside it stood); its mean loss."""
+        seed = self.config.seed + 1000 * index  # data order depends on the stage only: resumable
+        description = f"stage {index + 1} {stage.label}"
+        progress = self.state.stage  # a checkpoint inside this stage (check_resumable: it is this one), or none
+        done = 0 if progress is None else progress.steps_done  # skipped below without a forward pass
+        if stage.kind is StageKind.MULTITASK:
+            return self.run_multitask_epoch(index, stage, seed, description)
+        if stage.kind is StageKind.TASK:
+            batches = self.stage_data.task_batches(stage, seed, done)
+            step, total = partial(self.steps.task_step, stage.task), len(batches)
+        elif stage.kind is StageKind.SIMCSE:
+            batches, step = self.stage_data.simcse_batches(seed, done), self.steps.simcse_step
+            total = self.stage_data.stage_batches(stage)
+        else:
+            batches, step = self.stage_data.mlm_batches(stage, seed, done), self.steps.mlm_step
+            total = self.stage_data.stage_batches(stage)
+        lr = self.simcse_lr if stage.kind is StageKind.SIMCSE else self.config.lr
+        return self.run_steps(((step, b) for b in batches), total, description, stage=self.stage_progress(
+            index, stage, total, lr))
+
+    def run_multitask_epoch(self, index: int, stage: Stage, seed: int, description: str) -> float:
+        progress = self.stage_progress(index, stage, self.stage_data.stage_batches(stage), self.config.lr)
+        batches = self.stage_data.multitask_loaders(seed, progress.saved.get("loaders"))
+        rng = random.Random(seed)
+        sizes = {t: self.stage_data.train_items(t) for t in self.stage_data.tasks}
+        surgery = self.steps.gradient_surgery
+        per_step = len(sizes) if surgery else 1  # surgery: a batch of every task a step (round_robin: in turn)
+        order = multitask_order(self.config.schedule, sizes, stage.epoch, self.config.epochs,
+                                progress.steps * per_step, rng)
+        if "rng" in progress.saved:  # where gradient surgery's draws stood
+            version, state, gauss = progress.saved["rng"]
+            rng.setstate((version, tuple(state), gauss))
+
+        def where() -> dict:
+            version, state, gauss = rng.getstate()
+            return {"loaders": batches.position(), "rng": [version, list(state), gauss]}
+        progress.where, done, steps = where, progress.steps_done, progress.steps
+        if surgery:
+            step = partial(self.steps.surgery_step, rng=rng)
+            groups = (order[i * per_step:(i + 1) * per_step] for i in range(done, steps))
+            pairs = ((step, [(t, batches.next(t)) for t in group]) for group in groups)
+            return self.run_steps(pairs, steps, f"{description} {surgery.method}", gradients_reduced=True,
+                                  batches_per_step=per_step, stage=progress)
+        step = self.steps.task_step
+        return self.run_steps(((partial(step, t), batches.next(t)) for t in order[done:]), steps, description,
+                              stage=progress)
+
+    def stage_progress(self, index: int, stage: Stage, steps: int, lr: float) -> StageProgress:
+        """Stage `index`'s progress: the resumed one's, or a fresh one."""
+        progress = self.state.stage or StageProgress(index, stage.label, steps, 0, StageLosses(self.device))
+        progress.updates, progress.lr = math.ceil(steps / self.config.grad_accumulation_steps), lr
+        return progress
+
+    # -- the steps: forward, loss, backward; at an update's end: rate, clip, step, log, save ----------------
+    def run_steps(self, steps, total: int, description: str, gradients_reduced: bool = False,
+                  batches_per_step: int = 1, stage: StageProgress | None = None) -> float:
+        """Drive (step_fn, batch) pairs with gradient accumulation; returns the stage's mean loss. Each loss is
+        divided by the size of its accumulation group, the last (possibly shorter) one included. Under torchrun
+        gradients are averaged over ranks once per optimizer step, unless the step functions did it themselves
+        (`gradients_reduced`: gradient surgery, `batches_per_step` batches a step).
+
+        The losses stay on the device, and so does what steps.jsonl reports: the host reads them every
+        logging_steps updates (those skipped by fp16's scaler count) and at the end of the stage, so no other step
+        waits for the device. `stage`: where the stage stands (a resumed one: `steps` holds the pairs after those
+        it had done); without one, steps outside a schedule, never checkpointed inside."""
+        state, accumulation = self.state, self.config.grad_accumulation_steps
+        stage = stage or StageProgress(None, description, total, math.ceil(total / accumulation),
+                                       StageLosses(self.device), self.config.lr)
+        self.begin_steps(stage)
+        # Examples counted in full batches of every rank (a stage's last batch may be shorter).
+        step_examples = self.config.batch_size * self.distributed.world_size * batches_per_step
+        bar = tqdm(steps, total=total, initial=stage.steps_done, desc=description, leave=False, disable=self.quiet,
+                   unit="ex", unit_scale=step_examples)  # tqdm's rate and time left, in examples
+        start, examples = time.time(), 0
+        for index, (step_fn, batch) in enumerate(bar, start=stage.steps_done):
+            group_size = min(accumulation, total - (index - index % accumulation))
+            stage.losses.add(step_fn(batch, group_size), state.updates)  # forward, loss terms, backward
+            examples += step_examples
+            stage.steps_done = index + 1
+            if stage.steps_done % accumulation and stage.steps_done < total:
+                continue  # the accumulation group goes on
+            stage.update = index // accumulation
+            control = self.decide_update(stage)
+            norm = self.optimizer_step(gradients_reduced, measure_norm=control.should_log)  # rate, clip, step
+            if control.should_log:
+                bar.set_postfix(loss=f"{self.log_steps(stage, description, norm, time.time() - start, examples):.4f}")
+                start, examples = time.time(), 0
+            if self.decide_save(stage, control).should_save:
+                self.save(stage, description)
+        self.state.stage = None  # the stage's own checkpoint, after its dev pass, is not inside it
+        return stage.losses.read_mean(description)
+
+    def begin_steps(self, stage: StageProgress) -> None:
+        """Make `stage` the state's stage under way. A resumed one gets back its RNG states (now that its loaders
+        exist: each iter(DataLoader) draws a seed from torch's generator, as the saving run's had before it saved)
+        and its clock; a fresh one starts the sums steps.jsonl reports."""
+        self.model.train()
+        if stage.rng is not None:
+            restore_rng(*stage.rng)
+            stage.rng, stage.started = None, time.time()
+        else:
+            self.state.task_losses.clear()
+            self.state.penalty_terms.clear()
+        self.state.stage = stage
+
+    def decide_stage(self, index: int) -> TrainerControl:
+        """Before stage `index`: whether the run stops there (--stop_after_stages; --resume continues it)."""
+        stop_after = self.config.stop_after_stages
+        self.control = TrainerControl(should_stop=stop_after is not None and index >= stop_after)
+        return self.control
+
+    def decide_update(self, stage: StageProgress) -> TrainerControl:
+        """After the update about to be taken: a line of steps.jsonl every logging_steps attempts (fp16's skipped
+        updates count) and at the stage's end, when the stage's dev pass follows."""
+        attempts = self.state.updates + self.state.skipped_updates + 1
+        last = stage.steps_done == stage.steps
+        self.control = TrainerControl(should_log=attempts % self.config.logging_steps == 0 or last,
+                                      should_evaluate=last)
+        return self.control
+
+    def decide_save(self, stage: StageProgress, control: TrainerControl) -> TrainerControl:
+        """Whether a checkpoint inside the stage is due after this update, the same answer on every rank: every
+        save_steps attempts, and every save_every_minutes (asked after the log line: see below). Not at the stage's
+        end (its own checkpoint follows its dev pass), nor for steps outside a schedule."""
+        config, attempts = self.config, self.state.updates + self.state.skipped_updates
+        if stage.index is None or control.should_evaluate:
+            control.should_save = False
+        elif config.save_steps and attempts % config.save_steps == 0:
+            control.should_save = True
+        # Under torchrun rank 0's clock decides for every rank, in a collective that would make each update wait
+        # for the device: it is asked only where the host waits anyway (a line of steps.jsonl).
+        elif not config.save_every_minutes or (self.distributed.enabled and not control.should_log):
+            control.should_save = False
+        else:
+            control.should_save = self.distributed.main_decides(
+                time.monotonic() - self.state.last_save >= 60 * config.save_every_minutes)
+        return control
+
+    def optimizer_step(self, gradients_reduced: bool = False, measure_norm: bool = False) -> torch.Tensor | None:
+        """Average the gradients over ranks (unless `gradients_reduced`), clip them and step at the schedule's
+        learning rate. Returns the gradients' total norm before clipping, a 0-dim device tensor, when clipping
+        computes it or `measure_norm` asks for it (a step that logs it); else None."""
+        if not gradients_reduced:
+            self.distributed.average_gradients(self.model.parameters())
+            if self.steps.mlm_head is not None:
+                self.distributed.average_gradients(self.steps.mlm_head.parameters())
+        state, config, stage = self.state, self.config, self.state.stage
+        base = stage.lr if stage is not None else config.lr
+        state.learning_rate = base * learning_rate_factor(state.updates, state.total_updates, config.lr_schedule,
+                                                          config.warmup_ratio)
+        norm, stepped = update_weights(self.optimizer, self.steps.scaler, state.learning_rate, config.max_grad_norm,
+                                       measure_norm)
+        if not stepped:
+            # Nothing moved: neither SMART's anchor nor the schedules (learning rate, SMART's momentum) advance.
+            state.skipped_updates += 1
+            return norm
+        place = UpdatePlace(stage.update if stage else 0, stage.updates if stage else 1, state.updates,
+                            state.total_updates)
+        for penalty in self.penalties:
+            penalty.after_update(self.model, place)
+        state.updates += 1
+        return norm
+
+    def log_steps(self, stage: StageProgress, description: str, grad_norm: torch.Tensor, seconds: float,
+                  examples: int) -> float:
+        """A line of steps.jsonl (and TensorBoard's train/ scalars) for the updates since the last one
+        (step_log.read_line); returns its loss. `grad_norm`: the last update's, before clipping."""
+        state = self.state
+        line = {"update": state.updates, "stage": description, **read_line(
+            stage.losses, description, state.task_losses, state.penalty_terms, state.learning_rate, grad_norm)}
+        for penalty in self.penalties:  # their counters so far in the run (SMART's adversarial terms dropped)
+            line |= penalty.log_values()
+        if self.steps.scaler.is_enabled():
+            line |= {"fp16_scale": self.steps.scaler.get_scale(), "fp16_skipped_updates": state.skipped_updates}
+        line |= {"seconds": seconds, "examples_per_second": examples / max(seconds, 1e-9)}
+        self.run_log.step(line)
+        return line["loss"]
+
+    # -- the checkpoint: saved here, restored by resume ------------------------------------------------
+    def save(self, stage: StageProgress | None = None, description: str = "") -> None:
+        """OUTPUT_DIR/last.* (a collective: every rank calls it), which --resume continues from: after a stage, or
+        inside `stage` at an update's end with where it stands, to continue at its next batch."""
+        position, local = None, None
+        if stage is not None:
+            stage.losses.check(description)  # a diverged state is never saved: its resume could only diverge again
+            position, local = stage.position(self.config.grad_accumulation_steps, self.state)
+        self.checkpoint.save(self.state, position, local)
+        self.state.last_save = time.monotonic()
+
+    def resume(self, tensors: dict[str, torch.Tensor], metadata: dict, saved_schedule_length: int | None) -> None:
+        """Continue from a checkpoint (training_state.read_training_state reads and checks it): everything it holds
+        back in place, and the state it saved (inside a stage: run_stage continues that stage)."""
+        self.state = self.checkpoint.load(tensors, metadata, saved_schedule_length)
+
+
+class RunCheckpoint:
+    """What OUTPUT_DIR/last.* holds, and puts back: the model (or what of it trains), the optimizer, the penalties'
+    tensors and values, the MLM head, fp16's gradient scaler, the block's best stage, every rank's RNG states, the
+    TrainingState, the data's fingerprints and the run's settings."""
+
+    def __init__(self, steps: BatchSteps, optimizer: AdamW, transitions: StageTransitions, output_dir: Path,
+                 settings: dict, data_sha256: dict[str, str]):
+        self.steps, self.optimizer, self.transitions, self.output_dir = steps, optimizer, transitions, output_dir
+        self.settings, self.data_sha256 = settings, data_sha256
+        self.model, self.distributed, self.penalties = steps.model, steps.distributed, steps.penalties
+
+    def save(self, state: TrainingState, position: dict | None = None,
+             local: dict[str, torch.Tensor] | None = None) -> None:
+        checkpoint = self.state_dict(state, position, local)
+        if checkpoint is not None:
+            save_training_state(self.output_dir / "last", *checkpoint)
+
+    def state_dict(self, state: TrainingState, position: dict | None = None,
+                   local: dict[str, torch.Tensor] | None = None) -> tuple[dict[str, torch.Tensor], dict] | None:
+        """The checkpoint, as (tensors, plain values), on rank 0; None on the others. A collective under torchrun:
+        every rank must call it (each one's dropout generator is kept). Inside a stage also `position`, where the
+        stage stands, and every rank's `local` tensors (its sums of the stage's losses)."""
+        gathered = gather_rank_states(self.distributed, local)
+        if gathered is None:
+            return None
+        rank_tensors, rng_info = gathered
+        tensors = {f"model.{k}": v for k, v in trained_tensors(self.model).items()}
+        optimizer_tensors, optimizer_info = optimizer_state(self.optimizer)
+        block_tensors, block_best = self.transitions.state()
+        penalty_tensors, penalty_values = penalties_state(self.penalties)
+        tensors |= optimizer_tensors | rank_tensors | penalty_tensors | block_tensors
+        if self.steps.mlm_head is not None:
+            tensors |= {f"mlm_head.{k}": v.detach().contiguous() for k, v in self.steps.mlm_head.state_dict().items()}
+        return tensors, {
+            **model_metadata(self.model), "args": self.settings, **state.saved_values(),
+            "data_sha256": self.data_sha256, "world_size": self.distributed.world_size,
+            "optimizer": optimizer_info, "rng": rng_info, **penalty_values,
+            # The fp16 gradient scaler's scale and growth counter (plain numbers; {} without fp16).
+            "grad_scaler": self.steps.scaler.state_dict(), "skipped_updates": state.skipped_updates,
+            # The block's best stage so far (stage_transitions), its tensors under block_best.; None outside a block.
+            "block_best": block_best, "skipped_stages": list(state.skipped_stages),
+            **({"position": position} if position is not None else {})}
+
+    def load(self, tensors: dict[str, torch.Tensor], metadata: dict,
+             saved_schedule_length: int | None = None) -> TrainingState:
+        """Put back what state_dict saved, in a schedule of `saved_schedule_length` stages (None: this run's; the
+        trainer extends a finished shorter one); returns the run's state as it was saved."""
+        device = self.steps.device
+        load_trained_tensors(self.model, {k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
+        restore_optimizer(self.optimizer, tensors, metadata["optimizer"])
+        for penalty in self.penalties:
+            penalty.load_state(tensors, metadata, device)
+        if self.steps.mlm_head is not None:
+            self.steps.mlm_head.load_state_dict({k[9:]: v for k, v in tensors.items() if k.startswith("mlm_head.")})
+        self.transitions.load_state(tensors, metadata.get("block_best"), saved_schedule_length)
+        # A run saved before these fields existed, or in another precision (a resume on another GPU kind),
+        # starts a fresh scaler, as a run does.
+        if self.steps.scaler.is_enabled() and metadata.get("grad_scaler"):
+            self.steps.scaler.load_state_dict(metadata["grad_scaler"])
+        own = rank_states(tensors, self.distributed.rank)  # this rank's RNG states and sums
+        restore_rng(own, metadata["rng"])
+        # Inside a stage, its RNG states go back again when it continues (StepLoop.begin_steps); only what that
+        # needs is kept, not the weights.
+        return TrainingState.from_checkpoint(metadata, {name: tensor for name, tensor in own.items()
+                                                        if name.startswith(("position.", "rng.")) and ".rank" not in name},
+                                             device)
