@@ -133,7 +133,9 @@ def _one_step(trainer, task: str, batches: dict) -> dict[str, torch.Tensor]:
     elif task == "distilled":  # each rank looks its own examples' teacher scores up by id
         examples = demo_examples("sst", "train", 7)
         logits = np.random.default_rng(0).normal(size=(len(examples), 5))
-        trainer.steps.distillation = Distillation({"sst": TeacherScores({e.id: i for i, e in enumerate(examples)}, logits)})
+        # a penalty of the step's objective, built at the task's first step
+        trainer.steps.penalties.append(Distillation({"sst": TeacherScores({e.id: i for i, e in enumerate(examples)},
+                                                                          logits)}))
         trainer.loop.run_steps([(partial(trainer.steps.task_step, "sst"), batches["sst"])], 1, "test")
     elif task == "accumulated":
         trainer.loop.config = dataclasses.replace(trainer.config, grad_accumulation_steps=2)
