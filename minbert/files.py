@@ -17,6 +17,7 @@ import fcntl
 import io
 import os
 import shutil
+import sys
 import tempfile
 import warnings
 from collections.abc import Callable, Iterator
@@ -42,6 +43,18 @@ class DataError(ValueError):
 class OutputError(OSError):
     """An output file could not be written (a full disk, a read-only folder, a folder in its place); str() is one
     line naming the file. The command lines print it as `error: ...` and exit with code 2."""
+
+
+@contextmanager
+def refused_at_import(*errors: type[Exception]) -> Iterator[None]:
+    """For a check a module runs when it is imported (the task and penalty registries): found while a command line
+    imports the package, before its own handler can catch anything, `errors` end the program with the one line and
+    exit code 2 that handler gives bad input, rather than a traceback."""
+    try:
+        yield
+    except errors as err:
+        print(f"error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def describe_os_error(err: OSError) -> str:

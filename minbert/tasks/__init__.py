@@ -26,9 +26,9 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-import sys
 from collections.abc import Mapping
 
+from minbert.files import refused_at_import
 from minbert.tasks.base import Task
 from minbert.tasks.course_files import SPLITS  # noqa: F401 (tasks.SPLITS: the splits of every task)
 from minbert.tasks.registry import TaskModuleError, check_task_modules
@@ -48,13 +48,8 @@ def _discover() -> tuple[dict[str, Task], dict[str, str]]:
 
 TASKS: dict[str, Task]
 TASK_FILES: dict[str, str]  # for messages: 'qqp' -> 'minbert/tasks/qqp.py'
-try:
+with refused_at_import(TaskModuleError):
     TASKS, TASK_FILES = _discover()
-except TaskModuleError as err:
-    # Found while a command line imports the package, before its own handler can catch anything: the same one line
-    # and exit code that handler gives bad input, rather than a traceback.
-    print(f"error: {err}", file=sys.stderr)
-    raise SystemExit(2) from None
 
 MULTITASK = tuple(name for name, task in TASKS.items() if task.default)  # the course's three, in its order
 RUN_TASKS = tuple(name for name, task in TASKS.items() if task.trainable)  # what --tasks may name, in this order

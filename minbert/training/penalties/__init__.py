@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-import sys
 
+from minbert.files import refused_at_import
 from minbert.training.objective import PenaltyKind
 
 
@@ -35,10 +35,5 @@ def _discover() -> tuple[dict[str, PenaltyKind], dict[str, str]]:
 
 PENALTY_KINDS: dict[str, PenaltyKind]
 PENALTY_FILES: dict[str, str]  # for messages: 'toy' -> 'minbert/training/penalties/toy.py'
-try:
+with refused_at_import(ValueError):
     PENALTY_KINDS, PENALTY_FILES = _discover()
-except ValueError as err:
-    # Found while a command line imports the package, before its own handler can catch anything: one line and exit
-    # code 2, as bad input gets.
-    print(f"error: {err}", file=sys.stderr)
-    raise SystemExit(2) from None
