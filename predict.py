@@ -17,6 +17,7 @@ file in, JSON lines out) unless --input_format / --output_format say otherwise (
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import sys
 from pathlib import Path
@@ -27,11 +28,12 @@ from base_bert import CheckpointError
 from minbert.files import DataError, OutputError, atomic_write_text, unwritable_folder
 from minbert.model.multitask_bert import MultitaskBERT, load_multitask_checkpoint
 from minbert.prediction.inference import PredictionSettings, Predictor, TokenizedSplits
-from minbert.prediction.new_inputs import (INPUT_FORMATS, OUTPUT_FORMATS, STANDARD_STREAM, decided, input_format,
+from minbert.prediction.new_inputs import (INPUT_FORMATS, OUTPUT_FORMATS, STANDARD_STREAM, input_format,
                                            output_format, prediction_records, read_examples)
 from minbert.run.run_record import recorded_pretrained
 from minbert.runtime import PRECISIONS, resolve_device, resolve_precision, use_tf32
 from minbert.tasks import RUN_TASKS, TASKS, task_name, task_settings
+from minbert.tasks.base import decided, prediction_rows
 from tokenizer import BertTokenizer
 
 # The tasks a multitask model may have a head for whose examples are sentences (SQuAD's questions are not lines).
@@ -66,8 +68,10 @@ def parse_args(argv=None) -> argparse.Namespace:
 def checkpoint_prefix(run: str) -> Path:
     """The kept model of a run's folder, or the checkpoint prefix given; CheckpointError when neither is there."""
     path = Path(run)
-    prefix = path / KEPT_MODEL if path.is_dir() else path.with_suffix("") if path.suffix in (".json",
-                                                                                              ".safetensors") else path
+    if path.is_dir():
+        prefix = path / KEPT_MODEL
+    else:  # PREFIX, or one of its two files named
+        prefix = path.with_suffix("") if path.suffix in (".json", ".safetensors") else path
     if not (prefix.with_suffix(".json").is_file() and prefix.with_suffix(".safetensors").is_file()):
         where = f"{run}: no kept model ({KEPT_MODEL}.json and {KEPT_MODEL}.safetensors)" if path.is_dir() else (
             f"{run}: neither a run's folder nor a checkpoint (PREFIX.json and PREFIX.safetensors)")
@@ -92,12 +96,11 @@ def predictor_of(model: MultitaskBERT, prefix: Path, metadata: dict, args: argpa
 def write(args: argparse.Namespace, ids: list[str], scores) -> None:
     task = TASKS[args.task]
     if args.output_format == "csv":
+        predictions = decided(task, scores)[1].tolist()
         if args.output == STANDARD_STREAM:
-            _, labels = decided(task, scores)
-            rows = [f"{i},{task.format_prediction(label)}" for i, label in zip(ids, labels)]
-            sys.stdout.write("\n".join([f"id,{task.leaderboard_column}", *rows]) + "\n")
+            csv.writer(sys.stdout, lineterminator="\n").writerows(prediction_rows(task, "<stdout>", ids, predictions))
         else:
-            task.write_predictions(args.output, ids, decided(task, scores)[1].tolist())
+            task.write_predictions(args.output, ids, predictions)
         return
     text = "".join(json.dumps(record) + "\n" for record in prediction_records(task, ids, scores))
     if args.output == STANDARD_STREAM:

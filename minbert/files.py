@@ -92,6 +92,17 @@ def read_input_bytes(path: str | os.PathLike) -> bytes:
         raise DataError(path, f"cannot be read ({err.strerror or err})") from None
 
 
+def read_input_text(path: str | os.PathLike) -> str:
+    """An input file's text (read_input_bytes), UTF-8 without its byte-order mark; DataError naming the line of the
+    first byte that is not UTF-8."""
+    raw = read_input_bytes(path)
+    try:
+        return raw.decode("utf-8").removeprefix("\ufeff")
+    except UnicodeDecodeError as err:
+        raise DataError(path, f"text is not valid UTF-8 (byte 0x{raw[err.start]:02x})",
+                        raw.count(b"\n", 0, err.start) + 1) from None
+
+
 @contextmanager
 def locked_folder(directory: str | os.PathLike) -> Iterator[None]:
     """Hold DIRECTORY/.lock while a command writes there: a second process writing in the same folder at once is

@@ -23,13 +23,11 @@ from pathlib import Path
 from typing import TextIO
 
 import numpy as np
-import torch
 
-from minbert.files import DataError
-from minbert.tasks.base import Task
+from minbert.files import DataError, read_input_text
+from minbert.tasks.base import Task, decided
 from minbert.tasks.classification import Classification
 from minbert.tasks.course_files import PairExample, SentenceExample
-from minbert.tasks.score_files import as_saved
 
 INPUT_FORMATS = ("course", "jsonl", "lines")
 OUTPUT_FORMATS = ("csv", "jsonl")
@@ -59,7 +57,7 @@ def read_examples(task: Task, source: str, fmt: str, stdin: TextIO | None = None
     if fmt == "course":
         return task.load(source, "dev" if _has_column(source, task.label_column) else "test")
     name = "<stdin>" if source == STANDARD_STREAM else source
-    text = (stdin or sys.stdin).read() if source == STANDARD_STREAM else _read_text(Path(source))
+    text = (stdin or sys.stdin).read() if source == STANDARD_STREAM else read_input_text(source)
     rows = _json_rows(task, name, text) if fmt == "jsonl" else _plain_rows(task, name, text)
     if not rows:
         raise DataError(name, "no examples: every line is blank")
@@ -78,17 +76,6 @@ def _has_column(path: str, column: str) -> bool:
             return column in (name.strip() for name in handle.readline().split("\t"))
     except OSError:
         return False  # the loader names what is wrong with the file
-
-
-def _read_text(path: Path) -> str:
-    if not path.is_file():
-        raise DataError(path, "file not found" if not path.exists() else "not a regular file")
-    raw = path.read_bytes()
-    try:
-        return raw.decode("utf-8").removeprefix("\ufeff")
-    except UnicodeDecodeError as err:
-        raise DataError(path, f"text is not valid UTF-8 (byte 0x{raw[err.start]:02x})",
-                        raw.count(b"\n", 0, err.start) + 1) from None
 
 
 def _plain_rows(task: Task, name: str, text: str) -> list[tuple[int, str, tuple[str, ...]]]:
@@ -129,13 +116,6 @@ def _json_rows(task: Task, name: str, text: str) -> list[tuple[int, str, tuple[s
 
 def _example(task: Task, example_id: str, texts: tuple[str, ...]) -> SentenceExample | PairExample:
     return SentenceExample(example_id, *texts, None) if len(texts) == 1 else PairExample(example_id, *texts, None)
-
-
-def decided(task: Task, scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(the scores as a run's scores file holds them, the predictions decided from those): what a run's leaderboard
-    CSV writes of the same scores (Task.write_outputs)."""
-    values = as_saved(scores)
-    return values, task.decide(torch.from_numpy(values)).numpy()
 
 
 def prediction_records(task: Task, ids: Sequence[str], scores: np.ndarray) -> list[dict]:

@@ -90,8 +90,10 @@ def compare(arms: Sequence[Arm], tasks: Sequence[str], replicates: int = 2000, s
             for key, values in _arm_replicates(arm, tasks, rows, runs).items():
                 drawn[arm.name].setdefault(key, []).append(values)
     replicated = {name: {key: np.concatenate(parts) for key, parts in keys.items()} for name, keys in drawn.items()}
-    points = {arm.name: {key: float(np.mean([run_scores(run, tasks)[key][0] for run in arm.runs]))
-                         for key in replicated[arm.name]} for arm in arms}
+    points = {}  # each arm's scores on all its examples, the mean over its runs
+    for arm in arms:
+        on_all = [run_scores(run, tasks) for run in arm.runs]
+        points[arm.name] = {key: float(np.mean([scores[key][0] for scores in on_all])) for key in on_all[0]}
     scores = {name: {key: Estimate(points[name][key], *np.percentile(values, [2.5, 97.5]))
                      for key, values in keys.items()} for name, keys in replicated.items()}
     first = arms[0].name

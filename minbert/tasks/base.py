@@ -222,8 +222,7 @@ class Task(OwnOptions, ABC):
         return metrics[self.score_key]
 
     def resampled_scores(self, predictions: np.ndarray, gold: np.ndarray) -> np.ndarray:
-        """Its score (score_key's metric) of each row of resampled examples: `predictions` and `gold` are (R, N),
-        row r one resample of a split; returns (R,). What a bootstrap interval over examples recomputes."""
+        """Its score_key's metric of each row of (R, N) resampled examples: (R,), what a bootstrap recomputes."""
         raise TypeError(f"{self.name}: its score has no resampled form (bootstrap intervals cover SST, QQP and STS)")
 
     @abstractmethod
@@ -235,15 +234,8 @@ class Task(OwnOptions, ABC):
         """A leaderboard CSV cell back into a prediction; ValueError on anything the grader would refuse."""
 
     def write_predictions(self, path: str | os.PathLike, ids: Sequence, predictions: Sequence) -> None:
-        """Its leaderboard CSV `id,<leaderboard_column>`, one row per id in the order given, written to a temporary
-        sibling and moved into place (a crash never leaves a truncated file that looks complete)."""
-        ids = [str(i) for i in ids]
-        if len(ids) != len(predictions):
-            raise ValueError(f"{path}: {len(ids)} ids but {len(predictions)} predictions")
-        repeated = [i for i, count in Counter(ids).items() if count > 1]
-        if repeated:
-            raise ValueError(f"{path}: repeated ids: {first_few(repeated)}")
-        atomic_write_csv(path, [("id", self.leaderboard_column), *zip(ids, map(self.format_prediction, predictions))])
+        """Its leaderboard CSV (prediction_rows), moved into place whole (a crash leaves no truncated file)."""
+        atomic_write_csv(path, prediction_rows(self, path, ids, predictions))
 
     # -- a run's files -----------------------------------------------------------------------------
     def predict_scores(self, predictor, examples: list):
@@ -252,11 +244,10 @@ class Task(OwnOptions, ABC):
         return predictor.predict(self.name, examples, scores=True)
 
     def write_outputs(self, scores, predictions_path: Path, scores_file: Path, chosen: Mapping[str, float]) -> str:
-        """A split's leaderboard file and, for ensembles, the `scores` (predict_scores') it was decided from, under
-        the decision settings `chosen` on dev (Task.evaluate); what it wrote, in words. The predictions are decided
-        from the scores as saved, so that an ensemble of this one run decides the same."""
-        ids, values = scores[0], as_saved(scores[1])
-        self.write_predictions(predictions_path, ids, self.decide(torch.from_numpy(values)).numpy().tolist())
+        """A split's leaderboard file (decided from the scores as saved) and, for ensembles, the `scores`
+        (predict_scores') under the decision settings `chosen` on dev (Task.evaluate); what it wrote, in words."""
+        ids, (values, predictions) = scores[0], decided(self, scores[1])
+        self.write_predictions(predictions_path, ids, predictions.tolist())
         self.write_scores(scores_file, ids, values)
         return f"{len(ids)} rows"
 
@@ -346,3 +337,22 @@ class Task(OwnOptions, ABC):
     def distillation_loss(self, objective, outputs: Tensor, teacher, ids: list[str], temperature: float) -> Tensor:
         """How far the student's `outputs` on the examples `ids` are from the teacher's scores of them (`teacher`:
         what load_teacher gave), in the space the runs save scores in; 0 where they agree."""
+
+
+def decided(task: Task, scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(the scores as a scores file holds them, `task`'s predictions decided from those): a run's leaderboard files
+    are decided from the scores as saved, so that an ensemble of this one run, or predict.py, decides the same."""
+    values = as_saved(scores)
+    return values, task.decide(torch.from_numpy(values)).numpy()
+
+
+def prediction_rows(task: Task, where: str | os.PathLike, ids: Sequence, predictions: Sequence) -> list[tuple]:
+    """`task`'s leaderboard CSV rows in the order given, `id,<leaderboard_column>` first; ValueError naming `where`
+    for a count that differs or a repeated id."""
+    ids = [str(i) for i in ids]
+    if len(ids) != len(predictions):
+        raise ValueError(f"{where}: {len(ids)} ids but {len(predictions)} predictions")
+    repeated = [i for i, count in Counter(ids).items() if count > 1]
+    if repeated:
+        raise ValueError(f"{where}: repeated ids: {first_few(repeated)}")
+    return [("id", task.leaderboard_column), *zip(ids, map(task.format_prediction, predictions))]

@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from minbert.files import DataError, DataWarning
+from minbert.files import DataError, DataWarning, read_input_text
 
 SPLITS = ("train", "dev", "test")
 
@@ -94,15 +94,7 @@ def read_rows(path: str | Path, split: str, text_columns: tuple[str, ...], label
 def _read_table(path: str | Path, required_columns: Sequence[str]) -> tuple[list[str], list[tuple[int, list[str]]]]:
     """Header and (first line number, fields) of every record; blank lines are not records."""
     path = Path(path)
-    if not path.is_file():
-        raise DataError(path, "file not found" if not path.exists() else "not a regular file")
-    raw = path.read_bytes()
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as err:
-        line = raw.count(b"\n", 0, err.start) + 1
-        raise DataError(path, f"text is not valid UTF-8 (byte 0x{raw[err.start]:02x})", line) from None
-    text = text.removeprefix("\ufeff")
+    text = read_input_text(path)
     if not text.strip():
         raise DataError(path, "file is empty")
 
