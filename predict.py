@@ -22,23 +22,15 @@ import json
 import sys
 from pathlib import Path
 
-import torch
-
 from base_bert import CheckpointError
 from minbert.files import DataError, OutputError, atomic_write_text, unwritable_folder
-from minbert.model.multitask_bert import MultitaskBERT, load_multitask_checkpoint
-from minbert.prediction.inference import PredictionSettings, Predictor, TokenizedSplits
+from minbert.model.multitask_bert import load_multitask_checkpoint
 from minbert.prediction.new_inputs import (INPUT_FORMATS, OUTPUT_FORMATS, STANDARD_STREAM, input_format,
                                            output_format, prediction_records, read_examples)
-from minbert.run.run_record import recorded_pretrained
-from minbert.runtime import PRECISIONS, resolve_device, resolve_precision, use_tf32
-from minbert.tasks import RUN_TASKS, TASKS, task_name, task_settings
+from minbert.run.kept_model import checkpoint_prefix, kept_predictor, missing_head
+from minbert.runtime import PRECISIONS, resolve_device, use_tf32
+from minbert.tasks import TASKS, TEXT_TASKS, task_name
 from minbert.tasks.base import decided, prediction_rows
-from tokenizer import BertTokenizer
-
-# The tasks a multitask model may have a head for whose examples are sentences (SQuAD's questions are not lines).
-TEXT_TASKS = tuple(name for name in RUN_TASKS if TASKS[name].text_columns)
-KEPT_MODEL = "best"
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -63,34 +55,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.input_format = input_format(args.input, args.input_format)
     args.output_format = output_format(args.output, args.output_format)
     return args
-
-
-def checkpoint_prefix(run: str) -> Path:
-    """The kept model of a run's folder, or the checkpoint prefix given; CheckpointError when neither is there."""
-    path = Path(run)
-    if path.is_dir():
-        prefix = path / KEPT_MODEL
-    else:  # PREFIX, or one of its two files named
-        prefix = path.with_suffix("") if path.suffix in (".json", ".safetensors") else path
-    if not (prefix.with_suffix(".json").is_file() and prefix.with_suffix(".safetensors").is_file()):
-        where = f"{run}: no kept model ({KEPT_MODEL}.json and {KEPT_MODEL}.safetensors)" if path.is_dir() else (
-            f"{run}: neither a run's folder nor a checkpoint (PREFIX.json and PREFIX.safetensors)")
-        raise CheckpointError(f"{where}; a run keeps its model once a stage has been evaluated")
-    return prefix
-
-
-def predictor_of(model: MultitaskBERT, prefix: Path, metadata: dict, args: argparse.Namespace,
-                 device: torch.device) -> Predictor:
-    """A Predictor as the run's own: its tokenizer (its --pretrained, a relative path read where the run started),
-    --max_length, --eval_batch_size, precision and the tasks' own options (SQuAD's windows and answer limits; a
-    record older than an option: its default)."""
-    settings = metadata.get("args", {})
-    tokenizer = BertTokenizer.from_pretrained(recorded_pretrained(prefix, metadata) or settings["pretrained"])
-    requested = args.precision or settings.get("precision", "auto")
-    prediction = PredictionSettings(args.batch_size or settings["eval_batch_size"], settings["max_length"],
-                                    resolve_precision(device, requested), args.quiet)
-    splits = TokenizedSplits(tokenizer, model, settings["max_length"], task_settings(settings))
-    return Predictor(model, splits, device, prediction)
 
 
 def write(args: argparse.Namespace, ids: list[str], scores) -> None:
@@ -121,9 +85,11 @@ def predict(args: argparse.Namespace) -> int:
     device = resolve_device(args.use_gpu)
     use_tf32(device)
     model, metadata = load_multitask_checkpoint(prefix, device)
-    if args.task not in model.objectives:
-        raise CheckpointError(f"{prefix}: the model has no {args.task} head (it has {', '.join(model.objectives)})")
-    ids, scores = predictor_of(model, prefix, metadata, args, device).predict(args.task, examples, scores=True)
+    problem = missing_head(model, prefix, args.task)
+    if problem:
+        raise problem
+    predictor = kept_predictor(model, prefix, metadata, device, args.batch_size, args.precision, args.quiet)
+    ids, scores = predictor.predict(args.task, examples, scores=True)
     write(args, ids, scores)
     if args.output != STANDARD_STREAM:
         print(f"wrote {args.output} ({len(ids)} {args.task} predictions)", file=sys.stderr)

@@ -233,7 +233,10 @@ def _perturbation(iterate: Tensor, config: SmartConfig) -> Tensor:
     return _rescale(iterate, config) if config.projection == "rescale" else iterate
 
 
-def _ascent_step(iterate: Tensor, gradient: Tensor, config: SmartConfig) -> Tensor:
+def ascent_step(iterate: Tensor, gradient: Tensor, config: SmartConfig) -> Tensor:
+    """One step of the ascent on the perturbation: iterate + eta * g / ||g|| (norm and slice as configured), brought
+    back to the eps-ball (projection "clamp") or left unprojected ("rescale"). The robustness suite's embedding
+    attack takes the same steps on another objective (minbert/robustness/embedding_attack.py)."""
     iterate = iterate + config.step_size * _normalise(gradient, config)
     return iterate if config.projection == "rescale" else _project(iterate, config)
 
@@ -277,7 +280,7 @@ def ascend(
             (gradient,) = torch.autograd.grad(value, perturbation)
         finite = finite & torch.isfinite(gradient).all()
         with torch.no_grad():
-            delta = _ascent_step(delta.detach(), gradient, config)
+            delta = ascent_step(delta.detach(), gradient, config)
             perturbation = _perturbation(delta, config)
     return torch.where(finite, perturbation, torch.zeros_like(perturbation)), finite
 

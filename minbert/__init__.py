@@ -14,6 +14,7 @@ it, and never imports the course's other files: evaluation.py, simcse.py and dat
     model/       MultitaskBERT (its heads are the tasks'), adapters (LoRA, DoRA, PALs), checkpoints
     prediction/  predicting and evaluating a model, the leaderboard's scores and CSVs, ensembles of runs' saved scores
     reports/     a run's figures (forgetting matrix, curves, error plots, t-SNE) and the tables behind them
+    robustness/  a model on seeded noisy dev sets and under attack (embedding-space PGD, greedy word substitution)
     training/    the step loop (StepLoop) and the run of stages around it (Trainer), schedules, SMART's anchor, EWC,
                  L2-SP, LNSR, surgery, distillation, MLM, SimCSE, the run's progress saved for resuming
     run/         a run from its flags: the flag schema (training_args.py), assembling a run (run_setup.py), args.json

@@ -55,6 +55,9 @@ MULTITASK = tuple(name for name, task in TASKS.items() if task.default)  # the c
 RUN_TASKS = tuple(name for name, task in TASKS.items() if task.trainable)  # what --tasks may name, in this order
 PART1_TASKS = tuple(name for name, task in TASKS.items() if task.part1)  # classifier.py's, in this order
 PAIR_TASKS = tuple(name for name, task in TASKS.items() if task.is_pair)  # qqp, sts: each example is two sentences
+# What --tasks may name whose examples are sentences, which predict.py and the robustness suite read (SQuAD's
+# questions are not lines of text)
+TEXT_TASKS = tuple(name for name in RUN_TASKS if TASKS[name].text_columns)
 SIMCSE_TASKS = tuple(name for name, task in TASKS.items() if task.simcse_score)  # sts: picks SimCSE's best epoch
 _BY_ANY_NAME = {alias: task.name for task in TASKS.values() for alias in (task.name, *task.aliases)}
 

@@ -18,6 +18,9 @@ kinds of row are dropped, never silently (a DataWarning gives the count, the fil
 rows whose label cell is empty in a labelled split (the course's quora-dev.csv has two,
 which the course's loader also skipped), and training rows with an empty sentence. Dev and test
 rows with an empty sentence are kept, because every id there must get a prediction.
+
+write_examples writes examples back in this format (an index column, then id, the text columns and the label), as
+read_rows reads them: the robustness suite's perturbed dev sets.
 """
 from __future__ import annotations
 
@@ -28,7 +31,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from minbert.files import DataError, DataWarning, read_input_text
+from minbert.files import DataError, DataWarning, atomic_write_text, read_input_text
 
 SPLITS = ("train", "dev", "test")
 
@@ -89,6 +92,23 @@ def read_rows(path: str | Path, split: str, text_columns: tuple[str, ...], label
     if not loaded:
         raise DataError(path, "no usable rows: every row was dropped (see the warnings)")
     return loaded
+
+
+def write_examples(path: str | Path, examples: Sequence[SentenceExample | PairExample], text_columns: tuple[str, ...],
+                   label_column: str) -> None:
+    """`examples` as a course file with `text_columns` and, when every example has a label, `label_column` (a dev
+    file; else a test file): the csv module's tab-separated quoting, one record per line, which read_rows reads
+    back as they are. ValueError for a text holding a line break, which no course file's record can."""
+    labelled = all(example.label is not None for example in examples)
+    text = io.StringIO()
+    writer = csv.writer(text, delimiter="\t", lineterminator="\n")
+    writer.writerow(["", "id", *text_columns, *([label_column] if labelled else [])])
+    for index, example in enumerate(examples):
+        texts = [getattr(example, column) for column in text_columns]
+        if any("\n" in value or "\r" in value for value in texts):
+            raise ValueError(f"{path}: example {example.id!r} holds a line break, which a course file cannot")
+        writer.writerow([index, example.id, *texts, *([example.label] if labelled else [])])
+    atomic_write_text(path, text.getvalue())
 
 
 def _read_table(path: str | Path, required_columns: Sequence[str]) -> tuple[list[str], list[tuple[int, list[str]]]]:

@@ -1,0 +1,99 @@
+"""The robustness suite's four families on one model, each giving report.Rows: the noisy sets (char, word) scored
+whole, and the two attacks (embedding, greedy) on the first examples of the clean set.
+
+    rows = noise_rows(predictor, sets, "sst", "char", replicates=1000, seed=0)
+    rows = embedding_rows(predictor, "sst", sets.clean["sst"][:100], EmbeddingAttack((1e-3, 1e-2)), 1000, 0)
+    rows, outcomes = greedy_rows(predictor, "sst", sets.clean["sst"][:100], neighbours, GreedyAttack(50), 1000, 0)
+
+`predictor` is the run's (run.kept_model.kept_predictor): its model, tokenizer, batch size, max_length, precision.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from minbert.prediction.inference import Predictor, predict_examples
+from minbert.robustness.embedding_attack import EmbeddingAttack, attack_examples
+from minbert.robustness.greedy_attack import GreedyAttack, Outcome, Query, attack_all
+from minbert.robustness.perturbed_sets import PerturbedSets
+from minbert.robustness.report import Row, score_rows
+from minbert.robustness.text_noise import Neighbours
+from minbert.tasks import TASKS
+from minbert.tasks.base import decided
+
+Progress = Callable[[str], None]
+
+
+def _quiet(message: str) -> None:
+    """No progress lines."""
+
+
+def gold_labels(examples: Sequence) -> np.ndarray:
+    return np.array([example.label for example in examples], dtype=np.float64)
+
+
+def predictions_of(task: str, scores: np.ndarray) -> np.ndarray:
+    """The predictions a run decides from these scores (as its leaderboard files are decided)."""
+    return decided(TASKS[task], scores)[1]
+
+
+def noise_rows(predictor: Predictor, sets: PerturbedSets, task: str, family: str, replicates: int, seed: int,
+               progress: Progress = _quiet) -> list[Row]:
+    """The clean set and each of the family's variants scored whole, with the share of words each changed."""
+    clean = predictions_of(task, predictor.predict(task, sets.clean[task], scores=True)[1])
+    perturbed, details = {}, {}
+    for name, variant in sets.manifest["variants"].items():
+        if variant["family"] != family:
+            continue
+        perturbed[name] = predictions_of(task, predictor.predict(task, sets.variants[name][task], scores=True)[1])
+        details[name] = {"words changed": variant["words_changed"][task]["share"]}
+        progress(f"{task} {name}: {len(perturbed[name])} examples scored")
+    if not perturbed:
+        return []
+    return score_rows(task, family, gold_labels(sets.clean[task]), clean, perturbed, details, replicates, seed)
+
+
+def embedding_rows(predictor: Predictor, task: str, examples: Sequence, attack: EmbeddingAttack, replicates: int,
+                   seed: int, progress: Progress = _quiet) -> list[Row]:
+    """The embedding attack's sweep; each row also gives the mean gold loss, clean and under attack."""
+    settings = predictor.settings
+    result = attack_examples(predictor.model, task, examples, predictor.splits.tokenizer, predictor.device,
+                             settings.batch_size, settings.max_length, attack)
+    perturbed = {f"eps={epsilon:g}": predictions_of(task, scores) for epsilon, scores in result.scores.items()}
+    details = {f"eps={epsilon:g}": {"clean loss": result.losses[0], "loss": result.losses[i + 1]}
+               for i, epsilon in enumerate(attack.epsilons)}
+    progress(f"{task} embedding attack: mean loss {' -> '.join(f'{loss:.4g}' for loss in result.losses)}")
+    return score_rows(task, "embedding", gold_labels(examples), predictions_of(task, result.clean_scores), perturbed,
+                      details, replicates, seed)
+
+
+def query_of(predictor: Predictor, task: str) -> Query:
+    """The model's scores of any examples, tokenised afresh (an attack's candidates are never asked twice)."""
+    settings = predictor.settings
+
+    def query(examples: list) -> np.ndarray:
+        return predict_examples(predictor.model, task, examples, predictor.splits.tokenizer, predictor.device,
+                                settings.batch_size, settings.max_length, settings.precision, scores=True)[1]
+    return query
+
+
+def greedy_rows(predictor: Predictor, task: str, examples: Sequence, neighbours: Neighbours, attack: GreedyAttack,
+                replicates: int, seed: int, progress: Progress = _quiet) -> tuple[list[Row], list[Outcome]]:
+    """The greedy attack on each example: its row (with the success rate among the examples attacked, the words
+    changed per success and the queries spent) and each example's outcome."""
+    def each(done: int, total: int) -> None:
+        if done % 10 == 0 or done == total:
+            progress(f"{task} greedy attack: {done}/{total} examples")
+    outcomes = attack_all(examples, TASKS[task], query_of(predictor, task), neighbours, attack, each)
+    clean = predictions_of(task, predictor.predict(task, list(examples), scores=True)[1])
+    attacked = predictions_of(task, np.stack([outcome.scores for outcome in outcomes]))
+    tried = [outcome for outcome in outcomes if outcome.attacked]
+    successes = [outcome for outcome in tried if outcome.success]
+    name = f"budget={attack.budget}"
+    details = {name: {"attacked": len(tried), "success rate": len(successes) / len(tried) if tried else 0.0,
+                      "words per success": float(np.mean([o.words_changed for o in successes])) if successes else 0.0,
+                      "mean queries": float(np.mean([o.queries for o in outcomes])),
+                      "most queries": max(o.queries for o in outcomes)}}
+    rows = score_rows(task, "greedy", gold_labels(examples), clean, {name: attacked}, details, replicates, seed)
+    return rows, outcomes

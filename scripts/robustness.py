@@ -1,0 +1,247 @@
+"""How robust is a run's model? Its kept model scored on perturbed dev sets and under two attacks, each beside the
+clean score, with the drop's bootstrap 95% interval paired over the same examples (docs/robustness_suite.md).
+
+    python scripts/robustness.py runs/demo --data_dir data/demo --max_examples 200 --attack_examples 50
+    python scripts/robustness.py runs/other --perturbed_dir runs/demo/robustness/perturbed   # the same inputs
+
+Families (--families): char (adjacent swap, insertion, deletion, keyboard typo) and word (deletion, adjacent swap,
+a near neighbour in the model's input-embedding space) noise at each of --rates, on a seeded subset of
+--max_examples dev examples per task; an embedding attack (projected gradient ascent on the gold loss in an
+eps-ball around the input embeddings, SMART's threat model) at each of --epsilons; a greedy word-substitution
+attack with --budget queries per example. The attacks run on the first --attack_examples of the subset. A pair
+task's two sentences are both perturbed.
+
+The noisy sets are written once, in the course's format, with a manifest: to --perturbed_dir when it has none yet
+(else OUTPUT_DIR/perturbed), and read back from --perturbed_dir when it has one (its seed, rates and subset then
+decide, whatever the flags say), so that other runs are scored on exactly the same inputs; each variant's folder is
+a --data_dir that predict.py reads too. Writes OUTPUT_DIR/robustness.md and robustness.json (clean, perturbed and
+drop [95% interval] per task and variant), greedy-TASK.jsonl (each example's attack) and greedy/ (the texts the
+greedy attack ended with, in the course's format).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+from base_bert import CheckpointError
+from minbert.data.batches import load_split
+from minbert.files import (DataError, OutputError, atomic_write_text, locked_folder, show_data_warnings_on_one_line,
+                           unwritable_folder)
+from minbert.model.multitask_bert import load_multitask_checkpoint
+from minbert.robustness.embedding_attack import EmbeddingAttack
+from minbert.robustness.greedy_attack import GreedyAttack
+from minbert.robustness.neighbours import EmbeddingNeighbours
+from minbert.robustness.perturbed_sets import SetOptions, make_sets, read_manifest, read_sets
+from minbert.robustness.report import markdown_table
+from minbert.robustness.suite import embedding_rows, greedy_rows, noise_rows
+from minbert.robustness.text_noise import CHAR_KINDS, WORD_KINDS, Noise
+from minbert.run.kept_model import checkpoint_prefix, kept_predictor
+from minbert.run.run_outputs import run_settings
+from minbert.run.run_record import recorded_path, working_dir_of
+from minbert.runtime import resolve_device, seed_everything, use_tf32
+from minbert.tasks import MULTITASK, TASKS, TEXT_TASKS, course_file_name, task_name
+from minbert.tasks.course_files import write_examples
+
+FAMILIES = ("char", "word", "embedding", "greedy")
+
+
+def names(text: str, allowed: tuple[str, ...], flag: str, parser: argparse.ArgumentParser) -> list[str]:
+    """A comma-separated list of `allowed` names (a task's course aliases too), or the parser's error naming `flag`."""
+    chosen = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        try:
+            chosen.append(item if item in allowed else task_name(item, allowed))
+        except ValueError:
+            parser.error(f"{flag}: {item!r} is not one of {', '.join(allowed)}")
+    if not chosen:
+        parser.error(f"{flag}: name at least one of {', '.join(allowed)}")
+    return list(dict.fromkeys(chosen))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("run", help="a run's folder (its kept model, best) or a checkpoint prefix")
+    parser.add_argument("--data_dir", help="the course's dev files (default: the run's own --data_dir)")
+    parser.add_argument("--tasks", help=f"comma-separated, some of {', '.join(TEXT_TASKS)} (default: the model's)")
+    parser.add_argument("--families", default=",".join(FAMILIES), help=f"comma-separated, some of {', '.join(FAMILIES)}")
+    parser.add_argument("--output_dir", type=Path, help="default: RUN/robustness")
+    parser.add_argument("--perturbed_dir", type=Path, help="the noisy sets: read when it holds a manifest, else made "
+                        "there (default: OUTPUT_DIR/perturbed)")
+    parser.add_argument("--rates", type=float, nargs="+", default=[0.05, 0.1, 0.2],
+                        help="the noise rates: shares of the words each kind applies to that it changes")
+    parser.add_argument("--max_examples", type=int, default=1000, help="dev examples per task (0: all of them)")
+    parser.add_argument("--attack_examples", type=int, default=100, help="of those, how many each attack runs on")
+    parser.add_argument("--epsilons", type=float, nargs="+", default=[1e-3, 1e-2, 3e-2, 1e-1],
+                        help="the embedding attack's radii (each entry of the perturbation within [-eps, eps])")
+    parser.add_argument("--attack_steps", type=int, default=10, help="ascent steps per radius")
+    parser.add_argument("--budget", type=int, default=50, help="the greedy attack's queries per example")
+    parser.add_argument("--neighbours", type=int, default=8, help="nearest words per word (noise and greedy attack)")
+    parser.add_argument("--regression_margin", type=float, default=1.0,
+                        help="a greedy attack on STS succeeds when its absolute error grows by this much")
+    parser.add_argument("--seed", type=int, default=0, help="of the subset and every variant's noise")
+    parser.add_argument("--replicates", type=int, default=1000, help="bootstrap replicates of each interval")
+    parser.add_argument("--batch_size", type=int, help="default: the run's --eval_batch_size")
+    parser.add_argument("--use_gpu", action="store_true", help="run on CUDA when there is a GPU")
+    parser.add_argument("--quiet", action="store_true", help="no progress lines")
+    return parser
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    args.tasks = names(args.tasks, TEXT_TASKS, "--tasks", parser) if args.tasks else None
+    args.families = names(args.families, FAMILIES, "--families", parser)
+    for flag, value, low in (("--max_examples", args.max_examples, 0), ("--attack_examples", args.attack_examples, 1),
+                             ("--neighbours", args.neighbours, 1), ("--replicates", args.replicates, 100),
+                             ("--batch_size", args.batch_size or 1, 1)):
+        if value < low:
+            parser.error(f"{flag} must be >= {low}, got {value}")
+    try:
+        args.noises = [Noise(kind, rate) for kind in CHAR_KINDS + WORD_KINDS for rate in sorted(set(args.rates))]
+    except ValueError:
+        parser.error(f"--rates must each be in (0, 1], got {' '.join(map(str, args.rates))}")
+    try:
+        args.embedding = EmbeddingAttack(tuple(sorted(set(args.epsilons))), args.attack_steps)
+    except ValueError as err:
+        parser.error(f"--epsilons / --attack_steps: {err}")
+    if not (math.isfinite(args.regression_margin) and args.regression_margin > 0):
+        parser.error(f"--regression_margin must be a finite number > 0, got {args.regression_margin}")
+    if args.budget < 1:
+        parser.error(f"--budget must be >= 1, got {args.budget}")
+    args.greedy = GreedyAttack(args.budget, args.regression_margin)
+    return args
+
+
+def model_tasks(prefix: Path) -> list[str]:
+    """The tasks the checkpoint has heads for, read from its JSON (before its weights load)."""
+    try:
+        heads = json.loads(prefix.with_suffix(".json").read_text(encoding="utf-8")).get("heads", {})
+        return list(heads.get("tasks", MULTITASK))
+    except (OSError, UnicodeDecodeError, ValueError, AttributeError):
+        return list(MULTITASK)  # loading the checkpoint names what is wrong with it
+
+
+def check_inputs(args: argparse.Namespace) -> tuple[Path, list[str], Path, dict | None]:
+    """Everything the flags name, before the model loads: the checkpoint, the tasks, the output folders, and the dev
+    examples when the sets are to be made (None when --perturbed_dir's are read, which are checked here)."""
+    prefix = checkpoint_prefix(args.run)
+    has = model_tasks(prefix)
+    tasks = args.tasks or [task for task in TEXT_TASKS if task in has]
+    lacking = [task for task in tasks if task not in has]
+    if lacking or not tasks:
+        raise CheckpointError(f"{prefix}: the model has no {', '.join(lacking) or 'sentence task'} head "
+                              f"(it has {', '.join(has)})")
+    args.output_dir = args.output_dir or (Path(args.run) if Path(args.run).is_dir() else prefix.parent) / "robustness"
+    sets_dir = args.perturbed_dir or args.output_dir / "perturbed"
+    for folder in {args.output_dir, sets_dir}:
+        problem = unwritable_folder(folder)
+        if problem:
+            raise OutputError(problem)
+    if read_manifest(sets_dir) is not None:
+        read_sets(sets_dir, tasks)
+        return prefix, tasks, sets_dir, None
+    settings = run_settings(Path(args.run)) if Path(args.run).is_dir() else {}
+    data_dir = args.data_dir or recorded_path(settings.get("data_dir") or "data", working_dir_of(Path(args.run),
+                                                                                               settings))
+    args.data_dir = str(data_dir)
+    return prefix, tasks, sets_dir, {task: load_split(data_dir, task, "dev") for task in tasks}
+
+
+def say(args: argparse.Namespace):
+    def progress(message: str) -> None:
+        if not args.quiet:
+            print(message, file=sys.stderr, flush=True)
+    return progress
+
+
+def run_families(args, predictor, neighbours, sets, tasks: list[str]) -> tuple[list, dict, dict]:
+    """Every family asked for on every task: the rows, each family's seconds per task, the greedy outcomes."""
+    rows, seconds, outcomes, progress = [], {}, {}, say(args)
+    for task in tasks:
+        attacked = sets.clean[task][:args.attack_examples]
+        for family in args.families:
+            start = time.perf_counter()
+            if family in ("char", "word"):
+                rows += noise_rows(predictor, sets, task, family, args.replicates, args.seed, progress)
+            elif family == "embedding":
+                rows += embedding_rows(predictor, task, attacked, args.embedding, args.replicates, args.seed, progress)
+            else:
+                found, outcomes[task] = greedy_rows(predictor, task, attacked, neighbours, args.greedy,
+                                                    args.replicates, args.seed, progress)
+                rows += found
+            seconds.setdefault(family, {})[task] = round(time.perf_counter() - start, 1)
+            progress(f"{task} {family}: {seconds[family][task]} s")
+    return rows, seconds, outcomes
+
+
+def write_greedy(output_dir: Path, task: str, outcomes: list) -> None:
+    records = [{"id": o.example.id, "attacked": o.attacked, "success": o.success, "queries": o.queries,
+                "words_changed": o.words_changed, **{c: getattr(o.example, c) for c in TASKS[task].text_columns}}
+               for o in outcomes]
+    atomic_write_text(output_dir / f"greedy-{task}.jsonl", "".join(json.dumps(r) + "\n" for r in records))
+    (output_dir / "greedy").mkdir(exist_ok=True)
+    write_examples(output_dir / "greedy" / course_file_name(task, "dev"), [o.example for o in outcomes],
+                   TASKS[task].text_columns, TASKS[task].label_column)
+
+
+def write_report(args, prefix: Path, sets, rows: list, seconds: dict, outcomes: dict, sets_dir: Path) -> None:
+    settings = {"run": str(args.run), "checkpoint": str(prefix), "perturbed_dir": str(sets_dir),
+                "families": args.families, "attack_examples": args.attack_examples,
+                "epsilons": list(args.embedding.epsilons), "attack_steps": args.embedding.steps,
+                "budget": args.budget, "neighbours": args.neighbours, "regression_margin": args.regression_margin,
+                "replicates": args.replicates, "seed": args.seed, "sets": {k: sets.manifest[k] for k in (
+                    "seed", "max_examples", "tasks", "source")}}
+    report = {"settings": settings, "seconds": seconds, "rows": [row.as_json() for row in rows]}
+    atomic_write_text(args.output_dir / "robustness.json", json.dumps(report, indent=2) + "\n")
+    lines = [f"# Robustness of {args.run}", "", f"Perturbed sets: {sets_dir} (seed {sets.manifest['seed']}); "
+             f"{args.replicates} bootstrap replicates over the examples (one run: the intervals say nothing about "
+             "another seed). Drop = clean - perturbed; seconds per family and task: " + json.dumps(seconds), "",
+             *markdown_table(rows), ""]
+    atomic_write_text(args.output_dir / "robustness.md", "\n".join(lines))
+    for task, found in outcomes.items():
+        write_greedy(args.output_dir, task, found)
+
+
+def evaluate(args: argparse.Namespace) -> int:
+    prefix, tasks, sets_dir, dev = check_inputs(args)
+    seed_everything(args.seed)
+    device = resolve_device(args.use_gpu)
+    use_tf32(device)
+    model, metadata = load_multitask_checkpoint(prefix, device)
+    predictor = kept_predictor(model, prefix, metadata, device, args.batch_size)
+    neighbours = EmbeddingNeighbours(predictor.splits.tokenizer.backend.get_vocab(),
+                                     model.bert.embeddings.word_embeddings.weight, args.neighbours)
+    with locked_folder(args.output_dir):
+        if dev is not None:
+            with locked_folder(sets_dir):
+                source = {"run": str(prefix), "data_dir": args.data_dir, "neighbours": args.neighbours}
+                make_sets(sets_dir, dev, args.noises, SetOptions(args.seed, args.max_examples or None), neighbours,
+                          source)
+            say(args)(f"wrote {len(args.noises)} perturbed sets per task in {sets_dir}")
+        sets = read_sets(sets_dir, tasks)
+        rows, seconds, outcomes = run_families(args, predictor, neighbours, sets, tasks)
+        write_report(args, prefix, sets, rows, seconds, outcomes, sets_dir)
+    print("\n".join(markdown_table(rows)))
+    say(args)(f"wrote {args.output_dir / 'robustness.md'} and robustness.json")
+    return 0
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    show_data_warnings_on_one_line()
+    try:
+        return evaluate(args)
+    except (CheckpointError, DataError, OutputError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
