@@ -142,3 +142,12 @@ def test_the_command_line_reads_standard_input(run):
     assert result.returncode == 0, result.stderr
     (record,) = map(json.loads, result.stdout.splitlines())
     assert record["id"] == "1" and record["label"] in range(5) and len(record["score"]) == 5
+
+
+def test_a_task_the_model_has_no_head_for_is_one_line(tmp_path, capsys):
+    """model.objectives holds every trainable task's objective, heads or not: the check reads the model's tasks."""
+    from conftest import tiny_model
+    from minbert.model.multitask_bert import save_multitask_model
+    save_multitask_model(tiny_model(tasks=("sst",)), tmp_path / "best", {"args": {"pretrained": "minilm-l6"}})
+    assert predict.main([str(tmp_path), "--task", "qqp", "--input", str(DEMO / "quora-dev.csv"), "--quiet"]) == 2
+    assert one_error_line(capsys) == f"error: {tmp_path / 'best'}: the model has no qqp head (it has sst)"
