@@ -35,7 +35,7 @@ from minbert.model.multitask_bert import load_multitask_checkpoint
 from minbert.robustness.embedding_attack import EmbeddingAttack
 from minbert.robustness.greedy_attack import GreedyAttack
 from minbert.robustness.neighbours import EmbeddingNeighbours
-from minbert.robustness.perturbed_sets import SetOptions, make_sets, read_manifest, read_sets
+from minbert.robustness.perturbed_sets import PerturbedSets, SetOptions, make_sets, read_manifest, read_sets
 from minbert.robustness.report import markdown_table
 from minbert.robustness.suite import embedding_rows, greedy_rows, noise_rows
 from minbert.robustness.text_noise import CHAR_KINDS, WORD_KINDS, Noise
@@ -125,9 +125,9 @@ def model_tasks(prefix: Path) -> list[str]:
         return list(MULTITASK)  # loading the checkpoint names what is wrong with it
 
 
-def check_inputs(args: argparse.Namespace) -> tuple[Path, list[str], Path, dict | None]:
-    """Everything the flags name, before the model loads: the checkpoint, the tasks, the output folders, and the dev
-    examples when the sets are to be made (None when --perturbed_dir's are read, which are checked here)."""
+def check_inputs(args: argparse.Namespace) -> tuple[Path, list[str], Path, PerturbedSets | dict]:
+    """Everything the flags name, before the model loads: the checkpoint, the tasks, the sets' folder, and the sets
+    read from it (checked), or when it has none yet the dev examples to make them from."""
     prefix = checkpoint_prefix(args.run)
     has = model_tasks(prefix)
     tasks = args.tasks or [task for task in TEXT_TASKS if task in has]
@@ -142,8 +142,7 @@ def check_inputs(args: argparse.Namespace) -> tuple[Path, list[str], Path, dict 
         if problem:
             raise OutputError(problem)
     if read_manifest(sets_dir) is not None:
-        read_sets(sets_dir, tasks)
-        return prefix, tasks, sets_dir, None
+        return prefix, tasks, sets_dir, read_sets(sets_dir, tasks)
     settings = run_settings(Path(args.run)) if Path(args.run).is_dir() else {}
     data_dir = args.data_dir or recorded_path(settings.get("data_dir") or "data", working_dir_of(Path(args.run),
                                                                                                settings))
@@ -207,7 +206,7 @@ def write_report(args, prefix: Path, sets, rows: list, seconds: dict, outcomes: 
 
 
 def evaluate(args: argparse.Namespace) -> int:
-    prefix, tasks, sets_dir, dev = check_inputs(args)
+    prefix, tasks, sets_dir, sets = check_inputs(args)
     seed_everything(args.seed)
     device = resolve_device(args.use_gpu)
     use_tf32(device)
@@ -216,13 +215,13 @@ def evaluate(args: argparse.Namespace) -> int:
     neighbours = EmbeddingNeighbours(predictor.splits.tokenizer.backend.get_vocab(),
                                      model.bert.embeddings.word_embeddings.weight, args.neighbours)
     with locked_folder(args.output_dir):
-        if dev is not None:
+        if not isinstance(sets, PerturbedSets):  # the dev examples: the sets are made here, then read back
             with locked_folder(sets_dir):
                 source = {"run": str(prefix), "data_dir": args.data_dir, "neighbours": args.neighbours}
-                make_sets(sets_dir, dev, args.noises, SetOptions(args.seed, args.max_examples or None), neighbours,
+                make_sets(sets_dir, sets, args.noises, SetOptions(args.seed, args.max_examples or None), neighbours,
                           source)
             say(args)(f"wrote {len(args.noises)} perturbed sets per task in {sets_dir}")
-        sets = read_sets(sets_dir, tasks)
+            sets = read_sets(sets_dir, tasks)
         rows, seconds, outcomes = run_families(args, predictor, neighbours, sets, tasks)
         write_report(args, prefix, sets, rows, seconds, outcomes, sets_dir)
     print("\n".join(markdown_table(rows)))

@@ -5,7 +5,6 @@ reuses a folder of sets for a second run and refuses bad input in one line befor
 import json
 import math
 import random
-import re
 from collections import Counter
 
 import numpy as np
@@ -19,10 +18,10 @@ from minbert.robustness.embedding_attack import EmbeddingAttack, attack_examples
 from minbert.robustness.greedy_attack import GreedyAttack, attack_example, harm
 from minbert.robustness.neighbours import EmbeddingNeighbours
 from minbert.robustness.perturbed_sets import SetOptions, make_sets, read_sets
-from minbert.robustness.text_noise import (CHAR_KINDS, KEYBOARD, KINDS, LETTERS, WORD_KINDS, Noise, Words,
+from minbert.robustness.text_noise import (CHAR_KINDS, KEYBOARD, KINDS, LETTERS, Noise, Words,
                                            neighbour_forms, perturb_examples, stochastic_count)
 from minbert.tasks import MULTITASK, TASKS, course_file_name
-from minbert.tasks.course_files import write_examples
+from minbert.tasks.course_files import PairExample, SentenceExample, write_examples
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -121,8 +120,7 @@ def test_neighbour_replacement_keeps_case_and_punctuation():
     assert neighbour_forms("it's", fake_neighbours) == [] and neighbour_forms("grass.", fake_neighbours) == ["lawn."]
     text, changed, eligible = Noise("word_neighbour", 1.0).apply(SENTENCES[3], random.Random(0), fake_neighbours)
     assert (changed, eligible) == (3, 3)
-    assert text in {f"Two {b} {d} are playing on the {g}." for b in ["white"] for d in ["cats", "puppies"]
-                    for g in ["lawn"]}
+    assert text in {"Two white cats are playing on the lawn.", "Two white puppies are playing on the lawn."}
 
 
 def test_the_keyboard_is_a_symmetric_neighbourhood():
@@ -151,14 +149,14 @@ def test_perturbing_examples_is_seeded_per_example_and_perturbs_both_sentences_o
 
 
 def test_course_files_written_read_back_as_they_were(tmp_path):
-    quoted = [demo_examples("qqp", "dev", 1)[0].__class__("q1", 'Is "the" here?', "\"Quoted\" at the start", 1.0)]
+    quoted = [PairExample("q1", 'Is "the" here?', '"Quoted" at the start', 1.0)]
     for task, examples in (("sst", demo_examples("sst", "dev")), ("qqp", demo_examples("qqp", "dev") + quoted)):
         path = tmp_path / course_file_name(task, "dev")
         write_examples(path, examples, TASKS[task].text_columns, TASKS[task].label_column)
         assert TASKS[task].load(path, "dev") == examples
         assert read_examples(TASKS[task], str(path), "course") == examples  # as predict.py reads it
     with pytest.raises(ValueError, match="line break"):
-        write_examples(tmp_path / "x.csv", [quoted[0].__class__("q", "a\nb", "c", 0.0)], ("sentence1", "sentence2"),
+        write_examples(tmp_path / "x.csv", [PairExample("q", "a\nb", "c", 0.0)], ("sentence1", "sentence2"),
                        "is_duplicate")
 
 
@@ -223,7 +221,7 @@ class CountingQuery:
 
 @pytest.mark.parametrize("budget", [1, 2, 3, 5, 40])
 def test_the_greedy_attack_never_exceeds_its_budget(budget):
-    example = demo_examples("sst", "dev", 1)[0].__class__("x", "A lovely film , lovely and funny .", 3)
+    example = SentenceExample("x", "A lovely film , lovely and funny .", 3)
     neighbours = {"lovely": ["dull", "nice"], "film": ["movie", "picture", "show"], "funny": ["dull"]}.get
     query = CountingQuery()
     outcome = attack_example(example, TASKS["sst"], query, lambda w: neighbours(w, []), GreedyAttack(budget))
