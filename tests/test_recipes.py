@@ -16,7 +16,8 @@ import torch
 from conftest import DEMO
 from minbert.data.batches import load_examples
 from minbert.data.scores import scores_path, write_scores
-from minbert.run.training_args import TrainingArguments, adapter_config, build_parser, from_namespace, run_tasks
+from minbert.run.training_args import TrainingArguments, build_parser, from_namespace
+from minbert.run.run_settings import adapter_config, run_tasks
 from minbert.tasks import MULTITASK, TASKS, course_file_name
 from minbert.training.schedules import build_schedule
 
