@@ -3,6 +3,7 @@ cut to a few examples and on a tiny random BERT instead of minilm-l6 (slow): a r
 the command line fails here, not after hours.
 The GPU recipes' command lines parse, and every recipe's outputs go under RUNS_DIR (the tests': a tmp folder)."""
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -17,7 +18,7 @@ from conftest import DEMO
 from minbert.data.batches import load_examples
 from minbert.data.scores import scores_path, write_scores
 from minbert.run.training_args import TrainingArguments, build_parser, from_namespace
-from minbert.run.run_settings import adapter_config, run_tasks
+from minbert.run.run_settings import adapter_config, run_tasks, smart_configs
 from minbert.tasks import MULTITASK, TASKS, course_file_name
 from minbert.training.schedules import build_schedule
 
@@ -33,7 +34,9 @@ RECIPES = {  # recipe -> (extra flags that keep it short, environment)
     "cpu_single_task.sh": ([], {"TASKS": "sts"}),
     "cpu_simcse_sbert.sh": (["--cycles", "1", "--simcse_max_examples", "16"], {}),
     "cpu_sss.sh": (["--cycles", "1", "--simcse_max_examples", "16"], {}),
+    "cpu_thesis_sbert.sh": (["--first_stages", "qqp,sts*2,sst*2"], {}),
     "cpu_thesis_ss.sh": (["--first_stages", "qqp,sts*2,sst*2"], {}),
+    "cpu_thesis_ss_cycles.sh": (["--cycles", "1"], {}),
     "cpu_thesis_sss.sh": (["--cycles", "1", "--simcse_max_examples", "16"], {}),
     "cpu_squad.sh": (["--first_stages", "qa", *SHORT_QA], {}),
     "cpu_four_tasks.sh": (["--epochs", "1", *SHORT_QA], {}),
@@ -152,6 +155,49 @@ def test_gpu_recipe_is_a_valid_command_line(recipe):
         build_schedule(args.schedule, args.first_stages, args.cycle, args.cycles, args.epochs,
                        args.simcse_epochs if args.simcse_data else 0, args.mlm_epochs, run_tasks(args))
         adapter_config(args)
+
+
+def parsed(command: list[str]) -> TrainingArguments:
+    return from_namespace(TrainingArguments, build_parser(TrainingArguments).parse_args(command[1:]))
+
+
+@pytest.mark.parametrize("recipe", sorted(p.name for p in (ROOT / "scripts").glob("[cg]pu_thesis_*.sh")))
+def test_a_thesis_recipe_sets_the_thesis_settings_and_cites_its_tables(recipe):
+    """The thesis' recipes run its settings (issue 46): float32, lr 1e-5, listing A.6's STS head; SMART as its listings
+    compute it wherever it has SMART; its SimCSE loss and pairing wherever it has SimCSE; the GPU ones at its tokenizer's
+    512 tokens (the CPU twins at the CPU protocol's 64)."""
+    (command,) = launched_commands(recipe)
+    args = parsed(command)
+    assert (args.precision, args.lr, args.similarity_objective, args.sts_cosine_dropout) == ("fp32", 1e-5, "shifted", True)
+    assert args.max_length == (512 if recipe.startswith("gpu_") else 64)
+    assert args.smart == ("sbert" not in recipe) and args.batch_size == (32 if "sbert" in recipe else 8)
+    for config in smart_configs(args).values() if args.smart else ():
+        assert (config.reduction, config.anchor_mode, config.projection, config.norm_level) == \
+            ("max", "train", "rescale", "sentence")
+        assert (args.smart_momentum_schedule, args.smart_anchor) == ("stage", "stage_start")
+    assert bool(args.simcse_data) == ("sss" in recipe)
+    if args.simcse_data:
+        assert (args.simcse_objective, args.simcse_pairing, args.simcse_lr) == ("pairwise", "product", 1e-5)
+    assert re.search(r"tables? 4\.\d+", (ROOT / "scripts" / recipe).read_text())
+
+
+@pytest.mark.parametrize("recipe", ["cpu_ss.sh", "cpu_sss.sh", "gpu_ss.sh", "gpu_sss.sh"])
+def test_the_projects_own_smart_recipes_keep_their_measured_defaults(recipe):
+    (command,) = launched_commands(recipe)
+    args = parsed(command)
+    assert all((config.reduction, config.anchor_mode, config.projection) == ("sum", "eval", "clamp")
+               for config in smart_configs(args).values())
+    assert (args.simcse_objective, args.simcse_pairing) == ("supervised", "zip")
+    assert args.max_length == (128 if recipe.startswith("gpu_") else 64)
+
+
+def test_no_smart_after_a_thesis_recipe_is_its_sbert_only_control():
+    """Table 4.11: table 4.10's recipe without SMART, every other setting kept."""
+    ((_, with_smart),), ((_, without),) = launches("gpu_thesis_ss_cycles.sh"), launches("gpu_thesis_ss_cycles.sh", ROOT,
+                                                                                        "--no-smart")
+    assert parsed(with_smart).smart and not parsed(without).smart
+    assert {k: v for k, v in vars(parsed(without)).items() if k != "smart"} == \
+        {k: v for k, v in vars(parsed(with_smart)).items() if k != "smart"}
 
 
 @pytest.mark.slow

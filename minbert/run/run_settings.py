@@ -156,7 +156,8 @@ def smart_configs(args: TrainingArguments) -> dict[str, SmartConfig]:
     base = dict(adv_weight=args.smart_adv_weight, bregman_weight=args.smart_bregman_weight,
                 noise_std=args.smart_noise_std, epsilon=args.smart_epsilon, step_size=args.smart_step_size,
                 ascent_steps=args.smart_ascent_steps, norm=args.smart_norm, norm_level=args.smart_norm_level,
-                precision=args.smart_precision, projection=args.smart_projection)
+                precision=args.smart_precision, projection=args.smart_projection, reduction=args.smart_reduction,
+                anchor_mode=args.smart_anchor_mode)
     per_task = task_overrides("smart_override", args.smart_override, base, run_tasks(args))
     configs = {}
     for task, values in per_task.items():

@@ -87,7 +87,7 @@ def load_triplets(args: TrainingArguments) -> list:
     """--simcse_data's NLI triplets (--simcse_max_examples of them), or none without a SimCSE stage."""
     if not args.simcse_data:
         return []
-    triplets, _ = load_nli_triplets(args.simcse_data)
+    triplets, _ = load_nli_triplets(args.simcse_data, pairing=args.simcse_pairing)
     if not triplets:
         raise ValueError(f"--simcse_data {' '.join(args.simcse_data)}: no (premise, entailed, contradicted) "
                          "triplets in these files")

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from base_bert import CheckpointError
 from minbert.data.batches import standard_paths
+from minbert.data.nli import PAIRINGS
 from minbert.files import DataError, read_input_bytes, unwritable_folder
 from minbert.model.adapters import ADAPTERS as ADAPTER_KINDS
 from minbert.model.adapters import SHARINGS, TARGETS
@@ -47,8 +48,9 @@ from minbert.training.lnsr import LnsrConfig
 from minbert.training.penalties import PENALTY_FILES, PENALTY_KINDS
 from minbert.training.schedules import LR_SCHEDULES, SCHEDULES, STAGE_STARTS, Stage, StageKind, trained_heads
 from minbert.training.simcse import SIMCSE_OBJECTIVES
-from smart import ANCHORS, MOMENTUM_SCHEDULES, NORM_LEVELS, NORMS
+from smart import ANCHOR_MODES, ANCHORS, MOMENTUM_SCHEDULES, NORM_LEVELS, NORMS
 from smart import PRECISIONS as SMART_PRECISIONS
+from smart import REDUCTIONS as SMART_REDUCTIONS
 from smart import PROJECTIONS
 from tokenizer import shortest_max_length
 
@@ -201,7 +203,7 @@ class TrainingArguments:
     eval_train_examples: int = flag(0, "also score this many train examples per task after each stage "
                                       "(train curves)", type=int)
     num_workers: int = flag(0, resume_free=True, type=int)
-    quiet: bool = flag(False, "no progress bars", resume_free=True, action="store_true")
+    quiet: bool = flag(False, "no progress bars", resume_free=True, action=argparse.BooleanOptionalAction)
     logging_steps: int = flag(50, "every N updates read the losses back from the device (progress bar, divergence "
                                 "check) and write a line of OUTPUT_DIR/steps.jsonl; the steps between never wait "
                                 "for the device", resume_free=True, type=int)
@@ -305,7 +307,8 @@ class TrainingArguments:
                             "4.3-4.9)", SCHEDULE, choices=STAGE_STARTS)
 
     # SMART.
-    smart: bool = flag(False, "regularise the tasks in --smart_tasks", SMART, action="store_true")
+    smart: bool = flag(False, "regularise the tasks in --smart_tasks (--no-smart: not, e.g. after a recipe's --smart)",
+                       SMART, action=argparse.BooleanOptionalAction)
     smart_tasks: str | None = flag(None, "default: every task of --tasks", group=SMART)
     smart_adv_weight: float = flag(1.0, "lambda_s", SMART, type=float)
     smart_bregman_weight: float = flag(1.0, "mu", SMART, type=float)
@@ -323,6 +326,11 @@ class TrainingArguments:
     smart_projection: str = flag("clamp", "how an ascent step returns to the eps-ball: clamp (every coordinate within "
                                  "+-eps) or rescale (each slice of --smart_norm_level rescaled to norm eps: with "
                                  "--smart_norm_level sentence, the thesis' listing A.4)", SMART, choices=PROJECTIONS)
+    smart_reduction: str = flag("sum", "how R_s reduces an example's divergence over the classes: sum (the symmetric "
+                                "KL) or max, the largest class's term (the thesis' listing A.1)", SMART,
+                                choices=SMART_REDUCTIONS)
+    smart_anchor_mode: str = flag("eval", "the Bregman anchor's forward: eval (dropout off, a fixed target) or train "
+                                  "(dropout on, as the thesis' copy of the model runs)", SMART, choices=ANCHOR_MODES)
     smart_noise_std: float = flag(1e-5, "sigma", SMART, type=float)
     smart_epsilon: float = flag(1e-5, "epsilon, radius of the ball", SMART, type=float)
     smart_step_size: float = flag(1e-3, "eta", SMART, type=float)
@@ -364,7 +372,12 @@ class TrainingArguments:
     simcse_data: list = flag([], "NLI files (.jsonl, SentEval s1.*, SICK.txt, premise,positive,negative .csv)",
                              SIMCSE, resume_free=True, nargs="*")
     simcse_epochs: int = flag(1, group=SIMCSE, type=int)
-    simcse_objective: str = flag("supervised", group=SIMCSE, choices=tuple(SIMCSE_OBJECTIVES))
+    simcse_objective: str = flag("supervised", "supervised: in-batch negatives (Gao et al.'s eq. 5); pairwise: each "
+                                 "anchor against its own positive and negative only (the thesis' section 3.2.4.3)",
+                                 SIMCSE, choices=tuple(SIMCSE_OBJECTIVES))
+    simcse_pairing: str = flag("zip", "how a premise's hypotheses become triplets: zip (its i-th entailment with its "
+                               "i-th contradiction) or product (every entailment with every contradiction, the "
+                               "thesis' listing B.1)", SIMCSE, choices=PAIRINGS)
     simcse_temperature: float = flag(0.05, "tau; logits scale = 1/tau", SIMCSE, type=float)
     simcse_lr: float = flag(2e-5, group=SIMCSE, type=float)
     simcse_max_examples: int | None = flag(None, group=SIMCSE, type=int)
@@ -791,7 +804,7 @@ def _config_value(f: dataclasses.Field, value) -> dict:
             raise ValueError(f"must be an object of paths (or null) by flag name, some of {', '.join(flags)}")
         return dict(value)
     kwargs = meta["argparse"]
-    nullable = f.default is None or kwargs.get("action") is argparse.BooleanOptionalAction
+    nullable = f.default is None
     if value is None and nullable:
         return {f.name: None}
     number = isinstance(value, (int, float)) and not isinstance(value, bool)
