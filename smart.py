@@ -115,7 +115,8 @@ def _bernoulli_terms(logit_p: Tensor, logit_q: Tensor) -> Tensor:
     """The per-class terms of the two classes (1 - sigmoid(a), sigmoid(a)), as a new last dimension: softmax([0, a])."""
     _check_same_shape(logit_p, logit_q)
     a, b = _at_least_float32(logit_p), _at_least_float32(logit_q)
-    return _categorical_terms(torch.stack([torch.zeros_like(a), a], dim=-1), torch.stack([torch.zeros_like(b), b], dim=-1))
+    two_classes = [torch.stack([torch.zeros_like(x), x], dim=-1) for x in (a, b)]
+    return _categorical_terms(*two_classes)
 
 
 def _span_terms(logits_p: Tensor, logits_q: Tensor) -> Tensor:

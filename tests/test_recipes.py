@@ -164,11 +164,12 @@ def parsed(command: list[str]) -> TrainingArguments:
 @pytest.mark.parametrize("recipe", sorted(p.name for p in (ROOT / "scripts").glob("[cg]pu_thesis_*.sh")))
 def test_a_thesis_recipe_sets_the_thesis_settings_and_cites_its_tables(recipe):
     """The thesis' recipes run its settings (issue 46): float32, lr 1e-5, listing A.6's STS head; SMART as its listings
-    compute it wherever it has SMART; its SimCSE loss and pairing wherever it has SimCSE; the GPU ones at its tokenizer's
-    512 tokens (the CPU twins at the CPU protocol's 64)."""
+    compute it wherever it has SMART; its SimCSE loss and pairing wherever it has SimCSE; the GPU ones at its
+    tokenizer's 512 tokens (the CPU twins at the CPU protocol's 64)."""
     (command,) = launched_commands(recipe)
     args = parsed(command)
-    assert (args.precision, args.lr, args.similarity_objective, args.sts_cosine_dropout) == ("fp32", 1e-5, "shifted", True)
+    assert (args.precision, args.lr, args.similarity_objective, args.sts_cosine_dropout) == \
+        ("fp32", 1e-5, "shifted", True)
     assert args.max_length == (512 if recipe.startswith("gpu_") else 64)
     assert args.smart == ("sbert" not in recipe) and args.batch_size == (32 if "sbert" in recipe else 8)
     for config in smart_configs(args).values() if args.smart else ():

@@ -347,7 +347,8 @@ def test_on_off_flags_that_recipes_set_can_be_turned_off_after_them():
 
 
 # ---------------------------------------------------------------------------------------------------
-# SimCSE as the thesis' section 3.2.4.3 and listing B.1: the two-way softmax per triplet, every entailment x contradiction
+# SimCSE as the thesis' section 3.2.4.3 and listing B.1: a two-way softmax per triplet, every entailment x contradiction
+# of a premise
 
 
 def test_the_pairwise_loss_by_hand():
