@@ -114,7 +114,8 @@ def plot_reliability(title: str, before: np.ndarray, after: np.ndarray, gold: np
 def write_calibration(run_dir: str | os.PathLike, dev: Mapping[str, tuple[np.ndarray, np.ndarray]],
                       bins: int = BINS) -> dict:
     """calibration.json and the reliability diagrams of the calibrated tasks of `dev` (task -> (scores as saved,
-    gold)) in run_dir; the report written ({} and nothing written when none of them is calibrated)."""
+    gold)) in run_dir, each with at least two dev examples (two halves to cross-fit); the report written ({} and
+    nothing written when no task qualifies)."""
     report = {"bins": bins, "halvings": HALVINGS, "tasks": {}}
     for name, (scores, gold) in dev.items():
         task = TASKS[name]
