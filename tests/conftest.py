@@ -54,11 +54,14 @@ def one_thread():
 def skip_figures(monkeypatch) -> None:
     """Whole runs without their figures: drawing and saving them (matplotlib, t-SNE) is most of a tiny run's time.
     For tests of training, resuming and the CSVs; history.json and forgetting.md are still written. The figures
-    have their own tests (test_plots.py, test_embedding_analysis.py, test_end_to_end_with_smart)."""
+    have their own tests (test_plots.py, test_embedding_analysis.py, test_calibration.py,
+    test_end_to_end_with_smart)."""
+    import minbert.reports.calibration as calibration
     import minbert.reports.plots as plots
     import multitask_classifier
     for name in ("plot_forgetting_matrix", "plot_training_curves", "plot_error_analysis"):
         monkeypatch.setattr(plots, name, lambda *args, **kwargs: None)
+    monkeypatch.setattr(calibration, "plot_reliability", lambda *args, **kwargs: None)
     monkeypatch.setattr(multitask_classifier, "write_tsne", lambda *args, **kwargs: None)
     monkeypatch.setattr(multitask_classifier, "check_figure_libraries", lambda *args, **kwargs: None)
 
