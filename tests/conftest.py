@@ -5,6 +5,7 @@ tokenizer, so that model tests take seconds, not minutes.
 Fixtures are found by pytest; the plain helpers are imported by test modules as `from conftest import ...`.
 """
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -19,6 +20,14 @@ DEMO = ROOT / "data" / "demo"
 TINY = dict(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
             max_position_embeddings=64)
 MAX_LENGTH = 32
+
+
+def pytest_configure(config):
+    """Under pytest-xdist (README's `-n auto`) the workers share the cores: each worker's torch ops and the scripts
+    its tests start keep to one thread, or two workers' threads contend for the same two cores."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        os.environ["OMP_NUM_THREADS"] = "1"
+        torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")
