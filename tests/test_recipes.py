@@ -202,6 +202,7 @@ def test_no_smart_after_a_thesis_recipe_is_its_sbert_only_control():
 
 
 @pytest.mark.slow
+@pytest.mark.slow
 def test_the_ensemble_recipe_combines_the_committed_scores(tmp_path):
     protocol = ROOT.parent / "shared" / "data" / "protocol"
     if not protocol.is_dir():
