@@ -111,7 +111,11 @@ class BertLayer(nn.Module):
         attended = self.attention(tokens, key_mask, layout)
         beside = self.parallel(tokens, key_mask, layout) if self.parallel is not None else None
         if beside is not None:
-            attended = attended + beside  # LN(h + SA(h) + PAL(h)), Stickland & Murray's eq. 3
+            # LN(h + SA(h) + PAL(h)), the feed-forward then reading it: the PAL inside the attention's add & norm, as
+            # Stickland & Murray's eq. 3 writes a task-specific function beside a layer. Their released code
+            # (Bert-n-Pals' BERTLayer.forward) and seed 003 (its eq. 4) add the same PAL(h) at the layer's output
+            # instead, LN(h_att + FFN(h_att) + PAL(h)) with h_att = LN(h + SA(h)), the feed-forward not seeing it.
+            attended = attended + beside
         tokens = self.add_norm(tokens, attended, self.attention_norm)
         return self.add_norm(tokens, self.feed_forward(tokens), self.output_norm)  # (N, H)
 

@@ -25,6 +25,7 @@ from minbert.data.scores import scores_path, span_logits_path
 from minbert.distributed import Distributed, data_parallel
 from minbert.files import describe_os_error, remove_files
 from minbert.model.checkpoint import checkpoint_folder
+from minbert.reports.calibration import calibration_lines, reliability_file, write_calibration
 from minbert.reports.embedding_analysis import MIN_TSNE_POINTS, plot_tsne, sentence_embeddings
 from minbert.reports.plots import figure_problem, write_run_reports
 from minbert.run.run_record import RECORD_FILE, run_record, run_segments, write_run_record
@@ -34,6 +35,8 @@ from minbert.run.training_args import (TrainingArguments, UsageError, check_resu
 from minbert.runtime import compile_notice, precision_notice
 from minbert.step_log import STEPS_FILE, TENSORBOARD_DIR, TrainingDiverged
 from minbert.tasks import RUN_TASKS, SPLITS, TASKS, default_output
+from minbert.tasks.calibration import CALIBRATION_FILE
+from minbert.tasks.score_files import as_saved
 from minbert.training.distillation import DISTILLED_TASKS
 from minbert.training.trainer import Trainer
 from minbert.training.training_state import check_resumable, kept_inside_stage, read_training_state, saved_position
@@ -51,10 +54,11 @@ def tsne_file(task: str) -> str:
 
 
 # What a run writes in its folder besides checkpoints and scores (minbert/training/trainer.py, plots.write_run_reports,
-# write_tsne)..
+# write_tsne, write_run_calibration).
 RUN_REPORTS = (RECORD_FILE, "metrics.jsonl", STEPS_FILE, "history.json", "forgetting.md", "forgetting_matrix.png",
                "training_curves.png", "sst_error_histogram.png", "qqp_confusion_matrix.png", "sts_scatter.png",
-               *(tsne_file(name) for name, task in TASKS.items() if task.plots_embeddings))
+               *(tsne_file(name) for name, task in TASKS.items() if task.plots_embeddings), CALIBRATION_FILE,
+               *(reliability_file(name) for name, task in TASKS.items() if task.calibrated))
 CHECKPOINT = re.compile(r"(last|best|stage_\d+)\.(json|safetensors)(\.tmp)?")
 
 
@@ -100,6 +104,16 @@ def write_train_scores(trainer: Trainer, run_dir: Path) -> None:
         scores = TASKS[task].train_scores(trainer.predictor, train)
         if trainer.distributed.is_main:
             print(f"wrote {TASKS[task].write_train_scores(run_dir, scores, trainer.task_settings)}")
+
+
+def write_run_calibration(dev_predictions: dict, dev_scores: dict, output_dir: Path) -> None:
+    """calibration.json and the reliability diagrams of the run's calibrated tasks (SST's, QQP's), from the kept
+    model's dev scores as its scores files hold them, so that scripts/calibrate.py on the finished run writes the
+    same; what they say, a line per task."""
+    dev = {task: (as_saved(dev_scores[task][1]), dev_predictions[task][2]) for task in dev_scores
+           if TASKS[task].calibrated}
+    for line in calibration_lines(write_calibration(output_dir, dev)):
+        print(f"calibration: {line}")
 
 
 def write_tsne(trainer: Trainer, output_dir: Path) -> None:
@@ -202,6 +216,7 @@ def _run(args: TrainingArguments, distributed: Distributed, device) -> Trainer:
                 table = write_run_reports(trainer.state.history, dev_predictions, output_dir)
                 if table:
                     print(table)
+                write_run_calibration(dev_predictions, dev_scores, output_dir)
                 write_tsne(trainer, output_dir)
             for message in dropped_rows:
                 print(f"note: not in the predictions: {message}")

@@ -103,6 +103,42 @@ def squared_error(p: Tensor, q: Tensor) -> Tensor:
     return _batch_mean((_at_least_float32(p) - _at_least_float32(q)) ** 2)
 
 
+def _categorical_terms(logits_p: Tensor, logits_q: Tensor) -> Tensor:
+    """(p_c - q_c) * (log p_c - log q_c) for each class c of the last dimension: the symmetric KL's per-class terms."""
+    _check_same_shape(logits_p, logits_q)
+    log_p = F.log_softmax(_at_least_float32(logits_p), dim=-1)
+    log_q = F.log_softmax(_at_least_float32(logits_q), dim=-1)
+    return (log_p.exp() - log_q.exp()) * (log_p - log_q)
+
+
+def _bernoulli_terms(logit_p: Tensor, logit_q: Tensor) -> Tensor:
+    """The per-class terms of the two classes (1 - sigmoid(a), sigmoid(a)), as a new last dimension: softmax([0, a])."""
+    _check_same_shape(logit_p, logit_q)
+    a, b = _at_least_float32(logit_p), _at_least_float32(logit_q)
+    two_classes = [torch.stack([torch.zeros_like(x), x], dim=-1) for x in (a, b)]
+    return _categorical_terms(*two_classes)
+
+
+def _span_terms(logits_p: Tensor, logits_q: Tensor) -> Tensor:
+    """Per-token terms of the start and the end distributions (B, 2, T), halved as symmetric_kl_span halves them."""
+    _check_same_shape(logits_p, logits_q)
+    return _categorical_terms(logits_p.transpose(1, 2), logits_q.transpose(1, 2)) / 2
+
+
+def _squared_terms(p: Tensor, q: Tensor) -> Tensor:
+    """(p - q)^2 of each output, as its own one-class distribution (a regressor has no classes to take the max of)."""
+    _check_same_shape(p, q)
+    return ((_at_least_float32(p) - _at_least_float32(q)) ** 2).unsqueeze(-1)
+
+
+# Each divergence's terms per class (last dimension), for the reduction "max" (SmartConfig.reduction).
+CLASS_TERMS: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
+    "categorical": _categorical_terms,
+    "bernoulli": _bernoulli_terms,
+    "span": _span_terms,
+    "squared": _squared_terms,
+}
+
 DIVERGENCES: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
     "categorical": symmetric_kl_categorical,
     "bernoulli": symmetric_kl_bernoulli,
@@ -117,12 +153,24 @@ def _divergence(name: str) -> Callable[[Tensor, Tensor], Tensor]:
     return DIVERGENCES[name]
 
 
+def reduced_divergence(name: str, p: Tensor, q: Tensor, reduction: str = "sum") -> Tensor:
+    """The divergence `name` of p and q, each example's terms reduced over the classes by `reduction` (REDUCTIONS), then
+    averaged over the batch: "sum" is DIVERGENCES[name] (the symmetric KL itself), "max" the largest class's term, as
+    the thesis' listing A.1 computes R_s (torch.max(ls, -1) of the per-class terms, then their batch mean)."""
+    if reduction == "sum":
+        return _divergence(name)(p, q)
+    _divergence(name)  # the same message for an unknown name
+    return _batch_mean(CLASS_TERMS[name](p, q).amax(dim=-1))
+
+
 NORMS = ("inf", "l2")  # p of the perturbation ball and of the gradient normalisation
 NORM_LEVELS = ("token", "sentence")  # the slice a norm is taken over
 PRECISIONS = ("run", "exact")  # where the passes compute: the run's precision, or exact float32
 PROJECTIONS = ("clamp", "rescale")  # how an ascent step is brought back to the eps-ball (SmartConfig.projection)
 MOMENTUM_SCHEDULES = ("run", "stage")  # what bregman_momentum's 10% is a share of: the run's updates, or the stage's
 ANCHORS = ("moving_average", "stage_start")  # what D_Breg compares with: theta_tilde, or the stage's first weights
+REDUCTIONS = ("sum", "max")  # how R_s reduces an example's divergence over its classes (SmartConfig.reduction)
+ANCHOR_MODES = ("eval", "train")  # the anchor's forward with dropout off, or on (SmartConfig.anchor_mode)
 
 
 @dataclass
@@ -161,6 +209,14 @@ class SmartConfig:
     (from the random start), and every pass perturbs by delta rescaled to norm exactly eps over each norm_level slice
     (the thesis': norm "inf", norm_level "sentence", each example's (T, H) block), g being the gradient at that
     rescaled perturbation."""
+    reduction: str = "sum"
+    """How R_s reduces each example's divergence over the classes before the batch mean: "sum" (the symmetric KL, the
+    SMART paper's l_s) or "max", the largest class's term max_c (p_c - q_c)(log p_c - log q_c), as the thesis' listing
+    A.1 does (A.3: QQP's two classes; a regressor's one output is the same either way). Only R_s: the ascent's
+    gradient and D_Breg sum over the classes, as the listings do."""
+    anchor_mode: str = "eval"
+    """The Bregman anchor's forward: "eval", dropout off (a fixed target, f(x; theta_tilde) as in the paper), or
+    "train", dropout on with masks of its own, as the thesis' deep copy of the training model runs it."""
 
     def __post_init__(self) -> None:
         for name in ("adv_weight", "bregman_weight"):
@@ -175,14 +231,10 @@ class SmartConfig:
                 raise ValueError(f"SmartConfig: {name} must be finite and > 0, got {value!r}")
         if isinstance(self.ascent_steps, bool) or not isinstance(self.ascent_steps, int) or self.ascent_steps < 1:
             raise ValueError(f"SmartConfig: ascent_steps must be an integer >= 1, got {self.ascent_steps!r}")
-        if self.norm not in NORMS:
-            raise ValueError(f"SmartConfig: norm must be one of {NORMS}, got {self.norm!r}")
-        if self.norm_level not in NORM_LEVELS:
-            raise ValueError(f"SmartConfig: norm_level must be one of {NORM_LEVELS}, got {self.norm_level!r}")
-        if self.precision not in PRECISIONS:
-            raise ValueError(f"SmartConfig: precision must be one of {PRECISIONS}, got {self.precision!r}")
-        if self.projection not in PROJECTIONS:
-            raise ValueError(f"SmartConfig: projection must be one of {PROJECTIONS}, got {self.projection!r}")
+        for name, allowed in (("norm", NORMS), ("norm_level", NORM_LEVELS), ("precision", PRECISIONS),
+                              ("projection", PROJECTIONS), ("reduction", REDUCTIONS), ("anchor_mode", ANCHOR_MODES)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"SmartConfig: {name} must be one of {allowed}, got {getattr(self, name)!r}")
 
 
 def computes_exactly(config: SmartConfig, device_type: str) -> bool:
@@ -306,7 +358,8 @@ def adversarial_regularizer(
     config: SmartConfig,
     token_mask: Tensor | None = None,
 ) -> tuple[Tensor, bool]:
-    """R_s = divergence(forward_fn(embeddings + delta*), clean_outputs) for the ascent's delta*.
+    """R_s = divergence(forward_fn(embeddings + delta*), clean_outputs) for the ascent's delta*, reduced over the
+    classes as config.reduction says.
 
     Differentiable w.r.t. the weights through both the perturbed and the clean outputs (delta* itself
     is a constant). Returns (R_s, False), or (a constant 0, True) when the ascent or R_s is not finite,
@@ -316,7 +369,7 @@ def adversarial_regularizer(
     R_s were replaced by a zero on the device).
     """
     delta, finite = ascend(forward_fn, embeddings, clean_outputs, divergence, config, token_mask)
-    value = _divergence(divergence)(forward_fn(_perturb(embeddings, delta)), clean_outputs)
+    value = reduced_divergence(divergence, forward_fn(_perturb(embeddings, delta)), clean_outputs, config.reduction)
     if not bool(finite & torch.isfinite(value)):
         return torch.zeros((), device=clean_outputs.device), True
     return value, False
@@ -350,18 +403,24 @@ class BregmanAnchor:
             for name, p in model.named_parameters() if p.requires_grad
         }
 
-    @torch.no_grad()
     def __call__(self, model: nn.Module, *args, **kwargs):
-        """model(*args, **kwargs) evaluated with theta_tilde and dropout off.
+        """model(*args, **kwargs) evaluated with theta_tilde and dropout off (outputs)."""
+        return self.outputs(model, args, kwargs)
 
-        theta_tilde is a fixed target, f(x; theta_tilde) as in the paper: dropout noise in it would only
-        add variance to D_Breg, and a dropout-free forward is cheaper (about a third on CPU). The
-        model's train/eval mode is restored afterwards.
+    @torch.no_grad()
+    def outputs(self, model: nn.Module, args: tuple = (), kwargs: Mapping | None = None, mode: str = "eval"):
+        """model(*args, **kwargs) evaluated with theta_tilde, in `mode` (ANCHOR_MODES): "eval", dropout off, or
+        "train", dropout on, as the thesis' copy of its training model runs.
+
+        theta_tilde is a fixed target, f(x; theta_tilde) as in the paper: dropout noise in it only adds variance to
+        D_Breg, and a dropout-free forward is cheaper (about a third on CPU), so "eval" is the default. The model's
+        train/eval mode is restored afterwards.
         """
         was_training = model.training
-        model.eval()
+        model.train(mode == "train")
         try:
-            return torch.func.functional_call(model, {**self.params, **dict(model.named_buffers())}, args, kwargs)
+            return torch.func.functional_call(model, {**self.params, **dict(model.named_buffers())}, args,
+                                              dict(kwargs or {}))
         finally:
             model.train(was_training)
 
@@ -430,7 +489,8 @@ class SmartRegularizer:
         anchor_kwargs: Mapping | None = None,
         token_mask: Tensor | None = None,
     ) -> Tensor:
-        """lambda_s * R_s + mu * divergence(clean_outputs, anchor(model, *anchor_args, **anchor_kwargs)).
+        """lambda_s * R_s + mu * divergence(clean_outputs, anchor(model, *anchor_args, **anchor_kwargs)), the anchor's
+        forward in config.anchor_mode.
 
         clean_outputs = forward_fn(embeddings) from the caller's one clean forward, reused here; the
         anchor's outputs are a fixed target. A skipped adversarial term adds 0 and bumps skipped_steps. The two terms
@@ -450,7 +510,7 @@ class SmartRegularizer:
             self.skipped_steps += skipped
             terms["adversarial"] = self.config.adv_weight * smoothness
         if self.anchor is not None:
-            anchor_outputs = self.anchor(self.model, *anchor_args, **(anchor_kwargs or {}))
+            anchor_outputs = self.anchor.outputs(self.model, anchor_args, anchor_kwargs, self.config.anchor_mode)
             terms["bregman"] = self.config.bregman_weight * divergence_fn(clean_outputs, anchor_outputs)
         self.terms = {name: term.detach() for name, term in terms.items()}
         return sum(terms.values(), torch.zeros((), device=clean_outputs.device))

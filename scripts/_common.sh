@@ -14,16 +14,29 @@ RUNS_DIR="${RUNS_DIR:-$ROOT/runs}"
 LAUNCH="${LAUNCH:-python}"
 # The thesis' SMART weights: lambda_s = 5 for the pair tasks, 10 for SST; mu = 1.
 SMART_FLAGS=(--smart --smart_adv_weight 5 --smart_bregman_weight 1 --smart_override sst:adv_weight=10)
-# The thesis' own settings where the project's recipes depart from them (scripts/*_thesis_*.sh; seed 000): batch 8,
-# lr 1e-5 (not stated by the thesis: the course's fine-tuning default), float32, STS trained as 2.5 cos + 2.5 with
-# dropout before the cosine (listing A.6), and SMART close to its listings A.1-A.4: the perturbation rescaled to
-# inf-norm eps per example, the Bregman momentum restarting every epoch and D_Breg anchored to the epoch's first
-# weights. Not yet as they write it: R_s sums the divergence over classes where listing A.1 takes the maximum over
-# classes before the batch mean, and the anchor's forward runs with dropout off where the thesis' copy is in train
-# mode; the recipes cut text at 128 tokens (--max_length), the thesis' tokenizer at 512.
-THESIS_FLAGS=(--batch_size 8 --lr 1e-5 --precision fp32 --similarity_objective shifted --sts_cosine_dropout
-              --smart_norm_level sentence --smart_projection rescale --smart_momentum_schedule stage
-              --smart_anchor stage_start)
+# The thesis' own settings (seed 000) for scripts/*_thesis_*.sh, where the project's recipes depart from them (each
+# recipe adds its tables' batch size, dropout and schedule): lr 1e-5 (not stated by the thesis: the course's
+# fine-tuning default), float32 (its code has no autocast), STS trained as 2.5 cos + 2.5 with dropout on both sentence
+# embeddings before the cosine (listing A.6). The GPU recipes add --max_length 512, the limit of the thesis' tokenizer
+# (the course's, which pads to the batch's longest text); the CPU twins keep CPU_FLAGS' 64.
+THESIS_FLAGS=(--lr 1e-5 --precision fp32 --similarity_objective shifted --sts_cosine_dropout)
+# SMART as the thesis' listings A.1-A.4 write it, on SMART_FLAGS' weights: the ascent's step normalised and the
+# perturbation rescaled to inf-norm eps over each example (A.4), R_s the batch mean of each example's largest per-class
+# term (A.1's torch.max over classes), the anchor's forward with dropout on (A.1's deep copy of the model in train
+# mode), the Bregman momentum's 0.99 -> 0.999 switch restarting every epoch, and D_Breg anchored to the weights the
+# epoch started from (a variable-name slip means its moving average is never loaded). Where it still departs: the
+# listings' ascent compares with the clean outputs of a forward of its own (another dropout mask; here the task
+# loss's one clean forward serves the ascent too), they add 1e-8 inside the KL's logarithms, and A.3 trains QQP with
+# a paraphrase_simcse_loss the thesis does not list (here binary cross entropy, as its section 3.3.3 says); STS's
+# SMART terms compare cosines, the listings' 2.5 cos + 2.5 (STS's terms and its loss all 6.25 times larger there:
+# the same ratio between them).
+THESIS_SMART_FLAGS=("${SMART_FLAGS[@]}" --smart_norm_level sentence --smart_projection rescale --smart_reduction max
+                    --smart_anchor_mode train --smart_momentum_schedule stage --smart_anchor stage_start)
+# The thesis' supervised SimCSE (section 3.2.4.3, listings B.1-B.3): each premise against its own entailment and
+# contradiction in a two-way softmax (no in-batch negatives; listing B.2 broadcasts its positive term over the batch,
+# the formula does not), every entailment of a premise paired with every contradiction of it (B.1's merge on the
+# premise), at the tasks' lr 1e-5. Where it still departs: B.2 applies the heads' dropout to the pooled embeddings.
+THESIS_SIMCSE_FLAGS=(--simcse_objective pairwise --simcse_pairing product --simcse_lr 1e-5)
 # The best recipe measured (cpu_best.sh, gpu_best.sh): per-task LoRA of rank 16 on every linear layer of a frozen
 # encoder at lr 1e-3, QQP cross-encoded, SST ordinal, the sequential schedule with 2 cycles.
 BEST_FLAGS=(--option pretrain --adapter lora --lr 1e-3 --cycles 2 --adapter_rank 16 --adapter_alpha 16

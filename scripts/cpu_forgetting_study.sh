@@ -4,7 +4,13 @@
 # against forgetting, named by DEFENCE:
 #   none        nothing
 #   rehearsal   a 3% QQP stage after the SST block (the project's cycles' rehearsal)
-#   bregman     SMART's Bregman proximal point alone (mu 1, no adversarial term; --smart_bregman_weight MU after)
+#   bregman     SMART's Bregman proximal point alone (mu 1, no adversarial term, the run-long moving-average anchor;
+#               --smart_bregman_weight MU after)
+#   thesis_smart  the thesis' own SMART (THESIS_SMART_FLAGS: R_s on at lambda_s 5, SST 10, mu 1, as listings A.1-A.4
+#               compute it, D_Breg anchored to the weights each epoch starts from)
+#   simcse      the thesis' supervised SimCSE before the schedule (THESIS_SIMCSE_FLAGS), scaled as the tasks are: one
+#               epoch over 2,000 triplets of the offline NLI files (CPU_NLI_FILES; the thesis: 3 over SNLI), the
+#               encoder going on from the end of it; no defence in the schedule itself
 #   ewc         EWC, lambda EWC_WEIGHT (default 1e6), the diagonal Fisher of each finished block's first 100 batches
 #   l2sp        L2-SP, alpha L2SP_WEIGHT (default 0.01), towards the pretrained weights
 #   lora        per-task LoRA (rank 16, every linear layer) over the frozen encoder: no forgetting by construction
@@ -21,11 +27,15 @@ case "$DEFENCE" in
     none) FLAGS=() ;;
     rehearsal) STAGES="$STAGES,qqp:0.03"; FLAGS=() ;;
     bregman) FLAGS=(--smart --smart_adv_weight 0 --smart_bregman_weight 1) ;;
+    thesis_smart) FLAGS=("${THESIS_SMART_FLAGS[@]}") ;;
+    simcse) FLAGS=("${THESIS_SIMCSE_FLAGS[@]}" --simcse_data "${CPU_NLI_FILES[@]}" --simcse_epochs 1
+                   --simcse_max_examples 2000) ;;
     ewc) FLAGS=(--ewc_weight "${EWC_WEIGHT:-1000000}") ;;
     l2sp) FLAGS=(--l2sp_weight "${L2SP_WEIGHT:-0.01}") ;;
     lora) FLAGS=(--option pretrain --adapter lora --lr 1e-3 --adapter_rank 16 --adapter_alpha 16
                  --adapter_targets query,key,value,attention_output,ffn_in,ffn_out) ;;
-    *) echo "cpu_forgetting_study.sh: DEFENCE must be none, rehearsal, bregman, ewc, l2sp or lora, got '$DEFENCE'" >&2
+    *) echo "cpu_forgetting_study.sh: DEFENCE must be none, rehearsal, bregman, thesis_smart, simcse, ewc, l2sp or lora," \
+            "got '$DEFENCE'" >&2
        exit 2 ;;
 esac
 NAME=${RUN_NAME:-forgetting_$DEFENCE}

@@ -20,6 +20,11 @@ dev and the ensemble scored on the other half, both ways, averaged over five ran
 The dev metrics printed and written to OUTPUT_DIR/ensemble.json need the dev labels: --data_dir
 holds the course files (as for training).
 
+--calibrated combines each member's calibrated probabilities of the calibrated tasks (SST, QQP): its logits divided
+by the temperature fitted on its own dev set (RUN/calibration.json, which a run writes at its end and
+scripts/calibrate.py writes for an older run). A mean then averages calibrated probabilities, and a vote's ties go to
+the higher mean calibrated probability; each member's own predictions do not change.
+
 --score_train makes the ensemble a teacher: the chosen members' train scores (each run written with
 --score_train) combined into OUTPUT_DIR/scores/TASK-train.csv, which `multitask_classifier.py --distill
 OUTPUT_DIR` learns from (distillation.py). A run scores the train splits of the tasks it trained, so an
@@ -49,6 +54,8 @@ def main(argv=None) -> int:
     for task, methods in METHODS.items():
         parser.add_argument(f"--{task}", choices=methods, default=methods[0])
     parser.add_argument("--select", action="store_true", help="greedy forward selection of members per task on dev")
+    parser.add_argument("--calibrated", action="store_true", help="combine calibrated probabilities: each member's "
+                        "logits divided by the temperature fitted on its dev set (RUN/calibration.json)")
     parser.add_argument("--score_train", action="store_true",
                         help="also write the chosen members' combined train scores (OUTPUT_DIR/scores/TASK-train.csv; "
                              "each member written with --score_train): a teacher for --distill")
@@ -62,7 +69,7 @@ def main(argv=None) -> int:
         print(f"error: {problem}", file=sys.stderr)
         return 2
     try:
-        members = load_members(args.runs)
+        members = load_members(args.runs, args.calibrated)
         tasks = member_tasks(members)
         gold = dev_labels(args.data_dir, {t: members[0].scores[(t, "dev")][0] for t in tasks})
         predictions, report = build_ensemble(members, gold, {t: getattr(args, t) for t in tasks}, args.select)

@@ -67,7 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("run", help="a run's folder (its kept model, best) or a checkpoint prefix")
     parser.add_argument("--data_dir", help="the course's dev files (default: the run's own --data_dir)")
     parser.add_argument("--tasks", help=f"comma-separated, some of {', '.join(TEXT_TASKS)} (default: the model's)")
-    parser.add_argument("--families", default=",".join(FAMILIES), help=f"comma-separated, some of {', '.join(FAMILIES)}")
+    parser.add_argument("--families", default=",".join(FAMILIES),
+                        help=f"comma-separated, some of {', '.join(FAMILIES)}")
     parser.add_argument("--output_dir", type=Path, help="default: RUN/robustness")
     parser.add_argument("--perturbed_dir", type=Path, help="the noisy sets: read when it holds a manifest, else made "
                         "there (default: OUTPUT_DIR/perturbed)")

@@ -5,6 +5,7 @@ tokenizer, so that model tests take seconds, not minutes.
 Fixtures are found by pytest; the plain helpers are imported by test modules as `from conftest import ...`.
 """
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -19,6 +20,14 @@ DEMO = ROOT / "data" / "demo"
 TINY = dict(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
             max_position_embeddings=64)
 MAX_LENGTH = 32
+
+
+def pytest_configure(config):
+    """Under pytest-xdist (README's `-n auto`) the workers share the cores: each worker's torch ops and the scripts
+    its tests start keep to one thread, or two workers' threads contend for the same two cores."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        os.environ["OMP_NUM_THREADS"] = "1"
+        torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")
@@ -54,11 +63,14 @@ def one_thread():
 def skip_figures(monkeypatch) -> None:
     """Whole runs without their figures: drawing and saving them (matplotlib, t-SNE) is most of a tiny run's time.
     For tests of training, resuming and the CSVs; history.json and forgetting.md are still written. The figures
-    have their own tests (test_plots.py, test_embedding_analysis.py, test_end_to_end_with_smart)."""
+    have their own tests (test_plots.py, test_embedding_analysis.py, test_calibration.py,
+    test_end_to_end_with_smart)."""
+    import minbert.reports.calibration as calibration
     import minbert.reports.plots as plots
     import multitask_classifier
     for name in ("plot_forgetting_matrix", "plot_training_curves", "plot_error_analysis"):
         monkeypatch.setattr(plots, name, lambda *args, **kwargs: None)
+    monkeypatch.setattr(calibration, "plot_reliability", lambda *args, **kwargs: None)
     monkeypatch.setattr(multitask_classifier, "write_tsne", lambda *args, **kwargs: None)
     monkeypatch.setattr(multitask_classifier, "check_figure_libraries", lambda *args, **kwargs: None)
 

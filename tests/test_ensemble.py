@@ -14,8 +14,8 @@ from conftest import DEMO, prediction_flags, skip_figures
 from evaluation import write_predictions
 from minbert.data.batches import load_split
 from minbert.data.scores import ScoresFileError, read_scores, scores_path, write_scores
-from minbert.prediction.ensemble_scores import (METHODS, combine, greedy_selection,
-                                                held_out_metric, member_predictions, member_weights, metric)
+from minbert.prediction.ensemble_scores import (METHODS, combine, greedy_selection, held_out_metric, load_members,
+                                                member_predictions, member_weights, metric)
 from minbert.tasks import MULTITASK, TASKS
 from minbert.tasks.score_files import as_saved
 
@@ -338,3 +338,42 @@ def test_an_ensemble_refuses_to_write_into_a_member_and_leaves_no_stale_teacher(
     stale.write_text("id,logit\nx,0.5\n")
     assert main([member, "--output_dir", str(tmp_path / "e"), "--data_dir", str(DEMO)]) == 0
     assert not stale.exists()
+
+
+def calibrated_copy(finished_run, folder, temperatures: dict) -> str:
+    """A member with the finished run's scores (train scores of QQP too) and a calibration.json of these
+    temperatures."""
+    shutil.copytree(finished_run / "run" / "scores", folder / "scores")
+    ids, scores = read_scores(scores_path(folder, "qqp", "dev"), "qqp")
+    write_scores(scores_path(folder, "qqp", "train"), ids, scores, "qqp")
+    (folder / "calibration.json").write_text(json.dumps({"tasks": {task: {"temperature": t}
+                                                                   for task, t in temperatures.items()}}))
+    return str(folder)
+
+
+def test_calibrated_members_average_probabilities_of_their_tempered_logits(finished_run, tmp_path):
+    hot = calibrated_copy(finished_run, tmp_path / "hot", {"sst": 4.0, "qqp": 4.0})
+    plain, calibrated = load_members([hot]), load_members([hot], calibrated=True)
+    assert calibrated[0].temperatures == {"sst": 4.0, "qqp": 4.0}
+    for key, (ids, scores) in plain[0].scores.items():
+        divided = scores / 4.0 if TASKS[key[0]].calibrated else scores  # STS's scores are no logits
+        assert calibrated[0].scores[key][0] == ids and np.array_equal(calibrated[0].scores[key][1], divided)
+    # A member's own decisions do not move; a teacher's soft scores are of its calibrated probabilities.
+    assert main([hot, "--output_dir", str(tmp_path / "e"), "--data_dir", str(DEMO), "--calibrated",
+                 "--score_train"]) == 0
+    for name in ("sst-dev-out.csv", "para-test-out.csv"):
+        assert (tmp_path / "e" / name).read_bytes() == (finished_run / name).read_bytes()
+    report = json.loads((tmp_path / "e" / "ensemble.json").read_text())
+    assert report["temperatures"] == {hot: {"sst": 4.0, "qqp": 4.0}}
+    teacher = read_scores(scores_path(tmp_path / "e", "qqp", "train"), "qqp")[1]
+    assert teacher == pytest.approx(plain[0].scores[("qqp", "dev")][1] / 4.0, abs=1e-6)
+
+
+def test_calibrated_members_need_their_calibration_file(finished_run, tmp_path, capsys):
+    member = calibrated_copy(finished_run, tmp_path / "m", {"sst": 2.0})
+    assert main([member, "--output_dir", str(tmp_path / "e"), "--data_dir", str(DEMO), "--calibrated"]) == 2
+    assert capsys.readouterr().err.strip() == (f"error: {tmp_path / 'm' / 'calibration.json'}: no qqp temperature; "
+                                               f"rewrite it with scripts/calibrate.py {member} --data_dir DIR")
+    (tmp_path / "m" / "calibration.json").unlink()
+    assert main([member, "--output_dir", str(tmp_path / "e"), "--data_dir", str(DEMO), "--calibrated"]) == 2
+    assert "calibration.json: no such file" in capsys.readouterr().err

@@ -6,6 +6,7 @@ import shutil
 import numpy as np
 import pytest
 import torch
+from calibrate import main as calibrate_main
 from safetensors.torch import load_file
 
 import multitask_classifier as mc
@@ -74,6 +75,7 @@ def test_end_to_end_with_smart(straight, tokenizer):
     assert len(json.loads((run / "history.json").read_text())) == 4
     assert (run / "forgetting_matrix.png").stat().st_size > 0
     assert (run / "qqp_confusion_matrix.png").stat().st_size > 0
+    assert (run / "sst_reliability.png").stat().st_size > 0 and (run / "qqp_reliability.png").stat().st_size > 0
 
     best = json.loads((run / "best.json").read_text())
     assert best["metrics"]["overall"] == max(r["overall"] for r in records[1:])
@@ -86,6 +88,14 @@ def test_end_to_end_with_smart(straight, tokenizer):
     assert [written[("sst", "dev")][e.id] for e in sst] == sentiment.tolist()
     assert [written[("qqp", "dev")][e.id] for e in para] == duplicate.long().tolist()
     np.testing.assert_allclose([written[("sts", "dev")][e.id] for e in sts], similarity.numpy(), atol=1e-4)
+
+
+def test_the_runs_calibration_is_what_the_script_writes_from_its_saved_scores(straight, tmp_path):
+    shutil.copytree(straight / "run" / "scores", tmp_path / "scores")
+    assert calibrate_main([str(tmp_path), "--data_dir", str(DEMO)]) == 0
+    written = json.loads((straight / "run" / "calibration.json").read_text())
+    assert list(written["tasks"]) == ["sst", "qqp"] and "threshold" in written["tasks"]["qqp"]
+    assert json.loads((tmp_path / "calibration.json").read_text()) == written
 
 
 # ---------------------------------------------------------------------------------------------------

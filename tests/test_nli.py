@@ -125,6 +125,27 @@ def test_build_triplets_pairs_entailments_with_contradictions_per_premise():
     ]
 
 
+def test_product_pairs_every_entailment_with_every_contradiction_as_the_thesis_merge():
+    """The thesis' listing B.1 merges the entailment rows with the contradiction rows on the premise: an inner join,
+    #entailment x #contradiction triplets per premise (in build_triplets' order: the batches shuffle them anyway)."""
+    pairs = [
+        NLIPair("P1", "e1", "entailment"),
+        NLIPair("P2", "c3", "contradiction"),
+        NLIPair("P1", "c1", "contradiction"),
+        NLIPair("P1", "e2", "entailment"),
+        NLIPair("P2", "e3", "entailment"),
+        NLIPair("P1", "c2", "contradiction"),
+        NLIPair("P3", "e5", "entailment"),  # no contradiction: no triplet
+    ]
+    assert build_triplets(pairs, "product") == [
+        NLITriplet("P1", "e1", "c1"), NLITriplet("P1", "e1", "c2"),
+        NLITriplet("P1", "e2", "c1"), NLITriplet("P1", "e2", "c2"),
+        NLITriplet("P2", "e3", "c3"),
+    ]
+    with pytest.raises(ValueError, match="unknown pairing 'merge'"):
+        build_triplets(pairs, "merge")
+
+
 def test_load_nli_triplets_drops_a_tokenized_copy_and_counts(tmp_path):
     original = write(
         tmp_path / "snli.jsonl",

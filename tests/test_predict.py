@@ -7,6 +7,7 @@ import sys
 
 import numpy as np
 import pytest
+from calibrate import main as calibrate_main
 
 import multitask_classifier
 import predict
@@ -14,6 +15,7 @@ from conftest import DEMO, ROOT, prediction_flags
 from minbert.files import DataError
 from minbert.prediction.new_inputs import input_format, output_format, prediction_records, read_examples
 from minbert.tasks import MULTITASK, TASKS, course_file_name
+from minbert.tasks.calibration import read_calibration
 
 pytestmark = pytest.mark.usefixtures("one_thread", "no_plots")
 
@@ -129,11 +131,49 @@ def test_a_bad_run_input_or_output_is_one_line_and_exit_2_before_the_model_loads
 @pytest.mark.parametrize("flags, problem", [
     (["--task", "squad"], "--task: unknown task 'squad'; use one of sst, qqp, sts"),
     (["--task", "sst", "--batch_size", "0"], "--batch_size must be >= 1, got 0"),
+    (["--task", "sts", "--calibrated"], "--calibrated: sts has no temperature (the calibrated tasks: sst, qqp)"),
+    (["--task", "sst", "--threshold"], "--threshold: sst has no decision threshold (the tasks with one: qqp)"),
 ])
 def test_bad_flags_are_refused_by_the_parser(run, capsys, flags, problem):
     with pytest.raises(SystemExit) as exit_info:
         predict.main([str(run), *flags])
     assert exit_info.value.code == 2 and problem in capsys.readouterr().err
+
+
+def test_calibrated_probabilities_divide_the_logits_by_the_runs_temperature(run, tmp_path):
+    fitted = read_calibration(run)
+    for task in ("sst", "qqp"):
+        plain, calibrated = tmp_path / f"{task}.jsonl", tmp_path / f"{task}-calibrated.jsonl"
+        for flags, out in (([], plain), (["--calibrated"], calibrated)):
+            assert predict.main([str(run), "--task", task, "--input", str(DEMO / course_file_name(task, "dev")),
+                                 "--output", str(out), "--quiet", *flags]) == 0
+        before, after = ([json.loads(line) for line in path.read_text().splitlines()] for path in (plain, calibrated))
+        assert [(r["label"], r["score"]) for r in before] == [(r["label"], r["score"]) for r in after]
+        expected = TASKS[task].probabilities(np.array([r["score"] for r in after]) / fitted[task]["temperature"])
+        assert np.array([r["probabilities"] for r in after]) == pytest.approx(expected, abs=1e-6)
+
+
+def test_the_threshold_decides_the_csv_as_the_script_does_from_the_runs_scores(run, tmp_path):
+    out = tmp_path / "para.csv"
+    assert predict.main([str(run), "--task", "para", "--input", str(DEMO / course_file_name("qqp", "test")),
+                         "--output", str(out), "--quiet", "--threshold"]) == 0
+    assert calibrate_main([str(run), "--data_dir", str(DEMO), "--threshold_out", str(tmp_path / "script")]) == 0
+    assert out.read_bytes() == (tmp_path / "script" / "para-test-out.csv").read_bytes()
+
+
+def test_dev_fitted_flags_need_the_kept_models_calibration_before_the_model_loads(run, tmp_path, capsys,
+                                                                                checkpoint_must_not_load):
+    (tmp_path / "stage_1.json").write_text("{}")
+    (tmp_path / "stage_1.safetensors").write_bytes(b"")
+    sentences = ["--input", str(DEMO / "ids-sst-dev.csv")]
+    assert predict.main([str(tmp_path / "stage_1"), "--task", "sst", "--calibrated", *sentences]) == 2
+    assert f"--calibrated: {tmp_path / 'calibration.json'} was fitted on the kept model (best), not stage_1" in \
+        one_error_line(capsys)
+    for name in ("best.json", "best.safetensors"):
+        (tmp_path / name).write_bytes((run / name).read_bytes())
+    assert predict.main([str(tmp_path), "--task", "qqp", "--calibrated", "--threshold", "--input",
+                         str(DEMO / "quora-dev.csv")]) == 2
+    assert f"{tmp_path / 'calibration.json'}: no such file" in one_error_line(capsys)
 
 
 def test_the_command_line_reads_standard_input(run):

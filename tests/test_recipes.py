@@ -3,6 +3,7 @@ cut to a few examples and on a tiny random BERT instead of minilm-l6 (slow): a r
 the command line fails here, not after hours.
 The GPU recipes' command lines parse, and every recipe's outputs go under RUNS_DIR (the tests': a tmp folder)."""
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -16,7 +17,8 @@ import torch
 from conftest import DEMO
 from minbert.data.batches import load_examples
 from minbert.data.scores import scores_path, write_scores
-from minbert.run.training_args import TrainingArguments, adapter_config, build_parser, from_namespace, run_tasks
+from minbert.run.training_args import TrainingArguments, build_parser, from_namespace
+from minbert.run.run_settings import adapter_config, run_tasks, smart_configs
 from minbert.tasks import MULTITASK, TASKS, course_file_name
 from minbert.training.schedules import build_schedule
 
@@ -32,7 +34,9 @@ RECIPES = {  # recipe -> (extra flags that keep it short, environment)
     "cpu_single_task.sh": ([], {"TASKS": "sts"}),
     "cpu_simcse_sbert.sh": (["--cycles", "1", "--simcse_max_examples", "16"], {}),
     "cpu_sss.sh": (["--cycles", "1", "--simcse_max_examples", "16"], {}),
+    "cpu_thesis_sbert.sh": (["--first_stages", "qqp,sts*2,sst*2"], {}),
     "cpu_thesis_ss.sh": (["--first_stages", "qqp,sts*2,sst*2"], {}),
+    "cpu_thesis_ss_cycles.sh": (["--cycles", "1"], {}),
     "cpu_thesis_sss.sh": (["--cycles", "1", "--simcse_max_examples", "16"], {}),
     "cpu_squad.sh": (["--first_stages", "qa", *SHORT_QA], {}),
     "cpu_four_tasks.sh": (["--epochs", "1", *SHORT_QA], {}),
@@ -153,6 +157,51 @@ def test_gpu_recipe_is_a_valid_command_line(recipe):
         adapter_config(args)
 
 
+def parsed(command: list[str]) -> TrainingArguments:
+    return from_namespace(TrainingArguments, build_parser(TrainingArguments).parse_args(command[1:]))
+
+
+@pytest.mark.parametrize("recipe", sorted(p.name for p in (ROOT / "scripts").glob("[cg]pu_thesis_*.sh")))
+def test_a_thesis_recipe_sets_the_thesis_settings_and_cites_its_tables(recipe):
+    """The thesis' recipes run its settings (issue 46): float32, lr 1e-5, listing A.6's STS head; SMART as its listings
+    compute it wherever it has SMART; its SimCSE loss and pairing wherever it has SimCSE; the GPU ones at its
+    tokenizer's 512 tokens (the CPU twins at the CPU protocol's 64)."""
+    (command,) = launched_commands(recipe)
+    args = parsed(command)
+    assert (args.precision, args.lr, args.similarity_objective, args.sts_cosine_dropout) == \
+        ("fp32", 1e-5, "shifted", True)
+    assert args.max_length == (512 if recipe.startswith("gpu_") else 64)
+    assert args.smart == ("sbert" not in recipe) and args.batch_size == (32 if "sbert" in recipe else 8)
+    for config in smart_configs(args).values() if args.smart else ():
+        assert (config.reduction, config.anchor_mode, config.projection, config.norm_level) == \
+            ("max", "train", "rescale", "sentence")
+        assert (args.smart_momentum_schedule, args.smart_anchor) == ("stage", "stage_start")
+    assert bool(args.simcse_data) == ("sss" in recipe)
+    if args.simcse_data:
+        assert (args.simcse_objective, args.simcse_pairing, args.simcse_lr) == ("pairwise", "product", 1e-5)
+    assert re.search(r"tables? 4\.\d+", (ROOT / "scripts" / recipe).read_text())
+
+
+@pytest.mark.parametrize("recipe", ["cpu_ss.sh", "cpu_sss.sh", "gpu_ss.sh", "gpu_sss.sh"])
+def test_the_projects_own_smart_recipes_keep_their_measured_defaults(recipe):
+    (command,) = launched_commands(recipe)
+    args = parsed(command)
+    assert all((config.reduction, config.anchor_mode, config.projection) == ("sum", "eval", "clamp")
+               for config in smart_configs(args).values())
+    assert (args.simcse_objective, args.simcse_pairing) == ("supervised", "zip")
+    assert args.max_length == (128 if recipe.startswith("gpu_") else 64)
+
+
+def test_no_smart_after_a_thesis_recipe_is_its_sbert_only_control():
+    """Table 4.11: table 4.10's recipe without SMART, every other setting kept."""
+    ((_, with_smart),), ((_, without),) = launches("gpu_thesis_ss_cycles.sh"), launches("gpu_thesis_ss_cycles.sh", ROOT,
+                                                                                        "--no-smart")
+    assert parsed(with_smart).smart and not parsed(without).smart
+    assert {k: v for k, v in vars(parsed(without)).items() if k != "smart"} == \
+        {k: v for k, v in vars(parsed(with_smart)).items() if k != "smart"}
+
+
+@pytest.mark.slow
 @pytest.mark.slow
 def test_the_ensemble_recipe_combines_the_committed_scores(tmp_path):
     protocol = ROOT.parent / "shared" / "data" / "protocol"
@@ -205,9 +254,14 @@ def test_gpu_check_runs_named_checks_and_tables_them_with_the_ones_recorded_befo
 
 def test_the_forgetting_study_runs_each_defence_and_refuses_an_unknown_one():
     flags = {defence: launched_commands("cpu_forgetting_study.sh", DEFENCE=defence)[0]
-             for defence in ("none", "rehearsal", "bregman", "ewc", "l2sp", "lora")}
+             for defence in ("none", "rehearsal", "bregman", "thesis_smart", "simcse", "ewc", "l2sp", "lora")}
     assert "--ewc_weight" in flags["ewc"] and "--l2sp_weight" in flags["l2sp"] and "--adapter" in flags["lora"]
     assert "--smart_bregman_weight" in flags["bregman"] and "qqp,sts*2,sst*2,qqp:0.03" in flags["rehearsal"]
+    thesis = " ".join(flags["thesis_smart"])  # R_s on, as the listings reduce it, D_Breg anchored to each epoch's start
+    assert all(setting in thesis for setting in ("--smart_adv_weight 5", "--smart_reduction max",
+                                                 "--smart_anchor stage_start", "--smart_anchor_mode train"))
+    assert "--simcse_data" in flags["simcse"] and "--simcse_objective" in flags["simcse"]
+    assert not {"--smart", "--simcse_data"} & set(flags["none"])
     assert not {"--ewc_weight", "--l2sp_weight", "--adapter", "--smart"} & set(flags["none"])
     result = subprocess.run(["bash", str(ROOT / "scripts" / "cpu_forgetting_study.sh")],
                             env={**os.environ, "LAUNCH": "echo", "DEFENCE": "dropout"}, capture_output=True, text=True)

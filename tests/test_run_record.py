@@ -149,6 +149,7 @@ def test_a_record_trained_again_in_its_own_folder_needs_the_folder_named(first_r
     ({"batch_size": 2.5}, "'batch_size' must be a whole number, found 2.5"),
     ({"epochs": True}, "'epochs' must be a whole number, found true"),
     ({"smart": "yes"}, "'smart' must be true or false, found \"yes\""),
+    ({"smart": None}, "'smart' must be true or false, found null"),  # a switch with a --no- form is no null
     ({"schedule": "random"}, "'schedule' must be one of sequential, annealed, round_robin"),
     ({"max_train_examples": "all"}, "'max_train_examples' must be a whole number or null"),
     ({"lr": None}, "'lr' must be a number, found null"),

@@ -72,8 +72,9 @@ def test_bad_base_flags_are_refused_in_one_line(tmp_path, capsys, tiny_checkpoin
     assert line.startswith("error: the base flags after --:") and "--lr" in line
     line = refusal(capsys, sweep_flags(tmp_path) + ["--", *base_flags(tiny_checkpoint), "--output_dir", "x"])
     assert "--output_dir" in line
-    # A switch the base turns on cannot be turned off by a trial: refused, not silently left on.
-    line = refusal(capsys, sweep_flags(tmp_path) + ["--", *base_flags(tiny_checkpoint), "--smart"])
+    # A switch the base turns on cannot be turned off by a trial without a --no- form: refused, not silently left on.
+    (tmp_path / "space.json").write_text(json.dumps({"lnsr": {"choices": [True, False]}}))
+    line = refusal(capsys, sweep_flags(tmp_path) + ["--", *base_flags(tiny_checkpoint), "--lnsr"])
     assert "the choice false cannot turn it off" in line
 
 
@@ -116,7 +117,8 @@ def test_conditional_parameters_and_switches_become_the_flags_of_the_run():
     actions = sweep.flag_actions()
     words = [w for name, value in on.items() for w in sweep.flag_tokens(name, value, actions)]
     assert words == ["--lr", "0.001", "--smart", "--smart_adv_weight", "4.0"]
-    assert sweep.flag_tokens("smart", False, actions) == []
+    assert sweep.flag_tokens("smart", False, actions) == ["--no-smart"]  # turns off a base's --smart too
+    assert sweep.flag_tokens("lnsr", False, actions) == []
 
 
 # ---------------------------------------------------------------------------------------------------

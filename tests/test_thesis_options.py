@@ -1,18 +1,25 @@
 """The thesis' own settings as options of the same code (issue 40, item 1): each stage going on from its block's
 best dev epoch (--stage_start best, --simcse_keep best), SMART's per-example rescale projection (listing A.4), the
 Bregman momentum restarting every stage and the anchor at the stage's first weights, and dropout before the STS
-cosine (listing A.6)."""
+cosine (listing A.6). Issue 46, item 1: R_s reduced by the largest class term (listing A.1), the anchor's forward in
+train mode, the --no- forms of the recipes' switches, SimCSE's pairwise loss and the thesis' pairing of NLI rows."""
+import json
+import math
+
 import pytest
 import torch
 from test_trainer import demo_data, make_trainer, record_anchor_momentum
 
 from conftest import deterministic_tiny_model, pair_batch, tiny_model
-from minbert.data.nli import NLITriplet
+from minbert.data.nli import PAIRINGS, NLITriplet
 from minbert.model.multitask_bert import trained_tensors
-from minbert.run.run_setup import build_trainer
-from minbert.run.training_args import TrainingArguments
+from minbert.run.run_settings import smart_configs
+from minbert.run.run_setup import build_trainer, load_triplets
+from minbert.run.training_args import TrainingArguments, build_parser
+from minbert.training.simcse import SIMCSE_OBJECTIVES
 from minbert.training.schedules import Stage, StageKind, block_length, parse_stage_list
-from smart import BregmanAnchor, SmartConfig, ascend
+from smart import (ANCHOR_MODES, REDUCTIONS, BregmanAnchor, SmartConfig, SmartRegularizer, adversarial_regularizer,
+                   ascend, reduced_divergence)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -229,3 +236,138 @@ def test_sts_cosine_dropout_round_trips_and_needs_a_cosine(tmp_path):
         tiny_model(pair_encoder="sts:cross", sts_cosine_dropout=True)
     with pytest.raises(ValueError, match="--sts_cosine_dropout"):
         TrainingArguments(pair_encoder="sts:cross", sts_cosine_dropout=True)
+
+
+# ---------------------------------------------------------------------------------------------------
+# SMART as the thesis' listings compute it (issue 46): R_s's largest class term, the anchor's forward with dropout on
+
+
+def test_r_s_reduced_by_max_is_the_largest_class_term_averaged_over_the_batch_by_hand():
+    """softmax([0, ln 3]) = (1/4, 3/4) against (1/2, 1/2): the class terms (p - q)(log p - log q) are
+    1/4 ln 2 and 1/4 ln(3/2); their sum (the symmetric KL) is 1/4 ln 3, their maximum 1/4 ln 2. The second example
+    has no divergence, so the batch means are half of those."""
+    logits_p = torch.tensor([[0.0, math.log(3)], [0.0, 0.0]])
+    logits_q = torch.zeros(2, 2)
+    assert reduced_divergence("categorical", logits_p, logits_q).item() == pytest.approx(math.log(3) / 8)
+    assert reduced_divergence("categorical", logits_p, logits_q, "max").item() == pytest.approx(math.log(2) / 8)
+    # QQP's single logit as listing A.3's two classes (1 - sigmoid, sigmoid): the same distributions.
+    logit_p, logit_q = torch.tensor([math.log(3), 0.0]), torch.zeros(2)
+    assert reduced_divergence("bernoulli", logit_p, logit_q).item() == pytest.approx(math.log(3) / 8)
+    assert reduced_divergence("bernoulli", logit_p, logit_q, "max").item() == pytest.approx(math.log(2) / 8)
+    # A regressor's one output has no classes: (1 - 0)^2 and (3 - 1)^2 averaged, whichever reduction (listing A.2).
+    for reduction in REDUCTIONS:
+        assert reduced_divergence("squared", torch.tensor([1.0, 3.0]), torch.tensor([0.0, 1.0]),
+                                  reduction).item() == pytest.approx(2.5)
+
+
+def test_r_s_max_reduces_the_divergence_at_the_perturbation_the_summed_ascent_found():
+    """Listing A.1's ascent differentiates the summed divergence and only R_s takes the maximum: the perturbation is
+    the same for both reductions, and R_s is that perturbation's divergence reduced by each."""
+    torch.manual_seed(0)
+    embeddings, weight = torch.randn(3, 4, 5), torch.randn(5, 3)
+    forward_fn = lambda e: (e.tanh() @ weight).mean(dim=1)  # noqa: E731 (B, 3) logits
+    clean = forward_fn(embeddings)
+    values, deltas = {}, {}
+    for reduction in REDUCTIONS:
+        config = SmartConfig(reduction=reduction, epsilon=0.05, noise_std=0.05, step_size=0.1)
+        torch.manual_seed(1)
+        values[reduction], skipped = adversarial_regularizer(forward_fn, embeddings, clean, "categorical", config)
+        torch.manual_seed(1)
+        deltas[reduction], _ = ascend(forward_fn, embeddings, clean, "categorical", config)
+        assert not skipped
+    torch.testing.assert_close(deltas["max"], deltas["sum"], rtol=0, atol=0)
+    log_p, log_q = forward_fn(embeddings + deltas["max"]).log_softmax(-1), clean.log_softmax(-1)
+    terms = (log_p.exp() - log_q.exp()) * (log_p - log_q)  # (B, 3)
+    assert values["max"].item() == pytest.approx(terms.amax(dim=-1).mean().item(), rel=1e-5)
+    assert values["sum"].item() == pytest.approx(terms.sum(dim=-1).mean().item(), rel=1e-5)
+    assert values["max"] < values["sum"]
+
+
+def test_smart_config_refuses_an_unknown_reduction_or_anchor_mode():
+    with pytest.raises(ValueError, match="reduction must be one of"):
+        SmartConfig(reduction="mean")
+    with pytest.raises(ValueError, match="anchor_mode must be one of"):
+        SmartConfig(anchor_mode="dropout")
+
+
+class Dropped(torch.nn.Module):
+    """A linear layer behind dropout: its outputs show which mode a forward ran in."""
+
+    def __init__(self):
+        super().__init__()
+        self.dropout, self.linear = torch.nn.Dropout(0.5), torch.nn.Linear(6, 3)
+
+    def forward(self, x):
+        return self.linear(self.dropout(x))
+
+
+def test_the_anchor_in_train_mode_draws_dropout_masks_as_the_thesis_copy_does():
+    torch.manual_seed(0)
+    model, x = Dropped(), torch.randn(8, 6)
+    anchor = BregmanAnchor(model, 0.99)
+    model.eval()  # the anchor's forward restores whichever mode the model was in
+    torch.manual_seed(1)
+    in_train = anchor.outputs(model, (x,), mode="train")
+    assert not model.training
+    model.train()
+    torch.manual_seed(1)
+    assert torch.equal(in_train, model(x))  # the weights are the anchor's copy: the same masks give the same outputs
+    assert torch.equal(anchor.outputs(model, (x,)), anchor(model, x)) and model.training
+    model.eval()
+    assert torch.equal(anchor(model, x), model(x))
+
+
+@pytest.mark.parametrize("mode", ANCHOR_MODES)
+def test_the_bregman_term_follows_the_configs_anchor_mode(mode):
+    torch.manual_seed(0)
+    model, x = Dropped(), torch.randn(8, 6)
+    regularizer = SmartRegularizer(model, SmartConfig(adv_weight=0, anchor_mode=mode))
+    clean = model.eval()(x)
+    model.train()
+    terms = [regularizer.penalty(model, x, clean, "categorical", anchor_args=(x,)) for _ in range(2)]
+    assert torch.equal(terms[0], terms[1]) == (mode == "eval")  # dropout noise only in the train-mode anchor
+    assert model.training
+
+
+def test_smart_flags_and_overrides_reach_the_new_config_fields():
+    args = TrainingArguments(smart=True, smart_reduction="max", smart_anchor_mode="train",
+                             smart_override=["sst:reduction=sum,anchor_mode=eval"])
+    configs = smart_configs(args)
+    assert (configs["sst"].reduction, configs["sst"].anchor_mode) == ("sum", "eval")
+    assert (configs["qqp"].reduction, configs["qqp"].anchor_mode) == ("max", "train")
+    assert (SmartConfig().reduction, SmartConfig().anchor_mode) == ("sum", "eval")  # the project's, by default
+
+
+def test_on_off_flags_that_recipes_set_can_be_turned_off_after_them():
+    parser = build_parser(TrainingArguments)
+    for name in ("smart", "sts_cosine_dropout", "quiet"):
+        assert getattr(parser.parse_args([f"--{name}"]), name) is True
+        assert getattr(parser.parse_args([f"--{name}", f"--no-{name}"]), name) is False
+        assert getattr(parser.parse_args([]), name) is False  # the default as before: no saved setting changes
+
+
+# ---------------------------------------------------------------------------------------------------
+# SimCSE as the thesis' section 3.2.4.3 and listing B.1: a two-way softmax per triplet, every entailment x contradiction
+# of a premise
+
+
+def test_the_pairwise_loss_by_hand():
+    """tau 1/2. Example 1: cos(a, p) = 1, cos(a, n) = 0, so -log(e^2 / (e^2 + 1)) = log(1 + e^-2); example 2:
+    cos(a, p) = 0, cos(a, n) = 1, log(1 + e^2) = 2 + log(1 + e^-2). Their mean: 1 + log(1 + e^-2). The lengths
+    (3, 2, 0.5) do not matter: cosines."""
+    anchor = torch.tensor([[3.0, 0.0], [0.0, 2.0]])
+    positive = torch.tensor([[0.5, 0.0], [1.0, 0.0]])
+    negative = torch.tensor([[0.0, 2.0], [0.0, 3.0]])
+    got = SIMCSE_OBJECTIVES["pairwise"](anchor, positive, negative, temperature=0.5)
+    assert got.item() == pytest.approx(1 + math.log(1 + math.exp(-2)))
+
+
+def test_the_thesis_pairing_reaches_the_runs_triplets(tmp_path):
+    rows = [("P", "e1", "entailment"), ("P", "c1", "contradiction"), ("P", "e2", "entailment"),
+            ("P", "c2", "contradiction"), ("P", "c3", "contradiction")]
+    path = tmp_path / "nli.jsonl"
+    path.write_text("".join(json.dumps({"premise": p, "hypothesis": h, "label": label}) + "\n" for p, h, label in rows))
+    counts = {pairing: len(load_triplets(TrainingArguments(option="finetune", simcse_data=[str(path)],
+                                                           simcse_pairing=pairing)))
+              for pairing in PAIRINGS}
+    assert counts == {"zip": 2, "product": 6}

@@ -1,10 +1,12 @@
 """NLI data for the SimCSE stage: labelled (premise, hypothesis) pairs read from JSON Lines, SentEval, SICK or
 triplet CSV files (see load_nli_pairs), and the (anchor, positive, hard negative) triplets made from them by
-pairing, per premise, its entailment hypotheses with its contradiction hypotheses (simcse.py trains on them).
+pairing, per premise, its entailment hypotheses with its contradiction hypotheses, one to one or every one with every
+one (simcse.py trains on them).
 """
 
 import csv
 import io
+import itertools
 import json
 import re
 import warnings
@@ -21,6 +23,7 @@ _INTEGER_LABELS = {0: "entailment", 1: "neutral", 2: "contradiction"}
 _NO_GOLD_LABELS = ("-", -1)
 _TRIPLET_HEADERS = (("premise", "positive", "negative"), ("sent0", "sent1", "hard_neg"))
 _SICK_COLUMNS = ("sentence_A", "sentence_B", "entailment_label")
+PAIRINGS = ("zip", "product")  # how a premise's entailments and contradictions become triplets (build_triplets)
 
 
 class NLIPair(NamedTuple):
@@ -200,7 +203,7 @@ def load_nli_pairs(path: str | Path, split: str | None = None) -> list[NLIPair]:
     - SentEval (s1.X, s2.X, labels.X, one example per line): the s1.X file, or the directory and split="X".
     - SICK (.txt, tab-separated with header): sentence_A is the premise, entailment_label the label.
     - Triplet CSV (.csv) with header premise,positive,negative (or SimCSE's sent0,sent1,hard_neg): each
-      row becomes an entailment and a contradiction pair, which build_triplets joins back unchanged.
+      row becomes an entailment and a contradiction pair, which build_triplets' "zip" joins back unchanged.
 
     Labels come back lower case, texts stripped. Anything malformed raises minbert.files.DataError
     ("path:line: problem").
@@ -208,9 +211,13 @@ def load_nli_pairs(path: str | Path, split: str | None = None) -> list[NLIPair]:
     return _read_nli_source(path, split)[0]
 
 
-def build_triplets(pairs: Iterable[NLIPair]) -> list[NLITriplet]:
-    """Pair each premise's entailment hypotheses with its contradiction hypotheses, both in input order:
-    min(#entailment, #contradiction) triplets per premise, premises in order of first appearance."""
+def build_triplets(pairs: Iterable[NLIPair], pairing: str = "zip") -> list[NLITriplet]:
+    """Each premise's entailment hypotheses paired with its contradiction hypotheses, premises in order of first
+    appearance, by `pairing` (PAIRINGS): "zip", the i-th entailment with the i-th contradiction, both in input order
+    (min(#entailment, #contradiction) triplets per premise); or "product", every entailment with every contradiction
+    (#entailment x #contradiction), entailments outermost, as the thesis' listing B.1 merges SNLI on the premise."""
+    if pairing not in PAIRINGS:
+        raise ValueError(f"unknown pairing {pairing!r}, expected one of {PAIRINGS}")
     hypotheses: dict[str, tuple[list[str], list[str]]] = {}
     for pair in pairs:
         entailed, contradicted = hypotheses.setdefault(pair.premise, ([], []))
@@ -218,10 +225,11 @@ def build_triplets(pairs: Iterable[NLIPair]) -> list[NLITriplet]:
             entailed.append(pair.hypothesis)
         elif pair.label == "contradiction":
             contradicted.append(pair.hypothesis)
+    pair_up = zip if pairing == "zip" else itertools.product
     return [
         NLITriplet(premise, positive, negative)
         for premise, (entailed, contradicted) in hypotheses.items()
-        for positive, negative in zip(entailed, contradicted)
+        for positive, negative in pair_up(entailed, contradicted)
     ]
 
 
@@ -232,9 +240,10 @@ def _duplicate_key(triplet: NLITriplet) -> tuple[str, ...]:
 
 
 def load_nli_triplets(
-    paths: Iterable[str | Path], dedupe: bool = True
+    paths: Iterable[str | Path], dedupe: bool = True, pairing: str = "zip"
 ) -> tuple[list[NLITriplet], list[NLISourceCounts]]:
-    """Triplets from several sources (each as for load_nli_pairs; SentEval as its s1.X file), in order.
+    """Triplets from several sources (each as for load_nli_pairs; SentEval as its s1.X file), in order, each source's
+    pairs made triplets by build_triplets' `pairing`.
 
     With dedupe, a triplet equal to an earlier one up to tokenization, whitespace and case is dropped,
     so the same data present twice (SNLI dev as SentEval and as JSONL) counts once; the first copy
@@ -246,7 +255,7 @@ def load_nli_triplets(
     for path in paths:
         pairs, skipped = _read_nli_source(path)
         kept, dropped = [], 0
-        for triplet in build_triplets(pairs):
+        for triplet in build_triplets(pairs, pairing):
             key = _duplicate_key(triplet)
             if dedupe and key in seen:
                 dropped += 1

@@ -4,9 +4,11 @@
     dora  m * (W + (alpha / r) B A) / ||W + (alpha / r) B A||_row applied to x, m starting at ||W||_row
                                                              (Liu et al. 2024; the norm is a constant in the
                                                              backward, as the paper's section 4.3 and peft)
-    pals  a projected attention layer beside each BERT layer: LN(h + SA(h) + V_D MH(V_E h)), V_E and V_D
-          shared across the layers of a task, MH a small multi-head attention per layer
-                                                             (Stickland & Murray 2019; V_D starts at zero)
+    pals  a projected attention layer beside each BERT layer, added to its attention sub-layer:
+          LN(h + SA(h) + V_D MH(V_E h)), then the feed-forward; V_E and V_D shared across the layers of a task,
+          MH a small multi-head attention per layer  (Stickland & Murray 2019's equation; V_D starts at zero).
+          Their released code and seed 003 add the same term at the layer's output instead,
+          LN(h_att + FFN(h_att) + V_D MH(V_E h)) with h_att = LN(h + SA(h)) (bert.py's BertLayer.forward).
 
 LoRA and DoRA wrap a layer's nn.Linear (kept as `base_layer`, as peft does). minBERT fuses Q, K and V
 into one `qkv` projection: targeting query and value adapts those row slices of it, each with its own

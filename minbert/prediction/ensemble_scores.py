@@ -6,7 +6,7 @@ teacher_scores); this module keeps the running sums, the selection and the repor
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +16,7 @@ from minbert.data.batches import DataError, load_split
 from minbert.data.scores import ScoresFileError, read_scores, scores_path
 from minbert.prediction.leaderboard import kept_model_score, overall_of, task_metrics
 from minbert.tasks import MULTITASK, RUN_TASKS, TASKS
+from minbert.tasks.calibration import calibration_path, read_calibration
 
 SPLITS = ("dev", "test")
 # The tasks a run saves scores of that ensembles combine, and how (each task's first method is the default).
@@ -30,16 +31,32 @@ class EnsembleError(ValueError):
 
 @dataclass
 class Member:
-    """One run's scores: (task, split) -> (ids, scores)."""
+    """One run's scores: (task, split) -> (ids, scores); calibrated (`temperatures`: by task), the logits of each
+    calibrated task divided by the temperature fitted on the run's dev set."""
     run_dir: Path
     scores: dict[tuple[str, str], tuple[list[str], np.ndarray]]
+    temperatures: dict[str, float] = field(default_factory=dict)
 
 
-def load_members(run_dirs: list[str | Path]) -> list[Member]:
-    """Every run's dev and test scores of the tasks any member has scores of; all members must have them all and
-    answer the same ids in the same order, and each run is given once: the same folder twice (however spelled), or
-    two folders of the same scores, would weigh one run double without saying so (--select may still choose a
-    member several times, and says so)."""
+def calibrate(member: Member) -> None:
+    """The member's logits of each calibrated task divided by the temperature fitted on its dev set (its
+    calibration.json), so that its class probabilities are calibrated ones; ScoresFileError when it has none."""
+    fitted = read_calibration(member.run_dir)
+    for (task, split), (ids, scores) in member.scores.items():
+        if not TASKS[task].calibrated:
+            continue
+        if task not in fitted:
+            raise ScoresFileError(f"{calibration_path(member.run_dir)}: no {task} temperature; rewrite it with "
+                                  f"scripts/calibrate.py {member.run_dir} --data_dir DIR")
+        member.temperatures[task] = fitted[task]["temperature"]
+        member.scores[(task, split)] = (ids, scores / member.temperatures[task])
+
+
+def load_members(run_dirs: list[str | Path], calibrated: bool = False) -> list[Member]:
+    """Every run's dev and test scores of the tasks any member has scores of, `calibrated` ones if asked (calibrate);
+    all members must have them all and answer the same ids in the same order, and each run is given once: the same
+    folder twice (however spelled), or two folders of the same scores, would weigh one run double without saying so
+    (--select may still choose a member several times, and says so)."""
     folders: dict[Path, Path] = {}
     for run_dir in map(Path, run_dirs):
         if not run_dir.is_dir():
@@ -64,6 +81,8 @@ def load_members(run_dirs: list[str | Path]) -> list[Member]:
                 raise ScoresFileError(f"{member.run_dir}: its scores are {earlier.run_dir}'s, all "
                                       f"{len(member.scores)} files; the same run twice (a copy) would count double, "
                                       "give it once")
+    for member in members if calibrated else ():
+        calibrate(member)
     return members
 
 
@@ -208,6 +227,8 @@ def build_ensemble(members: list[Member], gold: dict[str, np.ndarray], methods: 
     tasks = member_tasks(members)
     predictions, report = {}, {"members": [str(m.run_dir) for m in members], "methods": methods,
                                "selected_on_dev": select, "tasks": {}}
+    if any(member.temperatures for member in members):  # calibrated: what ensemble_train_scores divides by too
+        report["temperatures"] = {str(member.run_dir): member.temperatures for member in members}
     for task in tasks:
         dev = [m.scores[(task, "dev")][1] for m in members]
         single = member_metrics(task, dev, gold[task])
@@ -267,7 +288,9 @@ def ensemble_train_scores(report: dict) -> dict[str, tuple[list[str], np.ndarray
             continue
         if missing:
             raise ScoresFileError(f"{missing[0]}: no train scores; rerun that member with --score_train")
-        loaded = [read_scores(path, task) for path in paths]
+        temperatures = [report.get("temperatures", {}).get(run, {}).get(task, 1.0) for run in info["chosen"]]
+        loaded = [(ids, scores / t) for (ids, scores), t in zip((read_scores(path, task) for path in paths),
+                                                                 temperatures)]
         for path, (ids, _) in zip(paths[1:], loaded[1:]):
             if ids != loaded[0][0]:
                 raise ScoresFileError(f"{path}: its ids differ from those of {paths[0]}; members must have scored "

@@ -118,11 +118,13 @@ def _example(task: Task, example_id: str, texts: tuple[str, ...]) -> SentenceExa
     return SentenceExample(example_id, *texts, None) if len(texts) == 1 else PairExample(example_id, *texts, None)
 
 
-def prediction_records(task: Task, ids: Sequence[str], scores: np.ndarray) -> list[dict]:
-    """One JSON-ready record per example: its id, its label (a class, or STS's score), the score it was decided
-    from (SST's logits, QQP's logit, STS's 0-5 score) and, for a classification task, its class probabilities."""
-    values, labels = decided(task, scores)
-    probabilities = task.probabilities(values) if isinstance(task, Classification) else None
+def prediction_records(task: Task, ids: Sequence[str], scores: np.ndarray, temperature: float = 1.0,
+                       threshold: float | None = None) -> list[dict]:
+    """One JSON-ready record per example: its id, its label (a class, or STS's score; at a decision `threshold` if
+    given), the score it was decided from (SST's logits, QQP's logit, STS's 0-5 score) and, for a classification
+    task, its class probabilities, of the logits divided by `temperature` (one fitted on dev: calibrated ones)."""
+    values, labels = decided(task, scores, threshold)
+    probabilities = task.probabilities(values / temperature) if isinstance(task, Classification) else None
     records = []
     for index, example_id in enumerate(ids):
         record = {"id": example_id, "label": task.parse_prediction(task.format_prediction(labels[index])),

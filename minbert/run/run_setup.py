@@ -10,7 +10,6 @@ Bad input raises training_args.UsageError (one line for the command line to prin
 """
 from __future__ import annotations
 
-import dataclasses
 import warnings
 from functools import partial
 from pathlib import Path
@@ -24,27 +23,20 @@ from minbert.data.nli import load_nli_triplets
 from minbert.data.scores import ScoresFileError
 from minbert.distributed import SINGLE_PROCESS, Distributed
 from minbert.model.multitask_bert import MultitaskBERT, freeze_encoder
-from minbert.run.training_args import (CUDA_SAVE_MINUTES, TrainingArguments, UsageError, adapter_config,
-                                       check_max_length, check_writable, data_paths, distill_settings, distill_teachers,
-                                       distilled_tasks, lnsr_config, lnsr_tasks, prediction_paths, regularized_tasks,
-                                       run_schedule, run_task_settings, run_tasks, smart_configs)
-from minbert.runtime import pad_to_multiple_of, place_encoder, resolve_precision, seed_everything
+from minbert.run.run_settings import (adapter_config, distill_settings, distill_teachers, distilled_tasks, lnsr_config,
+                                      resolve_run_settings, run_schedule, run_task_settings, run_tasks)
+from minbert.run.training_args import (TrainingArguments, UsageError, check_max_length, check_writable, data_paths,
+                                       prediction_paths)
+from minbert.runtime import place_encoder, seed_everything
 from minbert.tasks import TASKS, data_flag, head_options
-from minbert.training.continual import L2SP, ElasticWeightConsolidation
-from minbert.training.distillation import SOFTENED_TASKS, Distillation, TeacherScores, TeacherSpans, load_teacher
+from minbert.training.distillation import SOFTENED_TASKS, TeacherScores, TeacherSpans, load_teacher
 from minbert.training.gradient_surgery import GradientSurgery
 from minbert.training.mlm import MaskedLanguageModelHead, load_mlm_head
 from minbert.training.optimization import build_optimizer
-from minbert.training.lnsr import LnsrPenalty
-from minbert.training.objective import Penalty
-from minbert.training.penalties import PENALTY_KINDS
-from minbert.training.regularization import SmartPenalty
+from minbert.training.penalties import build_penalties
 from minbert.training.schedules import Stage, StageKind, train_tasks
 from minbert.training.simcse import SIMCSE_OBJECTIVES
-from minbert.training.stage_transitions import TransitionSettings
 from minbert.training.trainer import SimcseStage, Trainer
-from minbert.training.loop import LoopConfig
-from smart import BregmanAnchor, SmartRegularizer, bregman_momentum
 from tokenizer import BertTokenizer
 
 
@@ -95,7 +87,7 @@ def load_triplets(args: TrainingArguments) -> list:
     """--simcse_data's NLI triplets (--simcse_max_examples of them), or none without a SimCSE stage."""
     if not args.simcse_data:
         return []
-    triplets, _ = load_nli_triplets(args.simcse_data)
+    triplets, _ = load_nli_triplets(args.simcse_data, pairing=args.simcse_pairing)
     if not triplets:
         raise ValueError(f"--simcse_data {' '.join(args.simcse_data)}: no (premise, entailed, contradicted) "
                          "triplets in these files")
@@ -203,76 +195,19 @@ def build_trainer(args: TrainingArguments, model: MultitaskBERT, tokenizer, data
                   device: torch.device, mlm_head: MaskedLanguageModelHead | None = None,
                   distributed: Distributed = SINGLE_PROCESS,
                   teacher: dict[str, TeacherScores | TeacherSpans] | None = None) -> Trainer:
-    """The run's Trainer, its objects built from the settings. Build it once the model is on its device and
-    the same on every rank (SMART's anchor copies the model's weights). `teacher`: --distill's scores
-    (distillation.load_teacher)."""
+    """The run's Trainer: its settings resolved for the model and the device in one pass (run_settings), then its
+    objects built from them. Build it once the model is on its device and the same on every rank (SMART's anchor
+    copies the model's weights). `teacher`: --distill's scores (distillation.load_teacher)."""
+    settings = resolve_run_settings(args, model.bert.config.num_hidden_layers, device)
+    optimizer = build_optimizer(model, settings.optimizer.lr, settings.optimizer.weight_decay,
+                                settings.optimizer.layerwise_lr_decay, mlm_head, settings.optimizer.compiled)
+    penalties = build_penalties(settings.penalties, model, teacher)
     simcse = None
     if triplets:
-        simcse = SimcseStage(triplets, partial(SIMCSE_OBJECTIVES[args.simcse_objective],
-                                               temperature=args.simcse_temperature), args.simcse_lr)
-    surgery = None if args.gradient_surgery == "none" else GradientSurgery(args.gradient_surgery, args.cagrad_c)
-    optimizer = build_optimizer(model, args.lr, args.weight_decay, args.layerwise_lr_decay, mlm_head, args.compile)
-    return Trainer(model, tokenizer, data, device, loop_config(args, device), optimizer,
-                   build_penalties(args, model, teacher), simcse, surgery, run_task_settings(args), mlm_head,
-                   distributed, dataclasses.asdict(args))
-
-
-def save_minutes(requested: float | None, device: torch.device) -> float:
-    """--save_every_minutes for the device: as given, or by default every CUDA_SAVE_MINUTES on a GPU (a Colab session
-    may end at any moment) and never on the CPU (short runs, whose saves would cost more than they keep)."""
-    if requested is not None:
-        return requested
-    return CUDA_SAVE_MINUTES if device.type == "cuda" else 0.0
-
-
-def loop_config(args: TrainingArguments, device: torch.device) -> LoopConfig:
-    """The training loop's settings; the precision resolved for the device."""
-    return LoopConfig(output_dir=Path(args.output_dir), lr=args.lr, seed=args.seed, batch_size=args.batch_size,
-                      eval_batch_size=args.eval_batch_size, max_length=args.max_length, num_workers=args.num_workers,
-                      grad_accumulation_steps=args.grad_accumulation_steps, max_grad_norm=args.max_grad_norm,
-                      lr_schedule=args.lr_schedule, warmup_ratio=args.warmup_ratio, schedule=args.schedule,
-                      epochs=args.epochs, precision=resolve_precision(device, args.precision), quiet=args.quiet,
-                      stop_after_stages=args.stop_after_stages, keep_stage_models=args.keep_stage_models,
-                      eval_train_examples=args.eval_train_examples, logging_steps=args.logging_steps,
-                      report_to=args.report_to, save_steps=args.save_steps,
-                      save_every_minutes=save_minutes(args.save_every_minutes, device),
-                      transitions=TransitionSettings(args.patience, args.stage_start, args.simcse_keep),
-                      pad_to_multiple_of=pad_to_multiple_of(device, args.compile))
-
-
-def build_penalties(args: TrainingArguments, model: MultitaskBERT,
-                    teacher: dict[str, TeacherScores | TeacherSpans] | None = None) -> list[Penalty]:
-    """The penalties of the run's task losses, in the order each task's objective applies them: distillation from
-    --distill's `teacher` scores, LNSR, SMART, EWC, L2-SP (built on the model as it is: the pretrained weights, before
-    a resume loads the run's), then those of minbert/training/penalties/ that their flags turn on."""
-    penalties = []
-    if teacher:
-        settings = distill_settings(args)
-        penalties.append(Distillation(teacher, args.distill_weight, args.distill_temperature,
-                                      {task: (s["weight"], s["temperature"]) for task, s in settings.items()}))
-    if args.lnsr:
-        num_layers = model.bert.config.num_hidden_layers
-        penalties.append(LnsrPenalty({task: lnsr_config(args, num_layers) for task in lnsr_tasks(args)}))
-    if regularized_tasks(args):
-        penalties.append(smart_penalty(args, model))
-    trainable = [name for name, p in model.named_parameters() if p.requires_grad]
-    if args.ewc_weight:  # the encoder (and shared adapters): a task's own head or adapters no other task trains
-        penalties.append(ElasticWeightConsolidation(model, args.ewc_weight, [name for name in trainable
-                                                                             if model.is_shared(name)],
-                                                    args.ewc_fisher_batches))
-    if args.l2sp_weight:  # BERT's own weights, all of them from the checkpoint; adapters start from no pretrained value
-        penalties.append(L2SP(model, args.l2sp_weight, [name for name in trainable
-                                                        if name.startswith("bert.") and ".adapters." not in name]))
-    built = (kind.build(args, model) for kind in PENALTY_KINDS.values())
-    return penalties + [penalty for penalty in built if penalty is not None]
-
-
-def smart_penalty(args: TrainingArguments, model: MultitaskBERT) -> SmartPenalty:
-    """SMART's regularizers of --smart_tasks, one Bregman anchor shared by every task that needs one."""
-    tasks = regularized_tasks(args)
-    configs = smart_configs(args)
-    anchor = None
-    if any(configs[task].bregman_weight > 0 for task in tasks):
-        anchor = BregmanAnchor(model, bregman_momentum(0, 1, args.smart_momentum))
-    return SmartPenalty({task: SmartRegularizer(model, configs[task], anchor) for task in tasks}, anchor,
-                        args.smart_momentum, args.smart_momentum_schedule, args.smart_anchor)
+        loss = partial(SIMCSE_OBJECTIVES[settings.simcse.objective], temperature=settings.simcse.temperature)
+        simcse = SimcseStage(triplets, loss, settings.simcse.lr)
+    surgery = None
+    if settings.gradient_surgery != "none":
+        surgery = GradientSurgery(settings.gradient_surgery, settings.cagrad_c)
+    return Trainer(model, tokenizer, data, device, settings.loop, optimizer, penalties, simcse, surgery,
+                   settings.task_settings, mlm_head, distributed, settings.record)

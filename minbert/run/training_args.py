@@ -7,10 +7,10 @@ stopped run and its --resume) and the `args` saved in checkpoints all read these
     parser = build_parser(TrainingArguments, description)
     args = from_namespace(TrainingArguments, parser.parse_args(argv))   # validated in __post_init__ (validate)
 
-Every flag is validated in one pass (validate) when the settings are made, before anything is read. The settings
-derived from several flags (the schedule, SMART's per-task configs, the distillation teachers...) are functions
-here; building a run from them is run_setup.py's. The course's per-file flags (--sst_train ... --sts_test_out) are
-generated from the task table, and each task's own options (--similarity_objective, --qa_max_length, ...) from its
+Every flag is validated in one pass (validate) when the settings are made, before anything is read, and the flags
+that name tasks are rewritten in the internal names (name_tasks). The settings derived from several flags (the
+schedule, SMART's per-task configs, the distillation teachers...) are run_settings.py's, and building a run from
+them is run_setup.py's. The course's per-file flags (--sst_train ... --sts_test_out) are generated from the task table, and each task's own options (--similarity_objective, --qa_max_length, ...) from its
 declaration (Task.options), which the task checks (Task.check_settings) and reads (tasks.task_settings).
 """
 from __future__ import annotations
@@ -27,27 +27,31 @@ from pathlib import Path
 
 from base_bert import CheckpointError
 from minbert.data.batches import standard_paths
+from minbert.data.nli import PAIRINGS
 from minbert.files import DataError, read_input_bytes, unwritable_folder
 from minbert.model.adapters import ADAPTERS as ADAPTER_KINDS
-from minbert.model.adapters import SHARINGS, TARGETS, AdapterConfig
+from minbert.model.adapters import SHARINGS, TARGETS
 from minbert.model.checkpoint import check_resume_settings
 from minbert.model.multitask_bert import HEAD_ACTIVATIONS, POOLINGS, parse_pair_encoders
 from minbert.run.run_record import RECORD_FILE, RECORD_KEYS
+from minbert.run.run_settings import (CUDA_SAVE_MINUTES, adapter_config, distill_settings, distill_teachers,
+                                      distilled_tasks, lnsr_config, regularized_tasks, run_schedule,
+                                      run_task_settings, run_tasks, smart_configs)
 from minbert.runtime import COMPILE_MODES, PRECISIONS, import_problem, requested_precision
 from minbert.step_log import REPORT_TO
 from minbert.tasks import (MULTITASK, PART1_TASKS, RUN_TASKS, SIMCSE_TASKS, SPLITS, TASK_FILES, TASKS, course_file_name,
-                           data_flag, default_output, output_flag, task_name, task_settings)
+                           data_flag, default_output, output_flag, task_name)
 from minbert.tasks.base import HEADS_GROUP
-from minbert.training.distillation import DISTILLED_TASKS, SOFTENED_TASKS
+from minbert.training.distillation import SOFTENED_TASKS
 from minbert.training.gradient_surgery import GRADIENT_SURGERIES, GradientSurgery
 from minbert.training.lnsr import LnsrConfig
 from minbert.training.penalties import PENALTY_FILES, PENALTY_KINDS
-from minbert.training.schedules import (LR_SCHEDULES, SCHEDULES, STAGE_STARTS, Stage, StageKind, build_schedule,
-                                        train_tasks, trained_heads)
+from minbert.training.schedules import LR_SCHEDULES, SCHEDULES, STAGE_STARTS, Stage, StageKind, trained_heads
 from minbert.training.simcse import SIMCSE_OBJECTIVES
-from smart import ANCHORS, MOMENTUM_SCHEDULES, NORM_LEVELS, NORMS
+from smart import ANCHOR_MODES, ANCHORS, MOMENTUM_SCHEDULES, NORM_LEVELS, NORMS
 from smart import PRECISIONS as SMART_PRECISIONS
-from smart import PROJECTIONS, SmartConfig
+from smart import REDUCTIONS as SMART_REDUCTIONS
+from smart import PROJECTIONS
 from tokenizer import shortest_max_length
 
 COURSE = "course options (defaults unchanged)"
@@ -65,7 +69,6 @@ FORGETTING = ("defences against forgetting in the sequential schedule (continual
 OPTIONS = ("pretrain", "finetune")  # --option: BERT frozen or trained
 THREE_TASK_STAGES = ("qqp", "sts,sst,qqp:0.03")  # --first_stages, --cycle of the three tasks: the thesis's order
 DEMO_STAGES = ("qqp", "sts,sst,qqp:0.25")  # --demo's, a shorter SMART schedule of the three tasks
-CUDA_SAVE_MINUTES = 20.0  # --save_every_minutes' default on a GPU: what a Colab disconnect can lose at most
 
 
 class UsageError(ValueError):
@@ -200,7 +203,7 @@ class TrainingArguments:
     eval_train_examples: int = flag(0, "also score this many train examples per task after each stage "
                                       "(train curves)", type=int)
     num_workers: int = flag(0, resume_free=True, type=int)
-    quiet: bool = flag(False, "no progress bars", resume_free=True, action="store_true")
+    quiet: bool = flag(False, "no progress bars", resume_free=True, action=argparse.BooleanOptionalAction)
     logging_steps: int = flag(50, "every N updates read the losses back from the device (progress bar, divergence "
                                 "check) and write a line of OUTPUT_DIR/steps.jsonl; the steps between never wait "
                                 "for the device", resume_free=True, type=int)
@@ -304,7 +307,8 @@ class TrainingArguments:
                             "4.3-4.9)", SCHEDULE, choices=STAGE_STARTS)
 
     # SMART.
-    smart: bool = flag(False, "regularise the tasks in --smart_tasks", SMART, action="store_true")
+    smart: bool = flag(False, "regularise the tasks in --smart_tasks (--no-smart: not, e.g. after a recipe's --smart)",
+                       SMART, action=argparse.BooleanOptionalAction)
     smart_tasks: str | None = flag(None, "default: every task of --tasks", group=SMART)
     smart_adv_weight: float = flag(1.0, "lambda_s", SMART, type=float)
     smart_bregman_weight: float = flag(1.0, "mu", SMART, type=float)
@@ -322,6 +326,11 @@ class TrainingArguments:
     smart_projection: str = flag("clamp", "how an ascent step returns to the eps-ball: clamp (every coordinate within "
                                  "+-eps) or rescale (each slice of --smart_norm_level rescaled to norm eps: with "
                                  "--smart_norm_level sentence, the thesis' listing A.4)", SMART, choices=PROJECTIONS)
+    smart_reduction: str = flag("sum", "how R_s reduces an example's divergence over the classes: sum (the symmetric "
+                                "KL) or max, the largest class's term (the thesis' listing A.1)", SMART,
+                                choices=SMART_REDUCTIONS)
+    smart_anchor_mode: str = flag("eval", "the Bregman anchor's forward: eval (dropout off, a fixed target) or train "
+                                  "(dropout on, as the thesis' copy of the model runs)", SMART, choices=ANCHOR_MODES)
     smart_noise_std: float = flag(1e-5, "sigma", SMART, type=float)
     smart_epsilon: float = flag(1e-5, "epsilon, radius of the ball", SMART, type=float)
     smart_step_size: float = flag(1e-3, "eta", SMART, type=float)
@@ -363,7 +372,12 @@ class TrainingArguments:
     simcse_data: list = flag([], "NLI files (.jsonl, SentEval s1.*, SICK.txt, premise,positive,negative .csv)",
                              SIMCSE, resume_free=True, nargs="*")
     simcse_epochs: int = flag(1, group=SIMCSE, type=int)
-    simcse_objective: str = flag("supervised", group=SIMCSE, choices=tuple(SIMCSE_OBJECTIVES))
+    simcse_objective: str = flag("supervised", "supervised: in-batch negatives (Gao et al.'s eq. 5); pairwise: each "
+                                 "anchor against its own positive and negative only (the thesis' section 3.2.4.3)",
+                                 SIMCSE, choices=tuple(SIMCSE_OBJECTIVES))
+    simcse_pairing: str = flag("zip", "how a premise's hypotheses become triplets: zip (its i-th entailment with its "
+                               "i-th contradiction) or product (every entailment with every contradiction, the "
+                               "thesis' listing B.1)", SIMCSE, choices=PAIRINGS)
     simcse_temperature: float = flag(0.05, "tau; logits scale = 1/tau", SIMCSE, type=float)
     simcse_lr: float = flag(2e-5, group=SIMCSE, type=float)
     simcse_max_examples: int | None = flag(None, group=SIMCSE, type=int)
@@ -390,6 +404,7 @@ class TrainingArguments:
         for name, value in task_derived_settings(run_tasks(self)).items():
             if getattr(self, name) is None:
                 setattr(self, name, value)
+        name_tasks(self)
         validate(self)
 
 
@@ -426,6 +441,42 @@ def task_derived_settings(tasks: tuple[str, ...], demo: bool = False) -> dict:
     else:
         first_stages, cycle = ",".join(tasks), ""
     return {"first_stages": first_stages, "cycle": cycle, "smart_tasks": ",".join(tasks)}
+
+
+def name_tasks(args: TrainingArguments) -> None:
+    """The flags that name tasks rewritten in the internal names and the run's order, each name one of the run's
+    --tasks (course aliases, case and spaces aside: `--smart_tasks "para, SST"` -> "sst,qqp"), so that what is
+    derived from them (run_settings) reads them as they are, the same in every process. A feature's own flags only
+    where it is on: --smart_tasks and --smart_override with --smart, --lnsr_tasks with --lnsr."""
+    tasks = run_tasks(args)
+    if args.smart:
+        args.smart_tasks = ",".join(_task_list(args.smart_tasks, "smart_tasks", tasks))
+        args.smart_override = [_named_override("smart_override", override, tasks) for override in args.smart_override]
+    if args.lnsr:
+        args.lnsr_tasks = ",".join(_task_list(args.lnsr_tasks, "lnsr_tasks", tasks))
+    args.distill_override = [_named_override("distill_override", override, tasks) for override in args.distill_override]
+
+
+def _task_list(text: str, flag: str, tasks: tuple[str, ...]) -> tuple[str, ...]:
+    """The tasks named in a comma-separated flag, each among the run's, in their order: what is built from them
+    (SMART's skipped steps in a checkpoint) comes out the same in every process."""
+    try:
+        named = {task_name(t, tasks) for t in text.split(",") if t.strip()}
+    except ValueError as err:
+        raise ValueError(f"--{flag}: {err} (the run's --tasks)") from None
+    return tuple(task for task in tasks if task in named)
+
+
+def _named_override(flag: str, override: str, tasks: tuple[str, ...]) -> str:
+    """A --FLAG TASK:key=value[,key=value] with TASK's internal name."""
+    name, _, settings = override.partition(":")
+    try:
+        task = task_name(name, tasks)
+    except ValueError:
+        task = None
+    if task is None or not settings:
+        raise ValueError(f"--{flag} {override!r}: expected TASK:key=value[,key=value]")
+    return f"{task}:{settings}"
 
 
 # -- validation: every flag, alone and against the others, in one pass before anything is read ------------------
@@ -530,9 +581,7 @@ def _check_smart_and_lnsr(args: TrainingArguments) -> None:
     _check(args.smart_momentum is None or (_finite(args.smart_momentum) and 0 <= args.smart_momentum < 1),
            f"--smart_momentum must be in [0, 1), got {args.smart_momentum}")
     if args.lnsr:
-        lnsr_tasks(args)
         lnsr_config(args, num_layers=None)  # LnsrConfig checks the weight, the noise and the layer
-    regularized_tasks(args)  # SMART's and LNSR's tasks must be among the run's
     if args.smart:
         smart_configs(args)
 
@@ -755,7 +804,7 @@ def _config_value(f: dataclasses.Field, value) -> dict:
             raise ValueError(f"must be an object of paths (or null) by flag name, some of {', '.join(flags)}")
         return dict(value)
     kwargs = meta["argparse"]
-    nullable = f.default is None or kwargs.get("action") is argparse.BooleanOptionalAction
+    nullable = f.default is None
     if value is None and nullable:
         return {f.name: None}
     number = isinstance(value, (int, float)) and not isinstance(value, bool)
@@ -816,132 +865,6 @@ def parse_tasks(text: str) -> tuple[str, ...]:
     if not named:
         raise ValueError(f"name at least one of {', '.join(RUN_TASKS)}")
     return tuple(task for task in RUN_TASKS if task in named)
-
-
-def run_tasks(args: TrainingArguments) -> tuple[str, ...]:
-    """The run's tasks (--tasks), in RUN_TASKS' order."""
-    return tuple(args.tasks.split(","))
-
-
-def run_task_settings(args: TrainingArguments) -> dict[str, object]:
-    """The tasks' own options as the run sets them (tasks.task_settings): what each task reads its own from."""
-    return task_settings(vars(args))
-
-
-def run_schedule(args: TrainingArguments) -> list[Stage]:
-    """The run's stages: schedules.build_schedule of --schedule, --first_stages, --cycle, --cycles, --epochs and the
-    SimCSE and mlm epochs."""
-    return build_schedule(args.schedule, args.first_stages, args.cycle, args.cycles, args.epochs,
-                          args.simcse_epochs if args.simcse_data else 0, args.mlm_epochs, run_tasks(args))
-
-
-def distilled_tasks(args: TrainingArguments, stages: list[Stage]) -> list[str]:
-    """The tasks that learn from a --distill teacher: those with one whose train split the stages read, in
-    distillation.DISTILLED_TASKS' order."""
-    teachers, trained = distill_teachers(args), train_tasks(stages, run_tasks(args))
-    return [task for task in DISTILLED_TASKS if task in teachers and task in trained]
-
-
-def _task_list(enabled: bool, text: str, flag: str, tasks: tuple[str, ...]) -> tuple[str, ...]:
-    """The tasks named in a comma-separated flag (none when its feature is off), each among the run's, in their
-    order: what is built from them (SMART's skipped steps in a checkpoint) comes out the same in every process."""
-    if not enabled:
-        return ()
-    try:
-        named = {task_name(t, tasks) for t in text.split(",") if t.strip()}
-    except ValueError as err:
-        raise ValueError(f"--{flag}: {err} (the run's --tasks)") from None
-    return tuple(task for task in tasks if task in named)
-
-
-def regularized_tasks(args: TrainingArguments) -> tuple[str, ...]:
-    """The tasks --smart regularises (none without --smart)."""
-    return _task_list(args.smart, args.smart_tasks, "smart_tasks", run_tasks(args))
-
-
-def smart_configs(args: TrainingArguments) -> dict[str, SmartConfig]:
-    """SMART settings per task: the global flags, then any --smart_override TASK:key=value,...
-    The Bregman anchor's momentum is shared by all tasks, so it is not among them."""
-    base = dict(adv_weight=args.smart_adv_weight, bregman_weight=args.smart_bregman_weight,
-                noise_std=args.smart_noise_std, epsilon=args.smart_epsilon, step_size=args.smart_step_size,
-                ascent_steps=args.smart_ascent_steps, norm=args.smart_norm, norm_level=args.smart_norm_level,
-                precision=args.smart_precision, projection=args.smart_projection)
-    per_task = task_overrides("smart_override", args.smart_override, base, run_tasks(args))
-    configs = {}
-    for task, values in per_task.items():
-        try:
-            configs[task] = SmartConfig(**values)
-        except ValueError as err:  # SmartConfig names its field: say which flag set it
-            field_name = next((name for name in values if str(err).startswith(f"SmartConfig: {name} ")), None)
-            if field_name is None:
-                raise
-            overridden = values[field_name] is not base[field_name]  # an override parses a new value (NaN too)
-            where = f"--smart_override {task}:{field_name}" if overridden else f"--smart_{field_name}"
-            raise ValueError(str(err).replace(f"SmartConfig: {field_name}", where, 1)) from None
-    return configs
-
-
-def distill_settings(args: TrainingArguments) -> dict[str, dict]:
-    """Distillation's teacher folder, weight and temperature per task: --distill / --distill_weight /
-    --distill_temperature, then any --distill_override TASK:key=value,... (a task's best weight differs, and a
-    specialist may teach its task best: RESULTS.md, "Distillation"). teacher "" means the task has none."""
-    base = dict(teacher=args.distill or "", weight=args.distill_weight, temperature=args.distill_temperature)
-    return task_overrides("distill_override", args.distill_override, base, run_tasks(args))
-
-
-def distill_teachers(args: TrainingArguments) -> dict[str, str]:
-    """The teacher folder of each task that has one."""
-    return {task: setting["teacher"] for task, setting in distill_settings(args).items() if setting["teacher"]}
-
-
-def task_overrides(flag: str, overrides: list[str], base: dict, tasks: tuple[str, ...]) -> dict[str, dict]:
-    """`base` for every task, then each --FLAG TASK:key=value[,key=value] applied to its task (each value of
-    its base value's type)."""
-    per_task = {task: dict(base) for task in tasks}
-    for override in overrides:
-        name, _, settings = override.partition(":")
-        try:
-            task = task_name(name, tasks)
-        except ValueError:
-            task = None
-        if task is None or not settings:
-            raise ValueError(f"--{flag} {override!r}: expected TASK:key=value[,key=value]")
-        for setting in settings.split(","):
-            key, _, value = setting.partition("=")
-            if key not in base:
-                raise ValueError(f"--{flag} {override!r}: unknown or shared setting {key!r}")
-            try:
-                per_task[task][key] = type(base[key])(value)
-            except ValueError:
-                raise ValueError(f"--{flag} {override!r}: {key} must be a "
-                                 f"{type(base[key]).__name__}, got {value!r}") from None
-    return per_task
-
-
-def lnsr_tasks(args: TrainingArguments) -> tuple[str, ...]:
-    """The tasks --lnsr regularises (none without --lnsr)."""
-    return _task_list(args.lnsr, args.lnsr_tasks, "lnsr_tasks", run_tasks(args))
-
-
-def lnsr_config(args: TrainingArguments, num_layers: int | None) -> LnsrConfig:
-    """LNSR's settings; the default layer b is L - 2 of the model's L layers (checked once L is known)."""
-    layer = args.lnsr_layer if args.lnsr_layer is not None else max(0, (num_layers or 2) - 2)
-    if num_layers is not None and layer >= num_layers:
-        raise ValueError(f"--lnsr_layer {layer} leaves no layer to measure in a {num_layers}-layer encoder; "
-                         f"use 0..{num_layers - 1}")
-    return LnsrConfig(args.lnsr_weight, layer, args.lnsr_noise_std)
-
-
-def adapter_config(args: TrainingArguments) -> AdapterConfig | None:
-    """The adapters of --adapter (None for none)."""
-    if args.adapter == "none":
-        return None
-    targets = tuple(t.strip() for t in args.adapter_targets.split(",") if t.strip())
-    try:
-        return AdapterConfig(args.adapter, args.adapter_rank, args.adapter_alpha, args.adapter_dropout, targets,
-                             args.adapter_sharing, args.pal_size)
-    except ValueError as err:
-        raise ValueError(f"--adapter {args.adapter}: {err}") from None
 
 
 def check_resume_arguments(saved: dict, args: TrainingArguments) -> None:

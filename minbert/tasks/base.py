@@ -13,6 +13,8 @@ of multitask_classifier.py, a --config and args.json key); its methods are its b
                  from the encoder's last hidden states; objective(options): loss, score, decision, SMART divergence
     predictions  decide(scores) -> predictions; metrics(predictions, gold) -> its history keys; kept_score;
                  evaluate(predictor, examples, chosen): a run's metrics of a split, with what they come from
+    calibration  `calibrated` (a classification task: its dev ECE, reliability diagram and temperature, calibration.py);
+                 has_threshold, decide_at(scores, threshold): a decision threshold chosen on dev (QQP's)
     files        format_prediction / parse_prediction: its leaderboard CSV cells; score_columns, write_scores,
                  read_scores: its saved scores; predict_scores and write_outputs: a run's leaderboard file and
                  scores of a split; train_scores and write_train_scores: --score_train's, which load_teacher reads
@@ -122,6 +124,10 @@ class Task(OwnOptions, ABC):
     # embeddings for what a similarity task measures. "" for the others.
     simcse_score: str = ""
     headless_output: str = "output"  # what its outputs are called in messages when it has no head: STS's "cosine"
+    # A classification task whose dev probabilities a run calibrates (tasks/calibration.py, reports/calibration.py):
+    # their ECE and reliability diagram, a temperature fitted on dev, which predict.py and ensembles apply when asked.
+    calibrated: bool = False
+    has_threshold: bool = False  # its decision is a threshold on one logit, which may be chosen on dev (decide_at)
 
     # -- files and flags ---------------------------------------------------------------------------
     @property
@@ -193,6 +199,10 @@ class Task(OwnOptions, ABC):
     @abstractmethod
     def decide(self, scores: Tensor) -> Tensor:
         """The predictions its saved scores decide: the one rule of a run's CSVs and an ensemble's members."""
+
+    def decide_at(self, scores: Tensor, threshold: float) -> Tensor:
+        """The predictions of its saved scores at a decision `threshold` (has_threshold's tasks)."""
+        raise ValueError(f"{self.name} has no decision threshold")
 
     @abstractmethod
     def metrics(self, predictions, gold) -> dict[str, float]:
@@ -339,11 +349,13 @@ class Task(OwnOptions, ABC):
         what load_teacher gave), in the space the runs save scores in; 0 where they agree."""
 
 
-def decided(task: Task, scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(the scores as a scores file holds them, `task`'s predictions decided from those): a run's leaderboard files
-    are decided from the scores as saved, so that an ensemble of this one run, or predict.py, decides the same."""
-    values = as_saved(scores)
-    return values, task.decide(torch.from_numpy(values)).numpy()
+def decided(task: Task, scores: np.ndarray, threshold: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(the scores as a scores file holds them, `task`'s predictions decided from those, at a decision `threshold`
+    chosen on dev if given): a run's leaderboard files are decided from the scores as saved, so that an ensemble of
+    this one run, or predict.py, decides the same."""
+    values = torch.from_numpy(as_saved(scores))
+    predictions = task.decide(values) if threshold is None else task.decide_at(values, threshold)
+    return values.numpy(), predictions.numpy()
 
 
 def prediction_rows(task: Task, where: str | os.PathLike, ids: Sequence, predictions: Sequence) -> list[tuple]:

@@ -23,6 +23,7 @@ from minbert.tasks.pairs import PAIR_COLUMNS, SentencePairs
 class Paraphrase(SentencePairs, Classification):
     text_columns: tuple[str, ...] = PAIR_COLUMNS
     num_classes: int = 2
+    has_threshold: bool = True  # the logit's, 0 unless chosen on dev
     score_columns = ("logit",)  # the duplicate logit: its sign is the prediction
 
     def feature_size(self, pair_encoders: Mapping[str, str], hidden: int) -> int:
@@ -37,6 +38,9 @@ class Paraphrase(SentencePairs, Classification):
 
     def decide(self, scores: Tensor) -> Tensor:
         return positive_logit(scores)
+
+    def decide_at(self, scores: Tensor, threshold: float) -> Tensor:
+        return (scores > threshold).long()  # at 0: decide's
 
     def metrics(self, predictions, gold) -> dict[str, float]:
         m = paraphrase_metrics(predictions, gold)
@@ -56,4 +60,4 @@ class Paraphrase(SentencePairs, Classification):
 
 TASK = Paraphrase(name="qqp", order=1, default=True, trainable=True, aliases=("quora", "para"), title="QQP",
                   file_prefix="quora", flag_prefix="para", label_column="is_duplicate",
-                  leaderboard_column="Predicted_Is_Paraphrase", head_name="paraphrase_head")
+                  leaderboard_column="Predicted_Is_Paraphrase", head_name="paraphrase_head", calibrated=True)

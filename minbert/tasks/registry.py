@@ -48,6 +48,9 @@ def check_task_modules(modules: Mapping[str, object]) -> dict[str, Task]:
         if not isinstance(task, Task):
             raise TaskModuleError(f"{file}: its TASK is a {type(task).__name__}, not a task "
                                   "(minbert.tasks.base.Task); a module of shared code defines no TASK")
+        if task.calibrated and not callable(getattr(task, "probabilities", None)):
+            raise TaskModuleError(f"{file}: its task is calibrated but has no class probabilities (a "
+                                  "minbert.tasks.classification.Classification's)")
         for claim in claims(task):
             owner = owners.setdefault(claim, file)
             if owner != file:

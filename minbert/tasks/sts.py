@@ -8,6 +8,7 @@ gold scores (mapped onto [0, 1] as (r + 1) / 2 in the course's overall score).
 """
 from __future__ import annotations
 
+import argparse
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -31,7 +32,7 @@ OPTIONS = (
                "2.5cos+2.5; cosent (sbert and hybrid STS)", argparse=dict(choices=SIMILARITY_OBJECTIVES)),
     TaskOption("sts_cosine_dropout", False, "--hidden_dropout_prob's dropout on both sentence embeddings before the "
                "STS cosine, as the thesis' listing A.6 does with its 2.5cos+2.5 (--similarity_objective shifted)",
-               argparse=dict(action="store_true")),
+               argparse=dict(action=argparse.BooleanOptionalAction)),
 )
 
 

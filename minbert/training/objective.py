@@ -179,7 +179,8 @@ class PenaltyKind:
     """A penalty in a file of minbert/training/penalties/ (its PENALTY): its flags, each a field of the run's settings
     and a flag of multitask_classifier.py; `check(settings)` refuses bad values (ValueError, one line naming the
     flag) before anything is read; `build(settings, model)` makes the run's Penalty, or None where its flags leave it
-    off. `settings`: the run's (run.training_args.TrainingArguments), read by the flags' names."""
+    off. `settings` holds the flags' values under their names: check's are all the run's
+    (run.training_args.TrainingArguments), build's the penalty's own (run_settings.penalty_settings)."""
     name: str
     flags: dict[str, PenaltyFlag]
     build: Callable[[object, MultitaskBERT], Penalty | None]

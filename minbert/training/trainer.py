@@ -79,7 +79,7 @@ class Trainer:
         `distributed`: this process's place under torchrun; each rank trains on its slice of every batch and
         only rank 0 writes. `settings`: the run's settings as plain values, saved in every checkpoint; `task_settings`:
         the tasks' own options (tasks.task_settings). `penalties`: what each task's objective adds to its loss, in
-        order (run_setup.build_penalties)."""
+        order (penalties.build_penalties)."""
         self.model, self.tokenizer, self.data, self.device, self.config = model, tokenizer, data, device, config
         self.optimizer, self.penalties = optimizer, penalties or []
         self.simcse, self.task_settings = simcse, task_settings or {}
@@ -92,18 +92,18 @@ class Trainer:
         use_tf32(device)
         self.tasks = tuple(data)  # the run's tasks, in tasks.RUN_TASKS' order
         self.run_log = RunLog(self.output_dir, config.report_to, distributed.is_main)
-        self.metrics_log = MetricsLog(self.output_dir, self.run_log, distributed.is_main)
-        self.steps = BatchSteps(model, device, config.precision, lambda: self.loop.state, self.penalties,
-                                simcse.loss if simcse is not None else None, gradient_surgery, mlm_head, distributed)
         splits = TokenizedSplits(tokenizer, model, config.max_length, self.task_settings)  # training and predictions
         quiet = config.quiet or not distributed.is_main
         self.predictor = Predictor(model, splits, device, PredictionSettings(
             config.eval_batch_size, config.max_length, self.precision, quiet), distributed)
+        self.metrics_log = MetricsLog(self.output_dir, self.run_log, distributed.is_main)
         self.evaluator = Evaluator(self.predictor, data, config.seed)
         self.stage_data = StageData(data, splits, triplets, config.batch_size, config.num_workers,
                                     config.pad_to_multiple_of, device, distributed, gradient_surgery is not None)
         self.transitions = StageTransitions(model, device, self.tasks, config.transitions, self.penalties,
                                             self.finished_block, distributed)
+        self.steps = BatchSteps(model, device, config.precision, lambda: self.loop.state, self.penalties,
+                                simcse.loss if simcse is not None else None, gradient_surgery, mlm_head, distributed)
         checkpoint = RunCheckpoint(self.steps, optimizer, self.transitions, self.output_dir, self.settings,
                                    self.data_sha256)
         self.loop = StepLoop(self.steps, self.stage_data, config, optimizer, checkpoint, self.run_log, self.penalties,
