@@ -9,7 +9,9 @@ The sentences: the first --per_task dev texts of each of --tasks (a pair's first
 model; a sentence's representation at a layer is its tokens' mean state there (minbert/reports/cka.py), in float32.
 For each run it writes OUTPUT_DIR/NAME.json (every pair of its models' CKA per layer, on all the sentences and on
 each task's, and each stage's with its start) and OUTPUT_DIR/NAME.png (the heat map of the latter); with two runs or
-more, OUTPUT_DIR/compare.png: a panel per stage and one for the last model against the pretrained one, a line per run.
+more, OUTPUT_DIR/compare.png (a line per run: a panel per stage against its start, then the last stage against stage
+1 and against the pretrained model) and OUTPUT_DIR/compare_by_task.png (the last stage against stage 1 on each task's
+sentences).
 """
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ import torch
 
 from base_bert import CheckpointError
 from bert import BertModel
-from minbert.data.batches import DataError
+from minbert.data.batches import DataError, show_data_warnings_on_one_line
 from minbert.files import atomic_write_text, unwritable_folder
 from minbert.model.multitask_bert import MultitaskBERT, load_multitask_checkpoint
 from minbert.reports.cka import (cka_matrices, dev_sentences, layer_representations, plot_cka_comparison,
@@ -100,17 +102,22 @@ def write_run(result: dict, name: str, output_dir: Path) -> None:
     print(f"wrote {output_dir / name}.json and .png")
 
 
-def comparison_curves(results: dict[str, dict]) -> dict[str, dict[str, list[float]]]:
-    """compare.png's panels: a panel per stage position (the first run's labels), then the last model against the
-    pretrained one; each {run name -> CKA per layer} on all the sentences."""
+def comparison_curves(results: dict[str, dict], span: str = "all") -> dict[str, dict[str, list[float]]]:
+    """compare.png's panels on the sentences of `span`: one per stage position (the first run's labels) against the
+    model it began from, then the last stage against stage 1 and against the pretrained model; each {run name ->
+    CKA per layer}."""
     first = next(iter(results.values()))
     panels = {}
     for position, model in enumerate(first["models"][1:]):
-        panels[f"{model} vs its start"] = {name: r["with_start"]["all"][position] for name, r in results.items()
-                                           if position < len(r["with_start"]["all"])}
-    panels["last stage vs pretrained"] = {name: [layer[-1][0] for layer in r["matrices"]["all"]]
-                                          for name, r in results.items()}
-    return panels
+        panels[f"{model} vs its start"] = {name: r["with_start"][span][position] for name, r in results.items()
+                                           if position < len(r["with_start"][span])}
+    return {**panels, **last_against(results, 1, span), **last_against(results, 0, span)}
+
+
+def last_against(results: dict[str, dict], model: int, span: str) -> dict[str, dict[str, list[float]]]:
+    """One panel: each run's last model against its model `model` (0: the pretrained one), on `span`'s sentences."""
+    title = f"last stage vs {'stage 1' if model else 'pretrained'}" + (f", {span} sentences" if span != "all" else "")
+    return {title: {name: [layer[-1][model] for layer in r["matrices"][span]] for name, r in results.items()}}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -137,6 +144,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    show_data_warnings_on_one_line()
     problem = unwritable_folder(args.output_dir)
     if problem:
         print(f"error: {problem}", file=sys.stderr)
@@ -152,9 +160,12 @@ def main(argv=None) -> int:
     for name, result in results.items():
         write_run(result, name, args.output_dir)
     if len(results) > 1:
-        plot_cka_comparison(comparison_curves(results), next(iter(results.values()))["layers"],
-                            args.output_dir / "compare.png")
-        print(f"wrote {args.output_dir / 'compare.png'}")
+        plot_cka_comparison(comparison_curves(results), args.output_dir / "compare.png")
+        by_task = {}
+        for span in next(iter(results.values()))["sentences"]:
+            by_task.update(last_against(results, 1, span))
+        plot_cka_comparison(by_task, args.output_dir / "compare_by_task.png")
+        print(f"wrote {args.output_dir / 'compare.png'} and compare_by_task.png")
     return 0
 
 

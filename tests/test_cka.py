@@ -182,7 +182,11 @@ def test_the_script_compares_each_kept_stage_with_its_start(tiny_checkpoint, tmp
     for stage, start in enumerate(result["started_from"][1:]):
         np.testing.assert_allclose(result["with_start"]["qqp"][stage], np.array(result["matrices"]["qqp"])[:, stage + 1, start])
     assert matrix.shape == (3, 4, 4) and np.all((matrix > 0) & (matrix <= 1))
-    assert all((out / name).stat().st_size > 0 for name in ("a.png", "b.png", "compare.png"))
+    assert all((out / name).stat().st_size > 0 for name in ("a.png", "b.png", "compare.png", "compare_by_task.png"))
+    panels = stage_cka.comparison_curves({"a": result})
+    assert list(panels) == [f"{model} vs its start" for model in result["models"][1:]] + \
+        ["last stage vs stage 1", "last stage vs pretrained"]
+    np.testing.assert_allclose(panels["last stage vs stage 1"]["a"], matrix[:, 3, 1])
 
 
 def test_the_script_refuses_a_run_without_stage_models_in_one_line(tmp_path, capsys):

@@ -133,20 +133,26 @@ def plot_stage_cka(values: np.ndarray, stages: Sequence[str], layers: Sequence[s
     return save_figure(fig, path)
 
 
-def plot_cka_comparison(curves: Mapping[str, Mapping[str, Sequence[float]]], layers: Sequence[str],
-                        path: str | Path) -> Path:
-    """One panel per comparison (title -> {run name -> CKA per layer}), a line per run, the layers along x."""
+def plot_cka_comparison(curves: Mapping[str, Mapping[str, Sequence[float]]], path: str | Path,
+                        columns: int = 4) -> Path:
+    """One panel per comparison (title -> {run name -> CKA per layer, the embeddings first}), a line per run, the
+    layers along x; `columns` panels a row."""
     plt = pyplot()
-    fig, axes = plt.subplots(1, len(curves), figsize=(3.2 * len(curves), 3.4), sharey=True, squeeze=False)
+    rows = -(-len(curves) // columns)
+    columns = min(columns, len(curves))
+    fig, axes = plt.subplots(rows, columns, figsize=(3.3 * columns, 2.9 * rows), sharey=True, squeeze=False)
     bottom = min(min(values) for panel in curves.values() for values in panel.values())
-    for ax, (title, panel) in zip(axes[0], curves.items()):
+    for ax, (title, panel) in zip(axes.flat, curves.items()):
         for name, values in panel.items():
             ax.plot(range(len(values)), values, marker="o", markersize=3, label=name)
         ax.set_title(title, fontsize=9)
-        ax.set_xticks(range(len(layers)), [layer.replace("layer ", "") for layer in layers], fontsize=7)
+        ax.set_xticks(range(len(next(iter(panel.values())))))
         ax.set_ylim(min(0.5, bottom - 0.02), 1.005)
         ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("linear CKA")
+    for ax in list(axes.flat)[len(curves):]:
+        ax.set_visible(False)
+    for row in axes:
+        row[0].set_ylabel("linear CKA")
     axes[0][0].legend(fontsize=7)
-    fig.supxlabel("layer (0: embeddings)", fontsize=9)
+    fig.supxlabel("layer (0: the embeddings)", fontsize=9)
     return save_figure(fig, path)
