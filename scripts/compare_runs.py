@@ -9,7 +9,9 @@ separable (minbert/reports/bootstrap.py says how).
         ewc=results/cpu_forgetting/ewc_1e6,results/cpu_forgetting/ewc_1e6_seed1,results/cpu_forgetting/ewc_1e6_seed2
 
 An arm is NAME=RUN[,RUN...], or one run's folder (named by its folder). A run's dev CSVs are found as
-scripts/error_analysis.py finds them (its recorded paths, else RUN/predictions/).
+scripts/error_analysis.py finds them (its recorded paths, else RUN/predictions/). With --part1 the runs are
+classifier.py's (the handout's part 1): a RUN is the --predictions_dir of one --option, holding
+OPTION-{sst,cfimdb}-dev-out.csv, and the columns are SST's and CFIMDB's accuracy.
 """
 from __future__ import annotations
 
@@ -22,11 +24,14 @@ import numpy as np
 from evaluation import PredictionsFileError
 from minbert.data.batches import DataError, show_data_warnings_on_one_line
 from minbert.reports.bootstrap import OVERALL, Arm, Comparison, compare
-from minbert.run.run_outputs import predictions_and_gold
-from minbert.tasks import MULTITASK, TASKS
+from minbert.run.run_outputs import part1_predictions_and_gold, predictions_and_gold
+from minbert.tasks import MULTITASK, PART1_TASKS, TASKS
 
-COLUMNS = [*((task, f"{TASKS[task].title} {TASKS[task].score_key.split('_')[-1]}") for task in MULTITASK),
-           (OVERALL, "overall")]
+
+def columns(tasks: tuple[str, ...]) -> list[tuple[str, str]]:
+    """The table's (key, title) columns: each task's score, and the overall score for the course's three tasks."""
+    scores = [(task, f"{TASKS[task].title} {TASKS[task].score_key.split('_')[-1]}") for task in tasks]
+    return scores + ([(OVERALL, "overall")] if tuple(tasks) == MULTITASK else [])
 
 
 def parse_arm(text: str) -> tuple[str, list[Path]]:
@@ -46,6 +51,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--data_dir", required=True, help="the course's dev files the runs predicted")
     parser.add_argument("--replicates", type=int, default=2000)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--part1", action="store_true", help="the runs are classifier.py's (SST, CFIMDB)")
     args = parser.parse_args(argv)
     if args.replicates < 100:
         parser.error(f"--replicates must be >= 100 for a 95% interval, got {args.replicates}")
@@ -55,27 +61,28 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def read_arm(name: str, runs: list[Path], data_dir: Path) -> Arm:
+def read_arm(name: str, runs: list[Path], data_dir: Path, part1: bool = False) -> Arm:
     loaded = []
     for run in runs:
-        pairs = predictions_and_gold(run, data_dir)
+        pairs = part1_predictions_and_gold(run, data_dir) if part1 else predictions_and_gold(run, data_dir)
         loaded.append({task: (np.asarray(predictions, dtype=np.float64), np.asarray(gold, dtype=np.float64))
                        for task, (predictions, gold) in pairs.items()})
     return Arm(name, loaded)
 
 
-def table(comparison: Comparison, arms: list[Arm]) -> list[str]:
-    lines = ["| arm | runs | " + " | ".join(title for _, title in COLUMNS) + " |",
-             "|---|---|" + "---|" * len(COLUMNS)]
+def table(comparison: Comparison, arms: list[Arm], tasks: tuple[str, ...] = MULTITASK) -> list[str]:
+    shown = columns(tasks)
+    lines = ["| arm | runs | " + " | ".join(title for _, title in shown) + " |",
+             "|---|---|" + "---|" * len(shown)]
     for arm in arms:
         cells = [f"{e.value:.4f} [{e.low:.4f}, {e.high:.4f}]"
-                 for e in (comparison.scores[arm.name][key] for key, _ in COLUMNS)]
+                 for e in (comparison.scores[arm.name][key] for key, _ in shown)]
         lines.append(f"| {arm.name} | {len(arm.runs)} | " + " | ".join(cells) + " |")
     first = arms[0].name
     for arm in arms[1:]:
         lines += ["", f"{arm.name} - {first} (paired over the same dev examples):", "",
                   "| score | difference [95% interval] | p | |", "|---|---|---|---|"]
-        for key, title in COLUMNS:
+        for key, title in shown:
             d = comparison.differences[arm.name][key]
             verdict = ("higher" if d.value > 0 else "lower") if d.separable else "not separable"
             lines.append(f"| {title} | {d.value:+.4f} [{d.low:+.4f}, {d.high:+.4f}] | {d.p:.3f} | {verdict} |")
@@ -87,15 +94,16 @@ def table(comparison: Comparison, arms: list[Arm]) -> list[str]:
 def main(argv=None) -> int:
     args = parse_args(argv)
     show_data_warnings_on_one_line()
+    tasks = PART1_TASKS if args.part1 else MULTITASK
     try:
-        arms = [read_arm(name, runs, Path(args.data_dir)) for name, runs in args.arms]
+        arms = [read_arm(name, runs, Path(args.data_dir), args.part1) for name, runs in args.arms]
     except (DataError, PredictionsFileError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    comparison = compare(arms, MULTITASK, args.replicates, args.seed)
+    comparison = compare(arms, tasks, args.replicates, args.seed)
     print(f"{args.replicates} bootstrap replicates (seed {args.seed}) over the dev examples of {args.data_dir}"
           + (" and over each arm's runs" if any(len(arm.runs) > 1 for arm in arms) else "") + "\n")
-    print("\n".join(table(comparison, arms)))
+    print("\n".join(table(comparison, arms, tasks)))
     return 0
 
 

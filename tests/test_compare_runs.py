@@ -8,7 +8,7 @@ import compare_runs
 from conftest import DEMO
 from minbert.data.batches import load_split
 from minbert.reports.bootstrap import OVERALL, Arm, compare, run_scores
-from minbert.tasks import MULTITASK, TASKS
+from minbert.tasks import MULTITASK, PART1_TASKS, TASKS
 
 
 def demo_run(tmp_path, name: str, flip: float, seed: int):
@@ -118,3 +118,33 @@ def test_bad_arms_are_refused_in_one_line(tmp_path, capsys):
         with pytest.raises(SystemExit) as exit_info:
             compare_runs.main(["--data_dir", str(DEMO), *argv])
         assert exit_info.value.code == 2 and problem in capsys.readouterr().err
+
+
+def part1_predictions(tmp_path, name: str, option: str, flip: float, seed: int):
+    """classifier.py's --predictions_dir of one --option, wrong on about `flip` of the demo's dev examples."""
+    generator = np.random.default_rng(seed)
+    folder = tmp_path / name
+    for task in PART1_TASKS:
+        examples = load_split(DEMO, task, "dev")
+        gold = np.array([e.label for e in examples])
+        predicted = np.where(generator.random(len(gold)) < flip, (gold + 1) % TASKS[task].num_classes, gold)
+        TASKS[task].write_predictions(folder / f"{option}-{task}-dev-out.csv", [e.id for e in examples],
+                                      predicted.tolist())
+    return folder
+
+
+def test_the_script_compares_part1_runs_by_their_accuracies(tmp_path, capsys):
+    frozen = [part1_predictions(tmp_path, f"pretrain_s{s}", "pretrain", 0.6, s) for s in range(2)]
+    tuned = [part1_predictions(tmp_path, f"finetune_s{s}", "finetune", 0.1, s) for s in range(2)]
+    assert compare_runs.main(["--part1", "--data_dir", str(DEMO), "--replicates", "200",
+                              "frozen=" + ",".join(map(str, frozen)), "tuned=" + ",".join(map(str, tuned))]) == 0
+    out = capsys.readouterr().out
+    assert "| arm | runs | SST acc | CFIMDB acc |" in out and "overall" not in out
+    accuracy = np.mean([np.mean(predicted == gold) for predicted, gold in
+                        (run["cfimdb"] for run in compare_runs.read_arm("t", tuned, DEMO, part1=True).runs)])
+    tuned_row = next(line for line in out.splitlines() if line.startswith("| tuned | 2 |"))
+    assert tuned_row.split(" | ")[3].startswith(f"{accuracy:.4f} [")  # the mean of the two runs' accuracies
+    assert next(line for line in out.splitlines() if line.startswith("| CFIMDB acc |")).endswith("| higher |")
+    part1_predictions(tmp_path, "pretrain_s0", "finetune", 0.1, 0)  # a second option's files in the same folder
+    assert compare_runs.main(["--part1", "--data_dir", str(DEMO), str(frozen[0])]) == 2
+    assert "expected one OPTION-sst-dev-out.csv (classifier.py's), found 2" in capsys.readouterr().err

@@ -11,9 +11,9 @@ import json
 from pathlib import Path
 
 from minbert.data.batches import load_split
-from minbert.prediction.leaderboard import check_predictions_file
+from minbert.prediction.leaderboard import PredictionsFileError, check_predictions_file
 from minbert.run.run_record import recorded_path, working_dir_of
-from minbert.tasks import MULTITASK, default_output, output_flag
+from minbert.tasks import MULTITASK, PART1_TASKS, default_output, output_flag
 
 
 def run_settings(run: Path) -> dict:
@@ -37,9 +37,23 @@ def dev_csv(run: Path, task: str) -> Path:
 
 def predictions_and_gold(run: Path, data_dir: Path) -> dict[str, tuple[list, list]]:
     """(predictions, gold) per task in the order of the dev file."""
+    return {task: _paired(dev_csv(run, task), data_dir, task) for task in MULTITASK}
+
+
+def part1_predictions_and_gold(run: Path, data_dir: Path) -> dict[str, tuple[list, list]]:
+    """predictions_and_gold of classifier.py's dev CSVs (part 1: SST, CFIMDB), from a folder holding one --option's
+    (its --predictions_dir: OPTION-TASK-dev-out.csv)."""
     pairs = {}
-    for task in MULTITASK:
-        gold = {example.id: example.label for example in load_split(data_dir, task, "dev")}
-        predicted = check_predictions_file(dev_csv(run, task), gold.keys(), task)
-        pairs[task] = ([predicted[i] for i in gold], list(gold.values()))
+    for task in PART1_TASKS:
+        found = sorted(run.glob(f"*-{task}-dev-out.csv"))
+        if len(found) != 1:
+            raise PredictionsFileError(f"{run}: expected one OPTION-{task}-dev-out.csv (classifier.py's), found "
+                                       f"{len(found)}{': ' + ', '.join(p.name for p in found) if found else ''}")
+        pairs[task] = _paired(found[0], data_dir, task)
     return pairs
+
+
+def _paired(path: Path, data_dir: Path, task: str) -> tuple[list, list]:
+    gold = {example.id: example.label for example in load_split(data_dir, task, "dev")}
+    predicted = check_predictions_file(path, gold.keys(), task)
+    return [predicted[i] for i in gold], list(gold.values())

@@ -5,6 +5,7 @@ stages gives way to the next, and SMART's anchor reset before every stage (--sma
 """
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Callable
 
@@ -14,10 +15,10 @@ from base_bert import CheckpointError
 from minbert.distributed import SINGLE_PROCESS, Distributed
 from minbert.model.multitask_bert import MultitaskBERT, load_trained_tensors, trained_tensors
 from minbert.prediction.leaderboard import kept_model_score
-from minbert.tasks import SIMCSE_TASKS
+from minbert.tasks import RUN_TASKS, SIMCSE_TASKS
 from minbert.training.objective import FinishedBlock, Penalty
 from minbert.training.schedules import (Stage, StageKind, block_length, multi_epoch_stages, patience_exhausted,
-                                        trained_heads)
+                                        tasks_trained_by, trained_heads)
 from minbert.training.training_state import TrainingState
 
 BLOCK_BEST_KEY = "block_best."  # the best stage's tensors in a checkpoint
@@ -153,3 +154,32 @@ class StageTransitions:
             raise ValueError(f"block_best names stage {saved['index']}, but the tensors kept of it "
                              f"({len(kept)}) are not the model's trained ones")
         self.block_best = None if saved is None else BlockBest(saved["index"], saved["score"], kept)
+
+
+def stage_starts(history: Sequence[Mapping], stage_start: str = "last", simcse_keep: str = "last") -> list[int | None]:
+    """For each record of a run's history (record 0: the model before training), the position of the record whose
+    weights its stage began from (None for record 0): the record before it, except for the first stage after a block
+    of two or more equal stages that --stage_start best (--simcse_keep best for SimCSE) resolves, which began from
+    the block's stage with the best dev score (the first of equal ones), as prepare_next_stage decides. Blocks are
+    runs of equal stage labels; the history alone decides, since the trainer records no start."""
+    starts: list[int | None] = [None]
+    block = 1  # the position of the first record of the block under way
+    for position in range(1, len(history)):
+        if position > 1 and history[position]["stage"] != history[position - 1]["stage"]:
+            starts.append(_block_best(history, range(block, position), stage_start, simcse_keep))
+            block = position
+        else:
+            starts.append(position - 1)
+    return starts
+
+
+def _block_best(history: Sequence[Mapping], block: range, stage_start: str, simcse_keep: str) -> int:
+    """What the stage after `block` (positions of its records) began from: stage_starts' rule."""
+    label = history[block[-1]]["stage"]
+    simcse = label == StageKind.SIMCSE.value
+    tasks = set(SIMCSE_TASKS) if simcse else tasks_trained_by(label, RUN_TASKS)  # mlm: none
+    policy = simcse_keep if simcse else stage_start if tasks else "last"
+    if policy != "best" or len(block) < 2:
+        return block[-1]
+    scores = [kept_model_score(history[position], tasks) for position in block]
+    return block[scores.index(max(scores))]

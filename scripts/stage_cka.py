@@ -1,0 +1,173 @@
+"""Where a sequential run rewrites its encoder (issue 46, item 4): linear CKA, layer by layer, between each stage's
+model (RUN/stage_N, which --keep_stage_models saves) and the model that stage began from: the one before it, the
+best stage of the block before it under --stage_start best, the pretrained model for stage 1.
+
+    python scripts/stage_cka.py runs/forgetting_none runs/forgetting_bregman --names none,bregman \\
+        --data_dir ../shared/data/protocol --output_dir results/cpu_forgetting_cka
+
+The sentences: the first --per_task dev texts of each of --tasks (a pair's first sentence), the same for every
+model; a sentence's representation at a layer is its tokens' mean state there (minbert/reports/cka.py), in float32.
+For each run it writes OUTPUT_DIR/NAME.json (every pair of its models' CKA per layer, on all the sentences and on
+each task's, and each stage's with its start) and OUTPUT_DIR/NAME.png (the heat map of the latter); with two runs or
+more, OUTPUT_DIR/compare.png (a line per run: a panel per stage against its start, then the last stage against stage
+1 and against the pretrained model) and OUTPUT_DIR/compare_by_task.png (the last stage against stage 1 on each task's
+sentences).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from base_bert import CheckpointError
+from bert import BertModel
+from minbert.data.batches import DataError, show_data_warnings_on_one_line
+from minbert.files import atomic_write_text, unwritable_folder
+from minbert.model.multitask_bert import MultitaskBERT, load_multitask_checkpoint
+from minbert.reports.cka import (cka_matrices, dev_sentences, layer_representations, plot_cka_comparison,
+                                 plot_stage_cka, sentence_spans, with_start)
+from minbert.run.run_record import recorded_pretrained
+from minbert.run.training_args import OneLineErrorParser
+from minbert.tasks import MULTITASK, task_name
+from minbert.training.stage_transitions import stage_starts
+from tokenizer import BertTokenizer
+
+STAGE_FILE = re.compile(r"stage_(\d+)\.json")
+REPRESENTATION = ("each sentence's mean token state after the embeddings and after each layer (float32, eval mode, "
+                  "each task's sentences through its own adapters)")
+
+
+def stage_checkpoints(run: Path) -> list[tuple[Path, dict]]:
+    """(prefix, metadata) of the run's stage_N checkpoints, by N; the metadata is the checkpoint's JSON."""
+    numbered = sorted((int(m.group(1)), path) for path in run.glob("stage_*.json")
+                      if (m := STAGE_FILE.fullmatch(path.name)))
+    if not numbered:
+        raise CheckpointError(f"{run}: no stage_N checkpoints (train the run with --keep_stage_models)")
+    stages = []
+    for _, path in numbered:
+        try:
+            metadata = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as err:
+            raise CheckpointError(f"{path}: cannot read it ({type(err).__name__}: {err})") from None
+        if not (isinstance(metadata, dict) and isinstance(metadata.get("metrics"), dict)
+                and "stage" in metadata["metrics"] and isinstance(metadata.get("args"), dict)):
+            raise CheckpointError(f"{path}: not a stage checkpoint's metadata (no metrics with a stage, or no args)")
+        stages.append((path.with_suffix(""), metadata))
+    return stages
+
+
+def representations(run: Path, stages: list[tuple[Path, dict]], sentences: dict, batch_size: int) -> list:
+    """layer_representations of the pretrained model the run began from, then of each stage's model."""
+    pretrained = recorded_pretrained(stages[0][0], stages[0][1])
+    tokenizer = BertTokenizer.from_pretrained(pretrained)
+    max_length = stages[0][1]["args"].get("max_length", 128)
+    device = torch.device("cpu")
+    models = [lambda: MultitaskBERT(BertModel.from_pretrained(pretrained))]
+    models += [lambda prefix=prefix: load_multitask_checkpoint(prefix, device)[0] for prefix, _ in stages]
+    arrays = []
+    for index, load in enumerate(models):
+        arrays.append(layer_representations(load(), sentences, tokenizer, device, batch_size, max_length))
+        print(f"{run}: model {index + 1} of {len(models)} encoded", flush=True)
+    return arrays
+
+
+def analyse(run: Path, sentences: dict, batch_size: int) -> dict:
+    """The JSON of one run: its models, where each stage began, and the CKA matrices."""
+    stages = stage_checkpoints(run)
+    settings = stages[0][1]["args"]
+    history = [{"stage": "pretrained"}] + [metadata["metrics"] for _, metadata in stages]
+    starts = stage_starts(history, settings.get("stage_start", "last"), settings.get("simcse_keep", "last"))
+    arrays = representations(run, stages, sentences, batch_size)
+    matrices = cka_matrices(arrays, sentence_spans(sentences))
+    layers = ["embeddings"] + [f"layer {i}" for i in range(1, arrays[0].shape[0])]
+    models = [settings["pretrained"]] + [f"stage {m['metrics']['index']} ({m['metrics']['stage']})" for _, m in stages]
+    return {"run": str(run), "representation": REPRESENTATION,
+            "sentences": {task: len(examples) for task, examples in sentences.items()},
+            "layers": layers, "models": models, "started_from": starts,
+            "with_start": {name: np.round(with_start(m, starts), 5).tolist() for name, m in matrices.items()},
+            "matrices": {name: np.round(m, 5).tolist() for name, m in matrices.items()}}
+
+
+def write_run(result: dict, name: str, output_dir: Path) -> None:
+    atomic_write_text(output_dir / f"{name}.json", json.dumps(result, indent=1) + "\n")
+    stages = [f"{model} vs {result['models'][start]}"
+              for model, start in zip(result["models"], result["started_from"]) if start is not None]
+    title = f"{name}: each stage against the model it began from (linear CKA, {sum(result['sentences'].values())} dev sentences)"
+    plot_stage_cka(np.array(result["with_start"]["all"]), stages, result["layers"], title, output_dir / f"{name}.png")
+    print(f"wrote {output_dir / name}.json and .png")
+
+
+def comparison_curves(results: dict[str, dict], span: str = "all") -> dict[str, dict[str, list[float]]]:
+    """compare.png's panels on the sentences of `span`: one per stage position (the first run's labels) against the
+    model it began from, then the last stage against stage 1 and against the pretrained model; each {run name ->
+    CKA per layer}."""
+    first = next(iter(results.values()))
+    panels = {}
+    for position, model in enumerate(first["models"][1:]):
+        panels[f"{model} vs its start"] = {name: r["with_start"][span][position] for name, r in results.items()
+                                           if position < len(r["with_start"][span])}
+    return {**panels, **last_against(results, 1, span), **last_against(results, 0, span)}
+
+
+def last_against(results: dict[str, dict], model: int, span: str) -> dict[str, dict[str, list[float]]]:
+    """One panel: each run's last model against its model `model` (0: the pretrained one), on `span`'s sentences."""
+    title = f"last stage vs {'stage 1' if model else 'pretrained'}" + (f", {span} sentences" if span != "all" else "")
+    return {title: {name: [layer[-1][model] for layer in r["matrices"][span]] for name, r in results.items()}}
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = OneLineErrorParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("runs", nargs="+", type=Path, help="run folders holding stage_N.safetensors + .json")
+    parser.add_argument("--names", help="comma-separated, one per run (default: the folders' names)")
+    parser.add_argument("--data_dir", default="data", help="the course files (their dev splits)")
+    parser.add_argument("--output_dir", type=Path, required=True)
+    parser.add_argument("--tasks", default=",".join(MULTITASK), help="whose dev sentences (default: %(default)s)")
+    parser.add_argument("--per_task", type=int, default=500, help="dev sentences per task (default: %(default)s)")
+    parser.add_argument("--batch_size", type=int, default=64)
+    args = parser.parse_args(argv)
+    args.names = args.names.split(",") if args.names else [run.name for run in args.runs]
+    if len(args.names) != len(args.runs) or len(set(args.names)) != len(args.names):
+        parser.error(f"--names: give {len(args.runs)} different names, one per run, got {len(args.names)}")
+    if args.per_task < 2:
+        parser.error(f"--per_task: CKA needs at least 2 sentences per task, got {args.per_task}")
+    try:
+        args.tasks = [task_name(task, MULTITASK) for task in args.tasks.split(",") if task.strip()]
+    except ValueError as err:
+        parser.error(f"--tasks: {err}")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    show_data_warnings_on_one_line()
+    problem = unwritable_folder(args.output_dir)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
+    try:
+        for run in args.runs:  # every run checked before any model loads
+            stage_checkpoints(run)
+        sentences = dev_sentences(args.data_dir, args.tasks, args.per_task)
+        results = {name: analyse(run, sentences, args.batch_size) for name, run in zip(args.names, args.runs)}
+    except (DataError, CheckpointError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    for name, result in results.items():
+        write_run(result, name, args.output_dir)
+    if len(results) > 1:
+        plot_cka_comparison(comparison_curves(results), args.output_dir / "compare.png")
+        by_task = {}
+        for span in next(iter(results.values()))["sentences"]:
+            by_task.update(last_against(results, 1, span))
+        plot_cka_comparison(by_task, args.output_dir / "compare_by_task.png")
+        print(f"wrote {args.output_dir / 'compare.png'} and compare_by_task.png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
