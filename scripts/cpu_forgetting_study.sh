@@ -11,6 +11,8 @@
 #   simcse      the thesis' supervised SimCSE before the schedule (THESIS_SIMCSE_FLAGS), scaled as the tasks are: one
 #               epoch over 2,000 triplets of the offline NLI files (CPU_NLI_FILES; the thesis: 3 over SNLI), the
 #               encoder going on from the end of it; no defence in the schedule itself
+#   lnsr        LNSR on every task (AllBERT's constants: lambda 0.005, sigma^2 1e-5, noise at layer L - 2): a
+#               smoothness regulariser rather than a defence, the robustness study's third arm (issue 47)
 #   ewc         EWC, lambda EWC_WEIGHT (default 1e6), the diagonal Fisher of each finished block's first 100 batches
 #   l2sp        L2-SP, alpha L2SP_WEIGHT (default 0.01), towards the pretrained weights
 #   lora        per-task LoRA (rank 16, every linear layer) over the frozen encoder: no forgetting by construction
@@ -30,11 +32,12 @@ case "$DEFENCE" in
     thesis_smart) FLAGS=("${THESIS_SMART_FLAGS[@]}") ;;
     simcse) FLAGS=("${THESIS_SIMCSE_FLAGS[@]}" --simcse_data "${CPU_NLI_FILES[@]}" --simcse_epochs 1
                    --simcse_max_examples 2000) ;;
+    lnsr) FLAGS=(--lnsr --lnsr_tasks sst,qqp,sts) ;;
     ewc) FLAGS=(--ewc_weight "${EWC_WEIGHT:-1000000}") ;;
     l2sp) FLAGS=(--l2sp_weight "${L2SP_WEIGHT:-0.01}") ;;
     lora) FLAGS=(--option pretrain --adapter lora --lr 1e-3 --adapter_rank 16 --adapter_alpha 16
                  --adapter_targets query,key,value,attention_output,ffn_in,ffn_out) ;;
-    *) echo "cpu_forgetting_study.sh: DEFENCE must be none, rehearsal, bregman, thesis_smart, simcse, ewc, l2sp or lora," \
+    *) echo "cpu_forgetting_study.sh: DEFENCE must be none, rehearsal, bregman, thesis_smart, simcse, lnsr, ewc, l2sp or lora," \
             "got '$DEFENCE'" >&2
        exit 2 ;;
 esac

@@ -254,13 +254,15 @@ def test_gpu_check_runs_named_checks_and_tables_them_with_the_ones_recorded_befo
 
 def test_the_forgetting_study_runs_each_defence_and_refuses_an_unknown_one():
     flags = {defence: launched_commands("cpu_forgetting_study.sh", DEFENCE=defence)[0]
-             for defence in ("none", "rehearsal", "bregman", "thesis_smart", "simcse", "ewc", "l2sp", "lora")}
+             for defence in ("none", "rehearsal", "bregman", "thesis_smart", "simcse", "lnsr", "ewc", "l2sp",
+                                                                           "lora")}
     assert "--ewc_weight" in flags["ewc"] and "--l2sp_weight" in flags["l2sp"] and "--adapter" in flags["lora"]
     assert "--smart_bregman_weight" in flags["bregman"] and "qqp,sts*2,sst*2,qqp:0.03" in flags["rehearsal"]
     thesis = " ".join(flags["thesis_smart"])  # R_s on, as the listings reduce it, D_Breg anchored to each epoch's start
     assert all(setting in thesis for setting in ("--smart_adv_weight 5", "--smart_reduction max",
                                                  "--smart_anchor stage_start", "--smart_anchor_mode train"))
     assert "--simcse_data" in flags["simcse"] and "--simcse_objective" in flags["simcse"]
+    assert "--lnsr" in flags["lnsr"] and "sst,qqp,sts" in flags["lnsr"]
     assert not {"--smart", "--simcse_data"} & set(flags["none"])
     assert not {"--ewc_weight", "--l2sp_weight", "--adapter", "--smart"} & set(flags["none"])
     result = subprocess.run(["bash", str(ROOT / "scripts" / "cpu_forgetting_study.sh")],
