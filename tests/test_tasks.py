@@ -7,7 +7,7 @@ import sys
 import pytest
 
 import minbert.tasks as tasks
-from conftest import DEMO
+from conftest import DEMO, tiny_model
 from minbert.tasks import (MULTITASK, PART1_TASKS, RUN_TASKS, SIMCSE_TASKS, SPLITS, TASKS, course_file_name, data_flag,
                            default_output, output_flag, task_name)
 from minbert.tasks.base import Task
@@ -209,3 +209,12 @@ def test_kept_scores_are_on_0_to_1():
     metrics = {"sst_acc": 0.5, "qqp_acc": 0.75, "sts_pearson": -0.2, "qa_f1": 0.6}
     assert [TASKS[t].kept_score(metrics) for t in RUN_TASKS] == [0.5, 0.75, pytest.approx(0.4), 0.6]
     assert dataclasses.replace(TASKS["sts"], name="sim").score_key == "sim_pearson"
+
+
+@pytest.mark.parametrize("head_name", ["bert", "dropout", "forward"])
+def test_a_head_named_like_one_of_the_models_attributes_is_refused(monkeypatch, head_name):
+    import minbert.model.multitask_bert as multitask_bert
+    monkeypatch.setitem(multitask_bert.TASKS, "sst", dataclasses.replace(TASKS["sst"], head_name=head_name))
+    with pytest.raises(ValueError, match=rf"^task 'sst': its head_name '{head_name}' is already an attribute of "
+                                         "MultitaskBERT"):
+        tiny_model()

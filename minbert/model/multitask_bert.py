@@ -162,7 +162,11 @@ class MultitaskBERT(nn.Module):
             features = dict.fromkeys(features, self.head_hidden)
         for task in self.tasks:
             if self.has_linear_head(task):  # a head without features of its own reads every hidden state (SQuAD's)
-                setattr(self, TASKS[task].head_name, TASKS[task].build_head(features.get(task, hidden)))
+                name = TASKS[task].head_name
+                if hasattr(self, name):  # setattr would silently replace the model's own module or method
+                    raise ValueError(f"task {task!r}: its head_name {name!r} is already an attribute of "
+                                     "MultitaskBERT; name the head something else in its task module")
+                setattr(self, name, TASKS[task].build_head(features.get(task, hidden)))
 
     def head_options(self) -> dict:
         """What rebuilds the model's heads (a checkpoint's "heads": MultitaskBERT(bert, **head_options())), the tasks'
