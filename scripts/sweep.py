@@ -100,6 +100,7 @@ class Sweep:
     pruner: str
     startup_trials: int
     heartbeat: int
+    enqueued: tuple[dict, ...] = ()  # configurations queued before the sampler's, e.g. a recipe's own settings
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -215,6 +216,43 @@ def check_space(space: tuple[Parameter, ...], base: list[str], space_path: Path,
                              "it off; leave it out of the base flags")
         for value in parameter.values_to_check():
             parse_run(base + flag_tokens(parameter.name, value, actions) + scratch, f"{where} = {json.dumps(value)}")
+
+
+def read_enqueued(path: Path, space: tuple[Parameter, ...], base: list[str]) -> tuple[dict, ...]:
+    """--enqueue's configurations (a JSON object of the space's parameters, or a list of them), each a point of the
+    space that multitask_classifier.py accepts: SweepError naming the file and the parameter otherwise."""
+    try:
+        content = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as err:
+        raise SweepError(f"--enqueue {path}: cannot read it ({err.strerror or err})") from None
+    except (UnicodeDecodeError, ValueError) as err:
+        raise SweepError(f"--enqueue {path}: not a JSON file ({err})") from None
+    configurations = content if isinstance(content, list) else [content]
+    if not configurations or not all(isinstance(c, dict) for c in configurations):
+        raise SweepError(f"--enqueue {path}: expected a JSON object of the space's parameters, or a list of them")
+    actions, names = flag_actions(), [p.name for p in space]
+    for configuration in configurations:
+        unknown = [name for name in configuration if name not in names]
+        if unknown:
+            raise SweepError(f"--enqueue {path}: {unknown[0]!r} is not a parameter of the space")
+        words = []
+        for p in space:
+            where = f"--enqueue {path}: {p.name!r}"
+            searched = all(name in configuration and configuration[name] in values for name, values in p.when)
+            if p.name not in configuration:
+                if searched:
+                    raise SweepError(f"{where} is missing (a queued configuration gives every parameter it searches)")
+                continue
+            value = configuration[p.name]
+            if not searched:
+                raise SweepError(f"{where} is given but its 'when' does not hold, so a trial would not search it")
+            inside = value in p.choices if p.kind == "choices" else (
+                _is(value, int if p.kind == "int" else (int, float)) and p.low <= value <= p.high)
+            if not inside:
+                raise SweepError(f"{where} = {json.dumps(value)} is outside the space")
+            words += flag_tokens(p.name, value, actions)
+        parse_run(base + words + ["--output_dir", tempfile.gettempdir()], f"--enqueue {path}")
+    return tuple(configurations)
 
 
 def check_base(base: list[str]) -> None:
@@ -583,7 +621,16 @@ def open_study(sweep: Sweep):
         changed = [key for key in identity if recorded.get(key) != identity[key]]
         raise SweepError(f"--study {sweep.study}: it was begun with another {', '.join(changed)} "
                          f"({sweep.storage}); give those of its first run or name a new study")
+    for configuration in sweep.enqueued:  # once: a configuration already queued or run is not queued again
+        study.enqueue_trial(stored_params(sweep.space, configuration), skip_if_exists=True)
     return study
+
+
+def stored_params(space: tuple[Parameter, ...], configuration: dict) -> dict:
+    """A configuration as Optuna stores it: a choice among lists (a flag of several words) by its JSON text, as
+    suggest() asks for it."""
+    textual = {p.name for p in space if p.kind == "choices" and any(isinstance(c, (list, dict)) for c in p.choices)}
+    return {name: json.dumps(value) if name in textual else value for name, value in configuration.items()}
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -684,6 +731,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--storage", help="an SQLAlchemy database URL (default: sqlite:///SWEEPS/STUDY.db)")
     parser.add_argument("--heartbeat", type=int, default=60, help="seconds between a worker's signs of life; a "
                         "trial silent for 3 of them is continued by another worker")
+    parser.add_argument("--enqueue", type=Path, help="a JSON object of the space's parameters (or a list of them): "
+                        "configurations the first trials take, e.g. a recipe's own settings; queued once")
     parser.add_argument("base", nargs=argparse.REMAINDER, help="-- then multitask_classifier.py's flags")
     args = parser.parse_args(argv)
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", args.study):
@@ -701,12 +750,13 @@ def make_sweep(args: argparse.Namespace) -> Sweep:
     check_base(args.base)
     space = read_space(args.space)
     check_space(space, args.base, args.space, args.seeds)
+    enqueued = read_enqueued(args.enqueue, space, args.base) if args.enqueue else ()
     first_seed = parse_run(args.base + ["--output_dir", tempfile.gettempdir()], "the base flags after --").seed
     folder = args.sweeps_dir / args.study
     storage = args.storage or f"sqlite:///{(args.sweeps_dir / f'{args.study}.db').resolve()}"
     return Sweep(args.study, folder, storage, space, tuple(args.base), args.objective, args.direction,
                  tuple(first_seed + i for i in range(args.seeds)), args.trials, args.timeout, args.pruner,
-                 args.startup_trials, args.heartbeat)
+                 args.startup_trials, args.heartbeat, enqueued)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -121,6 +121,49 @@ def test_conditional_parameters_and_switches_become_the_flags_of_the_run():
     assert sweep.flag_tokens("lnsr", False, actions) == []
 
 
+@pytest.mark.parametrize("configuration, problem", [
+    ({"lr": 1e-3, "smart": False, "dropout": 0.1}, "'dropout' is not a parameter of the space"),
+    ({"lr": 1e-3, "smart": True}, "'smart_adv_weight' is missing"),
+    ({"lr": 1e-3, "smart": False, "smart_adv_weight": 2.0}, "'smart_adv_weight' is given but its 'when' does not hold"),
+    ({"lr": 1.0, "smart": False}, "'lr' = 1.0 is outside the space"),
+    ([], "expected a JSON object"),
+])
+def test_a_bad_enqueue_file_is_refused_in_one_line(tmp_path, capsys, tiny_checkpoint, configuration, problem):
+    (tmp_path / "first.json").write_text(json.dumps(configuration))
+    argv = sweep_flags(tmp_path) + ["--enqueue", str(tmp_path / "first.json"), "--", *base_flags(tiny_checkpoint)]
+    line = refusal(capsys, argv)
+    assert problem in line and "first.json" in line
+    assert not (tmp_path / "sweeps").exists()
+
+
+def test_an_enqueued_configuration_is_the_first_trial_and_is_queued_once(tmp_path, tiny_checkpoint):
+    (tmp_path / "first.json").write_text(json.dumps({"lr": 1e-3, "smart": True, "smart_adv_weight": 4.0}))
+    argv = sweep_flags(tmp_path) + ["--enqueue", str(tmp_path / "first.json"), "--", *base_flags(tiny_checkpoint)]
+    (tmp_path / "sweeps").mkdir()
+    for _ in range(2):  # a rerun of the same command does not queue it again
+        study = sweep.open_study(sweep.make_sweep(sweep.parse_args(argv)))
+    assert [t.state for t in study.trials] == [optuna.trial.TrialState.WAITING]
+    trial = study.ask()
+    assert sweep.suggest(trial, sweep.read_space(tmp_path / "space.json")) == {"lr": 1e-3, "smart": True,
+                                                                              "smart_adv_weight": 4.0}
+
+
+def test_the_cpu_best_sweep_recipes_space_and_first_trial_fit_its_base_run(tiny_checkpoint):
+    """scripts/sweep_cpu_best.sh's space and its queued recipe settings pass the sweep's checks on cpu_best.sh's
+    flags (the sweep refuses them before any trial otherwise: an hours-long study should not fail at its start)."""
+    flags = subprocess.run(["bash", "-c", 'source scripts/_common.sh; printf "%s\\n" "${CPU_FLAGS[@]}" '
+                            '"${BEST_FLAGS[@]}"'], cwd=ROOT, capture_output=True, text=True, check=True)
+    base = [*flags.stdout.split(), "--data_dir", str(DEMO), "--pretrained", str(tiny_checkpoint)]
+    spaces = ROOT / "scripts" / "sweep_spaces"
+    argv = ["--study", "cpu_best", "--space", str(spaces / "cpu_best.json"), "--enqueue",
+            str(spaces / "cpu_best_recipe.json"), "--", *base]
+    made = sweep.make_sweep(sweep.parse_args(argv))
+    recipe = dict(made.enqueued[0])
+    words = [w for name, value in recipe.items() for w in sweep.flag_tokens(name, value, sweep.flag_actions())]
+    assert sweep.parse_run(base + ["--output_dir", "x"], "base") == sweep.parse_run(
+        base + words + ["--output_dir", "x"], "base")  # the queued trial is cpu_best.sh's own run
+
+
 # ---------------------------------------------------------------------------------------------------
 # Sweeps
 
