@@ -3,6 +3,7 @@ clean score, with the drop's bootstrap 95% interval paired over the same example
 
     python scripts/robustness.py runs/demo --data_dir data/demo --max_examples 200 --attack_examples 50
     python scripts/robustness.py runs/other --perturbed_dir runs/demo/robustness/perturbed   # the same inputs
+    python scripts/robustness.py runs/a runs/b runs/c --output_dir runs/abc_robustness --perturbed_dir ...  # ensemble
 
 Families (--families): char (adjacent swap, insertion, deletion, keyboard typo) and word (deletion, adjacent swap,
 a near neighbour in the model's input-embedding space) noise at each of --rates, on a seeded subset of
@@ -17,6 +18,11 @@ decide, whatever the flags say), so that other runs are scored on exactly the sa
 a --data_dir that predict.py reads too. Writes OUTPUT_DIR/robustness.md and robustness.json (clean, perturbed and
 drop [95% interval] per task and variant), greedy-TASK.jsonl (each example's attack) and greedy/ (the texts the
 greedy attack ended with, in the course's format).
+
+Several runs are scored as their ensemble (--output_dir required; scripts/ensemble.py's `mean`: the mean class
+probabilities, the mean STS score), a greedy query being one ensemble evaluation and the embedding attack one shared
+perturbation ascending the members' mean gold loss; they must share the first run's max_length, hidden size and
+tokenizer vocabulary, whose word neighbours are used (docs/robustness_suite.md#an-ensemble-of-runs).
 """
 from __future__ import annotations
 
@@ -31,7 +37,6 @@ from base_bert import CheckpointError
 from minbert.data.batches import load_split
 from minbert.files import (DataError, OutputError, atomic_write_text, locked_folder, show_data_warnings_on_one_line,
                            unwritable_folder)
-from minbert.model.multitask_bert import load_multitask_checkpoint
 from minbert.robustness.embedding_attack import EmbeddingAttack
 from minbert.robustness.greedy_attack import GreedyAttack
 from minbert.robustness.neighbours import EmbeddingNeighbours
@@ -39,11 +44,11 @@ from minbert.robustness.perturbed_sets import PerturbedSets, SetOptions, make_se
 from minbert.robustness.report import markdown_table
 from minbert.robustness.suite import embedding_rows, greedy_rows, noise_rows
 from minbert.robustness.text_noise import CHAR_KINDS, WORD_KINDS, Noise
-from minbert.run.kept_model import checkpoint_prefix, kept_predictor
+from minbert.run.kept_ensemble import check_members, load_scored
 from minbert.run.run_outputs import run_settings
 from minbert.run.run_record import recorded_path, working_dir_of
 from minbert.runtime import resolve_device, seed_everything, use_tf32
-from minbert.tasks import MULTITASK, TASKS, TEXT_TASKS, course_file_name, task_name
+from minbert.tasks import TASKS, TEXT_TASKS, course_file_name, task_name
 from minbert.tasks.course_files import write_examples
 
 FAMILIES = ("char", "word", "embedding", "greedy")
@@ -64,12 +69,13 @@ def names(text: str, allowed: tuple[str, ...], flag: str, parser: argparse.Argum
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("run", help="a run's folder (its kept model, best) or a checkpoint prefix")
-    parser.add_argument("--data_dir", help="the course's dev files (default: the run's own --data_dir)")
+    parser.add_argument("runs", nargs="+", metavar="run", help="a run's folder (its kept model, best) or a checkpoint "
+                        "prefix; several: their ensemble")
+    parser.add_argument("--data_dir", help="the course's dev files (default: the (first) run's own --data_dir)")
     parser.add_argument("--tasks", help=f"comma-separated, some of {', '.join(TEXT_TASKS)} (default: the model's)")
     parser.add_argument("--families", default=",".join(FAMILIES),
                         help=f"comma-separated, some of {', '.join(FAMILIES)}")
-    parser.add_argument("--output_dir", type=Path, help="default: RUN/robustness")
+    parser.add_argument("--output_dir", type=Path, help="default: RUN/robustness (an ensemble: required)")
     parser.add_argument("--perturbed_dir", type=Path, help="the noisy sets: read when it holds a manifest, else made "
                         "there (default: OUTPUT_DIR/perturbed)")
     parser.add_argument("--rates", type=float, nargs="+", default=[0.05, 0.1, 0.2],
@@ -94,6 +100,9 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_args(argv=None) -> argparse.Namespace:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if len(args.runs) > 1 and args.output_dir is None:
+        parser.exit(2, f"{parser.prog}: error: --output_dir: name the folder for the ensemble of {len(args.runs)} "
+                       "runs' files\n")
     args.tasks = names(args.tasks, TEXT_TASKS, "--tasks", parser) if args.tasks else None
     args.families = names(args.families, FAMILIES, "--families", parser)
     for flag, value, low in (("--max_examples", args.max_examples, 0), ("--attack_examples", args.attack_examples, 1),
@@ -117,38 +126,24 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def model_tasks(prefix: Path) -> list[str]:
-    """The tasks the checkpoint has heads for, read from its JSON (before its weights load)."""
-    try:
-        heads = json.loads(prefix.with_suffix(".json").read_text(encoding="utf-8")).get("heads", {})
-        return list(heads.get("tasks", MULTITASK))
-    except (OSError, UnicodeDecodeError, ValueError, AttributeError):
-        return list(MULTITASK)  # loading the checkpoint names what is wrong with it
-
-
-def check_inputs(args: argparse.Namespace) -> tuple[Path, list[str], Path, PerturbedSets | dict]:
-    """Everything the flags name, before the model loads: the checkpoint, the tasks, the sets' folder, and the sets
-    read from it (checked), or when it has none yet the dev examples to make them from."""
-    prefix = checkpoint_prefix(args.run)
-    has = model_tasks(prefix)
-    tasks = args.tasks or [task for task in TEXT_TASKS if task in has]
-    lacking = [task for task in tasks if task not in has]
-    if lacking or not tasks:
-        raise CheckpointError(f"{prefix}: the model has no {', '.join(lacking) or 'sentence task'} head "
-                              f"(it has {', '.join(has)})")
-    args.output_dir = args.output_dir or (Path(args.run) if Path(args.run).is_dir() else prefix.parent) / "robustness"
+def check_inputs(args: argparse.Namespace) -> tuple[list[Path], list[str], Path, PerturbedSets | dict]:
+    """Everything the flags name, before a model loads: the checkpoints (members of one ensemble, checked), the
+    tasks, the sets' folder, and the sets read from it (checked), or when it has none yet the dev examples to make
+    them from (the first run's --data_dir by default)."""
+    prefixes, tasks = check_members(args.runs, args.tasks)
+    run = Path(args.runs[0])
+    args.output_dir = args.output_dir or (run if run.is_dir() else prefixes[0].parent) / "robustness"
     sets_dir = args.perturbed_dir or args.output_dir / "perturbed"
     for folder in {args.output_dir, sets_dir}:
         problem = unwritable_folder(folder)
         if problem:
             raise OutputError(problem)
     if read_manifest(sets_dir) is not None:
-        return prefix, tasks, sets_dir, read_sets(sets_dir, tasks)
-    settings = run_settings(Path(args.run)) if Path(args.run).is_dir() else {}
-    data_dir = args.data_dir or recorded_path(settings.get("data_dir") or "data", working_dir_of(Path(args.run),
-                                                                                               settings))
+        return prefixes, tasks, sets_dir, read_sets(sets_dir, tasks)
+    settings = run_settings(run) if run.is_dir() else {}
+    data_dir = args.data_dir or recorded_path(settings.get("data_dir") or "data", working_dir_of(run, settings))
     args.data_dir = str(data_dir)
-    return prefix, tasks, sets_dir, {task: load_split(data_dir, task, "dev") for task in tasks}
+    return prefixes, tasks, sets_dir, {task: load_split(data_dir, task, "dev") for task in tasks}
 
 
 def say(args: argparse.Namespace):
@@ -188,17 +183,28 @@ def write_greedy(output_dir: Path, task: str, outcomes: list) -> None:
                    TASKS[task].text_columns, TASKS[task].label_column)
 
 
-def write_report(args, prefix: Path, sets, rows: list, seconds: dict, outcomes: dict, sets_dir: Path) -> None:
-    settings = {"run": str(args.run), "checkpoint": str(prefix), "perturbed_dir": str(sets_dir),
-                "families": args.families, "attack_examples": args.attack_examples,
+def scored(args: argparse.Namespace, prefixes: list[Path]) -> tuple[dict, str, str]:
+    """What was scored: the record's keys naming it, the report's title, and what an interval covers."""
+    if len(prefixes) == 1:
+        return ({"run": str(args.runs[0]), "checkpoint": str(prefixes[0])}, f"# Robustness of {args.runs[0]}",
+                "one run")
+    return ({"members": [str(run) for run in args.runs], "checkpoints": [str(prefix) for prefix in prefixes],
+             "ensemble": "mean"}, f"# Robustness of an ensemble of {len(prefixes)} runs: {', '.join(args.runs)}",
+            f"one ensemble of {len(prefixes)} runs, the mean of their class probabilities and STS scores")
+
+
+def write_report(args, prefixes: list[Path], sets, rows: list, seconds: dict, outcomes: dict, sets_dir: Path) -> None:
+    names, title, what = scored(args, prefixes)
+    settings = {**names, "perturbed_dir": str(sets_dir), "families": args.families,
+                "attack_examples": args.attack_examples,
                 "epsilons": list(args.embedding.epsilons), "attack_steps": args.embedding.steps,
                 "budget": args.budget, "neighbours": args.neighbours, "regression_margin": args.regression_margin,
                 "replicates": args.replicates, "seed": args.seed, "sets": {k: sets.manifest[k] for k in (
                     "seed", "max_examples", "tasks", "source")}}
     report = {"settings": settings, "seconds": seconds, "rows": [row.as_json() for row in rows]}
     atomic_write_text(args.output_dir / "robustness.json", json.dumps(report, indent=2) + "\n")
-    lines = [f"# Robustness of {args.run}", "", f"Perturbed sets: {sets_dir} (seed {sets.manifest['seed']}); "
-             f"{args.replicates} bootstrap replicates over the examples (one run: the intervals say nothing about "
+    lines = [title, "", f"Perturbed sets: {sets_dir} (seed {sets.manifest['seed']}); "
+             f"{args.replicates} bootstrap replicates over the examples ({what}: the intervals say nothing about "
              "another seed). Drop = clean - perturbed; seconds per family and task: " + json.dumps(seconds), "",
              *markdown_table(rows), ""]
     atomic_write_text(args.output_dir / "robustness.md", "\n".join(lines))
@@ -207,19 +213,19 @@ def write_report(args, prefix: Path, sets, rows: list, seconds: dict, outcomes: 
 
 
 def evaluate(args: argparse.Namespace) -> int:
-    prefix, tasks, sets_dir, sets = check_inputs(args)
+    prefixes, tasks, sets_dir, sets = check_inputs(args)
     seed_everything(args.seed)
     device = resolve_device(args.use_gpu)
     use_tf32(device)
-    model, metadata = load_multitask_checkpoint(prefix, device)
-    predictor = kept_predictor(model, prefix, metadata, device, args.batch_size)
-    neighbours = EmbeddingNeighbours(predictor.splits.tokenizer.backend.get_vocab(),
-                                     model.bert.embeddings.word_embeddings.weight, args.neighbours)
+    predictor, first = load_scored(prefixes, args.runs, device, args.batch_size,
+                                   tasks if "embedding" in args.families else [])
+    neighbours = EmbeddingNeighbours(first.splits.tokenizer.backend.get_vocab(),
+                                     first.model.bert.embeddings.word_embeddings.weight, args.neighbours)
     with locked_folder(args.output_dir):
         start, made = time.perf_counter(), not isinstance(sets, PerturbedSets)
         if made:  # `sets` holds the dev examples: the sets are made here, then read back
             with locked_folder(sets_dir):
-                source = {"run": str(prefix), "data_dir": args.data_dir, "neighbours": args.neighbours}
+                source = {"run": str(prefixes[0]), "data_dir": args.data_dir, "neighbours": args.neighbours}
                 make_sets(sets_dir, sets, args.noises, SetOptions(args.seed, args.max_examples or None), neighbours,
                           source)
             say(args)(f"wrote {len(args.noises)} perturbed sets per task in {sets_dir}")
@@ -228,7 +234,7 @@ def evaluate(args: argparse.Namespace) -> int:
         rows, seconds, outcomes = run_families(args, predictor, neighbours, sets, tasks)
         if made:
             seconds["making the sets"] = making
-        write_report(args, prefix, sets, rows, seconds, outcomes, sets_dir)
+        write_report(args, prefixes, sets, rows, seconds, outcomes, sets_dir)
     print("\n".join(markdown_table(rows)))
     say(args)(f"wrote {args.output_dir / 'robustness.md'} and robustness.json")
     return 0

@@ -189,11 +189,11 @@ def test_the_embedding_attack_raises_the_loss_monotonically_in_eps(tokenizer, ta
     model = deterministic_tiny_model(seed=1)
     examples = demo_examples(task, "dev", 24)
     attack = EmbeddingAttack(epsilons=(1e-3, 1e-2, 1e-1, 0.5), steps=3)
-    result = attack_examples(model, task, examples, tokenizer, torch.device("cpu"), 8, MAX_LENGTH, attack)
+    result = attack_examples([model], task, examples, tokenizer, torch.device("cpu"), 8, MAX_LENGTH, attack)
     assert all(later >= earlier for earlier, later in zip(result.losses, result.losses[1:])), result.losses
     assert result.losses[-1] > result.losses[0] * 1.01
     assert result.ids == [e.id for e in examples] and len(result.scores[0.5]) == len(examples)
-    again = attack_examples(model, task, examples, tokenizer, torch.device("cpu"), 8, MAX_LENGTH, attack)
+    again = attack_examples([model], task, examples, tokenizer, torch.device("cpu"), 8, MAX_LENGTH, attack)
     assert again.losses == result.losses  # nothing random
 
 
@@ -258,23 +258,24 @@ SCRIPT_FLAGS = ["--max_examples", "20", "--attack_examples", "4", "--rates", "0.
                 "--attack_steps", "2", "--budget", "6", "--neighbours", "3", "--replicates", "100", "--quiet"]
 
 
-def tiny_run(folder, tiny_checkpoint, seed):
-    """A run's folder keeping a tiny model (random heads) as a run keeps it: best.json with the run's args."""
+def tiny_run(folder, tiny_checkpoint, seed, max_length=MAX_LENGTH, **heads):
+    """A run's folder keeping a tiny model (random heads; `heads`: MultitaskBERT's options) as a run keeps it:
+    best.json with the run's args."""
     from minbert.model.multitask_bert import save_multitask_model
     folder.mkdir(parents=True)
-    args = {"pretrained": str(tiny_checkpoint), "max_length": MAX_LENGTH, "eval_batch_size": 8, "precision": "fp32",
+    args = {"pretrained": str(tiny_checkpoint), "max_length": max_length, "eval_batch_size": 8, "precision": "fp32",
             "data_dir": str(DEMO)}
-    save_multitask_model(deterministic_tiny_model(seed), folder / "best", {"args": args})
+    save_multitask_model(deterministic_tiny_model(seed, **heads), folder / "best", {"args": args})
     return folder
 
 
 @pytest.fixture
 def checkpoint_must_not_load(monkeypatch):
-    import robustness
+    from minbert.run import kept_ensemble
 
     def refuse(*args, **kwargs):
         raise AssertionError("the model was loaded before the input was validated")
-    monkeypatch.setattr(robustness, "load_multitask_checkpoint", refuse)
+    monkeypatch.setattr(kept_ensemble, "load_multitask_checkpoint", refuse)
 
 
 def test_a_second_run_is_scored_on_the_first_runs_sets_which_predict_reads_too(tmp_path, tiny_checkpoint, capsys):

@@ -8,5 +8,6 @@ and under attack, with the clean score beside each and the drop's bootstrap inte
                          threat model), over a sweep of eps
     greedy_attack.py     greedy word substitution with a query budget
     report.py            the table: clean, perturbed, drop [95% interval]
-    suite.py             the four families on one model
+    ensemble_predictor.py  what the suite scores: one run's model, or several runs' ensemble (their mean)
+    suite.py             the four families on one model or an ensemble
 """

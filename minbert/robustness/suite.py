@@ -1,11 +1,12 @@
-"""The robustness suite's four families on one model, each giving report.Rows: the noisy sets (char, word) scored
-whole, and the two attacks (embedding, greedy) on the first examples of the clean set.
+"""The robustness suite's four families on one model or an ensemble, each giving report.Rows: the noisy sets (char,
+word) scored whole, and the two attacks (embedding, greedy) on the first examples of the clean set.
 
     rows = noise_rows(predictor, sets, "sst", "char", replicates=1000, seed=0)
     rows = embedding_rows(predictor, "sst", sets.clean["sst"][:100], EmbeddingAttack((1e-3, 1e-2)), 1000, 0)
     rows, outcomes = greedy_rows(predictor, "sst", sets.clean["sst"][:100], neighbours, GreedyAttack(50), 1000, 0)
 
-`predictor` is the run's (run.kept_model.kept_predictor): its model, tokenizer, batch size, max_length, precision.
+`predictor`: what is scored, one run's model or several runs' ensemble (ensemble_predictor.py: RunPredictor of the
+run's kept_predictor, or EnsemblePredictor), whose predict, query and attack_embeddings the families call alike.
 """
 from __future__ import annotations
 
@@ -13,9 +14,9 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from minbert.prediction.inference import Predictor, predict_examples
-from minbert.robustness.embedding_attack import EmbeddingAttack, attack_examples
-from minbert.robustness.greedy_attack import GreedyAttack, Outcome, Query, attack_all
+from minbert.robustness.embedding_attack import EmbeddingAttack
+from minbert.robustness.ensemble_predictor import EnsemblePredictor, RunPredictor
+from minbert.robustness.greedy_attack import GreedyAttack, Outcome, attack_all
 from minbert.robustness.perturbed_sets import PerturbedSets
 from minbert.robustness.report import Row, score_rows
 from minbert.robustness.text_noise import Neighbours
@@ -23,6 +24,7 @@ from minbert.tasks import TASKS
 from minbert.tasks.base import decided
 
 Progress = Callable[[str], None]
+Scored = RunPredictor | EnsemblePredictor
 
 
 def _quiet(message: str) -> None:
@@ -38,7 +40,7 @@ def predictions_of(task: str, scores: np.ndarray) -> np.ndarray:
     return decided(TASKS[task], scores)[1]
 
 
-def noise_rows(predictor: Predictor, sets: PerturbedSets, task: str, family: str, replicates: int, seed: int,
+def noise_rows(predictor: Scored, sets: PerturbedSets, task: str, family: str, replicates: int, seed: int,
                progress: Progress = _quiet) -> list[Row]:
     """The clean set and each of the family's variants scored whole, with the share of words each changed."""
     clean = predictions_of(task, predictor.predict(task, sets.clean[task], scores=True)[1])
@@ -54,12 +56,11 @@ def noise_rows(predictor: Predictor, sets: PerturbedSets, task: str, family: str
     return score_rows(task, family, gold_labels(sets.clean[task]), clean, perturbed, details, replicates, seed)
 
 
-def embedding_rows(predictor: Predictor, task: str, examples: Sequence, attack: EmbeddingAttack, replicates: int,
+def embedding_rows(predictor: Scored, task: str, examples: Sequence, attack: EmbeddingAttack, replicates: int,
                    seed: int, progress: Progress = _quiet) -> list[Row]:
-    """The embedding attack's sweep; each row also gives the mean gold loss, clean and under attack."""
-    settings = predictor.settings
-    result = attack_examples(predictor.model, task, examples, predictor.splits.tokenizer, predictor.device,
-                             settings.batch_size, settings.max_length, attack)
+    """The embedding attack's sweep; each row also gives the mean gold loss (an ensemble's: its members' mean), clean
+    and under attack."""
+    result = predictor.attack_embeddings(task, examples, attack)
     perturbed = {f"eps={epsilon:g}": predictions_of(task, scores) for epsilon, scores in result.scores.items()}
     details = {f"eps={epsilon:g}": {"clean loss": result.losses[0], "loss": result.losses[i + 1]}
                for i, epsilon in enumerate(attack.epsilons)}
@@ -68,24 +69,15 @@ def embedding_rows(predictor: Predictor, task: str, examples: Sequence, attack: 
                       details, replicates, seed)
 
 
-def query_of(predictor: Predictor, task: str) -> Query:
-    """The model's scores of any examples, tokenised afresh (an attack's candidates are never asked twice)."""
-    settings = predictor.settings
-
-    def query(examples: list) -> np.ndarray:
-        return predict_examples(predictor.model, task, examples, predictor.splits.tokenizer, predictor.device,
-                                settings.batch_size, settings.max_length, settings.precision, scores=True)[1]
-    return query
-
-
-def greedy_rows(predictor: Predictor, task: str, examples: Sequence, neighbours: Neighbours, attack: GreedyAttack,
+def greedy_rows(predictor: Scored, task: str, examples: Sequence, neighbours: Neighbours, attack: GreedyAttack,
                 replicates: int, seed: int, progress: Progress = _quiet) -> tuple[list[Row], list[Outcome]]:
     """The greedy attack on each example: its row (with the success rate among the examples attacked, the words
-    changed per success and the queries spent) and each example's outcome."""
+    changed per success and the queries spent: an ensemble's queries, each one evaluation of every member) and each
+    example's outcome."""
     def each(done: int, total: int) -> None:
         if done % 10 == 0 or done == total:
             progress(f"{task} greedy attack: {done}/{total} examples")
-    outcomes = attack_all(examples, TASKS[task], query_of(predictor, task), neighbours, attack, each)
+    outcomes = attack_all(examples, TASKS[task], predictor.query(task), neighbours, attack, each)
     clean = predictions_of(task, predictor.predict(task, list(examples), scores=True)[1])
     attacked = predictions_of(task, np.stack([outcome.scores for outcome in outcomes]))
     tried = [outcome for outcome in outcomes if outcome.attacked]
