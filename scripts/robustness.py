@@ -16,7 +16,8 @@ The noisy sets are written once, in the course's format, with a manifest: to --p
 (else OUTPUT_DIR/perturbed), and read back from --perturbed_dir when it has one (its seed, rates and subset then
 decide, whatever the flags say), so that other runs are scored on exactly the same inputs; each variant's folder is
 a --data_dir that predict.py reads too. Writes OUTPUT_DIR/robustness.md and robustness.json (clean, perturbed and
-drop [95% interval] per task and variant), greedy-TASK.jsonl (each example's attack) and greedy/ (the texts the
+drop [95% interval] per task and variant), robustness_predictions.json (each row's examples and predictions, for
+scripts/compare_robustness.py), greedy-TASK.jsonl (each example's attack) and greedy/ (the texts the
 greedy attack ended with, in the course's format).
 
 Several runs are scored as their ensemble (--output_dir required; scripts/ensemble.py's `mean`: the mean class
@@ -41,7 +42,7 @@ from minbert.robustness.embedding_attack import EmbeddingAttack
 from minbert.robustness.greedy_attack import GreedyAttack
 from minbert.robustness.neighbours import EmbeddingNeighbours
 from minbert.robustness.perturbed_sets import PerturbedSets, SetOptions, make_sets, read_manifest, read_sets
-from minbert.robustness.report import markdown_table
+from minbert.robustness.report import markdown_table, predictions_json
 from minbert.robustness.suite import embedding_rows, greedy_rows, noise_rows
 from minbert.robustness.text_noise import CHAR_KINDS, WORD_KINDS, Noise
 from minbert.run.kept_ensemble import check_members, load_scored
@@ -203,6 +204,7 @@ def write_report(args, prefixes: list[Path], sets, rows: list, seconds: dict, ou
                     "seed", "max_examples", "tasks", "source")}}
     report = {"settings": settings, "seconds": seconds, "rows": [row.as_json() for row in rows]}
     atomic_write_text(args.output_dir / "robustness.json", json.dumps(report, indent=2) + "\n")
+    atomic_write_text(args.output_dir / "robustness_predictions.json", json.dumps(predictions_json(rows)) + "\n")
     lines = [title, "", f"Perturbed sets: {sets_dir} (seed {sets.manifest['seed']}); "
              f"{args.replicates} bootstrap replicates over the examples ({what}: the intervals say nothing about "
              "another seed). Drop = clean - perturbed; seconds per family and task: " + json.dumps(seconds), "",

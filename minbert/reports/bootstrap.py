@@ -12,17 +12,21 @@ Each arm's runs are drawn with replacement too (a hierarchical bootstrap), so th
 the seeds' spread as well as the examples'; an arm of one run carries the examples' alone, and its interval says
 nothing about another seed. Intervals are the replicates' 2.5th and 97.5th percentiles; a difference's p is the
 two-sided share of replicates on the other side of zero, and an interval that holds zero means "not separable".
+hierarchical_replicates is the same draw for any statistic of a run (minbert/reports/robustness_comparison.py: a
+run's drops under perturbation).
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 
 from minbert.tasks import MULTITASK, TASKS
 
 OVERALL = "overall"
+Run = TypeVar("Run")
 CHUNK = 100  # replicates drawn at once: QQP's 20,000 dev examples x 100 x a run's predictions stay a few MB
 
 
@@ -69,41 +73,53 @@ def run_scores(run: dict[str, tuple[np.ndarray, np.ndarray]], tasks: Sequence[st
     return scores
 
 
-def _arm_replicates(arm: Arm, tasks: Sequence[str], rows: dict[str, np.ndarray], runs: np.ndarray) -> dict:
-    """(R,) per task: the mean, over each replicate's drawn runs (`runs`: (R, K) indices), of their scores on that
-    replicate's examples."""
-    per_run = [run_scores(run, tasks, rows) for run in arm.runs]  # K x task -> (R,)
-    return {key: np.stack([scores[key] for scores in per_run], axis=1)[np.arange(len(runs))[:, None], runs].mean(1)
-            for key in per_run[0]}
+def hierarchical_replicates(arms: Mapping[str, Sequence[Run]], sizes: Mapping[str, int],
+                            statistic: Callable[[Run, dict[str, np.ndarray]], dict[Hashable, np.ndarray]],
+                            replicates: int, seed: int) -> dict[str, dict[Hashable, np.ndarray]]:
+    """Each arm's (replicates,) values of every key `statistic` gives. Per replicate, each part's examples (`sizes`:
+    part -> N) are drawn with replacement once, shared by every arm and run, and each arm's runs are drawn with
+    replacement; a value is the mean, over the drawn runs, of statistic(run, rows) (rows: part -> (R, N) indices,
+    what it gives: key -> (R,))."""
+    generator = np.random.default_rng(seed)
+    drawn: dict[str, dict[Hashable, list[np.ndarray]]] = {name: {} for name in arms}
+    for start in range(0, replicates, CHUNK):
+        count = min(CHUNK, replicates - start)
+        rows = {part: generator.integers(0, size, (count, size)) for part, size in sizes.items()}
+        for name, runs in arms.items():
+            picks = generator.integers(0, len(runs), (count, len(runs)))
+            per_run = [statistic(run, rows) for run in runs]
+            for key in per_run[0]:
+                values = np.stack([scores[key] for scores in per_run], axis=1)[np.arange(count)[:, None], picks]
+                drawn[name].setdefault(key, []).append(values.mean(1))
+    return {name: {key: np.concatenate(parts) for key, parts in keys.items()} for name, keys in drawn.items()}
 
 
 def compare(arms: Sequence[Arm], tasks: Sequence[str], replicates: int = 2000, seed: int = 0) -> Comparison:
     """Every arm's scores with 95% intervals, and every later arm's difference from the first."""
     sizes = {task: len(arms[0].runs[0][task][1]) for task in tasks}
-    generator = np.random.default_rng(seed)
-    drawn: dict[str, dict[str, list[np.ndarray]]] = {arm.name: {} for arm in arms}
-    for start in range(0, replicates, CHUNK):
-        count = min(CHUNK, replicates - start)
-        rows = {task: generator.integers(0, size, (count, size)) for task, size in sizes.items()}
-        for arm in arms:
-            runs = generator.integers(0, len(arm.runs), (count, len(arm.runs)))
-            for key, values in _arm_replicates(arm, tasks, rows, runs).items():
-                drawn[arm.name].setdefault(key, []).append(values)
-    replicated = {name: {key: np.concatenate(parts) for key, parts in keys.items()} for name, keys in drawn.items()}
+    replicated = hierarchical_replicates({arm.name: arm.runs for arm in arms}, sizes,
+                                         lambda run, rows: run_scores(run, tasks, rows), replicates, seed)
     points = {}  # each arm's scores on all its examples, the mean over its runs
     for arm in arms:
         on_all = [run_scores(run, tasks) for run in arm.runs]
         points[arm.name] = {key: float(np.mean([scores[key][0] for scores in on_all])) for key in on_all[0]}
-    scores = {name: {key: Estimate(points[name][key], *np.percentile(values, [2.5, 97.5]))
-                     for key, values in keys.items()} for name, keys in replicated.items()}
+    scores = {name: {key: estimate(points[name][key], values) for key, values in keys.items()}
+              for name, keys in replicated.items()}
     first = arms[0].name
-    differences = {arm.name: {key: _difference(points[arm.name][key] - points[first][key],
-                                               replicated[arm.name][key] - replicated[first][key])
+    differences = {arm.name: {key: difference(points[arm.name][key] - points[first][key],
+                                              replicated[arm.name][key] - replicated[first][key])
                               for key in replicated[first]} for arm in arms[1:]}
     return Comparison(scores, differences)
 
 
-def _difference(value: float, replicates: np.ndarray) -> Difference:
+def estimate(value: float, replicates: np.ndarray) -> Estimate:
+    """`value` with the 95% interval of its bootstrap `replicates`."""
+    low, high = np.percentile(replicates, [2.5, 97.5])
+    return Estimate(value, float(low), float(high))
+
+
+def difference(value: float, replicates: np.ndarray) -> Difference:
+    """A difference `value` with its replicates' 95% interval and two-sided p."""
     low, high = np.percentile(replicates, [2.5, 97.5])
     other_side = min((replicates <= 0).mean(), (replicates >= 0).mean())
     return Difference(value, float(low), float(high), float(min(1.0, 2 * other_side)))

@@ -31,10 +31,6 @@ def _quiet(message: str) -> None:
     """No progress lines."""
 
 
-def gold_labels(examples: Sequence) -> np.ndarray:
-    return np.array([example.label for example in examples], dtype=np.float64)
-
-
 def predictions_of(task: str, scores: np.ndarray) -> np.ndarray:
     """The predictions a run decides from these scores (as its leaderboard files are decided)."""
     return decided(TASKS[task], scores)[1]
@@ -53,7 +49,7 @@ def noise_rows(predictor: Scored, sets: PerturbedSets, task: str, family: str, r
         progress(f"{task} {name}: {len(perturbed[name])} examples scored")
     if not perturbed:
         return []
-    return score_rows(task, family, gold_labels(sets.clean[task]), clean, perturbed, details, replicates, seed)
+    return score_rows(task, family, sets.clean[task], clean, perturbed, details, replicates, seed)
 
 
 def embedding_rows(predictor: Scored, task: str, examples: Sequence, attack: EmbeddingAttack, replicates: int,
@@ -65,7 +61,7 @@ def embedding_rows(predictor: Scored, task: str, examples: Sequence, attack: Emb
     details = {f"eps={epsilon:g}": {"clean loss": result.losses[0], "loss": result.losses[i + 1]}
                for i, epsilon in enumerate(attack.epsilons)}
     progress(f"{task} embedding attack: mean loss {' -> '.join(f'{loss:.4g}' for loss in result.losses)}")
-    return score_rows(task, "embedding", gold_labels(examples), predictions_of(task, result.clean_scores), perturbed,
+    return score_rows(task, "embedding", examples, predictions_of(task, result.clean_scores), perturbed,
                       details, replicates, seed)
 
 
@@ -87,5 +83,5 @@ def greedy_rows(predictor: Scored, task: str, examples: Sequence, neighbours: Ne
                       "words per success": float(np.mean([o.words_changed for o in successes])) if successes else 0.0,
                       "mean queries": float(np.mean([o.queries for o in outcomes])),
                       "most queries": max(o.queries for o in outcomes)}}
-    rows = score_rows(task, "greedy", gold_labels(examples), clean, {name: attacked}, details, replicates, seed)
+    rows = score_rows(task, "greedy", examples, clean, {name: attacked}, details, replicates, seed)
     return rows, outcomes
