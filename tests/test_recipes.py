@@ -46,9 +46,9 @@ RECIPES = {  # recipe -> (extra flags that keep it short, environment)
 }
 OUTPUTS = {"cpu_squad.sh": 2, "cpu_four_tasks.sh": 8, "cpu_best_one_task.sh": 2}  # predictions files, when not the six CSVs
 # Every recipe that launches training (through $LAUNCH); cpu_ensemble.sh runs scripts/ensemble.py,
-# gpu_check.sh the checks.
+# cpu_robustness_study.sh the robustness suite on finished runs, gpu_check.sh the checks.
 TRAINING_RECIPES = sorted(p.name for p in (ROOT / "scripts").glob("[cg]pu_*.sh")
-                          if p.name not in ("cpu_ensemble.sh", "gpu_check.sh"))
+                          if p.name not in ("cpu_ensemble.sh", "cpu_robustness_study.sh", "gpu_check.sh"))
 
 
 def needs_nli(recipe: str) -> bool:
@@ -202,7 +202,6 @@ def test_no_smart_after_a_thesis_recipe_is_its_sbert_only_control():
 
 
 @pytest.mark.slow
-@pytest.mark.slow
 def test_the_ensemble_recipe_combines_the_committed_scores(tmp_path):
     protocol = ROOT.parent / "shared" / "data" / "protocol"
     if not protocol.is_dir():
@@ -213,6 +212,37 @@ def test_the_ensemble_recipe_combines_the_committed_scores(tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     assert "held out (chosen on half of dev" in result.stdout
     assert len(list(tmp_path.glob("*-out.csv"))) == 6
+
+
+def test_the_robustness_study_scores_every_run_on_one_set_of_inputs_once_then_compares_the_arms(tmp_path):
+    """cpu_robustness_study.sh with `python` standing in for the scripts (it records its arguments and writes the
+    suite's robustness.json): nine runs and the ensemble of the three undefended ones, all with the same
+    --perturbed_dir, then the four arms compared; a second call scores nothing again."""
+    stub = tmp_path / "bin" / "python"
+    stub.parent.mkdir()
+    stub.write_text("#!/usr/bin/env bash\nprintf '%s\\n' \"$*\" >> \"$CALLS\"\n"
+                    "for ((i = 1; i <= $#; i++)); do if [[ ${!i} == --output_dir ]]; then j=$((i + 1)); "
+                    "mkdir -p \"${!j}\" && touch \"${!j}/robustness.json\"; fi; done\n")
+    stub.chmod(0o755)
+    runs, calls = tmp_path / "runs", tmp_path / "calls.txt"
+    env = {**os.environ, "PATH": f"{stub.parent}:{os.environ['PATH']}", "CALLS": str(calls), "RUNS_DIR": str(runs),
+           "DATA_DIR": "protocol"}
+    for _ in range(2):
+        result = subprocess.run(["bash", str(ROOT / "scripts" / "cpu_robustness_study.sh")], env=env,
+                                capture_output=True, text=True)
+        assert result.returncode == 0, result.stderr
+    lines = calls.read_text().splitlines()
+    suites = [line.split() for line in lines if line.split()[0].endswith("/scripts/robustness.py")]
+    assert len(suites) == 10 and len(lines) == 12  # a second call only compares again
+    study = runs / "robustness_study"
+    assert all(words[words.index("--perturbed_dir") + 1] == str(study / "perturbed") for words in suites)
+    ensemble = suites[-1]
+    assert ensemble[1:4] == [str(runs / f"none_seed{seed}") for seed in (2, 3, 4)]
+    assert ensemble[ensemble.index("--output_dir") + 1] == str(study / "ensemble")
+    compare = lines[-1].split()
+    assert compare[0].endswith("compare_robustness.py") and compare[1] == "none=" + ",".join(
+        str(study / f"none_seed{seed}") for seed in (2, 3, 4))
+    assert [arm.split("=")[0] for arm in compare[1:5]] == ["none", "smart", "lnsr", "ensemble"]
 
 
 @pytest.mark.slow
