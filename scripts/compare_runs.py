@@ -12,10 +12,17 @@ An arm is NAME=RUN[,RUN...], or one run's folder (named by its folder). A run's 
 scripts/error_analysis.py finds them (its recorded paths, else RUN/predictions/). With --part1 the runs are
 classifier.py's (the handout's part 1): a RUN is the --predictions_dir of one --option, holding
 OPTION-{sst,cfimdb}-dev-out.csv, and the columns are SST's and CFIMDB's accuracy.
+
+When every run is a sequential one (its history.json has the continual-learning figures), a second table compares
+the arms' backward transfer and mean forgetting: a figure each run has once, so the seeds are its only sample; the
+interval is a bootstrap over each arm's runs and p an exact permutation test (minbert/reports/seed_tests.py), which
+decides: "not separable" unless p < 0.05 (with a handful of runs the bootstrap's interval is too narrow). It needs
+two runs or more in every arm.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -24,6 +31,8 @@ import numpy as np
 from evaluation import PredictionsFileError
 from minbert.data.batches import DataError, show_data_warnings_on_one_line
 from minbert.reports.bootstrap import OVERALL, Arm, Comparison, compare
+from minbert.reports.seed_tests import seed_difference
+from minbert.reports.tables import history_forgetting_measures
 from minbert.run.run_outputs import part1_predictions_and_gold, predictions_and_gold
 from minbert.tasks import MULTITASK, PART1_TASKS, TASKS
 
@@ -91,6 +100,43 @@ def table(comparison: Comparison, arms: list[Arm], tasks: tuple[str, ...] = MULT
     return lines
 
 
+FORGETTING = (("backward_transfer", "BWT"), ("average_forgetting", "mean forgetting"))
+
+
+def forgetting_figures(runs: list[Path]) -> list[dict] | None:
+    """Each run's backward transfer and mean forgetting, or None unless every run is sequential."""
+    figures = []
+    for run in runs:
+        try:
+            measures = history_forgetting_measures(json.loads((run / "history.json").read_text()))
+        except (OSError, ValueError):
+            return None
+        if measures is None:
+            return None
+        figures.append({key: getattr(measures, key) for key, _ in FORGETTING})
+    return figures
+
+
+def forgetting_table(arms: list[tuple[str, list[dict]]]) -> list[str]:
+    """Each arm's mean +- std of the figures, then each later arm's difference from the first over the seeds."""
+    lines = ["Forgetting over seeds (each run's own figure: bootstrap over the runs, exact permutation p):", "",
+             "| arm | runs | " + " | ".join(title for _, title in FORGETTING) + " |", "|---|---|---|---|"]
+    for name, figures in arms:
+        cells = [f"{np.mean(values):+.4f} ± {np.std(values, ddof=1):.4f}"
+                 for values in ([f[key] for f in figures] for key, _ in FORGETTING)]
+        lines.append(f"| {name} | {len(figures)} | " + " | ".join(cells) + " |")
+    first, baseline = arms[0]
+    lines += ["", f"| difference from {first} | score | difference [95% interval] | p | |", "|---|---|---|---|---|"]
+    for name, figures in arms[1:]:
+        for key, title in FORGETTING:
+            d = seed_difference([f[key] for f in figures], [f[key] for f in baseline])
+            # A bootstrap of three runs is too narrow (it never draws a value beyond them): the exact test decides.
+            verdict = ("higher" if d.value > 0 else "lower") if d.separable and d.p < 0.05 else "not separable"
+            lines.append(f"| {name} | {title} | {d.value:+.4f} [{d.low:+.4f}, {d.high:+.4f}] | {d.p:.3f} | "
+                         f"{verdict} |")
+    return lines
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     show_data_warnings_on_one_line()
@@ -104,6 +150,9 @@ def main(argv=None) -> int:
     print(f"{args.replicates} bootstrap replicates (seed {args.seed}) over the dev examples of {args.data_dir}"
           + (" and over each arm's runs" if any(len(arm.runs) > 1 for arm in arms) else "") + "\n")
     print("\n".join(table(comparison, arms, tasks)))
+    figures = [] if args.part1 else [(name, forgetting_figures(runs)) for name, runs in args.arms]
+    if figures and all(f is not None and len(f) >= 2 for _, f in figures):
+        print("\n" + "\n".join(forgetting_table(figures)))
     return 0
 
 

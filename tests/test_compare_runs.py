@@ -1,5 +1,7 @@
 """minbert/reports/bootstrap.py and scripts/compare_runs.py: bootstrap intervals of dev scores and paired
 differences between configurations, from runs' saved dev predictions."""
+import json
+
 import numpy as np
 import pytest
 from scipy import stats
@@ -148,3 +150,30 @@ def test_the_script_compares_part1_runs_by_their_accuracies(tmp_path, capsys):
     part1_predictions(tmp_path, "pretrain_s0", "finetune", 0.1, 0)  # a second option's files in the same folder
     assert compare_runs.main(["--part1", "--data_dir", str(DEMO), str(frozen[0])]) == 2
     assert "expected one OPTION-sst-dev-out.csv (classifier.py's), found 2" in capsys.readouterr().err
+
+
+def write_history(run, qqp_after_sst: float) -> None:
+    """A sequential run's history: QQP then SST, QQP at 0.8 after its own stage and `qqp_after_sst` at the end."""
+    stages = [("qqp", 0.2, 0.8, 0.8), ("sst", 0.5, qqp_after_sst, 0.8)]
+    history = [{"stage": stage, "index": i + 1, "sst_acc": sst, "qqp_acc": qqp, "sts_pearson": sts}
+               for i, (stage, sst, qqp, sts) in enumerate(stages)]
+    (run / "history.json").write_text(json.dumps(history))
+
+
+def test_sequential_runs_get_their_forgetting_compared_over_the_seeds(tmp_path, capsys):
+    none = [demo_run(tmp_path, f"none{s}", 0.3, s) for s in range(4)]
+    kept = [demo_run(tmp_path, f"kept{s}", 0.3, 10 + s) for s in range(4)]
+    for s, run in enumerate(none):
+        write_history(run, 0.6 - 0.01 * s)  # forgets about 0.2 of QQP: BWT -0.2
+    for s, run in enumerate(kept):
+        write_history(run, 0.79 - 0.01 * s)  # forgets about 0.01
+    argv = ["--data_dir", str(DEMO), "--replicates", "200", "none=" + ",".join(map(str, none)),
+            "kept=" + ",".join(map(str, kept))]
+    assert compare_runs.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "| none | 4 | -0.2150 ± 0.0129 | +0.2150 ± 0.0129 |" in out
+    bwt = next(line for line in out.splitlines() if line.startswith("| kept | BWT |"))
+    # 4 against 4: C(8, 4) = 70 splits, the two most extreme of them: p = 2/70
+    assert bwt.startswith("| kept | BWT | +0.1900") and "| 0.029 | higher |" in bwt
+    (none[0] / "history.json").unlink()  # a run without a sequential history: no such table
+    assert compare_runs.main(argv) == 0 and "Forgetting over seeds" not in capsys.readouterr().out
