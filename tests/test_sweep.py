@@ -136,6 +136,7 @@ def test_a_bad_enqueue_file_is_refused_in_one_line(tmp_path, capsys, tiny_checkp
     assert not (tmp_path / "sweeps").exists()
 
 
+@pytest.mark.filterwarnings("ignore:Heartbeat of storage")  # the test asks for the trial itself, not through optimize
 def test_an_enqueued_configuration_is_the_first_trial_and_is_queued_once(tmp_path, tiny_checkpoint):
     (tmp_path / "first.json").write_text(json.dumps({"lr": 1e-3, "smart": True, "smart_adv_weight": 4.0}))
     argv = sweep_flags(tmp_path) + ["--enqueue", str(tmp_path / "first.json"), "--", *base_flags(tiny_checkpoint)]
