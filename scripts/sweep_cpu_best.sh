@@ -6,9 +6,8 @@
 # (cpu_best.sh: lr 1e-3, rank 16, alpha 16, 2 cycles, constant, no SMART, dropouts 0.1 and 0) are queued as the first
 # trial, so the sweep measures them under its own budget. Budget: TRIALS (default 20, the whole sweep, all workers
 # together), TIMEOUT seconds after which a worker begins no new trial (default 10800), each trial on
-# MAX_TRAIN_EXAMPLES of each train set (default 4000; the
-# dev sets whole, which costs most of a trial: QQP's 20,000 cross-encoded pairs after every stage). Run it again to
-# continue (runs/sweeps/STUDY.db). On 2 cores, run the same command in a second shell as a second worker, each with
+# MAX_TRAIN_EXAMPLES of each train set (default 4000; the dev sets whole, which costs most of a trial: QQP's 20,000
+# cross-encoded pairs after every stage). Run it again to continue (runs/sweeps/STUDY.db). On 2 cores, run the same command in a second shell as a second worker, each with
 # OMP_NUM_THREADS=1 (docs/sweeps.md). A winner must then beat cpu_best.sh over seeds at full size:
 #   SEED=S RUN_NAME=... bash scripts/cpu_best.sh <the winner's flags>   and scripts/compare_runs.py (docs/sweeps.md)
 # Extra flags go to sweep.py's base run. Output: runs/sweeps/$STUDY/ (STUDY default cpu_best), summary.md there.
