@@ -83,6 +83,10 @@ class Parameter:
     def values_to_check(self) -> list:
         return list(self.choices) if self.kind == "choices" else [self.low, self.high]
 
+    def searched_under(self, chosen: dict) -> bool:
+        """Whether `chosen` (the earlier parameters' values) meets every condition of its 'when'."""
+        return all(name in chosen and chosen[name] in values for name, values in self.when)
+
 
 @dataclasses.dataclass(frozen=True)
 class Sweep:
@@ -107,14 +111,19 @@ class Sweep:
 # The space
 
 
+def read_json(flag: str, path: Path):
+    """The JSON file a flag names; SweepError naming the flag and the file when it cannot be read or parsed."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except OSError as err:
+        raise SweepError(f"{flag} {path}: cannot read it ({err.strerror or err})") from None
+    except (UnicodeDecodeError, ValueError) as err:
+        raise SweepError(f"{flag} {path}: not a JSON file ({err})") from None
+
+
 def read_space(path: Path) -> tuple[Parameter, ...]:
     """The space file's parameters in its order; SweepError naming the file and the parameter."""
-    try:
-        content = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as err:
-        raise SweepError(f"--space {path}: cannot read it ({err.strerror or err})") from None
-    except (UnicodeDecodeError, ValueError) as err:
-        raise SweepError(f"--space {path}: not a JSON file ({err})") from None
+    content = read_json("--space", path)
     if not isinstance(content, dict) or not content:
         raise SweepError(f"--space {path}: expected a JSON object of parameters by flag name, e.g. "
                          '{"lr": {"float": [1e-5, 1e-3], "log": true}}')
@@ -221,12 +230,7 @@ def check_space(space: tuple[Parameter, ...], base: list[str], space_path: Path,
 def read_enqueued(path: Path, space: tuple[Parameter, ...], base: list[str]) -> tuple[dict, ...]:
     """--enqueue's configurations (a JSON object of the space's parameters, or a list of them), each a point of the
     space that multitask_classifier.py accepts: SweepError naming the file and the parameter otherwise."""
-    try:
-        content = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as err:
-        raise SweepError(f"--enqueue {path}: cannot read it ({err.strerror or err})") from None
-    except (UnicodeDecodeError, ValueError) as err:
-        raise SweepError(f"--enqueue {path}: not a JSON file ({err})") from None
+    content = read_json("--enqueue", path)
     configurations = content if isinstance(content, list) else [content]
     if not configurations or not all(isinstance(c, dict) for c in configurations):
         raise SweepError(f"--enqueue {path}: expected a JSON object of the space's parameters, or a list of them")
@@ -238,7 +242,7 @@ def read_enqueued(path: Path, space: tuple[Parameter, ...], base: list[str]) -> 
         words = []
         for p in space:
             where = f"--enqueue {path}: {p.name!r}"
-            searched = all(name in configuration and configuration[name] in values for name, values in p.when)
+            searched = p.searched_under(configuration)
             if p.name not in configuration:
                 if searched:
                     raise SweepError(f"{where} is missing (a queued configuration gives every parameter it searches)")
@@ -269,7 +273,7 @@ def suggest(trial, space: tuple[Parameter, ...]) -> dict:
     """The trial's value of each parameter whose conditions hold, in the space's order."""
     chosen: dict = {}
     for p in space:
-        if not all(name in chosen and chosen[name] in values for name, values in p.when):
+        if not p.searched_under(chosen):
             continue
         if p.kind == "choices":
             # Optuna stores choices of JSON scalars; a list (a flag of several words) is chosen by its JSON text.
