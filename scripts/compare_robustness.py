@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from minbert.files import DataError, OutputError, atomic_write_text, read_input_text, unwritable_folder
-from minbert.reports.bootstrap import Difference, Estimate
+from minbert.reports.bootstrap import Difference, Estimate, arms_problem
 from minbert.reports.robustness_comparison import RobustnessComparison, ScoredRun, compare_arms, mismatch, scored_run
 from minbert.tasks import TASKS
 
@@ -41,11 +41,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0, help="of the bootstrap")
     parser.add_argument("--output", type=Path, help="FILE.md: the tables there, every estimate in FILE.json")
     args = parser.parse_args(argv)
-    if args.replicates < 100:
-        parser.error(f"--replicates must be >= 100 for a 95% interval, got {args.replicates}")
-    names = [name for name, _ in args.arms]
-    if len(set(names)) != len(names):
-        parser.error(f"arms: {sorted({n for n in names if names.count(n) > 1})[0]!r} names two arms")
+    problem = arms_problem([name for name, _ in args.arms], args.replicates)
+    if problem:
+        parser.error(problem)
     if args.output is not None and args.output.suffix == ".json":
         parser.error(f"--output: {args.output} would be overwritten by the JSON; name a .md file")
     return args

@@ -30,7 +30,7 @@ import numpy as np
 
 from evaluation import PredictionsFileError
 from minbert.data.batches import DataError, show_data_warnings_on_one_line
-from minbert.reports.bootstrap import OVERALL, Arm, Comparison, compare
+from minbert.reports.bootstrap import OVERALL, Arm, Comparison, arms_problem, compare
 from minbert.reports.seed_tests import seed_difference
 from minbert.reports.tables import history_forgetting_measures
 from minbert.run.run_outputs import part1_predictions_and_gold, predictions_and_gold
@@ -62,11 +62,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--part1", action="store_true", help="the runs are classifier.py's (SST, CFIMDB)")
     args = parser.parse_args(argv)
-    if args.replicates < 100:
-        parser.error(f"--replicates must be >= 100 for a 95% interval, got {args.replicates}")
-    names = [name for name, _ in args.arms]
-    if len(set(names)) != len(names):
-        parser.error(f"arms: {sorted({n for n in names if names.count(n) > 1})[0]!r} names two arms")
+    problem = arms_problem([name for name, _ in args.arms], args.replicates)
+    if problem:
+        parser.error(problem)
     return args
 
 

@@ -59,6 +59,17 @@ class Comparison:
     differences: dict[str, dict[str, Difference]]  # arm after the first -> task -> it minus the first arm
 
 
+MIN_REPLICATES = 100  # fewer cannot place a 2.5th and a 97.5th percentile apart
+
+
+def arms_problem(names: Sequence[str], replicates: int) -> str | None:
+    """What makes a comparison of arms named `names` at `replicates` replicates impossible, in one line, or None."""
+    if replicates < MIN_REPLICATES:
+        return f"--replicates must be >= {MIN_REPLICATES} for a 95% interval, got {replicates}"
+    repeated = sorted({name for name in names if list(names).count(name) > 1})
+    return f"arms: {repeated[0]!r} names two arms" if repeated else None
+
+
 def run_scores(run: dict[str, tuple[np.ndarray, np.ndarray]], tasks: Sequence[str],
                rows: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
     """A run's score of each task (and the overall score when `tasks` are the course's three) on each row of example
