@@ -283,7 +283,10 @@ def suggest(trial, space: tuple[Parameter, ...]) -> dict:
         elif p.kind == "int":
             chosen[p.name] = trial.suggest_int(p.name, p.low, p.high, step=p.step or 1, log=p.log)
         else:
-            chosen[p.name] = trial.suggest_float(p.name, p.low, p.high, step=p.step, log=p.log)
+            value = trial.suggest_float(p.name, p.low, p.high, step=p.step, log=p.log)
+            # Optuna's grid is low + k * step in binary floats (0.15000000000000002): the run's flag and its
+            # args.json read as the grid's own decimal instead.
+            chosen[p.name] = round(value, 12) if p.step else value
     return chosen
 
 

@@ -121,6 +121,14 @@ def test_conditional_parameters_and_switches_become_the_flags_of_the_run():
     assert sweep.flag_tokens("lnsr", False, actions) == []
 
 
+def test_a_stepped_float_is_given_to_the_run_as_the_grids_decimal():
+    dropout = sweep.parameter_from("x", "hidden_dropout_prob", {"float": [0.0, 0.3], "step": 0.05}, [])
+    # Optuna's grid point 0 + 3 * 0.05 in binary floats.
+    chosen = sweep.suggest(optuna.trial.FixedTrial({"hidden_dropout_prob": 0.15000000000000002}), (dropout,))
+    assert sweep.flag_tokens("hidden_dropout_prob", chosen["hidden_dropout_prob"], sweep.flag_actions()) == [
+        "--hidden_dropout_prob", "0.15"]
+
+
 @pytest.mark.parametrize("configuration, problem", [
     ({"lr": 1e-3, "smart": False, "dropout": 0.1}, "'dropout' is not a parameter of the space"),
     ({"lr": 1e-3, "smart": True}, "'smart_adv_weight' is missing"),
