@@ -103,6 +103,7 @@ class Sweep:
     timeout: float | None
     pruner: str
     startup_trials: int
+    warmup_stages: int  # the median pruner's: the stages of every trial it never stops at
     heartbeat: int
     enqueued: tuple[dict, ...] = ()  # configurations queued before the sampler's, e.g. a recipe's own settings
 
@@ -612,14 +613,21 @@ def sweep_identity(sweep: Sweep) -> dict:
             "objective": sweep.objective, "direction": sweep.direction, "seeds": list(sweep.seeds)}
 
 
+def make_pruner(sweep: Sweep):
+    import optuna
+    if sweep.pruner == "median":
+        # Stages are reported from step 1, and Optuna's warm-up counts steps from 0: stage warmup_stages + 1 is the
+        # first one judged.
+        return optuna.pruners.MedianPruner(n_startup_trials=sweep.startup_trials,
+                                           n_warmup_steps=sweep.warmup_stages + 1)
+    return optuna.pruners.SuccessiveHalvingPruner() if sweep.pruner == "halving" else optuna.pruners.NopPruner()
+
+
 def open_study(sweep: Sweep):
     import optuna
     storage = open_storage(sweep.storage, sweep.heartbeat)
-    pruners = {"median": lambda: optuna.pruners.MedianPruner(n_startup_trials=sweep.startup_trials),
-               "halving": lambda: optuna.pruners.SuccessiveHalvingPruner(),
-               "none": optuna.pruners.NopPruner}
     study = optuna.create_study(storage=storage, study_name=sweep.study, direction=sweep.direction,
-                                pruner=pruners[sweep.pruner](), load_if_exists=True)
+                                pruner=make_pruner(sweep), load_if_exists=True)
     identity = json.loads(json.dumps(sweep_identity(sweep)))
     recorded = study.user_attrs.get("sweep")
     if recorded is None:
@@ -734,6 +742,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--pruner", choices=("median", "halving", "none"), default="median",
                         help="stops runs whose stage scores fall behind (the first seed's)")
     parser.add_argument("--startup_trials", type=int, default=5, help="trials the median pruner lets finish first")
+    parser.add_argument("--warmup_stages", type=int, default=0, help="stages of each trial the median pruner never "
+                        "stops at, e.g. until a sequential schedule has trained every task once")
     parser.add_argument("--sweeps_dir", type=Path, default=Path("runs/sweeps"))
     parser.add_argument("--storage", help="an SQLAlchemy database URL (default: sqlite:///SWEEPS/STUDY.db)")
     parser.add_argument("--heartbeat", type=int, default=60, help="seconds between a worker's signs of life; a "
@@ -747,13 +757,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     for name in ("trials", "seeds", "heartbeat"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be at least 1")
-    if args.startup_trials < 0 or (args.timeout is not None and not args.timeout > 0):
-        parser.error("--startup_trials must be at least 0 and --timeout positive")
+    if args.startup_trials < 0 or args.warmup_stages < 0 or (args.timeout is not None and not args.timeout > 0):
+        parser.error("--startup_trials and --warmup_stages must be at least 0 and --timeout positive")
     args.base = args.base[1:] if args.base[:1] == ["--"] else args.base
     return args
 
 
 def make_sweep(args: argparse.Namespace) -> Sweep:
+    if args.warmup_stages and args.pruner != "median":
+        raise SweepError(f"--warmup_stages is the median pruner's; --pruner is {args.pruner}")
     check_base(args.base)
     space = read_space(args.space)
     check_space(space, args.base, args.space, args.seeds)
@@ -763,7 +775,7 @@ def make_sweep(args: argparse.Namespace) -> Sweep:
     storage = args.storage or f"sqlite:///{(args.sweeps_dir / f'{args.study}.db').resolve()}"
     return Sweep(args.study, folder, storage, space, tuple(args.base), args.objective, args.direction,
                  tuple(first_seed + i for i in range(args.seeds)), args.trials, args.timeout, args.pruner,
-                 args.startup_trials, args.heartbeat, enqueued)
+                 args.startup_trials, args.warmup_stages, args.heartbeat, enqueued)
 
 
 def main(argv: list[str] | None = None) -> int:

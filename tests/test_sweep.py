@@ -11,6 +11,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -119,6 +120,31 @@ def test_conditional_parameters_and_switches_become_the_flags_of_the_run():
     assert words == ["--lr", "0.001", "--smart", "--smart_adv_weight", "4.0"]
     assert sweep.flag_tokens("smart", False, actions) == ["--no-smart"]  # turns off a base's --smart too
     assert sweep.flag_tokens("lnsr", False, actions) == []
+
+
+def test_the_median_pruner_judges_a_trial_only_after_its_warmup_stages():
+    """A finished trial scored 0.9 at stages 1-3; a second one scoring 0.1 from its first stage on is stopped at
+    stage 1 without warm-up, and at stage 3, the first one judged, with two warm-up stages."""
+    def stopped_at(warmup_stages: int) -> int | None:
+        pruner = sweep.make_pruner(SimpleNamespace(pruner="median", startup_trials=1, warmup_stages=warmup_stages))
+        study = optuna.create_study(direction="maximize", pruner=pruner)
+        finished = study.ask()
+        for stage in (1, 2, 3):
+            finished.report(0.9, stage)
+        study.tell(finished, 0.9)
+        behind = study.ask()
+        for stage in (1, 2, 3):
+            behind.report(0.1, stage)
+            if behind.should_prune():
+                return stage
+        return None
+    assert stopped_at(0) == 1 and stopped_at(2) == 3 and stopped_at(3) is None
+
+
+def test_warmup_stages_with_another_pruner_is_refused_in_one_line(tmp_path, capsys, tiny_checkpoint):
+    line = refusal(capsys, sweep_flags(tmp_path, None, "s", 2, "--pruner", "halving", "--warmup_stages", "2")
+                   + ["--", *base_flags(tiny_checkpoint)])
+    assert "--warmup_stages is the median pruner's" in line
 
 
 def test_a_stepped_float_is_given_to_the_run_as_the_grids_decimal():
