@@ -8,10 +8,10 @@
 # together), TIMEOUT seconds after which a worker begins no new trial (default 10800), STARTUP_TRIALS the median
 # pruner lets finish before it prunes (default 5; a small budget wants fewer), WARMUP_STAGES the stages it never
 # stops a trial at (default 2: QQP and STS, so that a trial is first judged once it has trained every task), each
-# trial on
-# MAX_TRAIN_EXAMPLES of each train set (default 4000; the dev sets whole, which costs most of a trial: QQP's 20,000
-# cross-encoded pairs after every stage). Run it again to continue (runs/sweeps/STUDY.db). On 2 cores, run the same command in a second shell as a second worker, each with
-# OMP_NUM_THREADS=1 (docs/sweeps.md). A winner must then beat cpu_best.sh over seeds at full size:
+# trial on MAX_TRAIN_EXAMPLES of each train set (default 4000; the dev sets whole, which costs most of a trial:
+# QQP's 20,000 cross-encoded pairs after every stage). Run it again to continue (runs/sweeps/STUDY.db). On 2 cores,
+# run the same command in a second shell as a second worker, each with OMP_NUM_THREADS=1 (docs/sweeps.md). A winner
+# must then beat cpu_best.sh over seeds at full size:
 #   SEED=S RUN_NAME=... bash scripts/cpu_best.sh <the winner's flags>   and scripts/compare_runs.py (docs/sweeps.md)
 # Extra flags go to sweep.py's base run. Output: runs/sweeps/$STUDY/ (STUDY default cpu_best), summary.md there.
 set -euo pipefail
