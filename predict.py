@@ -26,6 +26,7 @@ import sys
 from pathlib import Path
 
 from base_bert import CheckpointError
+from minbert.arguments import OneLineErrorParser
 from minbert.files import DataError, OutputError, atomic_write_text, unwritable_folder
 from minbert.model.multitask_bert import load_multitask_checkpoint
 from minbert.prediction.new_inputs import (INPUT_FORMATS, OUTPUT_FORMATS, STANDARD_STREAM, input_format,
@@ -42,7 +43,7 @@ THRESHOLDED = tuple(name for name in TEXT_TASKS if TASKS[name].has_threshold)  #
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineErrorParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run", help="a run's folder (its kept model, best) or a checkpoint prefix")
     parser.add_argument("--task", required=True, help=f"one of {', '.join(TEXT_TASKS)} (or a course alias)")
     parser.add_argument("--input", default=STANDARD_STREAM, help="a file, or - for standard input (the default)")

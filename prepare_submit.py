@@ -21,6 +21,7 @@ import zipfile
 from pathlib import Path
 
 from evaluation import DEFAULT_OUTPUTS, PredictionsFileError, check_predictions_file
+from minbert.arguments import OneLineErrorParser
 from minbert.data.batches import DataError, load_examples, show_data_warnings_on_one_line, standard_paths
 from minbert.files import atomic_write, describe_os_error, unwritable_folder
 from minbert.tasks import PART1_TASKS
@@ -89,7 +90,7 @@ def write_zip(path: Path, members: list[tuple[Path, str]]) -> None:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description="Zip the CS224N default final project submission.")
+    parser = OneLineErrorParser(description="Zip the CS224N default final project submission.")
     parser.add_argument("--predictions_dir", type=Path, default=Path("predictions"))
     parser.add_argument("--out", type=Path, default=Path("cs224n_default_final_project_submission.zip"))
     parser.add_argument("--part", choices=("multitask", "minbert"), default="multitask")

@@ -18,6 +18,7 @@ import torch
 
 from base_bert import MINILM_ALIAS, CheckpointError, resolve_pretrained
 from bert import BertModel
+from minbert.arguments import OneLineErrorParser
 from tokenizer import BertTokenizer
 
 ROOT = Path(__file__).resolve().parent
@@ -76,7 +77,7 @@ def oracle_check(pretrained: str) -> bool:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineErrorParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pretrained", default=None,
                         help="weights for the oracle check (default: bert-base-uncased if available, "
                              f"else {MINILM_ALIAS})")

@@ -6,8 +6,9 @@ importing only the layers listed before it (tests/test_module_boundaries.py hold
 course's building blocks (bert.py, base_bert.py, optimizer.py, smart.py, tokenizer.py), which import nothing from
 it, and never imports the course's other files: evaluation.py, simcse.py and datasets.py name code that lives here.
 
-    runtime.py, distributed.py, files.py, step_log.py
-                 the device, precision and seeds; torchrun's data parallel; checked file IO; step logs
+    runtime.py, distributed.py, files.py, step_log.py, arguments.py
+                 the device, precision and seeds; torchrun's data parallel; checked file IO; step logs; the
+                 command lines' parser, whose errors are one line
     tasks/       one module per task (what differs between tasks: files, head, objective, metrics, outputs), the
                  objectives' building blocks (losses.py) and SQuAD's files, windows and decoding (squad.py)
     data/        the tasks' files batched (batches.py), NLI pairs for SimCSE, the scores files runs save

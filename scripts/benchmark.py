@@ -74,7 +74,8 @@ from base_bert import BertConfig, CheckpointError, pretrained_config, resolve_pr
 from bert import BertModel
 from minbert.data.batches import row_lengths, standard_paths
 from minbert.files import DataError, unwritable_folder
-from minbert.run.training_args import OneLineErrorParser, UsageError
+from minbert.arguments import OneLineErrorParser
+from minbert.run.training_args import UsageError
 from minbert.runtime import (COMPILE_MODES, PRECISIONS, autocast, float32_exact, has_native_bf16, place_encoder, precision_notice,
                              requested_precision, resolve_precision, scaled_step, to_device, use_tf32)
 from minbert.tasks import MULTITASK, TASKS, squad

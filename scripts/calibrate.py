@@ -18,6 +18,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from minbert.arguments import OneLineErrorParser
 from minbert.data.batches import DataError, show_data_warnings_on_one_line
 from minbert.data.scores import ScoresFileError, read_scores, scores_path
 from minbert.files import describe_os_error, unwritable_folder
@@ -56,7 +57,7 @@ def write_thresholded(run: Path, report: dict, output_dir: Path) -> list[Path]:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineErrorParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", nargs="+", help="finished runs' output folders (each with scores/)")
     parser.add_argument("--data_dir", default="data", help="the course files, for the dev labels")
     parser.add_argument("--threshold_out", help="also write the thresholded tasks' CSVs here (one run)")

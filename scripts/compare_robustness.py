@@ -17,6 +17,7 @@ import json
 import sys
 from pathlib import Path
 
+from minbert.arguments import OneLineErrorParser
 from minbert.files import DataError, OutputError, atomic_write_text, read_input_text, unwritable_folder
 from minbert.reports.bootstrap import Difference, Estimate, arms_problem
 from minbert.reports.robustness_comparison import RobustnessComparison, ScoredRun, compare_arms, mismatch, scored_run
@@ -35,7 +36,7 @@ def parse_arm(text: str) -> tuple[str, list[Path]]:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineErrorParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("arms", nargs="+", type=parse_arm, help="NAME=DIR[,DIR...]; the first is the baseline")
     parser.add_argument("--replicates", type=int, default=2000, help="bootstrap replicates of each interval")
     parser.add_argument("--seed", type=int, default=0, help="of the bootstrap")

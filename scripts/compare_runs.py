@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from evaluation import PredictionsFileError
+from minbert.arguments import OneLineErrorParser
 from minbert.data.batches import DataError, show_data_warnings_on_one_line
 from minbert.reports.bootstrap import OVERALL, Arm, Comparison, arms_problem, compare
 from minbert.reports.seed_tests import seed_difference
@@ -55,7 +56,7 @@ def parse_arm(text: str) -> tuple[str, list[Path]]:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineErrorParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("arms", nargs="+", type=parse_arm, help="NAME=RUN[,RUN...] or RUN; the first is the baseline")
     parser.add_argument("--data_dir", required=True, help="the course's dev files the runs predicted")
     parser.add_argument("--replicates", type=int, default=2000)

@@ -17,7 +17,6 @@ and exits with status 1.
 """
 from __future__ import annotations
 
-import argparse
 import csv
 import http.client
 import io
@@ -26,6 +25,7 @@ import sys
 import urllib.request
 from pathlib import Path
 
+from minbert.arguments import OneLineErrorParser
 from minbert.data.batches import standard_paths
 from minbert.files import atomic_write_bytes
 
@@ -115,7 +115,7 @@ def download_squad(name: str, target: Path, base_url: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = OneLineErrorParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data_dir", type=Path, default=Path("data"))
     parser.add_argument("--force", action="store_true", help="download again files that are already there")
     parser.add_argument("--base_url", default=SOURCE_URL, help="where the course files are (a URL ending in /)")

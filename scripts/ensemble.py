@@ -38,6 +38,7 @@ import sys
 from pathlib import Path
 
 from evaluation import summarize_line, write_predictions
+from minbert.arguments import OneLineErrorParser
 from minbert.data.batches import DataError, show_data_warnings_on_one_line
 from minbert.data.scores import ScoresFileError, scores_path, write_scores
 from minbert.files import atomic_write_text, describe_os_error, locked_folder, remove_files, unwritable_folder
@@ -47,7 +48,7 @@ from minbert.tasks import TASKS, default_output
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineErrorParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", nargs="+", help="finished runs' output folders (each with scores/)")
     parser.add_argument("--output_dir", required=True, help="where the CSVs and ensemble.json go")
     parser.add_argument("--data_dir", default="data", help="the course files, for the dev labels")

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from evaluation import PredictionsFileError, error_counts
+from minbert.arguments import OneLineErrorParser
 from minbert.data.batches import DataError, show_data_warnings_on_one_line
 from minbert.files import locked_folder, unwritable_folder
 from minbert.reports.plots import figure_problem, plot_error_analysis
@@ -42,7 +43,7 @@ def report(counts: dict) -> list[str]:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineErrorParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run", type=Path, help="a run folder (or any folder) holding the three dev CSVs")
     parser.add_argument("--data_dir", type=Path, help="the course files, for the dev labels (default: the run's "
                         "own --data_dir, else data)")

@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 
 from base_bert import CheckpointError, resolve_pretrained, to_hf_state_dict
+from minbert.arguments import OneLineErrorParser
 from minbert.files import atomic_write, atomic_write_text, describe_os_error, locked_folder, unwritable_folder
 from minbert.model.adapters import SHARED_SET, merge_adapters
 from minbert.model.checkpoint import save_tensors
@@ -89,7 +90,7 @@ def export(checkpoint: Path, out: Path, task: str | None = None, pretrained: str
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineErrorParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("checkpoint", type=Path, help="PREFIX of PREFIX.safetensors + PREFIX.json (e.g. runs/x/best)")
     parser.add_argument("out_dir", type=Path)
     parser.add_argument("--task", help="with per-task LoRA / DoRA adapters: the task whose adapters are merged")

@@ -13,7 +13,6 @@ come from seed 0 (the SQuAD files draw from their own generator, so they leave t
 """
 from __future__ import annotations
 
-import argparse
 import csv
 import hashlib
 import io
@@ -22,6 +21,7 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
+from minbert.arguments import OneLineErrorParser
 from minbert.files import atomic_write_text
 
 # Examples per split (train, dev, test) of each course file.
@@ -534,7 +534,7 @@ def write_squad(out_dir: Path, seed: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = OneLineErrorParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out_dir", type=Path, default=Path(__file__).resolve().parents[1] / "data" / "demo")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from base_bert import CheckpointError
 from bert import BertModel
+from minbert.arguments import OneLineErrorParser
 from minbert.data.batches import DataError, load_split
 from minbert.files import unwritable_folder
 from minbert.model.multitask_bert import MultitaskBERT, load_multitask_checkpoint
@@ -38,7 +39,7 @@ def load_model(name: str, device) -> tuple[MultitaskBERT, str]:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineErrorParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("models", nargs="+", help="checkpoint prefixes or pretrained models, one panel each")
     parser.add_argument("--data_dir", default="data", help="the course files (ids-sst-dev.csv)")
     parser.add_argument("--output", required=True, help="the PNG to write")

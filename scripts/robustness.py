@@ -35,6 +35,7 @@ import time
 from pathlib import Path
 
 from base_bert import CheckpointError
+from minbert.arguments import OneLineErrorParser
 from minbert.data.batches import load_split
 from minbert.files import (DataError, OutputError, atomic_write_text, locked_folder, show_data_warnings_on_one_line,
                            unwritable_folder)
@@ -69,7 +70,7 @@ def names(text: str, allowed: tuple[str, ...], flag: str, parser: argparse.Argum
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineErrorParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", nargs="+", metavar="run", help="a run's folder (its kept model, best) or a checkpoint "
                         "prefix; several: their ensemble")
     parser.add_argument("--data_dir", help="the course's dev files (default: the (first) run's own --data_dir)")

@@ -21,6 +21,7 @@ import torch
 
 from base_bert import CheckpointError
 from bert import BertModel
+from minbert.arguments import OneLineErrorParser
 from minbert.data.batches import DataError, collate_pairs, collate_sentences, load_split
 from minbert.model.multitask_bert import MultitaskBERT, load_multitask_model
 from minbert.runtime import autocast
@@ -63,7 +64,7 @@ def divergences(model: MultitaskBERT, task: str, batch: dict, epsilon: float, bf
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineErrorParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data_dir", default=str(ROOT / "data"))
     parser.add_argument("--checkpoint", help="a MultitaskBERT checkpoint prefix (default: minilm-l6, new heads)")
     parser.add_argument("--epsilons", type=float, nargs="+", default=[1e-5, 1e-3, 1e-1])

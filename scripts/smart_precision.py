@@ -34,6 +34,7 @@ import torch
 import smart
 from base_bert import CheckpointError
 from bert import BertModel
+from minbert.arguments import OneLineErrorParser
 from minbert.data.batches import DataError, TokenizedExamples, load_split
 from minbert.model.multitask_bert import MultitaskBERT, load_multitask_model
 from minbert.run.training_args import parse_training_args
@@ -113,7 +114,7 @@ def compare(reference: dict, other: dict) -> tuple[float, float, float]:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineErrorParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data_dir", default=str(ROOT / "data"))
     parser.add_argument("--checkpoint", help="a MultitaskBERT checkpoint prefix (default: minilm-l6, new heads)")
     parser.add_argument("--split", default="train", choices=("train", "dev"))

@@ -32,7 +32,7 @@ from minbert.model.multitask_bert import MultitaskBERT, load_multitask_checkpoin
 from minbert.reports.cka import (cka_matrices, dev_sentences, layer_representations, plot_cka_comparison,
                                  plot_stage_cka, sentence_spans, with_start)
 from minbert.run.run_record import recorded_pretrained
-from minbert.run.training_args import OneLineErrorParser
+from minbert.arguments import OneLineErrorParser
 from minbert.tasks import MULTITASK, task_name
 from minbert.training.stage_transitions import stage_starts
 from tokenizer import BertTokenizer

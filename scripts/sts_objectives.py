@@ -20,6 +20,7 @@ import torch
 
 from base_bert import CheckpointError
 from bert import BertModel
+from minbert.arguments import OneLineErrorParser
 from minbert.data.batches import DataError, TaskData, load_split
 from minbert.model.multitask_bert import MultitaskBERT
 from minbert.run.run_setup import build_trainer
@@ -32,7 +33,7 @@ from tokenizer import BertTokenizer
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineErrorParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data_dir", required=True)
     parser.add_argument("--pretrained", default="minilm-l6")
     parser.add_argument("--objectives", default="cosine,shifted,cosent")

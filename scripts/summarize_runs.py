@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 from evaluation import history_forgetting_measures, overall_of
+from minbert.arguments import OneLineErrorParser
 from minbert.tasks import MULTITASK, TASKS
 
 COLUMNS = [("SST acc", "sst_acc"), ("SST F1 (w)", "sst_f1_weighted"), ("QQP acc", "qqp_acc"),
@@ -83,7 +84,7 @@ def digits(key: str) -> int:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineErrorParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", type=Path, nargs="+", help="run folders (--output_dir of multitask_classifier.py)")
     parser.add_argument("--each_task_best", action="store_true",
                         help="also print each task's best stage and their overall score, per run")

@@ -35,6 +35,7 @@ import time
 import warnings
 from pathlib import Path
 
+from minbert.arguments import OneLineErrorParser
 from minbert.files import atomic_write_text
 from minbert.run.training_args import TrainingArguments, build_parser, parse_training_args
 from minbert.tasks import default_output, output_flag
@@ -730,7 +731,7 @@ def report(study, sweep: Sweep) -> None:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineErrorParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--study", required=True, help="the study's name: its folder SWEEPS/STUDY, its database")
     parser.add_argument("--space", required=True, type=Path, help="the search space, a JSON file (docs/sweeps.md)")
     parser.add_argument("--trials", type=int, default=20, help="trials of the whole sweep, all workers together")

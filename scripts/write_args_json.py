@@ -17,6 +17,7 @@ import json
 import sys
 from pathlib import Path
 
+from minbert.arguments import OneLineErrorParser
 from minbert.run.run_record import RECORD_FILE, write_run_record
 from minbert.run.training_args import TrainingArguments
 
@@ -51,7 +52,7 @@ def run_folders(roots: list[Path]) -> list[Path]:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineErrorParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("folders", nargs="+", type=Path, help="run folders, or folders holding them at any depth")
     args = parser.parse_args(argv)
     missing = [str(folder) for folder in args.folders if not folder.is_dir()]

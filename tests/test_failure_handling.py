@@ -1,7 +1,9 @@
 """Bad input, kills and corrupted files: one clear line and exit code 2, never a traceback or a lost row."""
 import json
 import os
+import runpy
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -11,7 +13,7 @@ import minbert.model.checkpoint as checkpoint
 import multitask_classifier as mc
 import prepare_submit
 from base_bert import CheckpointError
-from conftest import DEMO, exit_code
+from conftest import DEMO, ROOT, exit_code
 from evaluation import write_predictions
 from minbert.data.batches import DataError, load_examples, standard_paths
 from minbert.model.checkpoint import atomic_save, read_checkpoint
@@ -153,6 +155,27 @@ def test_a_removed_tensor_is_named(tiny_checkpoint, tmp_path, capsys):
 
 
 # -- the command lines ---------------------------------------------------------------------------------
+# Every command line that reads flags (the course's scripts and scripts/*.py); optimizer_test.py reads none.
+COMMAND_LINES = sorted(path.relative_to(ROOT).as_posix() for path in [*ROOT.glob("*.py"), *ROOT.glob("scripts/*.py")]
+                       if "parse_args(" in path.read_text(encoding="utf-8"))
+
+
+def test_the_command_lines_are_all_found():
+    assert {"multitask_classifier.py", "classifier.py", "predict.py", "scripts/sweep.py"} <= set(COMMAND_LINES)
+
+
+@pytest.mark.parametrize("script", COMMAND_LINES)
+def test_a_bad_command_line_is_one_error_line_in_every_script(script, capsys, monkeypatch):
+    """argparse's own parser prints its usage block above the error (here: a missing required argument, or the
+    unknown flag); the user gets one line and --help."""
+    monkeypatch.setattr("sys.argv", [script, "--no_such_flag"])
+    with pytest.raises(SystemExit) as stopped:
+        runpy.run_path(str(ROOT / script), run_name="__main__")
+    assert stopped.value.code == 2
+    line = one_error_line(capsys)
+    assert line.startswith(f"{Path(script).name}: error: ") and line.endswith("(see --help)"), line
+
+
 
 
 def test_resume_before_any_checkpoint_says_to_start_without_it(tmp_path, capsys, model_must_not_load):

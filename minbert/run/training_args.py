@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from base_bert import CheckpointError
+from minbert.arguments import OneLineErrorParser
 from minbert.data.batches import standard_paths
 from minbert.data.nli import PAIRINGS
 from minbert.files import DataError, read_input_bytes, unwritable_folder
@@ -650,13 +651,6 @@ class ClassifierArguments:
 
     def __post_init__(self):
         _check_common(self, texts_per_input=1)
-
-
-class OneLineErrorParser(argparse.ArgumentParser):
-    """Reports a bad flag as one line 'PROG: error: ... (see --help)' and exit code 2, without the usage block."""
-
-    def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
 def _refuse_task_flags_taking_own_flags(parser: argparse.ArgumentParser, cls) -> None:
