@@ -103,8 +103,7 @@ def penalty_settings(args: TrainingArguments, num_layers: int) -> PenaltySetting
     lnsr = {task: lnsr_config(args, num_layers) for task in lnsr_tasks(args)}
     kinds = {name: SimpleNamespace(**{flag: getattr(args, flag) for flag in kind.flags})
              for name, kind in PENALTY_KINDS.items()}
-    return PenaltySettings(distillation, args.distill_weight, args.distill_temperature, lnsr, smart, args.ewc_weight,
-                           args.ewc_fisher_batches, args.l2sp_weight, kinds)
+    return PenaltySettings(distillation, args.distill_weight, args.distill_temperature, lnsr, smart, kinds)
 
 
 def save_minutes(requested: float | None, device: torch.device) -> float:

@@ -65,8 +65,6 @@ SIMCSE = "SimCSE stage (before the tasks)"
 ADAPTERS = "adapters (parameter-efficient; with --option pretrain only adapters and heads train)"
 LNSR = "LNSR, layer-wise noise stability (Hua et al. 2021); defaults are AllBERT's for STS"
 DISTILL = "distillation: a teacher's saved scores on the train splits as soft targets"
-FORGETTING = ("defences against forgetting in the sequential schedule (continual.py), added to every task step's "
-              "loss; 0 turns one off")
 OPTIONS = ("pretrain", "finetune")  # --option: BERT frozen or trained
 THREE_TASK_STAGES = ("qqp", "sts,sst,qqp:0.03")  # --first_stages, --cycle of the three tasks: the thesis's order
 DEMO_STAGES = ("qqp", "sts,sst,qqp:0.25")  # --demo's, a shorter SMART schedule of the three tasks
@@ -386,16 +384,6 @@ class TrainingArguments:
                             "best, those of the epoch with the best STS dev Pearson (the thesis' 3 SNLI epochs)",
                             SIMCSE, choices=STAGE_STARTS)
 
-    # Defences against forgetting.
-    ewc_weight: float = flag(0.0, "lambda of EWC (Kirkpatrick et al. 2017) on the trainable encoder parameters: "
-                             "lambda/2 sum F (theta - theta*)^2, the diagonal Fisher F consolidated, at the weights "
-                             "theta* the next stage starts from, whenever a block of stages of one task gives way to "
-                             "the next", FORGETTING, type=float)
-    ewc_fisher_batches: int = flag(100, "the Fisher's batches: the first of the finished block's last stage, by its "
-                                   "task's loss alone (no SMART, LNSR or distillation)", FORGETTING, type=int)
-    l2sp_weight: float = flag(0.0, "alpha of L2-SP (Li et al. 2018): alpha/2 sum (theta - theta_pretrained)^2 over "
-                              "the trainable weights that came from --pretrained", FORGETTING, type=float)
-
     def __post_init__(self):
         self.precision = requested_precision(self.precision, self.bf16)
         try:
@@ -488,7 +476,7 @@ def validate(args: TrainingArguments) -> None:
     once they are read, still before the model loads (run_setup.load_inputs, check_pretrained)."""
     _check_common(args, texts_per_input=2)  # QQP and STS may be encoded jointly (--pair_encoder cross, hybrid)
     for check in (_check_run, _check_optimisation, _check_schedule_flags, _check_heads, _check_task_options,
-                  _check_adapters, _check_simcse, _check_forgetting, _check_smart_and_lnsr, _check_distillation,
+                  _check_adapters, _check_simcse, _check_smart_and_lnsr, _check_distillation,
                   *(kind.check for kind in PENALTY_KINDS.values())):
         check(args)
     _check_stages(args, run_schedule(args))
@@ -561,21 +549,6 @@ def _check_simcse(args: TrainingArguments) -> None:
     _check(_finite(args.simcse_lr) and args.simcse_lr > 0, f"--simcse_lr must be > 0, got {args.simcse_lr}")
     _check(_finite(args.simcse_temperature) and args.simcse_temperature > 0,
            f"--simcse_temperature must be a finite number > 0, got {args.simcse_temperature}")
-
-
-def _check_forgetting(args: TrainingArguments) -> None:
-    for name in ("ewc_weight", "l2sp_weight"):
-        _check(_finite(getattr(args, name)) and getattr(args, name) >= 0,
-               f"--{name} must be a finite number >= 0, got {getattr(args, name)}")
-    _check(args.ewc_fisher_batches >= 1, f"--ewc_fisher_batches must be >= 1, got {args.ewc_fisher_batches}")
-    _check(not (args.ewc_weight or args.l2sp_weight) or args.schedule == "sequential",
-           "--ewc_weight and --l2sp_weight regularise the sequential schedule's stages; use --schedule sequential")
-    _check(not args.l2sp_weight or args.option == "finetune",
-           "--l2sp_weight holds the pretrained weights, which --option pretrain freezes; use --option finetune")
-    _check(not args.ewc_weight or args.option == "finetune" or (args.adapter != "none"
-                                                                 and args.adapter_sharing == "shared"),
-           "--ewc_weight holds the trainable encoder parameters shared by the tasks: with --option pretrain that "
-           "needs --adapter ... --adapter_sharing shared")
 
 
 def _check_smart_and_lnsr(args: TrainingArguments) -> None:

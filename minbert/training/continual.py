@@ -19,6 +19,9 @@ from torch import Tensor, nn
 
 from minbert.training.objective import FinishedBlock, Penalty, TaskForward
 
+# The --help group of their flags (minbert/training/penalties/ewc.py, l2sp.py).
+DEFENCES_TITLE = ("defences against forgetting in the sequential schedule (continual.py), added to every task step's "
+                  "loss; 0 turns one off")
 EWC_KEY = "ewc."  # the Fisher's and the anchor's tensors in a checkpoint
 
 

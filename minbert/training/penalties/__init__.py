@@ -1,7 +1,8 @@
 """The run's penalties. Those that are one file each: every module of this folder that defines PENALTY (an
 objective.PenaltyKind) is found when the package is imported, its flags become multitask_classifier.py's
 (training_args), and a run whose flags turn it on adds its Penalty to every task's objective after the built-in ones
-(build_penalties). A new regulariser is a new file here and nothing else (docs/layout.md, "Adding a regulariser").
+(distillation, LNSR, SMART), in the files' alphabetical order (build_penalties). EWC (ewc.py) and L2-SP (l2sp.py) are
+such files. A new regulariser is a new file here and nothing else (docs/layout.md, "Adding a regulariser").
 
     penalties = build_penalties(PenaltySettings(...), model, teacher)    # run_settings.penalty_settings makes them
 """
@@ -14,7 +15,6 @@ from types import SimpleNamespace
 
 from minbert.files import refused_at_import
 from minbert.model.multitask_bert import MultitaskBERT
-from minbert.training.continual import L2SP, ElasticWeightConsolidation
 from minbert.training.distillation import Distillation, TeacherScores, TeacherSpans
 from minbert.training.lnsr import LnsrConfig, LnsrPenalty
 from minbert.training.objective import Penalty, PenaltyKind
@@ -64,24 +64,22 @@ class SmartSettings:
 @dataclass(frozen=True)
 class PenaltySettings:
     """Every penalty of the tasks' losses as the run's flags set it: distillation per task (the weight and temperature
-    of each task with a teacher, and the global ones), LNSR per task, SMART (None: off), EWC and L2-SP (weight 0:
-    off), and the flags of each penalty of this folder, by its name."""
+    of each task with a teacher, and the global ones), LNSR per task, SMART (None: off), and the flags of each
+    penalty of this folder (EWC, L2-SP, ...), by its name."""
     distillation: dict[str, tuple[float, float]]
     distill_weight: float
     distill_temperature: float
     lnsr: dict[str, LnsrConfig]
     smart: SmartSettings | None
-    ewc_weight: float
-    ewc_fisher_batches: int
-    l2sp_weight: float
     kinds: dict[str, SimpleNamespace]
 
 
 def build_penalties(settings: PenaltySettings, model: MultitaskBERT,
                     teacher: dict[str, TeacherScores | TeacherSpans] | None = None) -> list[Penalty]:
     """The penalties of the run's task losses, in the order each task's objective applies them: distillation from
-    --distill's `teacher` scores, LNSR, SMART, EWC, L2-SP (built on the model as it is: the pretrained weights, before
-    a resume loads the run's), then those of this folder that their flags turn on."""
+    --distill's `teacher` scores, LNSR, SMART, then those of this folder that their flags turn on, in their files'
+    alphabetical order (ewc.py before l2sp.py). Each is built on the model as it is: the pretrained weights, before a
+    resume loads the run's (L2-SP's anchor)."""
     penalties = []
     if teacher:
         penalties.append(Distillation(teacher, settings.distill_weight, settings.distill_temperature,
@@ -90,14 +88,6 @@ def build_penalties(settings: PenaltySettings, model: MultitaskBERT,
         penalties.append(LnsrPenalty(settings.lnsr))
     if settings.smart is not None:
         penalties.append(smart_penalty(settings.smart, model))
-    trainable = [name for name, p in model.named_parameters() if p.requires_grad]
-    if settings.ewc_weight:  # the encoder (and shared adapters): a task's own head or adapters no other task trains
-        penalties.append(ElasticWeightConsolidation(model, settings.ewc_weight,
-                                                    [name for name in trainable if model.is_shared(name)],
-                                                    settings.ewc_fisher_batches))
-    if settings.l2sp_weight:  # BERT's own weights, all from the checkpoint; adapters start from no pretrained value
-        penalties.append(L2SP(model, settings.l2sp_weight, [name for name in trainable
-                                                            if name.startswith("bert.") and ".adapters." not in name]))
     built = (kind.build(settings.kinds[name], model) for name, kind in PENALTY_KINDS.items())
     return penalties + [penalty for penalty in built if penalty is not None]
 
