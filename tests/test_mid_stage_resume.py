@@ -24,6 +24,11 @@ pytestmark = pytest.mark.usefixtures("one_thread", "no_plots")
 SEQUENTIAL = ("--first_stages", "sst,qqp,sts", "--cycles", "0")
 ANNEALED = ("--schedule", "annealed", "--epochs", "2", "--max_train_examples", "12")
 SMART = ("--first_stages", "sts,sst", "--cycles", "0", "--smart")
+# The thesis' SMART (scripts/_common.sh's THESIS_SMART_FLAGS): D_Breg anchored to the weights its stage started from,
+# the anchor's forward with dropout on, the momentum schedule restarting each stage.
+THESIS_SMART = (*SMART, "--smart_norm_level", "sentence", "--smart_projection", "rescale", "--smart_reduction", "max",
+                "--smart_anchor_mode", "train", "--smart_momentum_schedule", "stage", "--smart_anchor", "stage_start")
+RUNS = {"sequential": SEQUENTIAL, "annealed": ANNEALED, "smart": SMART, "thesis_smart": THESIS_SMART}
 CSVS = [f"{task}-{split}-out.csv" for task in ("sst", "para", "sts") for split in ("dev", "test")]
 
 
@@ -66,7 +71,7 @@ def never_stopped(tiny_checkpoint, tmp_path_factory):
     runs = {}
     with pytest.MonkeyPatch.context() as patch:
         skip_figures(patch)
-        for name, flags in (("sequential", SEQUENTIAL), ("annealed", ANNEALED), ("smart", SMART)):
+        for name, flags in RUNS.items():
             out = tmp_path_factory.mktemp(name)
             assert mc.main(run_flags(tiny_checkpoint, out, *flags)) == 0
             runs[name] = outputs(out)
@@ -80,10 +85,11 @@ def never_stopped(tiny_checkpoint, tmp_path_factory):
     ("annealed", 5, 4),      # the first multi-task epoch: the loaders restart, the tasks in annealed order
     ("annealed", 10, 10),    # right after the first update of the second epoch
     ("smart", 3, 2),         # SMART's Bregman anchor and its momentum schedule
+    ("thesis_smart", 9, 8),  # inside stage 2: its anchor is the weights stage 2 started from, not the resumed ones
 ])
 def test_a_run_killed_inside_a_stage_resumes_to_the_same_bytes(never_stopped, tiny_checkpoint, tmp_path, monkeypatch,
                                                                flags, killed_at, kept):
-    extra = {"sequential": SEQUENTIAL, "annealed": ANNEALED, "smart": SMART}[flags]
+    extra = RUNS[flags]
     killed_after(monkeypatch, killed_at)
     with pytest.raises(Killed):
         mc.main(run_flags(tiny_checkpoint, tmp_path, *extra, "--save_steps", "2"))
