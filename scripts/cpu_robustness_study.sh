@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # CPU protocol, the robustness study (issue 47): does SMART make minBERT more robust? The suite
 # (scripts/robustness.py) on the kept models of the forgetting study's runs (cpu_forgetting_study.sh
-# --max_train_examples 2000: minilm-l6, QQP -> STS x 2 -> SST x 2), five seeds of none and smart, three of lnsr:
+# --max_train_examples 2000: minilm-l6, QQP -> STS x 2 -> SST x 2), five seeds an arm:
 #   none      no regulariser                 none, none_seed1, ..., none_seed4
 #   smart     the thesis' SMART (R_s on)     thesis_smart, thesis_smart_seed1, ..., thesis_smart_seed4
-#   lnsr      LNSR on every task             lnsr, lnsr_seed1, lnsr_seed2
+#   lnsr      LNSR on every task             lnsr, lnsr_seed1, ..., lnsr_seed4
 #   ensemble  none_seed2..4's ensemble (their mean probabilities; one ensemble, so no seed spread)
 # Every run is scored on the same sets, made once in $STUDY_DIR/perturbed by the first run: 500 dev examples a task,
 # each noise (4 character, 3 word kinds) at rate 0.2, the embedding attack at eps 0.01 / 0.03 / 0.1 and the greedy
@@ -17,7 +17,7 @@ source "$(dirname "$0")/_common.sh"
 STUDY_DIR=${STUDY_DIR:-$RUNS_DIR/robustness_study}
 NONE=(none none_seed1 none_seed2 none_seed3 none_seed4)
 SMART=(thesis_smart thesis_smart_seed1 thesis_smart_seed2 thesis_smart_seed3 thesis_smart_seed4)
-LNSR=(lnsr lnsr_seed1 lnsr_seed2)
+LNSR=(lnsr lnsr_seed1 lnsr_seed2 lnsr_seed3 lnsr_seed4)
 ENSEMBLE=(none_seed2 none_seed3 none_seed4)
 SUITE=(--data_dir "$DATA_DIR" --max_examples 500 --rates 0.2 --epsilons 1e-2 3e-2 1e-1
        --perturbed_dir "$STUDY_DIR/perturbed" "$@")

@@ -216,7 +216,7 @@ def test_the_ensemble_recipe_combines_the_committed_scores(tmp_path):
 
 def test_the_robustness_study_scores_every_run_on_one_set_of_inputs_once_then_compares_the_arms(tmp_path):
     """cpu_robustness_study.sh with `python` standing in for the scripts (it records its arguments and writes the
-    suite's robustness.json): thirteen runs and the ensemble of three undefended ones, all with the same
+    suite's robustness.json): fifteen runs and the ensemble of three undefended ones, all with the same
     --perturbed_dir, then the four arms compared; a second call scores nothing again."""
     stub = tmp_path / "bin" / "python"
     stub.parent.mkdir()
@@ -233,7 +233,7 @@ def test_the_robustness_study_scores_every_run_on_one_set_of_inputs_once_then_co
         assert result.returncode == 0, result.stderr
     lines = calls.read_text().splitlines()
     suites = [line.split() for line in lines if line.split()[0].endswith("/scripts/robustness.py")]
-    assert len(suites) == 14 and len(lines) == 16  # a second call only compares again
+    assert len(suites) == 16 and len(lines) == 18  # a second call only compares again
     study = runs / "robustness_study"
     assert all(words[words.index("--perturbed_dir") + 1] == str(study / "perturbed") for words in suites)
     ensemble = suites[-1]
