@@ -176,8 +176,6 @@ def test_a_bad_command_line_is_one_error_line_in_every_script(script, capsys, mo
     assert line.startswith(f"{Path(script).name}: error: ") and line.endswith("(see --help)"), line
 
 
-
-
 def test_resume_before_any_checkpoint_says_to_start_without_it(tmp_path, capsys, model_must_not_load):
     assert mc.main(["--data_dir", str(DEMO), "--output_dir", str(tmp_path / "run"), "--resume"]) == 2
     assert "nothing to resume yet" in one_error_line(capsys)
