@@ -190,6 +190,13 @@ def test_a_run_whose_recorded_csvs_now_hold_another_runs_predictions_is_refused(
     assert compare_runs.main(["--data_dir", str(DEMO), "--replicates", "100", str(ours)]) == 2
     line = one_error_line(capsys)
     assert str(theirs / "predictions" / "sst-dev-out.csv") in line and "not this run's predictions" in line
+    ensemble = demo_run(tmp_path, "ensemble", 0.1, 2)  # scripts/ensemble.py's folder records its dev metrics too
+    write_best(ensemble, scored=theirs)
+    record = json.loads((ensemble / "best.json").read_text())
+    (ensemble / "best.json").unlink()
+    (ensemble / "ensemble.json").write_text(json.dumps({"dev": record["metrics"], "tasks": dict.fromkeys(MULTITASK)}))
+    assert compare_runs.main(["--data_dir", str(DEMO), "--replicates", "100", str(ensemble)]) == 2
+    assert f"that {ensemble / 'ensemble.json'} records: not this run's predictions" in one_error_line(capsys)
 
 
 def test_a_run_is_not_credited_with_a_task_it_did_not_train(tmp_path, capsys):
