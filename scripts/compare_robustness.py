@@ -8,7 +8,15 @@ configurations"; minbert/reports/robustness_comparison.py says how).
 
 An arm is NAME=DIR[,DIR...]: scripts/robustness.py's output folders (a run's folder stands for RUN/robustness);
 the first arm is the baseline. Every run must have been scored on the same inputs (the same --perturbed_dir and
-attack settings). Prints the markdown tables; --output FILE.md writes them and FILE.json, every estimate.
+attack settings), and an arm names each run once. Prints the markdown tables; --output FILE.md writes them and
+FILE.json, every estimate.
+
+--primary [ARM:]TASK/FAMILY/VARIANT (e.g. smart:sts/embedding/eps=0.01) declares the study's one primary comparison
+before its tables: that row's drop of ARM's runs (the second arm when not named) against the first arm's, decided
+by the exact permutation test over the seeds (each run's own drop) at p < 0.05; printed first. Every other difference
+(drops and clean scores) is secondary: a family whose p values are Holm-corrected (minbert/reports/decisions.py),
+each shown with its raw p, its adjusted p and "survives" or "not separable". Without --primary every comparison is
+secondary.
 """
 from __future__ import annotations
 
@@ -20,7 +28,9 @@ from pathlib import Path
 from minbert.arguments import OneLineErrorParser
 from minbert.files import DataError, OutputError, atomic_write_text, read_input_text, unwritable_folder
 from minbert.reports.bootstrap import Difference, Estimate, arms_problem
-from minbert.reports.robustness_comparison import RobustnessComparison, ScoredRun, compare_arms, mismatch, scored_run
+from minbert.reports.decisions import ALPHA, holm, parse_primary, secondary_verdict
+from minbert.reports.robustness_comparison import (CleanResult, RobustnessComparison, ScoredRun, compare_arms, mismatch,
+                                                   scored_run, seed_test, variant_problem)
 from minbert.tasks import TASKS
 
 PREDICTIONS, REPORT = "robustness_predictions.json", "robustness.json"
@@ -31,8 +41,14 @@ def parse_arm(text: str) -> tuple[str, list[Path]]:
     dirs = [Path(folder) for folder in folders.split(",") if folder]
     if not name or not dirs:
         raise argparse.ArgumentTypeError(f"{text!r}: expected NAME=DIR[,DIR...]")
-    return name, [folder / "robustness" if not (folder / REPORT).exists() and (folder / "robustness").is_dir()
-                  else folder for folder in dirs]
+    dirs = [folder / "robustness" if not (folder / REPORT).exists() and (folder / "robustness").is_dir()
+            else folder for folder in dirs]
+    seen: dict[Path, Path] = {}
+    for folder in dirs:  # the same run twice, however spelled, would count double in the arm's mean
+        if seen.setdefault(folder.resolve(), folder) is not folder:
+            raise argparse.ArgumentTypeError(f"{name}: {folder} is the same run as {seen[folder.resolve()]}; "
+                                             "give each run once")
+    return name, dirs
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -41,13 +57,43 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--replicates", type=int, default=2000, help="bootstrap replicates of each interval")
     parser.add_argument("--seed", type=int, default=0, help="of the bootstrap")
     parser.add_argument("--output", type=Path, help="FILE.md: the tables there, every estimate in FILE.json")
+    parser.add_argument("--primary", metavar="[ARM:]TASK/FAMILY/VARIANT",
+                        help="the comparison that decides, over the seeds: that row's drop of ARM (the second arm "
+                             "by default) against the first arm; every other one is secondary")
     args = parser.parse_args(argv)
-    problem = arms_problem([name for name, _ in args.arms], args.replicates)
+    problem = arms_problem([name for name, _ in args.arms], args.replicates) or (
+        primary_problem(args.primary, dict(args.arms)) if args.primary else None)
     if problem:
         parser.error(problem)
     if args.output is not None and args.output.suffix == ".json":
         parser.error(f"--output: {args.output} would be overwritten by the JSON; name a .md file")
     return args
+
+
+def primary_row(text: str, arms: list[str]) -> tuple[str, tuple[str, str, str]]:
+    """--primary as (ARM, (TASK, FAMILY, VARIANT)); ValueError saying what is wrong."""
+    arm, figure = parse_primary(text, arms)
+    row = tuple(figure.split("/", 2))
+    if len(row) != 3 or not all(row):
+        raise ValueError(f"--primary: {figure!r} is not TASK/FAMILY/VARIANT (e.g. sts/embedding/eps=0.01)")
+    return arm, row
+
+
+def primary_problem(text: str, arms: dict[str, list[Path]]) -> str | None:
+    """What makes --primary impossible before anything is read, in one line, or None."""
+    try:
+        arm, _ = primary_row(text, list(arms))
+    except ValueError as err:
+        return str(err)
+    small = [name for name in (next(iter(arms)), arm) if len(arms[name]) < 2]
+    return (f"--primary: {small[0]} has one run; the exact test over seeds needs two runs or more in each arm"
+            if small else None)
+
+
+def missing_primary_row(text: str, arms: dict[str, list[ScoredRun]]) -> str | None:
+    """Why the runs (scored on the same inputs: the first one's rows are every run's) lack --primary's row, or None."""
+    _, row = primary_row(text, list(arms))
+    return variant_problem(next(iter(arms.values()))[0], *row)
 
 
 def read_run(folder: Path) -> ScoredRun:
@@ -71,10 +117,19 @@ def interval(value: Estimate, sign: str = "+") -> str:
     return f"{value.value:{sign}.3f} [{value.low:{sign}.3f}, {value.high:{sign}.3f}]"
 
 
-def verdict(difference: Difference, lower: str, higher: str) -> str:
-    """The difference [interval], its p, and what it says ("not separable" when the interval holds zero)."""
-    says = "not separable" if not difference.separable else lower if difference.value < 0 else higher
-    return f"{interval(difference)}, p {difference.p:.3f}, {says}"
+Adjusted = dict[tuple, float]  # (arm, task, family, variant or "clean") -> its Holm-adjusted p
+
+
+def verdict(difference: Difference, adjusted: float | None, lower: str, higher: str) -> str:
+    """The difference [interval], its p and Holm-adjusted p, and what it says: "survives" (lower or higher) when the
+    adjusted p is below ALPHA and the interval holds no zero, else "not separable"; the primary's (adjusted None)
+    points to its line above."""
+    if adjusted is None:
+        return f"{interval(difference)}, p {difference.p:.3f}, primary (above)"
+    says = secondary_verdict(adjusted, difference.separable)
+    if says != "not separable":
+        says += f" ({lower if difference.value < 0 else higher})"
+    return f"{interval(difference)}, p {difference.p:.3f}, Holm p {adjusted:.3f}, {says}"
 
 
 def title(task: str) -> str:
@@ -85,44 +140,83 @@ def table(head: list[str], rows: list[list[str]]) -> list[str]:
     return ["| " + " | ".join(head) + " |", "|---" * len(head) + "|", *("| " + " | ".join(row) + " |" for row in rows)]
 
 
-def markdown(result: RobustnessComparison) -> list[str]:
-    """The drops, the clean scores and the greedy attack's success, each a table with a line per row."""
-    names, base = list(result.arms), next(iter(result.arms))
-    later = names[1:]
-    lines = [f"# Robustness of {', '.join(names)} (baseline: {base})", "",
-             "Runs: " + "; ".join(f"{name}: {', '.join(runs)}" for name, runs in result.arms.items()) + ".",
-             f"Drop = clean - perturbed, the mean over an arm's runs; 95% intervals from {result.replicates} "
-             f"replicates of a hierarchical bootstrap (seed {result.seed}): examples drawn once, shared by every arm "
-             "(paired), runs drawn within each arm. An arm of one run: its interval covers the examples alone.",
-             f"ARM - {base} < 0: a smaller drop than {base}'s (more robust); \"not separable\": the interval holds 0.",
-             "", "## Drops", ""]
-    lines += table(["task", "family", "variant", "n", *(f"{name} drop" for name in names),
-                    *(f"{name} - {base}" for name in later)],
-                   [[title(row.task), row.family, row.variant, str(row.examples),
-                     *(interval(row.drop[name]) for name in names),
-                     *(verdict(row.minus_baseline[name], "smaller drop", "larger drop") for name in later)]
-                    for row in result.variants])
-    shown: list = []  # a task's families scored on the same examples with the same predictions share a line
+def shown_clean(result: RobustnessComparison) -> list[tuple[CleanResult, list[str]]]:
+    """The clean rows as shown: a task's families scored on the same examples with the same predictions share one
+    (and count once in the family of secondary comparisons)."""
+    shown: list = []
     for row in result.clean:
         if shown and (shown[-1][0].task, shown[-1][0].clean, shown[-1][0].minus_baseline) == (
                 row.task, row.clean, row.minus_baseline):
             shown[-1][1].append(row.family)
         else:
             shown.append((row, [row.family]))
+    return shown
+
+
+def secondary_family(result: RobustnessComparison, primary: tuple | None) -> Adjusted:
+    """Every difference shown but the primary one, with its Holm-adjusted p over them all."""
+    tests = {(arm, row.task, row.family, row.variant): d for row in result.variants
+             for arm, d in row.minus_baseline.items()}
+    tests.update({(arm, row.task, row.family, "clean"): d for row, _ in shown_clean(result)
+                  for arm, d in row.minus_baseline.items()})
+    tests.pop(primary, None)
+    return dict(zip(tests, holm([d.p for d in tests.values()])))
+
+
+def primary_lines(result: RobustnessComparison, text: str) -> list[str]:
+    """The declared comparison over the seeds, its exact p and verdict."""
+    arm, (task, family, variant) = primary_row(text, list(result.arms))
+    d, base = seed_test(result, arm, task, family, variant), next(iter(result.arms))
+    says = ("smaller drop" if d.value < 0 else "larger drop") if d.p < ALPHA else "not separable"
+    return [f"Primary comparison (declared: --primary {text}; the exact permutation test over the seeds decides at "
+            f"p < {ALPHA}): {arm} - {base}, the drop on {task}/{family}/{variant} ({len(result.arms[arm])} against "
+            f"{len(result.arms[base])} runs): {interval(d)}, exact p {d.p:.3f}, {says}.", ""]
+
+
+def markdown(result: RobustnessComparison, primary: str | None = None) -> list[str]:
+    """The primary comparison when declared, then the drops, the clean scores and the greedy attack's success, each
+    a table with a line per row."""
+    names, base = list(result.arms), next(iter(result.arms))
+    later = names[1:]
+    arm, row = primary_row(primary, names) if primary else (None, ())
+    adjusted = secondary_family(result, (arm, *row) if primary else None)
+    lines = [f"# Robustness of {', '.join(names)} (baseline: {base})", "",
+             *(primary_lines(result, primary) if primary else
+               ["No primary comparison declared (--primary): every comparison below is secondary.", ""]),
+             "Runs: " + "; ".join(f"{name}: {', '.join(runs)}" for name, runs in result.arms.items()) + ".",
+             f"Drop = clean - perturbed, the mean over an arm's runs; 95% intervals from {result.replicates} "
+             f"replicates of a hierarchical bootstrap (seed {result.seed}): examples drawn once, shared by every arm "
+             "(paired), runs drawn within each arm. An arm of one run: its interval covers the examples alone.",
+             f"ARM - {base} < 0: a smaller drop than {base}'s (more robust). Secondary comparisons: a family of "
+             f"{len(adjusted)}, Holm-corrected; \"survives\": Holm p < {ALPHA} and an interval without 0, else "
+             "\"not separable\".", "", "## Drops", ""]
+    lines += table(["task", "family", "variant", "n", *(f"{name} drop" for name in names),
+                    *(f"{name} - {base}" for name in later)],
+                   [[title(row.task), row.family, row.variant, str(row.examples),
+                     *(interval(row.drop[name]) for name in names),
+                     *(verdict(row.minus_baseline[name], adjusted.get((name, row.task, row.family, row.variant)),
+                               "smaller drop", "larger drop") for name in later)]
+                    for row in result.variants])
     lines += ["", "## Clean scores (the clean-score cost)", ""]
     lines += table(["task", "families", "n", *names, *(f"{name} - {base}" for name in later)],
                    [[title(row.task), ", ".join(families), str(row.examples),
                      *(interval(row.clean[name], "") for name in names),
-                     *(verdict(row.minus_baseline[name], "lower", "higher") for name in later)]
-                    for row, families in shown])
-    if result.greedy:
-        lines += ["", "## The greedy attack: success rate (mean over the runs), words changed per success", ""]
-        lines += table(["task", "variant", *names],
-                       [[title(row.task), row.variant,
-                         *(f"{row.success_rate[name]:.3f}, " + (f"{row.words_per_success[name]:.2f} words"
-                                                                 if row.success_rate[name] else "no success")
-                           for name in names)] for row in result.greedy])
-    return lines + [""]
+                     *(verdict(row.minus_baseline[name], adjusted[name, row.task, row.family, "clean"], "lower",
+                               "higher") for name in later)]
+                    for row, families in shown_clean(result)])
+    return lines + greedy_lines(result) + [""]
+
+
+def greedy_lines(result: RobustnessComparison) -> list[str]:
+    if not result.greedy:
+        return []
+    names = list(result.arms)
+    return ["", "## The greedy attack: success rate (mean over the runs), words changed per success", "",
+            *table(["task", "variant", *names],
+                   [[title(row.task), row.variant,
+                     *(f"{row.success_rate[name]:.3f}, " + (f"{row.words_per_success[name]:.2f} words"
+                                                             if row.success_rate[name] else "no success")
+                       for name in names)] for row in result.greedy])]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -131,12 +225,13 @@ def run(args: argparse.Namespace) -> int:
         if problem:
             raise OutputError(problem)
     arms = {name: [read_run(folder) for folder in folders] for name, folders in args.arms}
-    problem = mismatch([run for runs in arms.values() for run in runs])
+    problem = mismatch([run for runs in arms.values() for run in runs]) or (
+        missing_primary_row(args.primary, arms) if args.primary else None)
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 2
     result = compare_arms(arms, args.replicates, args.seed)
-    text = "\n".join(markdown(result))
+    text = "\n".join(markdown(result, args.primary))
     if args.output is not None:
         atomic_write_text(args.output, text)
         atomic_write_text(args.output.with_suffix(".json"), json.dumps(result.as_json(), indent=1) + "\n")

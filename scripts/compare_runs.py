@@ -18,6 +18,18 @@ the arms' backward transfer and mean forgetting: a figure each run has once, so 
 interval is a bootstrap over each arm's runs and p an exact permutation test (minbert/reports/seed_tests.py), which
 decides: "not separable" unless p < 0.05 (with a handful of runs the bootstrap's interval is too narrow). It needs
 two runs or more in every arm.
+
+--primary [ARM:]FIGURE declares the study's one primary comparison before its tables: FIGURE (bwt or forgetting for
+sequential runs, or a score: sst, qqp, sts, overall; sst, cfimdb with --part1) of ARM's runs (the second arm when not
+named) against the first arm's, decided by the exact permutation test over the seeds (each run's own figure) at
+p < 0.05. It is printed first. Every other difference is secondary: a family whose p values are Holm-corrected
+(minbert/reports/decisions.py); each shows its raw p, its adjusted p and "survives" (adjusted p < 0.05, interval
+without zero) or "not separable". Without --primary every comparison is secondary.
+
+A run's CSVs must be its own (minbert/run/run_outputs.py, checked_predictions_and_gold): each scores the dev metric
+its best.json (or an ensemble's ensemble.json) records, and a run that did not train a task is refused, not
+credited with whatever CSV sits at its recorded path. An arm names each run once, and its runs trained the same
+tasks (their overall scores are averaged).
 """
 from __future__ import annotations
 
@@ -31,10 +43,11 @@ import numpy as np
 from evaluation import PredictionsFileError
 from minbert.arguments import OneLineErrorParser
 from minbert.data.batches import DataError, show_data_warnings_on_one_line
-from minbert.reports.bootstrap import OVERALL, Arm, Comparison, arms_problem, compare
+from minbert.reports.bootstrap import OVERALL, Arm, Comparison, Difference, arms_problem, compare, run_scores
+from minbert.reports.decisions import ALPHA, holm, parse_primary, secondary_verdict
 from minbert.reports.seed_tests import seed_difference
 from minbert.reports.tables import history_forgetting_measures
-from minbert.run.run_outputs import part1_predictions_and_gold, predictions_and_gold
+from minbert.run.run_outputs import checked_predictions_and_gold, part1_predictions_and_gold, run_record
 from minbert.tasks import MULTITASK, PART1_TASKS, TASKS
 
 
@@ -52,6 +65,11 @@ def parse_arm(text: str) -> tuple[str, list[Path]]:
     missing = [str(folder) for folder in folders if not folder.is_dir()]
     if missing:
         raise argparse.ArgumentTypeError(f"{missing[0]}: not a run's folder")
+    seen: dict[Path, Path] = {}
+    for folder in folders:  # the same run twice, however spelled, would count double in the arm's mean
+        if seen.setdefault(folder.resolve(), folder) is not folder:
+            raise argparse.ArgumentTypeError(f"{name}: {folder} is the same run as {seen[folder.resolve()]}; "
+                                             "give each run once")
     return name, folders
 
 
@@ -62,23 +80,74 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--replicates", type=int, default=2000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--part1", action="store_true", help="the runs are classifier.py's (SST, CFIMDB)")
+    parser.add_argument("--primary", metavar="[ARM:]FIGURE",
+                        help="the comparison that decides, over the seeds: bwt, forgetting or a score of ARM (the "
+                             "second arm by default) against the first arm; every other one is secondary")
     args = parser.parse_args(argv)
-    problem = arms_problem([name for name, _ in args.arms], args.replicates)
+    names = [name for name, _ in args.arms]
+    problem = arms_problem(names, args.replicates) or (primary_problem(args) if args.primary else None)
     if problem:
         parser.error(problem)
     return args
 
 
+def primary_figures(part1: bool) -> dict[str, str]:
+    """--primary's FIGURE names -> the key of the figure compared."""
+    tasks = PART1_TASKS if part1 else MULTITASK
+    return {**{short: key for key, short in FIGURE_NAMES.items() if not part1}, **{task: task for task in tasks},
+            **({OVERALL: OVERALL} if not part1 else {})}
+
+
+def primary_problem(args: argparse.Namespace) -> str | None:
+    """What makes --primary impossible before anything is read, in one line, or None."""
+    runs = dict(args.arms)
+    try:
+        arm, figure = parse_primary(args.primary, list(runs))
+    except ValueError as err:
+        return str(err)
+    if figure not in primary_figures(args.part1):
+        return f"--primary: {figure!r} is none of {', '.join(primary_figures(args.part1))}"
+    small = [name for name in (args.arms[0][0], arm) if len(runs[name]) < 2]
+    return (f"--primary: {small[0]} has one run; the exact test over seeds needs two runs or more in each arm"
+            if small else None)
+
+
 def read_arm(name: str, runs: list[Path], data_dir: Path, part1: bool = False) -> Arm:
+    if not part1:
+        refuse_mixed_tasks(name, runs)
     loaded = []
     for run in runs:
-        pairs = part1_predictions_and_gold(run, data_dir) if part1 else predictions_and_gold(run, data_dir)
+        pairs = part1_predictions_and_gold(run, data_dir) if part1 else checked_predictions_and_gold(run, data_dir)
         loaded.append({task: (np.asarray(predictions, dtype=np.float64), np.asarray(gold, dtype=np.float64))
                        for task, (predictions, gold) in pairs.items()})
     return Arm(name, loaded)
 
 
-def table(comparison: Comparison, arms: list[Arm], tasks: tuple[str, ...] = MULTITASK) -> list[str]:
+def refuse_mixed_tasks(name: str, runs: list[Path]) -> None:
+    """PredictionsFileError unless the arm's runs trained the same tasks: its overall score is their mean, and a run
+    of other tasks kept its model on another overall score."""
+    trained = {run: record.tasks if (record := run_record(run)) is not None else MULTITASK for run in runs}
+    other = next((run for run in runs if trained[run] != trained[runs[0]]), None)
+    if other is not None:
+        raise PredictionsFileError(f"{name}: {other} trained {','.join(trained[other])}, {runs[0]} "
+                                   f"{','.join(trained[runs[0]])}: an arm averages runs of the same tasks")
+
+
+Tests = dict[tuple[str, str], Difference]  # (later arm, score or figure key) -> its difference from the first arm
+
+
+def difference_cells(d: Difference, adjusted: float | None) -> str:
+    """'difference [interval] | p | Holm p | verdict' of a secondary comparison; the primary's (adjusted None) points
+    to its line above."""
+    shown = f"{d.value:+.4f} [{d.low:+.4f}, {d.high:+.4f}] | {d.p:.3f}"
+    if adjusted is None:
+        return f"{shown} | — | primary (above) |"
+    says = secondary_verdict(adjusted, d.separable)
+    direction = "" if says == "not separable" else " (higher)" if d.value > 0 else " (lower)"
+    return f"{shown} | {adjusted:.3f} | {says}{direction} |"
+
+
+def table(comparison: Comparison, arms: list[Arm], adjusted: dict, tasks: tuple[str, ...] = MULTITASK) -> list[str]:
     shown = columns(tasks)
     lines = ["| arm | runs | " + " | ".join(title for _, title in shown) + " |",
              "|---|---|" + "---|" * len(shown)]
@@ -89,17 +158,17 @@ def table(comparison: Comparison, arms: list[Arm], tasks: tuple[str, ...] = MULT
     first = arms[0].name
     for arm in arms[1:]:
         lines += ["", f"{arm.name} - {first} (paired over the same dev examples):", "",
-                  "| score | difference [95% interval] | p | |", "|---|---|---|---|"]
-        for key, title in shown:
-            d = comparison.differences[arm.name][key]
-            verdict = ("higher" if d.value > 0 else "lower") if d.separable else "not separable"
-            lines.append(f"| {title} | {d.value:+.4f} [{d.low:+.4f}, {d.high:+.4f}] | {d.p:.3f} | {verdict} |")
+                  "| score | difference [95% interval] | p | Holm p | |", "|---|---|---|---|---|"]
+        lines += [f"| {title} | " + difference_cells(comparison.differences[arm.name][key],
+                                                       adjusted.get((arm.name, key)))
+                  for key, title in shown]
     if any(len(arm.runs) == 1 for arm in arms):
         lines += ["", "An arm of one run: its interval covers the dev examples only, not another seed."]
     return lines
 
 
 FORGETTING = (("backward_transfer", "BWT"), ("average_forgetting", "mean forgetting"))
+FIGURE_NAMES = {"backward_transfer": "bwt", "average_forgetting": "forgetting"}  # --primary's names of FORGETTING
 
 
 def forgetting_figures(runs: list[Path]) -> list[dict] | None:
@@ -116,7 +185,14 @@ def forgetting_figures(runs: list[Path]) -> list[dict] | None:
     return figures
 
 
-def forgetting_table(arms: list[tuple[str, list[dict]]]) -> list[str]:
+def forgetting_tests(arms: list[tuple[str, list[dict]]]) -> Tests:
+    """Each later arm's difference from the first in each figure, over the seeds (exact permutation p)."""
+    baseline = arms[0][1]
+    return {(name, key): seed_difference([f[key] for f in figures], [f[key] for f in baseline])
+            for name, figures in arms[1:] for key, _ in FORGETTING}
+
+
+def forgetting_table(arms: list[tuple[str, list[dict]]], tests: Tests, adjusted: dict) -> list[str]:
     """Each arm's mean +- std of the figures, then each later arm's difference from the first over the seeds."""
     lines = ["Forgetting over seeds (each run's own figure: bootstrap over the runs, exact permutation p):", "",
              "| arm | runs | " + " | ".join(title for _, title in FORGETTING) + " |", "|---|---|---|---|"]
@@ -124,16 +200,49 @@ def forgetting_table(arms: list[tuple[str, list[dict]]]) -> list[str]:
         cells = [f"{np.mean(values):+.4f} ± {np.std(values, ddof=1):.4f}"
                  for values in ([f[key] for f in figures] for key, _ in FORGETTING)]
         lines.append(f"| {name} | {len(figures)} | " + " | ".join(cells) + " |")
-    first, baseline = arms[0]
-    lines += ["", f"| difference from {first} | score | difference [95% interval] | p | |", "|---|---|---|---|---|"]
-    for name, figures in arms[1:]:
-        for key, title in FORGETTING:
-            d = seed_difference([f[key] for f in figures], [f[key] for f in baseline])
-            # A bootstrap of three runs is too narrow (it never draws a value beyond them): the exact test decides.
-            verdict = ("higher" if d.value > 0 else "lower") if d.separable and d.p < 0.05 else "not separable"
-            lines.append(f"| {name} | {title} | {d.value:+.4f} [{d.low:+.4f}, {d.high:+.4f}] | {d.p:.3f} | "
-                         f"{verdict} |")
+    lines += ["", f"| difference from {arms[0][0]} | score | difference [95% interval] | exact p | Holm p | |",
+              "|---|---|---|---|---|---|"]
+    # A bootstrap of three runs is too narrow (it never draws a value beyond them): the exact test's p decides.
+    lines += [f"| {name} | {title} | " + difference_cells(tests[name, key], adjusted.get((name, key)))
+              for name, _ in arms[1:] for key, title in FORGETTING]
     return lines
+
+
+def primary_key(args: argparse.Namespace) -> tuple[str, str] | None:
+    """--primary as (the later arm, the key of its figure), or None when not given."""
+    if not args.primary:
+        return None
+    name, figure = parse_primary(args.primary, [name for name, _ in args.arms])
+    return name, primary_figures(args.part1)[figure]
+
+
+def primary_line(args: argparse.Namespace, arms: list[Arm], figures: list) -> str:
+    """The declared comparison over the seeds, its exact p and verdict; PredictionsFileError when its figure is not
+    every run's (bwt or forgetting of runs that are not all sequential)."""
+    name, key = primary_key(args)
+    base = arms[0].name
+    tasks, sequential = PART1_TASKS if args.part1 else MULTITASK, dict(figures)
+    values = {}
+    for arm in (arm for arm in arms if arm.name in (base, name)):
+        if key in FIGURE_NAMES and sequential.get(arm.name) is None:
+            raise PredictionsFileError(f"--primary {args.primary}: {arm.name}'s runs are not all sequential ones "
+                                       "(history.json with continual-learning figures)")
+        values[arm.name] = ([f[key] for f in sequential[arm.name]] if key in FIGURE_NAMES
+                            else [float(run_scores(run, tasks)[key][0]) for run in arm.runs])
+    d = seed_difference(values[name], values[base])
+    says = ("higher" if d.value > 0 else "lower") if d.p < ALPHA else "not separable"
+    return (f"Primary comparison (declared: --primary {args.primary}; the exact permutation test over the seeds "
+            f"decides at p < {ALPHA}):\n{name} - {base}, {FIGURE_NAMES.get(key, key)} ({len(values[name])} against "
+            f"{len(values[base])} runs): {d.value:+.4f} [{d.low:+.4f}, {d.high:+.4f}], exact p {d.p:.3f}: {says}\n")
+
+
+def family(comparison: Comparison, arms: list[Arm], tasks: tuple[str, ...], seed_tests: Tests,
+           primary: tuple[str, str] | None) -> dict:
+    """Every secondary comparison's Holm-adjusted p, over the family of all but the primary one."""
+    tests = {(arm.name, key): comparison.differences[arm.name][key] for arm in arms[1:] for key, _ in columns(tasks)}
+    tests.update(seed_tests)
+    tests.pop(primary, None)
+    return dict(zip(tests, holm([d.p for d in tests.values()])))
 
 
 def main(argv=None) -> int:
@@ -142,16 +251,23 @@ def main(argv=None) -> int:
     tasks = PART1_TASKS if args.part1 else MULTITASK
     try:
         arms = [read_arm(name, runs, Path(args.data_dir), args.part1) for name, runs in args.arms]
+        figures = [] if args.part1 else [(name, forgetting_figures(runs)) for name, runs in args.arms]
+        print(primary_line(args, arms, figures) if args.primary else
+              "No primary comparison declared (--primary): every comparison below is secondary.\n")
     except (DataError, PredictionsFileError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    sequential = figures and all(f is not None and len(f) >= 2 for _, f in figures)
+    seed_tests = forgetting_tests(figures) if sequential else {}
     comparison = compare(arms, tasks, args.replicates, args.seed)
+    adjusted = family(comparison, arms, tasks, seed_tests, primary_key(args))
     print(f"{args.replicates} bootstrap replicates (seed {args.seed}) over the dev examples of {args.data_dir}"
-          + (" and over each arm's runs" if any(len(arm.runs) > 1 for arm in arms) else "") + "\n")
-    print("\n".join(table(comparison, arms, tasks)))
-    figures = [] if args.part1 else [(name, forgetting_figures(runs)) for name, runs in args.arms]
-    if figures and all(f is not None and len(f) >= 2 for _, f in figures):
-        print("\n" + "\n".join(forgetting_table(figures)))
+          + (" and over each arm's runs" if any(len(arm.runs) > 1 for arm in arms) else "")
+          + f". Secondary comparisons: a family of {len(adjusted)}, Holm-corrected (Holm p); \"survives\": "
+          f"Holm p < {ALPHA} and an interval without zero.\n")
+    print("\n".join(table(comparison, arms, adjusted, tasks)))
+    if sequential:
+        print("\n" + "\n".join(forgetting_table(figures, seed_tests, adjusted)))
     return 0
 
 

@@ -10,6 +10,10 @@ mean forgetting, with each earlier task's forgetting on a line of its own under 
 --each_task_best adds, per run, each task's best dev score over the stages and the overall score of the three:
 what a run would keep if it kept each task at its own best stage, which only a model whose trained parts are
 all per task (per-task adapters over a frozen encoder) could do.
+
+Each run is given once (the same folder twice, however spelled, would weigh it double in the mean), and the runs of
+a mean trained the same tasks (those whose scores their kept models record): a mean of overall scores over different
+task sets mixes figures that measure different things.
 """
 from __future__ import annotations
 
@@ -21,7 +25,7 @@ from pathlib import Path
 
 from evaluation import history_forgetting_measures, overall_of
 from minbert.arguments import OneLineErrorParser
-from minbert.tasks import MULTITASK, TASKS
+from minbert.tasks import MULTITASK, RUN_TASKS, TASKS
 
 COLUMNS = [("SST acc", "sst_acc"), ("SST F1 (w)", "sst_f1_weighted"), ("QQP acc", "qqp_acc"),
            ("QQP F1", "qqp_f1"), ("QQP F1 (w)", "qqp_f1_weighted"), ("STS r", "sts_pearson"),
@@ -55,10 +59,38 @@ def read_run(run: Path) -> dict:
     final_key = final_metric(best)[1]
     measures = history_forgetting_measures(history)
     forgetting = {} if measures is None else {key: getattr(measures, key) for _, key in FORGETTING_COLUMNS}
-    return {**values, "best_after": f"stage {best['index'] + 1} ({best['stage']})", "final": history[-1][final_key],
+    tasks = tuple(task for task in RUN_TASKS if TASKS[task].score_key in best)
+    return {**values, "tasks": tasks, "best_after": f"stage {best['index'] + 1} ({best['stage']})",
+            "final": history[-1][final_key],
             "train_minutes": sum(record.get("seconds", 0.0) for record in history[1:]) / 60,
             "each_task_best": each_task, **forgetting,
             "forgetting": {} if measures is None else measures.forgetting}
+
+
+def read_rows(runs: list[Path]) -> dict[str, dict]:
+    """Each run's row by its folder's name (its path where two folders share a name: each keeps its row)."""
+    rows: dict[str, dict] = {}
+    for run in runs:
+        rows[run.name if run.name not in rows else str(run)] = read_run(run)
+    return rows
+
+
+def repeated_run(runs: list[Path]) -> str | None:
+    seen: dict[Path, Path] = {}
+    for run in runs:
+        if seen.setdefault(run.resolve(), run) is not run:
+            return f"{run} is the same run as {seen[run.resolve()]}; give each run once"
+    return None
+
+
+def mixed_tasks(rows: dict[str, dict]) -> str | None:
+    """Why the rows' mean would average runs of different tasks, or None."""
+    (first, row), *others = rows.items()
+    other = next((name for name, found in others if found["tasks"] != row["tasks"]), None)
+    if other is None:
+        return None
+    return (f"{other} trained {','.join(rows[other]['tasks'])}, {first} {','.join(row['tasks'])}: a mean over runs "
+            "of different tasks mixes their overall scores; summarize them apart")
 
 
 def run_columns(record: dict) -> list[tuple[str, str]]:
@@ -89,7 +121,12 @@ def main(argv=None) -> int:
     parser.add_argument("--each_task_best", action="store_true",
                         help="also print each task's best stage and their overall score, per run")
     args = parser.parse_args(argv)
-    rows = {run.name: read_run(run) for run in args.runs}
+    problem = repeated_run(args.runs)
+    rows = {} if problem else read_rows(args.runs)
+    problem = problem or mixed_tasks(rows)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     columns = [(name, key) for name, key in COLUMNS + QA_COLUMNS if all(key in row for row in rows.values())]
     after = [("train min", "train_minutes")] + [(name, key) for name, key in FORGETTING_COLUMNS
                                                  if all(key in row for row in rows.values())]

@@ -10,6 +10,7 @@ import compare_runs
 from conftest import DEMO
 from minbert.data.batches import load_split
 from minbert.reports.bootstrap import OVERALL, Arm, compare, run_scores
+from minbert.run.run_outputs import predictions_and_gold
 from minbert.tasks import MULTITASK, PART1_TASKS, TASKS
 
 
@@ -105,7 +106,7 @@ def test_the_script_compares_run_folders(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "| bad | 2 |" in out and "| good | 2 |" in out and "good - bad (paired over the same dev examples)" in out
     overall = next(line for line in out.splitlines() if line.startswith("| overall |"))
-    assert overall.endswith("| higher |")
+    assert overall.endswith("| survives (higher) |")
 
 
 def test_bad_arms_are_refused_in_one_line(tmp_path, capsys):
@@ -146,7 +147,8 @@ def test_the_script_compares_part1_runs_by_their_accuracies(tmp_path, capsys):
                         (run["cfimdb"] for run in compare_runs.read_arm("t", tuned, DEMO, part1=True).runs)])
     tuned_row = next(line for line in out.splitlines() if line.startswith("| tuned | 2 |"))
     assert tuned_row.split(" | ")[3].startswith(f"{accuracy:.4f} [")  # the mean of the two runs' accuracies
-    assert next(line for line in out.splitlines() if line.startswith("| CFIMDB acc |")).endswith("| higher |")
+    assert next(line for line in out.splitlines() if line.startswith("| CFIMDB acc |")).endswith(
+        "| survives (higher) |")
     part1_predictions(tmp_path, "pretrain_s0", "finetune", 0.1, 0)  # a second option's files in the same folder
     assert compare_runs.main(["--part1", "--data_dir", str(DEMO), str(frozen[0])]) == 2
     assert "expected one OPTION-sst-dev-out.csv (classifier.py's), found 2" in capsys.readouterr().err
@@ -160,6 +162,94 @@ def write_history(run, qqp_after_sst: float) -> None:
     (run / "history.json").write_text(json.dumps(history))
 
 
+def write_best(run, tasks: str = "sst,qqp,sts", scored=None, **args) -> None:
+    """The run's best.json: its --tasks, the kept model's dev metrics of the CSVs in `scored` (default its own), and
+    any other `args` (prediction_files)."""
+    pairs = predictions_and_gold(scored or run, DEMO)
+    scores = run_scores({task: (np.asarray(p, float), np.asarray(g, float)) for task, (p, g) in pairs.items()},
+                        MULTITASK)
+    metrics = {TASKS[task].score_key: float(scores[task][0]) for task in MULTITASK if task in tasks.split(",")}
+    (run / "best.json").write_text(json.dumps({"metrics": metrics, "args": {"tasks": tasks, **args}}))
+
+
+def one_error_line(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ")
+    return err[0]
+
+
+def test_a_run_whose_recorded_csvs_now_hold_another_runs_predictions_is_refused(tmp_path, capsys):
+    ours, theirs = demo_run(tmp_path, "ours", 0.1, 0), demo_run(tmp_path, "theirs", 0.4, 1)
+    write_best(ours)
+    assert compare_runs.main(["--data_dir", str(DEMO), "--replicates", "100", str(ours)]) == 0  # its own: read
+    capsys.readouterr()
+    # Both runs sent their CSVs to the same paths; the later one's predictions sit there now.
+    shared = {f"{prefix}_dev_out": str(theirs / "predictions" / f"{prefix}-dev-out.csv")
+              for prefix in (TASKS[task].flag_prefix for task in MULTITASK)}
+    write_best(ours, prediction_files=shared, scored=ours)
+    assert compare_runs.main(["--data_dir", str(DEMO), "--replicates", "100", str(ours)]) == 2
+    line = one_error_line(capsys)
+    assert str(theirs / "predictions" / "sst-dev-out.csv") in line and "not this run's predictions" in line
+    ensemble = demo_run(tmp_path, "ensemble", 0.1, 2)  # scripts/ensemble.py's folder records its dev metrics too
+    write_best(ensemble, scored=theirs)
+    record = json.loads((ensemble / "best.json").read_text())
+    (ensemble / "best.json").unlink()
+    (ensemble / "ensemble.json").write_text(json.dumps({"dev": record["metrics"], "tasks": dict.fromkeys(MULTITASK)}))
+    assert compare_runs.main(["--data_dir", str(DEMO), "--replicates", "100", str(ensemble)]) == 2
+    assert f"that {ensemble / 'ensemble.json'} records: not this run's predictions" in one_error_line(capsys)
+
+
+def test_a_run_is_not_credited_with_a_task_it_did_not_train(tmp_path, capsys):
+    run = demo_run(tmp_path, "sst_alone", 0.1, 0)  # the other tasks' CSVs left over from elsewhere
+    write_best(run, tasks="sst")
+    assert compare_runs.main(["--data_dir", str(DEMO), str(run)]) == 2
+    assert "sst_alone: trained sst (best.json), not qqp: no qqp predictions of its own" in one_error_line(capsys)
+
+
+def test_an_arm_gives_each_run_once_and_averages_runs_of_the_same_tasks(tmp_path, capsys):
+    first, second = demo_run(tmp_path, "first", 0.1, 0), demo_run(tmp_path, "second", 0.1, 1)
+    write_best(first)
+    write_best(second, tasks="sst,qqp,sts,qa")
+    with pytest.raises(SystemExit) as exit_info:  # the same folder, spelled another way
+        compare_runs.main(["--data_dir", str(DEMO), f"a={first},{tmp_path / '.' / 'first'}"])
+    assert exit_info.value.code == 2 and f"is the same run as {first}; give each run once" in capsys.readouterr().err
+    assert compare_runs.main(["--data_dir", str(DEMO), f"a={first},{second}"]) == 2
+    assert (f"a: {second} trained sst,qqp,sts,qa, {first} sst,qqp,sts: an arm averages runs of the same tasks"
+            in one_error_line(capsys))
+
+
+def test_the_declared_primary_score_is_decided_over_the_seeds_and_the_rest_is_holm_corrected(tmp_path, capsys):
+    good = ",".join(str(demo_run(tmp_path, f"good{s}", 0.1, s)) for s in range(2))
+    bad = ",".join(str(demo_run(tmp_path, f"bad{s}", 0.6, s)) for s in range(2))
+    argv = ["--data_dir", str(DEMO), "--replicates", "200", f"bad={bad}", f"good={good}"]
+    assert compare_runs.main([*argv, "--primary", "overall"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    # Two runs against two: C(4, 2) = 6 splits, so the exact p is at least 2/6 however far apart the runs are.
+    assert lines[0].startswith("Primary comparison (declared: --primary overall;")
+    assert lines[1].startswith("good - bad, overall (2 against 2 runs): +0.33") and lines[1].endswith(
+        "exact p 0.333: not separable")
+    assert "Secondary comparisons: a family of 3, Holm-corrected" in lines[3]
+    assert next(line for line in lines if line.startswith("| overall |")).endswith("| — | primary (above) |")
+    assert next(line for line in lines if line.startswith("| SST acc |")).endswith("| survives (higher) |")
+    assert compare_runs.main(argv) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "No primary comparison declared (--primary): every comparison below is secondary."
+    assert "a family of 4" in lines[2]
+
+
+@pytest.mark.parametrize("primary, problem", [
+    ("none:overall", "--primary: 'none' is not one of the later arms (kept)"),
+    ("accuracy", "--primary: 'accuracy' is none of bwt, forgetting, sst, qqp, sts, overall"),
+    ("kept:bwt", "--primary: none has one run; the exact test over seeds needs two runs or more in each arm"),
+])
+def test_an_impossible_primary_is_refused_in_one_line(tmp_path, capsys, primary, problem):
+    none, kept = demo_run(tmp_path, "none", 0.3, 0), [demo_run(tmp_path, f"kept{s}", 0.3, s) for s in range(2)]
+    with pytest.raises(SystemExit) as exit_info:
+        compare_runs.main(["--data_dir", str(DEMO), f"none={none}", "kept=" + ",".join(map(str, kept)),
+                           "--primary", primary])
+    assert exit_info.value.code == 2 and problem in capsys.readouterr().err
+
+
 def test_sequential_runs_get_their_forgetting_compared_over_the_seeds(tmp_path, capsys):
     none = [demo_run(tmp_path, f"none{s}", 0.3, s) for s in range(4)]
     kept = [demo_run(tmp_path, f"kept{s}", 0.3, 10 + s) for s in range(4)]
@@ -168,12 +258,19 @@ def test_sequential_runs_get_their_forgetting_compared_over_the_seeds(tmp_path, 
     for s, run in enumerate(kept):
         write_history(run, 0.79 - 0.01 * s)  # forgets about 0.01
     argv = ["--data_dir", str(DEMO), "--replicates", "200", "none=" + ",".join(map(str, none)),
-            "kept=" + ",".join(map(str, kept))]
+            "kept=" + ",".join(map(str, kept)), "--primary", "bwt"]
     assert compare_runs.main(argv) == 0
     out = capsys.readouterr().out
     assert "| none | 4 | -0.2150 ± 0.0129 | +0.2150 ± 0.0129 |" in out
+    # 4 against 4: C(8, 4) = 70 splits, the two most extreme of them: p = 2/70, below 0.05: the primary decides
+    assert out.splitlines()[1] == ("kept - none, bwt (4 against 4 runs): +0.1900 [+0.1750, +0.2050], exact p 0.029: "
+                                   "higher")
     bwt = next(line for line in out.splitlines() if line.startswith("| kept | BWT |"))
-    # 4 against 4: C(8, 4) = 70 splits, the two most extreme of them: p = 2/70
-    assert bwt.startswith("| kept | BWT | +0.1900") and "| 0.029 | higher |" in bwt
-    (none[0] / "history.json").unlink()  # a run without a sequential history: no such table
-    assert compare_runs.main(argv) == 0 and "Forgetting over seeds" not in capsys.readouterr().out
+    assert bwt.startswith("| kept | BWT | +0.1900") and bwt.endswith("| 0.029 | — | primary (above) |")
+    # the same p as a secondary comparison, one of a family of five (four kept-model scores): Holm p 5 * 2/70
+    forgetting = next(line for line in out.splitlines() if line.startswith("| kept | mean forgetting |"))
+    assert forgetting.endswith("| 0.029 | 0.143 | not separable |")
+    (none[0] / "history.json").unlink()  # a run without a sequential history: no such table, no primary BWT
+    assert compare_runs.main(argv) == 2
+    assert "--primary bwt: none's runs are not all sequential ones" in one_error_line(capsys)
+    assert compare_runs.main(argv[:-2]) == 0 and "Forgetting over seeds" not in capsys.readouterr().out

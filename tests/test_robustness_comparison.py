@@ -167,3 +167,46 @@ def test_two_tiny_runs_scored_by_the_suite_compare_end_to_end(tmp_path, tiny_che
     table = output.read_text()
     assert "| SST acc | char | char_swap-0.2 | 20 |" in table and "| b - a |" in table
     assert "| SST acc | char, word | 20 |" in table  # the same clean predictions: one line
+
+
+def test_an_arm_gives_each_run_once(tmp_path, capsys):
+    first = write_folder(tmp_path / "a", *files(GOLD, GOLD))
+    with pytest.raises(SystemExit) as exit_info:  # the same folder, spelled another way
+        compare_robustness.main([f"none={first},{tmp_path / '.' / 'a'}"])
+    assert exit_info.value.code == 2 and f"is the same run as {first}; give each run once" in capsys.readouterr().err
+
+
+def test_the_primary_row_is_decided_over_the_seeds_first_and_the_rest_is_holm_corrected(tmp_path, capsys):
+    def arm(name, perturbed):
+        return f"{name}=" + ",".join(str(write_folder(tmp_path / f"{name}{seed}", *files(GOLD, perturbed(seed))))
+                                     for seed in range(4))
+    arms = [arm("none", lambda seed: with_accuracy(0.5, seed)), arm("smart", lambda seed: GOLD),
+            arm("lnsr", lambda seed: GOLD)]
+    assert compare_robustness.main([*arms, "--replicates", "200", "--primary", "sst/char/char_swap-0.1"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    # 4 runs against 4, each none run's drop 0.5 and each smart run's 0: the most extreme 2 of C(8, 4) = 70 splits
+    assert lines[2].startswith("Primary comparison (declared: --primary sst/char/char_swap-0.1;")
+    assert lines[2].endswith("smart - none, the drop on sst/char/char_swap-0.1 (4 against 4 runs): "
+                             "-0.500 [-0.500, -0.500], exact p 0.029, smaller drop.")
+    assert "Secondary comparisons: a family of 3, Holm-corrected" in lines[6]  # lnsr's drop, both clean scores
+    drops = next(line for line in lines if line.startswith("| SST acc | char | char_swap-0.1 |"))
+    assert drops.endswith("| -0.500 [-0.567, -0.417], p 0.000, primary (above) | -0.500 [-0.567, -0.417], p 0.000, "
+                          "Holm p 0.000, survives (smaller drop) |")  # a bootstrap over the examples too
+    clean = next(line for line in lines if line.startswith("| SST acc | char | 60 |"))
+    assert clean.endswith("p 1.000, Holm p 1.000, not separable |")
+
+
+@pytest.mark.parametrize("primary, problem", [
+    ("sst/char/nope", "no row sst/char/nope in {first}'s results (its rows: sst/char/char_swap-0.1)"),
+    ("sst/char", "--primary: 'sst/char' is not TASK/FAMILY/VARIANT"),
+    ("none:sst/char/char_swap-0.1", "--primary: 'none' is not one of the later arms (smart)"),
+])
+def test_an_impossible_primary_row_is_refused_in_one_line(tmp_path, capsys, primary, problem):
+    runs = [write_folder(tmp_path / f"run{i}", *files(GOLD, GOLD)) for i in range(4)]
+    argv = [f"none={runs[0]},{runs[1]}", f"smart={runs[2]},{runs[3]}", "--primary", primary]
+    try:
+        assert compare_robustness.main(argv) == 2
+    except SystemExit as refused:
+        assert refused.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and problem.format(first=runs[0]) in lines[0]

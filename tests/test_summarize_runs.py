@@ -127,3 +127,31 @@ def test_a_squad_run_gets_the_squad_columns_and_a_four_task_run_both(tmp_path, c
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("| run | SST acc |") and "| overall | SQuAD EM |" in lines[0]
     assert lines[2].endswith("| 0.700 | 0.500 | 0.600 | 0.400 | 0.800 | 0.550 | stage 2 (multitask-1) | 0.700 | 1.0 |")
+
+
+def test_a_run_given_twice_is_refused_in_one_line(tmp_path, capsys):
+    run = make_run(tmp_path / "s1", 0.40)
+    assert summarize_runs.main([str(run), str(tmp_path / "." / "s1")]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"error: {tmp_path / '.' / 's1'} is the same run as {run}; give each run once"]
+
+
+def test_runs_of_different_tasks_get_no_mean(tmp_path, capsys):
+    three = make_run(tmp_path / "three", 0.40)
+    four = make_run(tmp_path / "four", 0.45)
+    metrics = json.loads((four / "best.json").read_text())["metrics"]
+    (four / "best.json").write_text(json.dumps({"metrics": {**metrics, **qa_record(1, "qqp", 0.6, 60.0)}}))
+    assert summarize_runs.main([str(three), str(four)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["error: four trained sst,qqp,sts,qa, three sst,qqp,sts: a mean over runs of different tasks mixes "
+                   "their overall scores; summarize them apart"]
+
+
+def test_two_runs_of_the_same_folder_name_each_keep_their_row(tmp_path, capsys):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    runs = [make_run(tmp_path / "a" / "seed", 0.40), make_run(tmp_path / "b" / "seed", 0.50)]
+    assert summarize_runs.main([str(run) for run in runs]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[2].startswith("| seed | 0.400 |") and lines[3].startswith(f"| {runs[1]} | 0.500 |")
+    assert lines[4].startswith("| mean ± std (2 runs) | 0.450 ± 0.071 |")

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from minbert.reports.bootstrap import Difference, Estimate, difference, estimate, hierarchical_replicates
+from minbert.reports.seed_tests import seed_difference
 from minbert.tasks import TASKS
 
 INPUT_SETTINGS = ("sets", "attack_steps", "neighbours", "regression_margin")  # robustness.json's, deciding inputs
@@ -134,6 +135,7 @@ class VariantResult:
     perturbed: dict[str, Estimate]
     drop: dict[str, Estimate]
     minus_baseline: dict[str, Difference]
+    run_drops: dict[str, list[float]]  # per arm, each run's drop on all the examples: the figure seed_test compares
 
 
 @dataclass(frozen=True)
@@ -200,10 +202,9 @@ def compare_arms(arms: Mapping[str, Sequence[ScoredRun]], replicates: int, seed:
     statistic = _statistic(parts)
     replicated = hierarchical_replicates(arms, sizes, statistic, replicates, seed)
     whole = {part: np.arange(size)[None, :] for part, size in sizes.items()}
-    points = {}  # each arm's values on all the examples, the mean over its runs
-    for name, runs in arms.items():
-        on_all = [statistic(run, whole) for run in runs]
-        points[name] = {key: float(np.mean([scores[key][0] for scores in on_all])) for key in on_all[0]}
+    on_all = {name: [statistic(run, whole) for run in runs] for name, runs in arms.items()}  # each run's values
+    points = {name: {key: float(np.mean([scores[key][0] for scores in found])) for key in found[0]}
+              for name, found in on_all.items()}  # the mean over an arm's runs
     baseline = next(iter(arms))
 
     def estimates(key: tuple) -> dict[str, Estimate]:
@@ -220,10 +221,29 @@ def compare_arms(arms: Mapping[str, Sequence[ScoredRun]], replicates: int, seed:
             variants += [VariantResult(task, family, variant, len(record.ids), clean[-1].clean,
                                        estimates((task, family, variant, "perturbed")),
                                        estimates((task, family, variant, "drop")),
-                                       versus((task, family, variant, "drop"))) for variant in record.variants]
+                                       versus((task, family, variant, "drop")),
+                                       {name: [float(scores[task, family, variant, "drop"][0]) for scores in found]
+                                        for name, found in on_all.items()}) for variant in record.variants]
     greedy = [_greedy(arms, task, variant) for task, found in first.greedy.items() for variant in found]
     return RobustnessComparison({name: [run.name for run in runs] for name, runs in arms.items()}, replicates, seed,
                                 variants, clean, greedy)
+
+
+def variant_problem(run: ScoredRun, task: str, family: str, variant: str) -> str | None:
+    """Why `run` has no row TASK FAMILY VARIANT to compare, in one line, or None."""
+    record = run.families.get(task, {}).get(family)
+    if record is not None and variant in record.variants:
+        return None
+    rows = [f"{t}/{f}/{v}" for t, families in run.families.items() for f, record in families.items()
+            for v in record.variants]
+    return f"no row {task}/{family}/{variant} in {run.name}'s results (its rows: {', '.join(rows)})"
+
+
+def seed_test(result: RobustnessComparison, arm: str, task: str, family: str, variant: str) -> Difference:
+    """`arm`'s drop on the row minus the first arm's over the seeds: each run's own drop on all the examples, an
+    exact permutation p (seed_tests.py); each arm needs two runs or more."""
+    row = next(row for row in result.variants if (row.task, row.family, row.variant) == (task, family, variant))
+    return seed_difference(row.run_drops[arm], row.run_drops[next(iter(result.arms))])
 
 
 def _greedy(arms: Mapping[str, Sequence[ScoredRun]], task: str, variant: str) -> GreedyResult:

@@ -4,16 +4,29 @@ scripts/compare_runs.py): the settings its best.json records and its dev CSVs wi
 A run's dev CSVs are where its flags sent them (best.json records them, a relative path against the folder the run
 was started in: `--demo` writes predictions/ beside the repository, not in runs/demo/), else the course's file names
 in the folder's predictions/ or directly in it, as the recipes' and scripts/ensemble.py's folders hold them.
+
+checked_predictions_and_gold reads them as scripts/compare_runs.py must: only what belongs to the run. A recorded
+path may hold another run's CSV by now (two runs with the same --*_dev_out, or `--demo`'s predictions/ beside the
+repository), so each CSV must score what the run recorded of the predictions it wrote (best.json's metrics of its
+kept model, an ensemble's ensemble.json), and a task the run did not train is no score of its own.
 """
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
 
 from minbert.data.batches import load_split
 from minbert.prediction.leaderboard import PredictionsFileError, check_predictions_file
 from minbert.run.run_record import recorded_path, working_dir_of
-from minbert.tasks import MULTITASK, PART1_TASKS, default_output, output_flag
+from minbert.tasks import MULTITASK, PART1_TASKS, RUN_TASKS, TASKS, default_output, output_flag, task_name
+
+# How far a CSV's score may be from the recorded one: STS's r from a CSV's rounded scores moves in the eighth
+# digit, while one changed prediction of 40,000 QQP pairs moves the accuracy by 2.5e-5.
+METRIC_TOLERANCE = 1e-6
+DEFAULT_TASKS = "sst,qqp,sts"  # what a run recorded before --tasks existed trained
 
 
 def run_settings(run: Path) -> dict:
@@ -33,6 +46,60 @@ def dev_csv(run: Path, task: str) -> Path:
     candidates = [recorded_path(recorded, working_dir_of(run, settings))] if isinstance(recorded, str) else []
     candidates += [run / "predictions" / name, run / name]
     return next((path for path in candidates if path.is_file()), candidates[-1])
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """What a folder recorded of the dev predictions it wrote: the file, its dev metrics and the tasks trained."""
+    source: Path
+    metrics: dict
+    tasks: tuple[str, ...]
+
+
+def run_record(run: Path) -> RunRecord | None:
+    """best.json's record (a run's kept model) or ensemble.json's (scripts/ensemble.py's), or None for a folder with
+    neither, whose CSVs are its own (nothing recorded sends them elsewhere); PredictionsFileError for one unreadable."""
+    for name in ("best.json", "ensemble.json"):
+        source = run / name
+        if not source.is_file():
+            continue
+        try:
+            record = json.loads(source.read_text(encoding="utf-8"))
+            ensemble = name == "ensemble.json"
+            named = record["tasks"] if ensemble else (record.get("args", {}).get("tasks") or DEFAULT_TASKS).split(",")
+            trained = {task_name(task, RUN_TASKS) for task in named}
+            return RunRecord(source, dict(record["dev" if ensemble else "metrics"]),
+                             tuple(task for task in RUN_TASKS if task in trained))
+        except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError) as err:
+            raise PredictionsFileError(f"{source}: no dev metrics and tasks to check CSVs against ({err})") from None
+    return None
+
+
+def checked_predictions_and_gold(run: Path, data_dir: Path) -> dict[str, tuple[list, list]]:
+    """predictions_and_gold of a run that trained the three tasks, each CSV scoring the dev metric the run recorded
+    (within METRIC_TOLERANCE); PredictionsFileError naming the run or the CSV otherwise."""
+    record = run_record(run)
+    untrained = [task for task in MULTITASK if record is not None and task not in record.tasks]
+    if untrained:
+        raise PredictionsFileError(f"{run}: trained {','.join(record.tasks)} ({record.source.name}), not "
+                                   f"{untrained[0]}: no {untrained[0]} predictions of its own to compare")
+    pairs = predictions_and_gold(run, data_dir)
+    if record is not None:
+        for task, (predictions, gold) in pairs.items():
+            _check_score(dev_csv(run, task), task, predictions, gold, record)
+    return pairs
+
+
+def _check_score(csv: Path, task: str, predictions: list, gold: list, record: RunRecord) -> None:
+    key = TASKS[task].score_key
+    recorded = record.metrics.get(key)
+    if not isinstance(recorded, (int, float)):
+        raise PredictionsFileError(f"{record.source}: records no {key} to check {csv} against")
+    scored = float(TASKS[task].resampled_scores(np.asarray(predictions, dtype=np.float64)[None, :],
+                                                np.asarray(gold, dtype=np.float64)[None, :])[0])
+    if abs(scored - recorded) > METRIC_TOLERANCE:
+        raise PredictionsFileError(f"{csv}: its {key} is {scored:.6f}, not the {recorded:.6f} that {record.source} "
+                                   "records: not this run's predictions")
 
 
 def predictions_and_gold(run: Path, data_dir: Path) -> dict[str, tuple[list, list]]:
