@@ -1,14 +1,17 @@
 """README.md is the front page (what a newcomer needs, at most 10 KB) and docs/ holds one page per topic: the
 README keeps the set-up and test commands CI runs, the demo and the Colab link, and every relative link in README.md,
-RESULTS.md and docs/*.md points at a file (and heading) that exists, as does every script their commands run."""
+RESULTS.md and docs/*.md points at a file (and heading) that exists, as does every script their commands run.
+RESULTS.md is the results' front page (the thesis' two questions first, at most ~300 lines) and links every
+study's page under docs/results/."""
 import re
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+RESULT_PAGES = sorted((ROOT / "docs" / "results").glob("*.md"))
 PAGES = [ROOT / "README.md", ROOT / "RESULTS.md", ROOT / "BENCHMARKS.md", ROOT / "results" / "README.md",
-         *sorted((ROOT / "docs").glob("*.md"))]
+         *sorted((ROOT / "docs").glob("*.md")), *RESULT_PAGES]
 
 
 def github_anchor(heading):
@@ -66,3 +69,34 @@ def test_every_script_a_command_runs_exists(page):
     scripts = re.findall(r"(?:python|bash) ([\w./-]+\.(?:py|sh))\b", page.read_text(encoding="utf-8"))
     assert scripts or page.name not in ("RESULTS.md", "BENCHMARKS.md")
     assert not [script for script in scripts if not (ROOT / script).is_file()]
+
+
+def relative_links(page):
+    return [target for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text(encoding="utf-8"))
+            if not re.match(r"[a-z]+:", target)]
+
+
+def test_results_is_a_front_page_answering_the_thesis_first():
+    text = (ROOT / "RESULTS.md").read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= 300
+    first_screen = "\n".join(text.splitlines()[:60])
+    for kept in ("Does SMART keep the model from forgetting?", "Does SMART make the model robust?",
+                 "exact permutation"):
+        assert kept in first_screen, kept
+    for section in ("## Thesis claim → what we found here", "## Key results", "## Limitations", "## Contents"):
+        assert text.count(section) == 1, section
+
+
+def test_every_study_page_is_linked_from_the_front_page_and_exists():
+    """A page moved out of RESULTS.md that its contents do not link is lost to a reader; a contents entry whose page
+    was renamed is a dead end."""
+    linked = {(ROOT / target.partition("#")[0]).resolve() for target in relative_links(ROOT / "RESULTS.md")
+              if target.startswith("docs/results/")}
+    assert RESULT_PAGES and {page.resolve() for page in RESULT_PAGES} <= linked
+    assert all(path.exists() for path in linked)
+
+
+def test_the_front_page_figure_has_its_command_beside_it():
+    text = (ROOT / "RESULTS.md").read_text(encoding="utf-8")
+    assert "](docs/results/studies.png)" in text
+    assert "python scripts/plot_studies.py --out docs/results/studies.png" in text
