@@ -187,7 +187,10 @@ class SmartConfig:
     noise_std: float = 1e-5
     """sigma: standard deviation of the random start of the perturbation."""
     epsilon: float = 1e-5
-    """epsilon: radius of the perturbation ball."""
+    """epsilon: radius of the perturbation ball. 0: no perturbation and no ascent (noise_std, step_size,
+    ascent_steps, norm, norm_level and projection unused): R_s compares the clean outputs with a second forward of
+    the same embeddings under its own dropout mask, a pure dropout-consistency term as in R-Drop (Liang et al. 2021),
+    the ablation that separates SMART's adversarial part from its consistency part."""
     step_size: float = 1e-3
     """eta: ascent step size on the normalised gradient."""
     ascent_steps: int = 1
@@ -225,10 +228,12 @@ class SmartConfig:
                 raise ValueError(f"SmartConfig: {name} must be finite and >= 0, got {value!r}")
         if not 0 <= self.anchor_momentum < 1:
             raise ValueError(f"SmartConfig: anchor_momentum must be in [0, 1), got {self.anchor_momentum!r}")
-        for name in ("noise_std", "epsilon", "step_size"):
+        for name in ("noise_std", "step_size"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 raise ValueError(f"SmartConfig: {name} must be finite and > 0, got {value!r}")
+        if not (math.isfinite(self.epsilon) and self.epsilon >= 0):
+            raise ValueError(f"SmartConfig: epsilon must be finite and >= 0 (0: no perturbation), got {self.epsilon!r}")
         if isinstance(self.ascent_steps, bool) or not isinstance(self.ascent_steps, int) or self.ascent_steps < 1:
             raise ValueError(f"SmartConfig: ascent_steps must be an integer >= 1, got {self.ascent_steps!r}")
         for name, allowed in (("norm", NORMS), ("norm_level", NORM_LEVELS), ("precision", PRECISIONS),
@@ -315,10 +320,14 @@ def ascend(
     perturbation is zero). Nothing is read back to the host: the flag is gathered on the device and read by the
     caller once. `token_mask` (B, T), 1 at real tokens: the random start is zero at padding, which the outputs
     never read, so that padding adds nothing to a sentence-level norm (its gradient there is zero anyway).
+    With epsilon 0 the ball is one point: the perturbation is zero, found without a pass or a random draw.
     """
     divergence_fn = _divergence(divergence)
     anchor = embeddings.detach()
     target = clean_outputs.detach()
+    if config.epsilon == 0:
+        return (torch.zeros_like(anchor, dtype=torch.promote_types(anchor.dtype, torch.float32)),
+                torch.ones((), dtype=torch.bool, device=anchor.device))
     delta = torch.randn_like(anchor, dtype=torch.promote_types(anchor.dtype, torch.float32)) * config.noise_std
     if token_mask is not None:
         delta = delta * token_mask.unsqueeze(-1).to(delta.dtype)
@@ -366,7 +375,8 @@ def adversarial_regularizer(
     so that a NaN never reaches the weights; the caller counts the skip. Deciding that is the SMART step's one
     host sync: the finiteness of every ascent step and of R_s is gathered on the device and read once, after
     the adversarial pass (a NaN in the perturbed pass would reach the weights through its backward even if
-    R_s were replaced by a zero on the device).
+    R_s were replaced by a zero on the device). With epsilon 0 the perturbed forward is a second clean forward under
+    its own dropout mask (ascend takes no step).
     """
     delta, finite = ascend(forward_fn, embeddings, clean_outputs, divergence, config, token_mask)
     value = reduced_divergence(divergence, forward_fn(_perturb(embeddings, delta)), clean_outputs, config.reduction)

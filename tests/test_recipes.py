@@ -214,35 +214,81 @@ def test_the_ensemble_recipe_combines_the_committed_scores(tmp_path):
     assert len(list(tmp_path.glob("*-out.csv"))) == 6
 
 
-def test_the_robustness_study_scores_every_run_on_one_set_of_inputs_once_then_compares_the_arms(tmp_path):
-    """cpu_robustness_study.sh with `python` standing in for the scripts (it records its arguments and writes the
-    suite's robustness.json): fifteen runs and the ensemble of three undefended ones, all with the same
-    --perturbed_dir, then the four arms compared; a second call scores nothing again."""
+def robustness_study(tmp_path, runs: list[str], **environment: str) -> tuple[subprocess.CompletedProcess, Path, Path]:
+    """cpu_robustness_study.sh with `python` standing in for the scripts (it records its arguments in calls.txt and
+    writes the suite's robustness.json), over a RUNS_DIR holding `runs`' folders: the result, RUNS_DIR, calls.txt."""
     stub = tmp_path / "bin" / "python"
-    stub.parent.mkdir()
+    stub.parent.mkdir(exist_ok=True)
     stub.write_text("#!/usr/bin/env bash\nprintf '%s\\n' \"$*\" >> \"$CALLS\"\n"
                     "for ((i = 1; i <= $#; i++)); do if [[ ${!i} == --output_dir ]]; then j=$((i + 1)); "
                     "mkdir -p \"${!j}\" && touch \"${!j}/robustness.json\"; fi; done\n")
     stub.chmod(0o755)
-    runs, calls = tmp_path / "runs", tmp_path / "calls.txt"
-    env = {**os.environ, "PATH": f"{stub.parent}:{os.environ['PATH']}", "CALLS": str(calls), "RUNS_DIR": str(runs),
-           "DATA_DIR": "protocol"}
+    runs_dir, calls = tmp_path / "runs", tmp_path / "calls.txt"
+    for run in runs:
+        (runs_dir / run).mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "PATH": f"{stub.parent}:{os.environ['PATH']}", "CALLS": str(calls), "RUNS_DIR": str(runs_dir),
+           "DATA_DIR": "protocol", **environment}
+    result = subprocess.run(["bash", str(ROOT / "scripts" / "cpu_robustness_study.sh")], env=env,
+                            capture_output=True, text=True)
+    return result, runs_dir, calls
+
+
+def five_seeds(name: str) -> list[str]:
+    return [name] + [f"{name}_seed{seed}" for seed in range(1, 5)]
+
+
+def test_the_robustness_study_scores_every_run_on_one_set_of_inputs_once_then_compares_the_arms(tmp_path):
+    """Fifteen runs and the ensemble of three undefended ones, all with the same --perturbed_dir (made by the thesis'
+    SMART's first run, as the committed study was), then the four arms compared; the embedding attack alone at
+    SMART's training radii apart, compared apart; a second call scores nothing again."""
+    runs = five_seeds("none") + five_seeds("thesis_smart") + five_seeds("lnsr")
     for _ in range(2):
-        result = subprocess.run(["bash", str(ROOT / "scripts" / "cpu_robustness_study.sh")], env=env,
-                                capture_output=True, text=True)
+        result, runs_dir, calls = robustness_study(tmp_path, runs)
         assert result.returncode == 0, result.stderr
     lines = calls.read_text().splitlines()
     suites = [line.split() for line in lines if line.split()[0].endswith("/scripts/robustness.py")]
-    assert len(suites) == 16 and len(lines) == 18  # a second call only compares again
-    study = runs / "robustness_study"
+    assert len(suites) == 32 and len(lines) == 36  # a second call only compares again
+    study = runs_dir / "robustness_study"
     assert all(words[words.index("--perturbed_dir") + 1] == str(study / "perturbed") for words in suites)
-    ensemble = suites[-1]
-    assert ensemble[1:4] == [str(runs / f"none_seed{seed}") for seed in (2, 3, 4)]
+    assert suites[0][1] == str(runs_dir / "thesis_smart")
+    radii = [words[words.index("--epsilons") + 1:words.index("--epsilons") + 4] for words in suites]
+    assert radii == [["1e-2", "3e-2", "1e-1"]] * 16 + [["1e-5", "1e-4", "1e-3"]] * 16
+    assert all(("--families" in words) == (i >= 16) for i, words in enumerate(suites))
+    assert all(Path(words[words.index("--output_dir") + 1]).parent == (study / "small_radii" if i >= 16 else study)
+               for i, words in enumerate(suites))
+    ensemble = suites[15]
+    assert ensemble[1:4] == [str(runs_dir / f"none_seed{seed}") for seed in (2, 3, 4)]
     assert ensemble[ensemble.index("--output_dir") + 1] == str(study / "ensemble")
-    compare = lines[-1].split()
+    compare, compare_small = (line.split() for line in lines[-2:])
     assert compare[0].endswith("compare_robustness.py") and compare[1] == "none=" + ",".join(
-        str(study / name) for name in ("none", "none_seed1", "none_seed2", "none_seed3", "none_seed4"))
+        str(study / name) for name in five_seeds("none"))
     assert [arm.split("=")[0] for arm in compare[1:5]] == ["none", "smart", "lnsr", "ensemble"]
+    assert compare[-1] == str(study / "comparison.md") and compare_small[-1] == str(study / "comparison_small_radii.md")
+    assert compare_small[1] == "none=" + ",".join(str(study / "small_radii" / name) for name in five_seeds("none"))
+
+
+def test_the_robustness_study_scores_the_ablation_arms_at_the_seeds_asked_and_refuses_a_missing_run(tmp_path):
+    """ARMS and SEEDS pick the forgetting study's ablation runs (issue 57); a run not in RUNS_DIR stops the study in one
+    line before anything is scored."""
+    environment = {"ARMS": "none rs_eps0 thesis_smart_fp32", "SEEDS": "11711 2"}
+    result, runs_dir, calls = robustness_study(tmp_path, ["none", "none_seed2", "rs_eps0", "rs_eps0_seed2",
+                                                          "thesis_smart_fp32"], **environment)
+    assert result.returncode == 2 and not calls.exists()
+    assert result.stderr.strip().splitlines() == [f"cpu_robustness_study.sh: {runs_dir}/thesis_smart_fp32_seed2: no "
+                                                  "such run (arm thesis_smart_fp32; SEEDS picks the seeds)"]
+    (runs_dir / "thesis_smart_fp32_seed2").mkdir()
+    result, _, calls = robustness_study(tmp_path, [], **environment)
+    assert result.returncode == 0, result.stderr
+    lines = [line.split() for line in calls.read_text().splitlines()]
+    scored = [words[1] for words in lines if words[0].endswith("/scripts/robustness.py")]
+    assert scored[:6] == [str(runs_dir / run) for run in ("none", "none_seed2", "thesis_smart_fp32",
+                                                          "thesis_smart_fp32_seed2", "rs_eps0", "rs_eps0_seed2")]
+    assert len(scored) == 12
+    study = runs_dir / "robustness_study"
+    assert lines[6][1:4] == [f"{arm}=" + ",".join(str(study / run) for run in (arm, f"{arm}_seed2"))
+                             for arm in ("none", "rs_eps0", "thesis_smart_fp32")]
+    result, _, _ = robustness_study(tmp_path, [], ARMS="none dropout")
+    assert result.returncode == 2 and "ARMS: unknown arm 'dropout'" in result.stderr
 
 
 @pytest.mark.slow
@@ -282,10 +328,64 @@ def test_gpu_check_runs_named_checks_and_tables_them_with_the_ones_recorded_befo
     assert table[1:] == ["| gpu_best | FAIL (1) | 3 s | earlier |"]
     assert result.returncode == 1  # the earlier failure still stands until gpu_best is rerun
 
+DEFENCES = ("none", "rehearsal", "bregman", "thesis_smart", "simcse", "lnsr", "ewc", "l2sp", "lora",
+            "thesis_smart_fp32", "bregman_epoch", "rs_only", "rs_eps0", "thesis_setting")
+SMART_ABLATION = ("thesis_smart_fp32", "bregman_epoch", "rs_only", "rs_eps0")
+
+
+def smart_settings(args: TrainingArguments) -> dict[str, tuple]:
+    """Each task's (lambda_s, mu, epsilon, precision) as the run's SMART configurations resolve them."""
+    return {task: (config.adv_weight, config.bregman_weight, config.epsilon, config.precision)
+            for task, config in smart_configs(args).items()}
+
+
+def test_the_smart_ablation_arms_switch_one_part_of_the_thesis_smart_off_in_exact_float32():
+    """Issue 57: the thesis' SMART with its passes in exact float32, its D_Breg alone (anchored to each epoch's start),
+    its R_s alone, and its R_s at eps 0 (two dropout forwards); everything else as thesis_smart sets it."""
+    args = {defence: parsed(launched_commands("cpu_forgetting_study.sh", DEFENCE=defence)[0])
+            for defence in ("thesis_smart", *SMART_ABLATION)}
+    thesis = {"sst": (10.0, 1.0, 1e-5), "qqp": (5.0, 1.0, 1e-5), "sts": (5.0, 1.0, 1e-5)}
+    expected = {"thesis_smart_fp32": thesis,
+                "bregman_epoch": {task: (0.0, 1.0, 1e-5) for task in thesis},
+                "rs_only": {task: (adv, 0.0, 1e-5) for task, (adv, _, _) in thesis.items()},
+                "rs_eps0": {task: (adv, 0.0, 0.0) for task, (adv, _, _) in thesis.items()}}
+    assert smart_settings(args["thesis_smart"]) == {task: (*values, "run") for task, values in thesis.items()}
+    for defence, settings in expected.items():
+        assert smart_settings(args[defence]) == {task: (*values, "exact") for task, values in settings.items()}
+        assert (args[defence].smart_anchor, args[defence].smart_momentum_schedule, args[defence].smart_anchor_mode) \
+            == ("stage_start", "stage", "train")
+        assert (args[defence].batch_size, args[defence].precision) == (32, "auto")  # the study's protocol
+    for defence in ("thesis_smart_fp32", "rs_only", "rs_eps0"):
+        assert all((config.reduction, config.projection, config.norm_level) == ("max", "rescale", "sentence")
+                   for config in smart_configs(args[defence]).values())
+
+
+def test_the_thesis_setting_arm_runs_the_thesis_own_settings_on_the_study_schedule():
+    none, thesis = (parsed(launched_commands("cpu_forgetting_study.sh", DEFENCE=defence)[0])
+                    for defence in ("none", "thesis_setting"))
+    assert (thesis.batch_size, thesis.hidden_dropout_prob, thesis.precision, thesis.lr) == (8, 0.3, "fp32", 1e-5)
+    assert (thesis.similarity_objective, thesis.sts_cosine_dropout) == ("shifted", True)
+    assert smart_settings(thesis) == {"sst": (10.0, 1.0, 1e-5, "run"), "qqp": (5.0, 1.0, 1e-5, "run"),
+                                      "sts": (5.0, 1.0, 1e-5, "run")}
+    assert (thesis.first_stages, thesis.stage_start, thesis.pretrained, thesis.max_length) == \
+        (none.first_stages, none.stage_start, none.pretrained, none.max_length)
+
+
+def test_every_arm_of_the_forgetting_study_records_where_it_departs_from_the_thesis():
+    """--departures (kept in args.json): the scaled protocol everywhere, the study's own batch, lr, dropout, STS head
+    and precision except in thesis_setting, and each arm's own departure."""
+    departures = {defence: parsed(launched_commands("cpu_forgetting_study.sh", DEFENCE=defence)[0]).departures
+                  for defence in DEFENCES}
+    assert all("minilm-l6 at 64 tokens" in text and "epochs 1 / 2 / 2" in text for text in departures.values())
+    assert all(("batch 32 (8)" in text) == (defence != "thesis_setting") for defence, text in departures.items())
+    assert all("exact float32" in departures[defence] for defence in SMART_ABLATION)
+    assert "eps 0" in departures["rs_eps0"] and "mu 0" in departures["rs_only"]
+    assert "lambda_s 0" in departures["bregman_epoch"] and "no SMART" in departures["none"]
+    assert len(set(departures.values())) == len(DEFENCES)
+
+
 def test_the_forgetting_study_runs_each_defence_and_refuses_an_unknown_one():
-    flags = {defence: launched_commands("cpu_forgetting_study.sh", DEFENCE=defence)[0]
-             for defence in ("none", "rehearsal", "bregman", "thesis_smart", "simcse", "lnsr", "ewc", "l2sp",
-                                                                           "lora")}
+    flags = {defence: launched_commands("cpu_forgetting_study.sh", DEFENCE=defence)[0] for defence in DEFENCES}
     assert "--ewc_weight" in flags["ewc"] and "--l2sp_weight" in flags["l2sp"] and "--adapter" in flags["lora"]
     assert "--smart_bregman_weight" in flags["bregman"] and "qqp,sts*2,sst*2,qqp:0.03" in flags["rehearsal"]
     thesis = " ".join(flags["thesis_smart"])  # R_s on, as the listings reduce it, D_Breg anchored to each epoch's start

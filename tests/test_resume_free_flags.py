@@ -68,6 +68,7 @@ CHANGED = {
     "bf16": lambda tmp: ["--no-bf16"],  # --precision fp32 spelled otherwise
     "data_dir": lambda tmp: ["--data_dir", str(copied_data(tmp))],
     "data_files": lambda tmp: ["--sst_train", str(copied_data(tmp) / "ids-sst-train.csv")],
+    "departures": lambda tmp: ["--departures", "a note changed on the resume"],
 }
 # Resume-free by what they are, proven elsewhere: the resume itself; its output folder moved or respelled
 # (test_multitask_classifier.py); the CSVs' paths (only where the same bytes go: outputs() reads them where the

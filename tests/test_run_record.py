@@ -46,7 +46,7 @@ def first_run(tiny_checkpoint, tmp_path_factory):
     run = tmp_path_factory.mktemp("recipe") / "A"
     with pytest.MonkeyPatch.context() as patch:
         skip_figures(patch)
-        assert mc.main(run_flags(tiny_checkpoint, run, "--lr", "1e-4")) == 0
+        assert mc.main(run_flags(tiny_checkpoint, run, "--lr", "1e-4", "--departures", "batch 8 (the thesis: 32)")) == 0
     return run
 
 
@@ -56,6 +56,7 @@ def test_a_run_writes_its_settings_resolved_values_commit_and_environment(first_
     assert record["segments"] == [{"first_stage": 1, "resolved": record["resolved"]}]
     assert set(record["args"]) == {f.name for f in dataclasses.fields(TrainingArguments)}
     assert record["args"]["lr"] == 1e-4 and record["args"]["first_stages"] == "sst,qqp"
+    assert record["args"]["departures"] == "batch 8 (the thesis: 32)"  # the note a study's arm passes
     assert record["args"]["prediction_files"]["sst_dev_out"] == str(first_run / "predictions" / "sst-dev-out.csv")
     # what was asked (auto) and what it became on this machine, apart
     assert record["args"]["precision"] == "auto" and record["resolved"]["precision"] in ("fp32", "bf16")

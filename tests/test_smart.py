@@ -8,9 +8,11 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from conftest import deterministic_tiny_model, sentence_batch
+from conftest import deterministic_tiny_model, sentence_batch, tiny_model
+import smart
 from smart import (DIVERGENCES, BregmanAnchor, SmartConfig, SmartRegularizer, adversarial_regularizer, ascend,
-                   bregman_momentum, find_perturbation, squared_error, symmetric_kl_bernoulli, symmetric_kl_categorical)
+                   bregman_momentum, find_perturbation, reduced_divergence, squared_error, symmetric_kl_bernoulli,
+                   symmetric_kl_categorical)
 
 HIDDEN = 6
 VOCAB = 11
@@ -197,6 +199,7 @@ def test_divergence_rejects_mismatched_shapes():
         {"anchor_momentum": -0.1},
         {"noise_std": 0.0},
         {"epsilon": -1e-5},
+        {"epsilon": math.nan},
         {"step_size": math.inf},
         {"ascent_steps": 0},
         {"ascent_steps": 1.5},
@@ -550,6 +553,49 @@ def test_zero_weights_skip_the_work_they_switch_off():
     assert no_anchor.anchor is None and model_calls == [] and len(perturbed_calls) == 3
 
 
+def test_epsilon_zero_is_one_more_dropout_forward_without_ascent_or_random_start():
+    """epsilon 0: R_s is the divergence of the clean outputs and a second forward of the same embeddings under its own
+    dropout mask (R-Drop's consistency term); no ascent pass, no random draw but the second forward's dropout."""
+    model = make_model(dropout=0.3)
+    batch = make_batch("sentiment")
+    embeddings = model.embed("sentiment", batch)
+    outputs = model.outputs_from_embeddings("sentiment", embeddings, batch)
+    calls = []
+
+    def counting_forward(perturbed):
+        calls.append(perturbed)
+        return model.outputs_from_embeddings("sentiment", perturbed, batch)
+
+    config = SmartConfig(epsilon=0.0, ascent_steps=3, reduction="max")
+    torch.manual_seed(5)
+    smoothness, skipped = adversarial_regularizer(counting_forward, embeddings, outputs, "categorical", config)
+    torch.manual_seed(5)  # the same dropout mask for the forward R_s should have run
+    second = model.outputs_from_embeddings("sentiment", embeddings, batch)
+    assert not skipped and len(calls) == 1 and torch.equal(calls[0], embeddings)
+    assert smoothness.item() > 0  # two dropout masks disagree
+    torch.testing.assert_close(smoothness, reduced_divergence("categorical", second, outputs, "max"), rtol=0, atol=0)
+    delta, finite = ascend(counting_forward, embeddings, outputs, "categorical", config)
+    assert bool(finite) and not delta.any() and len(calls) == 1
+
+
+def test_epsilon_zero_is_the_adversarial_path_with_a_zero_perturbation(monkeypatch):
+    """The same R_s, reduction and gradients as epsilon > 0 whose ascent found delta = 0: only the ascent is gone."""
+    model = make_model(dropout=0.3)
+    batch = make_batch("paraphrase")
+    embeddings = model.embed("paraphrase", batch)
+    outputs = model.outputs_from_embeddings("paraphrase", embeddings, batch)
+    values = []
+    for epsilon in (0.0, 1e-5):
+        with monkeypatch.context() as patch:
+            if epsilon:
+                patch.setattr(smart, "ascend", lambda *args: (torch.zeros_like(embeddings), torch.tensor(True)))
+            torch.manual_seed(7)
+            values.append(adversarial_regularizer(forward_fn_for(model, "paraphrase", batch), embeddings, outputs,
+                                                  "bernoulli", SmartConfig(epsilon=epsilon, reduction="max"))[0])
+    assert values[0].item() > 0
+    torch.testing.assert_close(values[0], values[1], rtol=0, atol=0)
+
+
 def test_regularizers_of_one_model_can_share_one_anchor():
     model = make_model()
     shared = BregmanAnchor(model, 0.99)
@@ -612,6 +658,35 @@ def test_a_smart_step_computes_in_float32_under_autocast(dtype, tokenizer):
     else:
         assert values["run", "autocast"] != values["run", "fp32"]
         assert values["run", "autocast"] == pytest.approx(values["run", "fp32"], rel=0.05)
+
+
+def test_at_epsilon_zero_the_exact_step_compares_two_float32_dropout_forwards_under_bf16(tokenizer, monkeypatch):
+    """The ablation's rs_eps0 arm (cpu_forgetting_study.sh): under the run's bf16 autocast, --smart_precision exact
+    computes the task loss's clean forward, which R_s compares with, in float32 too, and the second forward draws a
+    dropout mask of its own; R_s is their divergence, reduced as configured."""
+    from minbert.training.objective import compute_task_loss
+    from minbert.training.regularization import SmartPenalty
+    model = tiny_model(dropout=0.3).train()
+    batch = sentence_batch(tokenizer, 8)
+    seen = {}
+
+    def recording(forward_fn, embeddings, clean_outputs, *args, **kwargs):
+        def second_forward(perturbed):
+            seen.setdefault("second", []).append(forward_fn(perturbed))
+            return seen["second"][-1]
+        seen["clean"] = clean_outputs
+        seen["value"], _ = adversarial_regularizer(second_forward, embeddings, clean_outputs, *args, **kwargs)
+        return seen["value"], False
+    monkeypatch.setattr(smart, "adversarial_regularizer", recording)
+    config = SmartConfig(epsilon=0.0, bregman_weight=0.0, precision="exact", reduction="max")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        compute_task_loss(model, "sst", batch, [SmartPenalty({"sst": SmartRegularizer(model, config)})])
+    (second,) = seen["second"]
+    assert seen["clean"].dtype == second.dtype == torch.float32
+    assert not torch.equal(seen["clean"], second)  # two dropout masks
+    assert seen["value"] > 0
+    torch.testing.assert_close(seen["value"], reduced_divergence("categorical", second, seen["clean"], "max"),
+                               rtol=0, atol=0)
 
 
 def test_smart_refuses_to_run_under_autocast(tokenizer):

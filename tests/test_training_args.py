@@ -60,7 +60,7 @@ INVALID = [
     (dict(simcse_temperature=math.nan), ["--simcse_temperature", "nan"], "--simcse_temperature must be a finite"),
     (dict(adapter="pals", pal_size=-12), ["--adapter", "pals", "--pal_size", "-12"], "--pal_size must be >= 1"),
     (dict(smart=True, smart_epsilon=-1.0), ["--smart", "--smart_epsilon", "-1"],
-     "--smart_epsilon must be finite and > 0, got -1.0"),
+     "--smart_epsilon must be finite and >= 0 (0: no perturbation), got -1.0"),
     (dict(smart=True, smart_adv_weight=math.nan), ["--smart", "--smart_adv_weight", "nan"],
      "--smart_adv_weight must be finite and >= 0"),
     (dict(smart=True, smart_override=["sts:step_size=0"]), ["--smart", "--smart_override", "sts:step_size=0"],
@@ -197,7 +197,7 @@ def test_smart_configs_apply_flags_then_per_task_overrides():
 @pytest.mark.parametrize("override, problem", [
     ("sst", "expected TASK:key=value"), ("mnli:adv_weight=1", "expected TASK:key=value"),
     ("sst:anchor_momentum=0.5", "shared setting 'anchor_momentum'"), ("sst:alpha=1", "unknown or shared"),
-    ("sst:ascent_steps=two", "ascent_steps must be a int"), ("sts:epsilon=-1", "epsilon must be finite and > 0"),
+    ("sst:ascent_steps=two", "ascent_steps must be a int"), ("sts:epsilon=-1", "epsilon must be finite and >= 0"),
 ])
 def test_smart_override_errors(override, problem):
     with pytest.raises(ValueError, match=problem):

@@ -202,6 +202,9 @@ class TrainingArguments:
     eval_train_examples: int = flag(0, "also score this many train examples per task after each stage "
                                       "(train curves)", type=int)
     num_workers: int = flag(0, resume_free=True, type=int)
+    departures: str = flag("", "a note kept in args.json and nothing else: the settings in which the run departs "
+                               "from the setting it stands for (a study's arm names where it is not the thesis')",
+                           resume_free=True, metavar="TEXT")
     quiet: bool = flag(False, "no progress bars", resume_free=True, action=argparse.BooleanOptionalAction)
     logging_steps: int = flag(50, "every N updates read the losses back from the device (progress bar, divergence "
                                 "check) and write a line of OUTPUT_DIR/steps.jsonl; the steps between never wait "
@@ -331,7 +334,8 @@ class TrainingArguments:
     smart_anchor_mode: str = flag("eval", "the Bregman anchor's forward: eval (dropout off, a fixed target) or train "
                                   "(dropout on, as the thesis' copy of the model runs)", SMART, choices=ANCHOR_MODES)
     smart_noise_std: float = flag(1e-5, "sigma", SMART, type=float)
-    smart_epsilon: float = flag(1e-5, "epsilon, radius of the ball", SMART, type=float)
+    smart_epsilon: float = flag(1e-5, "epsilon, radius of the ball (0: no perturbation and no ascent, R_s the "
+                                      "divergence of two dropout forwards: docs/smart.md)", SMART, type=float)
     smart_step_size: float = flag(1e-3, "eta", SMART, type=float)
     smart_ascent_steps: int = flag(1, "K", SMART, type=int)
     smart_norm: str = flag("inf", group=SMART, choices=NORMS)
