@@ -87,8 +87,10 @@ def tracked_files(root: Path) -> list[Path]:
 def undeclared_imports(root: Path) -> list[str]:
     """One line for each module imported under `root` that no declared distribution provides."""
     files = tracked_files(root)
+    # The repository's own modules: every .py file (the tests put scripts/ on the path) and every top-level folder
+    # (a package, or a folder imported as a namespace package from the repository's root).
     local = {path.stem for path in files if path.suffix == ".py"} | {
-        path.parent.name for path in root.glob("*/__init__.py")}
+        path.relative_to(root).parts[0] for path in files if len(path.relative_to(root).parts) > 1}
     declared = declared_distributions(root)
     providers = importlib.metadata.packages_distributions()
     first_use: dict[str, str] = {}
