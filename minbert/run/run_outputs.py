@@ -2,7 +2,8 @@
 scripts/compare_runs.py): the settings its best.json records and its dev CSVs with the gold labels they predict.
 
 A run's dev CSVs are where its flags sent them (best.json records them, a relative path against the folder the run
-was started in: `--demo` writes predictions/ beside the repository, not in runs/demo/), else the course's file names
+was started in: a run told --sst_dev_out predictions/sst-dev-out.csv, as runs were by default before, wrote them
+there, not in its folder), else the course's file names
 in the folder's predictions/ or directly in it, as the recipes' and scripts/ensemble.py's folders hold them.
 """
 from __future__ import annotations
@@ -33,6 +34,17 @@ def dev_csv(run: Path, task: str) -> Path:
     candidates = [recorded_path(recorded, working_dir_of(run, settings))] if isinstance(recorded, str) else []
     candidates += [run / "predictions" / name, run / name]
     return next((path for path in candidates if path.is_file()), candidates[-1])
+
+
+def leaderboard_files(run: Path) -> list[Path]:
+    """Every leaderboard file that belongs to a finished run: where its flags sent them (best.json records them), and
+    the course's names in its predictions/ and directly in it (dev_csv's places)."""
+    settings = run_settings(run)
+    written = settings.get("prediction_files", {})
+    recorded = [recorded_path(path, working_dir_of(run, settings)) for path in written.values()
+                if isinstance(path, str)] if isinstance(written, dict) else []
+    names = [Path(default_output(task, split)).name for task in MULTITASK for split in ("dev", "test")]
+    return recorded + [folder / name for folder in (run / "predictions", run) for name in names]
 
 
 def predictions_and_gold(run: Path, data_dir: Path) -> dict[str, tuple[list, list]]:
