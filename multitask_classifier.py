@@ -197,7 +197,8 @@ def _run(args: TrainingArguments, distributed: Distributed, device) -> Trainer:
             else:
                 print(f"resuming after stage {trainer.state.next_stage} of {len(stages)}")
         elif distributed.is_main:
-            earlier = earlier_run_files(output_dir, list(prediction_paths(args.prediction_files, RUN_TASKS).values()))
+            predictions = prediction_paths(args.prediction_files, output_dir, RUN_TASKS)
+            earlier = earlier_run_files(output_dir, list(predictions.values()))
             removed = remove_files(earlier)
             if removed:
                 print(f"note: starting a fresh run in {output_dir}; the earlier run's {len(removed)} files there "
@@ -209,7 +210,8 @@ def _run(args: TrainingArguments, distributed: Distributed, device) -> Trainer:
             # SQuAD's no-answer threshold is the one chosen on dev when the kept model was evaluated.
             best_metrics, dev_predictions, dev_scores = trainer.use_kept_model()
             print("best model on dev: " + summarize_line(best_metrics))
-            write_leaderboard_files(trainer, prediction_paths(args.prediction_files, trainer.tasks), dev_scores, output_dir)
+            write_leaderboard_files(trainer, prediction_paths(args.prediction_files, output_dir, trainer.tasks),
+                                    dev_scores, output_dir)
             if args.score_train:
                 write_train_scores(trainer, output_dir)
             if distributed.is_main:

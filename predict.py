@@ -27,7 +27,7 @@ from pathlib import Path
 
 from base_bert import CheckpointError
 from minbert.arguments import OneLineErrorParser
-from minbert.files import DataError, OutputError, atomic_write_text, unwritable_folder
+from minbert.files import DataError, OutputError, atomic_write_text, forbidden_output, unwritable_folder
 from minbert.model.multitask_bert import load_multitask_checkpoint
 from minbert.prediction.new_inputs import (INPUT_FORMATS, OUTPUT_FORMATS, STANDARD_STREAM, input_format,
                                            output_format, prediction_records, read_examples)
@@ -123,6 +123,10 @@ def predict(args: argparse.Namespace) -> int:
                                                        if output.is_dir() else None)
         if problem:
             raise OutputError(f"--output {problem}")
+        problem = forbidden_output("--output", output, [] if args.input == STANDARD_STREAM else [args.input],
+                                   [args.run])
+        if problem:
+            raise OutputError(problem)
     examples = read_examples(TASKS[args.task], args.input, args.input_format)  # every input problem before loading
     temperature, threshold = dev_fitted(args, prefix)
     device = resolve_device(args.use_gpu)

@@ -91,7 +91,9 @@ def write_zip(path: Path, members: list[tuple[Path, str]]) -> None:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = OneLineErrorParser(description="Zip the CS224N default final project submission.")
-    parser.add_argument("--predictions_dir", type=Path, default=Path("predictions"))
+    parser.add_argument("--predictions_dir", type=Path, default=Path("predictions"),
+                        help="the CSVs' folder: a run's own RUN/predictions, or the handout's predictions/ (the "
+                             "default), where a run writes them when its --*_out flags name them")
     parser.add_argument("--out", type=Path, default=Path("cs224n_default_final_project_submission.zip"))
     parser.add_argument("--part", choices=("multitask", "minbert"), default="multitask")
     parser.add_argument("--data_dir", type=Path, default=Path("data"),

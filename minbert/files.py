@@ -9,6 +9,9 @@ partial folder beside the file (.NAME.XXXXXXXX.minbert-partial, a name this proj
 library's own temporaries too) and moved into place. A set of files saved together (checkpoint.py's weights and
 JSON) writes each with write_aside, atomic_write's first half, and moves them in the order its reader relies on.
 What a killed write leaves is removed by the next command that takes the folder's lock (locked_folder).
+
+Which files a tool may write (docs/runs.md): none that it reads, and none inside a run's folder other than the runs it
+writes for; forbidden_output says why a path is one of those, for a command line to refuse before anything loads.
 """
 from __future__ import annotations
 
@@ -27,6 +30,9 @@ from pathlib import Path
 
 LOCK = ".lock"  # locked_folder's file in a folder a command writes in
 PARTIAL = ".minbert-partial"  # how the folders of writes under way end (partial_folder)
+# The files that make a folder a run's (run_record.py's record, checkpoint.py's kept model): what lies below belongs
+# to that run.
+RUN_MARKERS = ("args.json", "best.json")
 
 
 class DataError(ValueError):
@@ -238,3 +244,26 @@ def new_file_mode() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return 0o666 & ~mask
+
+
+def run_folder_of(path: str | os.PathLike) -> Path | None:
+    """The run folder `path` lies in (or is): the nearest folder at or above it holding a RUN_MARKERS file; None."""
+    for folder in (Path(path).resolve(), *Path(path).resolve().parents):
+        if any((folder / marker).is_file() for marker in RUN_MARKERS):
+            return folder
+    return None
+
+
+def forbidden_output(flag: str, path: str | os.PathLike, reads=(), own_runs=()) -> str | None:
+    """Why the tool must not write `path` (a file or folder its `flag` names), in one line naming both, or None: it
+    is, or lies in, a file or folder the tool `reads` (the user's input), or it lies in a run's folder other than the
+    `own_runs` (folders, or checkpoint prefixes in them) the tool writes for (that run's files)."""
+    target = Path(path).resolve()
+    for source in (Path(read).resolve() for read in reads):
+        if target == source or target.is_relative_to(source):
+            return f"{flag} {path}: would replace {'it' if target == source else source}, which this command " \
+                   "reads; write elsewhere"
+    owner = run_folder_of(target)
+    if owner is not None and owner not in {run_folder_of(run) for run in own_runs}:
+        return f"{flag} {path}: inside the run folder {owner}, whose files belong to that run; write elsewhere"
+    return None

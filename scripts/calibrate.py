@@ -10,7 +10,8 @@ cross-fitted ones are not).
 Each RUN gets calibration.json (what predict.py --calibrated / --threshold and scripts/ensemble.py --calibrated read)
 and a reliability diagram per task (TASK_reliability.png). --data_dir holds the course files, for the dev labels.
 --threshold_out DIR (one run) also writes the dev and test leaderboard CSVs of each task with a threshold, decided
-from the run's scores at the threshold chosen on dev; the run's own CSVs are left as they are.
+from the run's scores at the threshold chosen on dev; the run's own CSVs are left as they are (a DIR where one of
+them would be written over is refused, as is one inside another run's folder: docs/runs.md).
 """
 from __future__ import annotations
 
@@ -21,9 +22,10 @@ from pathlib import Path
 from minbert.arguments import OneLineErrorParser
 from minbert.data.batches import DataError, show_data_warnings_on_one_line
 from minbert.data.scores import ScoresFileError, read_scores, scores_path
-from minbert.files import describe_os_error, unwritable_folder
+from minbert.files import describe_os_error, forbidden_output, unwritable_folder
 from minbert.prediction.ensemble_scores import dev_labels
 from minbert.reports.calibration import calibration_lines, write_calibration
+from minbert.run.run_outputs import leaderboard_files
 from minbert.tasks import RUN_TASKS, TASKS, default_output
 from minbert.tasks.base import decided
 
@@ -41,6 +43,17 @@ def run_dev(run: Path, data_dir: str) -> dict:
     return {task: (values, gold[task]) for task, (_, values) in scores.items()}
 
 
+def thresholded_path(output_dir: Path, task: str, split: str) -> Path:
+    return output_dir / Path(default_output(task, split)).name
+
+
+def replaced_by_thresholded(run: Path, output_dir: Path) -> str | None:
+    """Why --threshold_out OUTPUT_DIR must not be written, or None: a CSV it would hold is one of the run's own."""
+    own = leaderboard_files(run)
+    return next(filter(None, (forbidden_output("--threshold_out", thresholded_path(output_dir, task, split), own, [run])
+                              for task in CALIBRATED for split in ("dev", "test"))), None)
+
+
 def write_thresholded(run: Path, report: dict, output_dir: Path) -> list[Path]:
     """The dev and test leaderboard CSVs of each task of the report with a threshold, decided from the run's scores
     at it."""
@@ -50,7 +63,7 @@ def write_thresholded(run: Path, report: dict, output_dir: Path) -> list[Path]:
             continue
         for split in ("dev", "test"):
             ids, scores = read_scores(scores_path(run, name, split), name)
-            path = output_dir / Path(default_output(name, split)).name
+            path = thresholded_path(output_dir, name, split)
             TASKS[name].write_predictions(path, ids, decided(TASKS[name], scores, entry["threshold"]["logit"])[1])
             written.append(path)
     return written
@@ -67,7 +80,8 @@ def main(argv=None) -> int:
     show_data_warnings_on_one_line()
     problem = next((f"{run}: not a run's folder" for run in args.runs if not Path(run).is_dir()), None)
     if args.threshold_out:
-        problem = problem or unwritable_folder(Path(args.threshold_out))
+        problem = (problem or unwritable_folder(Path(args.threshold_out))
+                   or replaced_by_thresholded(Path(args.runs[0]), Path(args.threshold_out)))
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 2

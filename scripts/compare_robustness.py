@@ -26,7 +26,8 @@ import sys
 from pathlib import Path
 
 from minbert.arguments import OneLineErrorParser
-from minbert.files import DataError, OutputError, atomic_write_text, read_input_text, unwritable_folder
+from minbert.files import (DataError, OutputError, atomic_write_text, forbidden_output, read_input_text,
+                           unwritable_folder)
 from minbert.reports.bootstrap import Difference, Estimate, arms_problem
 from minbert.reports.decisions import ALPHA, holm, parse_primary, secondary_verdict
 from minbert.reports.robustness_comparison import (CleanResult, RobustnessComparison, ScoredRun, compare_arms, mismatch,
@@ -221,7 +222,10 @@ def greedy_lines(result: RobustnessComparison) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     if args.output is not None:
-        problem = unwritable_folder(args.output.parent)
+        read = [folder for _, folders in args.arms for folder in folders]
+        written = (args.output, args.output.with_suffix(".json"))
+        problem = unwritable_folder(args.output.parent) or next(
+            filter(None, (forbidden_output("--output", path, read) for path in written)), None)
         if problem:
             raise OutputError(problem)
     arms = {name: [read_run(folder) for folder in folders] for name, folders in args.arms}

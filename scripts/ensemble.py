@@ -41,7 +41,8 @@ from evaluation import summarize_line, write_predictions
 from minbert.arguments import OneLineErrorParser
 from minbert.data.batches import DataError, show_data_warnings_on_one_line
 from minbert.data.scores import ScoresFileError, scores_path, write_scores
-from minbert.files import atomic_write_text, describe_os_error, locked_folder, remove_files, unwritable_folder
+from minbert.files import (atomic_write_text, describe_os_error, forbidden_output, locked_folder, remove_files,
+                           unwritable_folder)
 from minbert.prediction.ensemble_scores import (HELD_OUT_REPEATS, METHODS, EnsembleError, build_ensemble, dev_labels,
                                                 ensemble_train_scores, load_members, member_tasks)
 from minbert.tasks import TASKS, default_output
@@ -63,7 +64,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     show_data_warnings_on_one_line()
     output_dir = Path(args.output_dir)
-    problem = unwritable_folder(output_dir)
+    problem = unwritable_folder(output_dir) or forbidden_output("--output_dir", output_dir)  # a run's CSVs
     if any(output_dir.resolve() == Path(run).resolve() for run in args.runs):
         problem = f"{output_dir}: a member's own folder; the ensemble's files would replace its (its train scores too)"
     if problem:

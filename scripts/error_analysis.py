@@ -4,10 +4,11 @@
     python scripts/error_analysis.py results/cpu_best --data_dir ../shared/data/protocol
 
 The dev CSVs are those the run wrote where its flags sent them (its best.json records them, a relative path against
-the folder the run was started in, wherever this runs from: `--demo` writes predictions/ beside the repository, not
-in runs/demo/), else the three files (sst-dev-out.csv, para-dev-out.csv,
-sts-dev-out.csv) in the folder's predictions/ or directly in it, as the recipes' and scripts/ensemble.py's folders hold
-them; every dev example needs exactly one prediction. --data_dir defaults to the run's own.
+the folder the run was started in, wherever this runs from: a run told --sst_dev_out predictions/sst-dev-out.csv, as
+runs were by default before, wrote them there, not in its folder), else the three files (sst-dev-out.csv,
+para-dev-out.csv, sts-dev-out.csv) in the folder's predictions/ or directly in it, as the recipes' and
+scripts/ensemble.py's folders hold them; every dev example needs exactly one prediction. --data_dir defaults to the
+run's own. --output_dir in another run's folder is refused (its plots are that run's: docs/runs.md).
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from pathlib import Path
 from evaluation import PredictionsFileError, error_counts
 from minbert.arguments import OneLineErrorParser
 from minbert.data.batches import DataError, show_data_warnings_on_one_line
-from minbert.files import locked_folder, unwritable_folder
+from minbert.files import forbidden_output, locked_folder, unwritable_folder
 from minbert.reports.plots import figure_problem, plot_error_analysis
 from minbert.run.run_outputs import predictions_and_gold, run_settings
 from minbert.run.run_record import recorded_path, working_dir_of
@@ -51,7 +52,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     show_data_warnings_on_one_line()
     output_dir = args.output_dir or args.run
-    problem = unwritable_folder(output_dir) or figure_problem()
+    problem = (unwritable_folder(output_dir) or forbidden_output("--output_dir", output_dir, own_runs=[args.run])
+               or figure_problem())
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 2

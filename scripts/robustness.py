@@ -37,8 +37,8 @@ from pathlib import Path
 from base_bert import CheckpointError
 from minbert.arguments import OneLineErrorParser
 from minbert.data.batches import load_split
-from minbert.files import (DataError, OutputError, atomic_write_text, locked_folder, show_data_warnings_on_one_line,
-                           unwritable_folder)
+from minbert.files import (DataError, OutputError, atomic_write_text, forbidden_output, locked_folder,
+                           show_data_warnings_on_one_line, unwritable_folder)
 from minbert.robustness.embedding_attack import EmbeddingAttack
 from minbert.robustness.greedy_attack import GreedyAttack
 from minbert.robustness.neighbours import EmbeddingNeighbours
@@ -140,8 +140,14 @@ def check_inputs(args: argparse.Namespace) -> tuple[list[Path], list[str], Path,
         problem = unwritable_folder(folder)
         if problem:
             raise OutputError(problem)
+    problem = forbidden_output("--output_dir", args.output_dir, own_runs=args.runs)
+    if problem:
+        raise OutputError(problem)
     if read_manifest(sets_dir) is not None:
         return prefixes, tasks, sets_dir, read_sets(sets_dir, tasks)
+    problem = forbidden_output("--perturbed_dir", sets_dir, own_runs=args.runs)  # written now, from the dev files
+    if problem:
+        raise OutputError(problem)
     settings = run_settings(run) if run.is_dir() else {}
     data_dir = args.data_dir or recorded_path(settings.get("data_dir") or "data", working_dir_of(run, settings))
     args.data_dir = str(data_dir)

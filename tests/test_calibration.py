@@ -122,14 +122,18 @@ def demo_ids(task: str, split: str) -> list[str]:
                                        TASKS[task].label_column, TASKS[task].label_problem, task)]
 
 
-def test_the_script_calibrates_a_finished_runs_scores_and_writes_thresholded_csvs(tmp_path, capsys):
-    run = tmp_path / "run"
+def write_run_scores(run):
     rng = np.random.default_rng(3)
     for name in ("sst", "qqp"):
         for split in ("dev", "test"):
             ids = demo_ids(name, split)
             shape = (len(ids), 5) if name == "sst" else (len(ids),)
             write_scores(scores_path(run, name, split), ids, rng.normal(0, 4, shape), name)
+
+
+def test_the_script_calibrates_a_finished_runs_scores_and_writes_thresholded_csvs(tmp_path, capsys):
+    run = tmp_path / "run"
+    write_run_scores(run)
     result = subprocess.run([sys.executable, "scripts/calibrate.py", str(run), "--data_dir", str(DEMO),
                              "--threshold_out", str(tmp_path / "out")], cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
@@ -143,3 +147,22 @@ def test_the_script_calibrates_a_finished_runs_scores_and_writes_thresholded_csv
     assert main([str(tmp_path / "out"), "--data_dir", str(DEMO)]) == 2
     error = capsys.readouterr().err
     assert error.count("\n") == 1 and "no dev scores" in error
+
+
+@pytest.mark.parametrize("where", ["own", "recorded", "other run"])
+def test_threshold_out_never_writes_over_a_runs_csvs(tmp_path, capsys, where):
+    """The run's own CSVs (in its predictions/, or where its best.json says its flags sent them) and another run's
+    folder are refused in one line naming --threshold_out, before anything is written."""
+    run, other = tmp_path / "run", tmp_path / "other"
+    write_run_scores(run)
+    recorded = {"para_dev_out": str(tmp_path / "mine" / "para-dev-out.csv")}
+    (run / "best.json").write_text(json.dumps({"args": {"prediction_files": recorded}}))
+    (other / "predictions").mkdir(parents=True)
+    (other / "best.json").write_text("{}")
+    folder = {"own": run / "predictions", "recorded": tmp_path / "mine", "other run": other / "predictions"}[where]
+    folder.mkdir(exist_ok=True)
+    (folder / "para-dev-out.csv").write_text("theirs")
+    assert main([str(run), "--data_dir", str(DEMO), "--threshold_out", str(folder)]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith(f"error: --threshold_out {folder}") and error.count("\n") == 1
+    assert (folder / "para-dev-out.csv").read_text() == "theirs" and not (run / "calibration.json").exists()

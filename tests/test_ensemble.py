@@ -340,6 +340,17 @@ def test_an_ensemble_refuses_to_write_into_a_member_and_leaves_no_stale_teacher(
     assert not stale.exists()
 
 
+def test_an_ensemble_never_writes_into_a_runs_folder(finished_run, tmp_path, capsys):
+    """A member's predictions/ (or any run's folder) holds that run's CSVs, which the ensemble's would replace."""
+    member = finished_run / "run"
+    for output_dir in (member / "predictions", member / "ensemble"):
+        assert main([str(member), "--output_dir", str(output_dir), "--data_dir", str(DEMO)]) == 2
+        err = capsys.readouterr().err
+        assert err == (f"error: --output_dir {output_dir}: inside the run folder {member.resolve()}, whose files "
+                       "belong to that run; write elsewhere\n")
+        assert not (output_dir / "ensemble.json").exists()
+
+
 def calibrated_copy(finished_run, folder, temperatures: dict) -> str:
     """A member with the finished run's scores (train scores of QQP too) and a calibration.json of these
     temperatures."""

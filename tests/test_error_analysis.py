@@ -63,7 +63,8 @@ def test_an_output_dir_that_cannot_be_written_is_one_line(tmp_path, capsys):
 
 
 def test_a_run_whose_csvs_went_elsewhere_is_read_where_its_flags_sent_them(tmp_path, capsys, monkeypatch):
-    """--demo writes predictions/ beside the repository, not in runs/demo/: the run's best.json says where, and
+    """A run told to write the course's predictions/ (as runs were by default before) wrote them beside where it
+    started, not in runs/demo/: the run's best.json says where, and
     which data it read, so `error_analysis.py runs/demo` needs no other flag."""
     monkeypatch.chdir(tmp_path)
     write_dev_csvs(Path("predictions"), sst_shift=1)
@@ -115,3 +116,16 @@ def test_a_moved_run_reads_the_files_where_its_args_json_says_it_started(tmp_pat
     monkeypatch.chdir(tmp_path)
     assert error_analysis.main([str(moved)]) == 0
     assert capsys.readouterr().out.startswith(f"SST (predicted - gold class): {DEV_SST} right, 0 off by 1")
+
+
+def test_the_plots_never_go_into_another_runs_folder(tmp_path, capsys):
+    """Another run's folder holds that run's plots of the same names: refused in one line before anything is drawn;
+    the run's own folder is the default."""
+    write_dev_csvs(tmp_path / "run")
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "best.json").write_text("{}")
+    assert error_analysis.main([str(tmp_path / "run"), "--data_dir", str(DEMO), "--output_dir", str(other)]) == 2
+    assert capsys.readouterr().err == (f"error: --output_dir {other}: inside the run folder {other.resolve()}, whose "
+                                       "files belong to that run; write elsewhere\n")
+    assert not list(other.glob("*.png"))

@@ -181,6 +181,20 @@ def test_resume_before_any_checkpoint_says_to_start_without_it(tmp_path, capsys,
     assert "nothing to resume yet" in one_error_line(capsys)
 
 
+@pytest.mark.parametrize("where", ["a data file", "another run's folder"])
+def test_a_leaderboard_file_never_replaces_a_data_file_or_another_runs(tmp_path, capsys, model_must_not_load, where):
+    """The run's own folder is its CSVs' default; a flag sending one onto a file the run reads, or into another
+    run's folder (whose best.json records its CSVs as its own), is refused before anything loads."""
+    data = tmp_path / "data"
+    shutil.copytree(DEMO, data)
+    other = tmp_path / "other"
+    (other / "predictions").mkdir(parents=True)
+    (other / "best.json").write_text("{}")
+    target = {"a data file": data / "ids-sst-dev.csv", "another run's folder": other / "predictions" / "x.csv"}[where]
+    assert mc.main(["--data_dir", str(data), "--output_dir", str(tmp_path / "run"), "--sst_dev_out", str(target)]) == 2
+    assert one_error_line(capsys).startswith(f"error: --sst_dev_out {target}: ")
+
+
 def test_ctrl_c_says_how_to_continue(tiny_checkpoint, tmp_path, capsys, monkeypatch):
     assert mc.main(quick_flags(tiny_checkpoint, tmp_path, "--stop_after_stages", "1")) == 0
 

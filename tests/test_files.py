@@ -197,3 +197,21 @@ def test_settling_a_folder_finishes_a_save_killed_between_its_moves_and_drops_on
     assert sorted(os.listdir(tmp_path)) == ["best.json", "best.safetensors", "last.json", "last.safetensors"]
     assert torch.equal(read_checkpoint(tmp_path / "last")[0]["w"], torch.ones(2))
     assert torch.equal(read_checkpoint(tmp_path / "best")[0]["w"], torch.zeros(2))
+
+
+def test_an_output_may_not_be_an_input_nor_lie_in_another_runs_folder(tmp_path, monkeypatch):
+    from minbert.files import forbidden_output
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "in.csv").write_text("x")
+    for run in ("mine", "theirs"):
+        (tmp_path / run / "predictions").mkdir(parents=True)
+        (tmp_path / run / "args.json").write_text("{}")
+    assert forbidden_output("--output", "sub/../in.csv", reads=["in.csv"]) == (
+        "--output sub/../in.csv: would replace it, which this command reads; write elsewhere")
+    assert forbidden_output("--output", "inputs/a.md", reads=["inputs"]).startswith(
+        f"--output inputs/a.md: would replace {tmp_path / 'inputs'}, which")
+    assert forbidden_output("--out", "theirs/predictions/x.csv", own_runs=["mine"]) == (
+        f"--out theirs/predictions/x.csv: inside the run folder {tmp_path / 'theirs'}, whose files belong to that run; "
+        "write elsewhere")
+    assert forbidden_output("--out", "mine/predictions/x.csv", own_runs=["mine/best"]) is None  # a checkpoint prefix
+    assert forbidden_output("--out", "elsewhere/x.csv", reads=["in.csv"], own_runs=["mine"]) is None

@@ -2,6 +2,7 @@
 is one line with exit code 2 before the model loads."""
 import io
 import json
+import shutil
 import subprocess
 import sys
 
@@ -126,6 +127,22 @@ def test_a_bad_run_input_or_output_is_one_line_and_exit_2_before_the_model_loads
     assert predict.main([a.format(**values) for a in argv]) == 2
     line = one_error_line(capsys)
     assert line.startswith("error: ") and problem.format(**values) in line
+
+
+@pytest.mark.parametrize("where", ["its input", "its input spelled otherwise", "another run's folder"])
+def test_the_output_never_replaces_the_input_or_another_runs_file(run, tmp_path, capsys, checkpoint_must_not_load,
+                                                                   monkeypatch, where):
+    monkeypatch.chdir(tmp_path)
+    source = tmp_path / "in.csv"
+    shutil.copy(DEMO / "ids-sst-dev.csv", source)
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "best.json").write_text("{}")
+    out = {"its input": source, "its input spelled otherwise": "other/../in.csv",
+           "another run's folder": other / "sst-dev-out.csv"}[where]
+    assert predict.main([str(run), "--task", "sst", "--input", str(source), "--output", str(out)]) == 2
+    assert one_error_line(capsys).startswith(f"error: --output {out}: ")
+    assert source.read_bytes() == (DEMO / "ids-sst-dev.csv").read_bytes() and not (other / "sst-dev-out.csv").exists()
 
 
 @pytest.mark.parametrize("flags, problem", [

@@ -343,3 +343,20 @@ def test_bad_inputs_are_one_line_and_exit_2_before_the_model_loads(tmp_path, tin
         assert robustness.main([*argv, "--quiet"]) == 2
         lines = capsys.readouterr().err.strip().splitlines()
         assert len(lines) == 1 and problem in lines[0], lines
+
+
+@pytest.mark.parametrize("flag, folder", [("--output_dir", "robustness"), ("--perturbed_dir", "new_sets")])
+def test_another_runs_folder_is_never_written_into(tmp_path, tiny_checkpoint, capsys, checkpoint_must_not_load,
+                                                    flag, folder):
+    """Scoring one run into another's folder (its robustness/, or perturbed sets made there) would replace that
+    run's results: refused in one line before the model loads; the run's own folder is where they go by default."""
+    import robustness
+    run, other = tiny_run(tmp_path / "run", tiny_checkpoint, 1), tiny_run(tmp_path / "other", tiny_checkpoint, 2)
+    (other / "robustness").mkdir()
+    (other / "robustness" / "robustness.json").write_text("other's")
+    assert robustness.main([str(run), flag, str(other / folder), *SCRIPT_FLAGS]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines == [f"error: {flag} {other / folder}: inside the run folder {other}, whose files belong to that run; "
+                     "write elsewhere"]
+    assert (other / "robustness" / "robustness.json").read_text() == "other's"
+    assert not (other / "new_sets").exists() and not (run / "robustness").exists()

@@ -139,6 +139,23 @@ def test_a_folder_without_predictions_is_refused_in_one_line(tmp_path, capsys):
     assert len(lines) == 1 and "robustness_predictions.json: file not found (scored before" in lines[0]
 
 
+@pytest.mark.parametrize("where", ["the first arm's folder", "the second arm's folder", "a run's folder"])
+def test_the_output_never_replaces_an_inputs_or_a_runs_files(tmp_path, capsys, where):
+    """--output FILE.md writes FILE.json too: neither may land in a folder it reads (replacing an arm's
+    robustness.json) or in a run's folder; refused in one line before anything is written."""
+    first = write_folder(tmp_path / "a", *files(GOLD, GOLD))
+    second = write_folder(tmp_path / "b" / "robustness", *files(GOLD, GOLD))
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "args.json").write_text("{}")
+    output = {"the first arm's folder": first / "robustness.md", "the second arm's folder": second / "robustness.md",
+              "a run's folder": tmp_path / "c" / "compare.md"}[where]
+    before = {path: path.read_bytes() for path in tmp_path.rglob("*") if path.is_file()}
+    assert compare_robustness.main([f"none={first}", f"smart={tmp_path / 'b'}", "--output", str(output)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: --output {output}") and err.count("\n") == 1
+    assert {path: path.read_bytes() for path in tmp_path.rglob("*") if path.is_file()} == before
+
+
 def test_two_tiny_runs_scored_by_the_suite_compare_end_to_end(tmp_path, tiny_checkpoint, capsys):
     import robustness
     from test_robustness import SCRIPT_FLAGS, tiny_run

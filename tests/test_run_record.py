@@ -83,11 +83,10 @@ def test_config_of_a_run_trains_it_again_byte_for_byte(first_run, tmp_path, monk
     assert without_seconds(second) == without_seconds(first_run)
     record = json.loads((second / "args.json").read_text())
     first = json.loads((first_run / "args.json").read_text())
-    # every prediction path is this run's: those in the first run's folder at the same place, the others (SQuAD's
-    # defaults, in the course's predictions/) at their course names in it
+    # every prediction path is this run's: those in the first run's folder at the same place, the unset ones (SQuAD's
+    # defaults) unset, in each run's own predictions/
     assert record["args"] == {**first["args"], "output_dir": str(second),
-                              "prediction_files": {flag: path.replace(str(first_run), str(second)) if
-                                                   path.startswith(str(first_run)) else str(second / path)
+                              "prediction_files": {flag: path and path.replace(str(first_run), str(second))
                                                    for flag, path in first["args"]["prediction_files"].items()}}
 
 

@@ -81,10 +81,10 @@ def test_training_arguments_per_file_flags_are_those_of_the_table():
     squad_flags = {"squad_train", "squad_dev", "squad_test", "squad_dev_out", "squad_test_out"}
     assert per_file == COURSE_DATA_FLAGS | COURSE_OUTPUT_FLAGS | squad_flags
     defaults = parser.parse_args([])
-    assert (defaults.squad_dev_out, defaults.squad_test_out) == ("predictions/squad-dev-out.json",
-                                                                 "predictions/squad-test-out.json")
-    assert {flag: getattr(defaults, flag) for flag in COURSE_OUTPUT_FLAGS} == {
-        output_flag(t, s): default_output(t, s) for t in MULTITASK for s in ("dev", "test")}
+    # unset: OUTPUT_DIR/<the course's name> (prediction_paths)
+    assert all(getattr(defaults, flag) is None for flag in COURSE_OUTPUT_FLAGS | {"squad_dev_out", "squad_test_out"})
+    assert {action.dest: action.help for action in parser._actions if action.dest in COURSE_OUTPUT_FLAGS} == {
+        output_flag(t, s): f"default: OUTPUT_DIR/{default_output(t, s)}" for t in MULTITASK for s in ("dev", "test")}
     assert all(getattr(defaults, flag) is None for flag in COURSE_DATA_FLAGS)  # DATA_DIR/<course name>
 
 

@@ -124,14 +124,9 @@ def test_parsed_defaults_are_the_dataclass_defaults():
     for name, value in vars(default).items():
         if name not in ("data_files", "prediction_files"):
             assert getattr(parsed, name) == value, name
-    assert parsed.prediction_files == {"sst_dev_out": "predictions/sst-dev-out.csv",
-                                       "sst_test_out": "predictions/sst-test-out.csv",
-                                       "para_dev_out": "predictions/para-dev-out.csv",
-                                       "para_test_out": "predictions/para-test-out.csv",
-                                       "sts_dev_out": "predictions/sts-dev-out.csv",
-                                       "sts_test_out": "predictions/sts-test-out.csv",
-                                       "squad_dev_out": "predictions/squad-dev-out.json",
-                                       "squad_test_out": "predictions/squad-test-out.json"}
+    # None: the run's own folder (prediction_paths), never a file another run's defaults wrote
+    assert parsed.prediction_files == dict.fromkeys(["sst_dev_out", "sst_test_out", "para_dev_out", "para_test_out",
+                                                     "sts_dev_out", "sts_test_out", "squad_dev_out", "squad_test_out"])
     assert (parsed.hidden_dropout_prob, parsed.encoder_dropout, parsed.smart_momentum) == (0.3, None, None)
     assert (parsed.lr_schedule, parsed.warmup_ratio, parsed.weight_decay) == ("constant", 0.1, 0.0)
 
@@ -164,9 +159,15 @@ def test_data_and_prediction_paths(tmp_path):
     assert paths[("qqp", "train")].as_posix() == "elsewhere/q.csv"
     assert paths[("qqp", "dev")] == tmp_path / "quora-dev.csv"
     assert paths[("sst", "test")] == tmp_path / "ids-sst-test-student.csv"
-    outputs = prediction_paths(args.prediction_files)
+    outputs = prediction_paths(args.prediction_files, "runs/a")
     assert outputs[("sst", "test")].as_posix() == "out/sst.csv"
-    assert outputs[("qqp", "dev")].as_posix() == "predictions/para-dev-out.csv"
+    assert outputs[("qqp", "dev")].as_posix() == "runs/a/predictions/para-dev-out.csv"
+
+
+def test_two_runs_from_one_folder_write_their_own_csvs():
+    first, second = (mc.parse_args(["--output_dir", name]) for name in ("runs/a", "runs/b"))
+    assert prediction_paths(first.prediction_files, first.output_dir)[("sst", "dev")] != \
+        prediction_paths(second.prediction_files, second.output_dir)[("sst", "dev")]
 
 
 def test_resume_free_fields_are_those_that_cannot_change_the_result():

@@ -2,13 +2,14 @@
 scripts/compare_runs.py): the settings its best.json records and its dev CSVs with the gold labels they predict.
 
 A run's dev CSVs are where its flags sent them (best.json records them, a relative path against the folder the run
-was started in: `--demo` writes predictions/ beside the repository, not in runs/demo/), else the course's file names
-in the folder's predictions/ or directly in it, as the recipes' and scripts/ensemble.py's folders hold them.
+was started in: a run told --sst_dev_out predictions/sst-dev-out.csv, as runs were by default before, wrote them
+there, not in its folder), else the course's file names in the folder's predictions/ or directly in it, as the
+recipes' and scripts/ensemble.py's folders hold them.
 
 checked_predictions_and_gold reads them as scripts/compare_runs.py must: only what belongs to the run. A recorded
-path may hold another run's CSV by now (two runs with the same --*_dev_out, or `--demo`'s predictions/ beside the
-repository), so each CSV must score what the run recorded of the predictions it wrote (best.json's metrics of its
-kept model, an ensemble's ensemble.json), and a task the run did not train is no score of its own.
+path may hold another run's CSV by now (two runs told the same --*_dev_out), so each CSV must score what the run
+recorded of the predictions it wrote (best.json's metrics of its kept model, an ensemble's ensemble.json), and a
+task the run did not train is no score of its own.
 """
 from __future__ import annotations
 
@@ -100,6 +101,17 @@ def _check_score(csv: Path, task: str, predictions: list, gold: list, record: Ru
     if abs(scored - recorded) > METRIC_TOLERANCE:
         raise PredictionsFileError(f"{csv}: its {key} is {scored:.6f}, not the {recorded:.6f} that {record.source} "
                                    "records: not this run's predictions")
+
+
+def leaderboard_files(run: Path) -> list[Path]:
+    """Every leaderboard file that belongs to a finished run: where its flags sent them (best.json records them), and
+    the course's names in its predictions/ and directly in it (dev_csv's places)."""
+    settings = run_settings(run)
+    written = settings.get("prediction_files", {})
+    recorded = [recorded_path(path, working_dir_of(run, settings)) for path in written.values()
+                if isinstance(path, str)] if isinstance(written, dict) else []
+    names = [Path(default_output(task, split)).name for task in MULTITASK for split in ("dev", "test")]
+    return recorded + [folder / name for folder in (run / "predictions", run) for name in names]
 
 
 def predictions_and_gold(run: Path, data_dir: Path) -> dict[str, tuple[list, list]]:

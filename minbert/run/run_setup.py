@@ -21,6 +21,7 @@ from bert import BertModel
 from minbert.data.batches import DataWarning, TaskData, load_task_data, subsample
 from minbert.data.nli import load_nli_triplets
 from minbert.data.scores import ScoresFileError
+from minbert.files import forbidden_output
 from minbert.distributed import SINGLE_PROCESS, Distributed
 from minbert.model.multitask_bert import MultitaskBERT, freeze_encoder
 from minbert.run.run_settings import (adapter_config, distill_settings, distill_teachers, distilled_tasks, lnsr_config,
@@ -28,7 +29,7 @@ from minbert.run.run_settings import (adapter_config, distill_settings, distill_
 from minbert.run.training_args import (TrainingArguments, UsageError, check_max_length, check_writable, data_paths,
                                        prediction_paths)
 from minbert.runtime import place_encoder, seed_everything
-from minbert.tasks import TASKS, data_flag, head_options
+from minbert.tasks import TASKS, data_flag, head_options, output_flag
 from minbert.training.distillation import SOFTENED_TASKS, TeacherScores, TeacherSpans, load_teacher
 from minbert.training.gradient_surgery import GradientSurgery
 from minbert.training.mlm import MaskedLanguageModelHead, load_mlm_head
@@ -55,9 +56,15 @@ def load_inputs(args: TrainingArguments) -> tuple[list[Stage], dict, list[str], 
 
 
 def check_outputs(args: TrainingArguments) -> None:
-    """The output folders can be written, and --resume has a checkpoint to continue."""
-    outputs = prediction_paths(args.prediction_files, run_tasks(args)).values()
-    check_writable([args.output_dir, *(path.parent for path in outputs)])
+    """The output folders can be written, no leaderboard file replaces a data file or another run's file, and
+    --resume has a checkpoint to continue."""
+    outputs = prediction_paths(args.prediction_files, args.output_dir, run_tasks(args))
+    check_writable([args.output_dir, *(path.parent for path in outputs.values())])
+    inputs = data_paths(args.data_dir, args.data_files, run_tasks(args)).values()
+    for (task, split), path in outputs.items():
+        problem = forbidden_output(f"--{output_flag(task, split)}", path, inputs, [args.output_dir])
+        if problem:
+            raise UsageError(problem)
     output_dir = Path(args.output_dir)
     if args.resume and not any((output_dir / name).exists() for name in ("last.json", "last.safetensors")):
         raise UsageError(f"{output_dir}: nothing to resume yet (no checkpoint saved); start without --resume")

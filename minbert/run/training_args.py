@@ -133,7 +133,7 @@ def _per_file_flags(kind: str, tasks: tuple[str, ...]) -> dict[str, tuple[str | 
     if kind == "data":
         return {data_flag(task, split): (None, f"default: DATA_DIR/{course_file_name(task, split)}")
                 for task in tasks for split in SPLITS}
-    return {output_flag(task, split): (default_output(task, split), None)
+    return {output_flag(task, split): (None, f"default: OUTPUT_DIR/{default_output(task, split)}")
             for task in tasks for split in ("dev", "test")}
 
 
@@ -824,9 +824,12 @@ def data_paths(data_dir: str, data_files: dict, tasks: tuple[str, ...]) -> dict[
             for task in tasks for split in SPLITS}
 
 
-def prediction_paths(prediction_files: dict, tasks: tuple[str, ...] = MULTITASK) -> dict[tuple[str, str], Path]:
-    """(task, split) -> where its leaderboard CSV (SQuAD: predictions JSON) goes, for the run's tasks."""
-    return {(task, split): Path(prediction_files.get(output_flag(task, split)) or default_output(task, split))
+def prediction_paths(prediction_files: dict, output_dir: str | Path,
+                     tasks: tuple[str, ...] = MULTITASK) -> dict[tuple[str, str], Path]:
+    """(task, split) -> where its leaderboard CSV (SQuAD: predictions JSON) goes, for the run's tasks: its flag's
+    path, else its course name in the run's own folder (OUTPUT_DIR/predictions/), where no other run's file is."""
+    return {(task, split): Path(prediction_files.get(output_flag(task, split)) or
+                                Path(output_dir) / default_output(task, split))
             for task in tasks for split in ("dev", "test")}
 
 
@@ -1023,12 +1026,14 @@ def follow_output_dir(prediction_files: dict, config: ConfigFile, given: set[str
                       output_dir: str) -> tuple[dict, list[str]]:
     """A run from a config in another --output_dir than the config's writes its own leaderboard files, never the
     first run's: each of the config's prediction paths the command line does not set moves into this run's folder,
-    one inside the config's output_dir to the same place in it, any other (the course's predictions/, where --demo
-    writes) to its course name under OUTPUT_DIR. Returns the paths, and the flags of those moved from outside."""
+    one inside the config's output_dir to the same place in it, any other (the course's predictions/, where runs
+    wrote by default before) to its course name under OUTPUT_DIR. Returns the paths, and the flags of those moved
+    from outside."""
     recorded_dir = config.settings.get("output_dir")
     if not recorded_dir or Path(recorded_dir).resolve() == Path(output_dir).resolve():
         return prediction_files, []
-    course_names = {flag: default for flag, (default, _) in _per_file_flags("predictions", RUN_TASKS).items()}
+    course_names = {output_flag(task, split): default_output(task, split)
+                    for task in RUN_TASKS for split in ("dev", "test")}
     moved, outside = dict(prediction_files), []
     for flag, path in prediction_files.items():
         if flag in given or not path or path != config.settings.get(flag):
