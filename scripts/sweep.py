@@ -8,8 +8,8 @@ The flags after `--` are the base run, as multitask_classifier.py takes them; ea
 (space.json: {"lr": {"float": [1e-5, 1e-3], "log": true}, "smart": {"choices": [true, false]},
 "smart_weight": {"float": [1, 20], "when": {"smart": true}}}), its seed, its --output_dir
 (SWEEPS/STUDY/trial_N, or trial_N/seed_S with --seeds) and its CSVs inside that folder. Every trial is an ordinary
-run: its args.json reruns it with --config. The study lives in SWEEPS/STUDY.db (SQLite) unless --storage names
-another database; the same command run again, or by several workers at once, continues it, and a trial whose
+run: its args.json reruns it with --config. The study lives in SWEEPS/STUDY.db (SQLite) unless --storage (or
+$MINBERT_SWEEP_STORAGE, which keeps a password out of shell history) names another database; the same command run again, or by several workers at once, continues it, and a trial whose
 worker was killed continues from its own checkpoint.
 """
 from __future__ import annotations
