@@ -8,8 +8,8 @@ The flags after `--` are the base run, as multitask_classifier.py takes them; ea
 (space.json: {"lr": {"float": [1e-5, 1e-3], "log": true}, "smart": {"choices": [true, false]},
 "smart_weight": {"float": [1, 20], "when": {"smart": true}}}), its seed, its --output_dir
 (SWEEPS/STUDY/trial_N, or trial_N/seed_S with --seeds) and its CSVs inside that folder. Every trial is an ordinary
-run: its args.json reruns it with --config. The study lives in SWEEPS/STUDY.db (SQLite) unless --storage names
-another database; the same command run again, or by several workers at once, continues it, and a trial whose
+run: its args.json reruns it with --config. The study lives in SWEEPS/STUDY.db (SQLite) unless --storage (or
+$MINBERT_SWEEP_STORAGE, which keeps a password out of shell history) names another database; the same command run again, or by several workers at once, continues it, and a trial whose
 worker was killed continues from its own checkpoint.
 """
 from __future__ import annotations
@@ -26,25 +26,31 @@ import math
 import os
 import re
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
+import uuid
 import warnings
 from pathlib import Path
 
 from minbert.arguments import OneLineErrorParser
 from minbert.files import atomic_write_text
-from minbert.run.training_args import TrainingArguments, build_parser, parse_training_args
-from minbert.tasks import default_output, output_flag
+from minbert.run.run_settings import run_schedule, run_tasks
+from minbert.run.training_args import TrainingArguments, build_parser, data_paths, parse_training_args
+from minbert.tasks import MULTITASK, TASKS, data_flag, default_output, output_flag
+from minbert.training.schedules import train_tasks
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAINER = ROOT / "multitask_classifier.py"
 TRIAL_RECORD = "sweep_trial.json"  # in a trial's folder: its parameters, each seed's score, how it ended
 RUN_LOG = "sweep.log"  # in a run's folder: what the run printed
 POLL_SECONDS = 0.5
+STORAGE_VARIABLE = "MINBERT_SWEEP_STORAGE"  # --storage's URL, kept out of shell history and ps
+CREATOR_SECONDS = 5  # how long a worker waits for the one that created the study to record its id
 FAILURES_IN_A_ROW = 3  # a worker whose trials fail so often stops: the base run itself cannot run
 STOP_SECONDS = 120  # a pruned run's time to save its checkpoint after SIGINT before it is killed
 INTERRUPT_SECONDS = 5  # a run's time to end by itself on a Ctrl-C that reached it too
@@ -95,6 +101,7 @@ class Sweep:
     study: str
     folder: Path
     storage: str
+    storage_shown: str  # where the storage came from and its URL without the password, for messages
     space: tuple[Parameter, ...]
     base: tuple[str, ...]
     objective: str
@@ -114,9 +121,16 @@ class Sweep:
 
 
 def read_json(flag: str, path: Path):
-    """The JSON file a flag names; SweepError naming the flag and the file when it cannot be read or parsed."""
+    """The JSON file a flag names; SweepError naming the flag and the file when it cannot be read or parsed, or when
+    it names a key twice (JSON keeps the last silently: a parameter given twice would be searched once)."""
+    def refuse_repeats(pairs: list) -> dict:
+        names = [name for name, _ in pairs]
+        repeated = next((name for name in names if names.count(name) > 1), None)
+        if repeated is not None:
+            raise SweepError(f"{flag} {path}: {repeated!r} is named twice")
+        return dict(pairs)
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return json.loads(path.read_text(encoding="utf-8"), object_pairs_hook=refuse_repeats)
     except OSError as err:
         raise SweepError(f"{flag} {path}: cannot read it ({err.strerror or err})") from None
     except (UnicodeDecodeError, ValueError) as err:
@@ -155,7 +169,17 @@ def parameter_from(where: str, name: str, spec, earlier: list[Parameter]) -> Par
     if not isinstance(log, bool) or (log and bounds[0] <= 0) or (step is not None and (
             log or not _is(step, number) or step <= 0)):
         raise SweepError(f"{where}: 'log' needs low > 0 and no 'step'; 'step' must be a positive {kind}")
+    if step is not None and not divides(step, bounds[1] - bounds[0]):
+        # Optuna would move the high end onto the grid without a word, searching a range the space does not name.
+        raise SweepError(f"{where}: 'step' {step} does not divide the range {json.dumps(bounds)}: make high - low "
+                         "a whole number of steps")
     return Parameter(name, kind, bounds[0], bounds[1], log, step, when=when)
+
+
+def divides(step: float | int, width: float | int) -> bool:
+    """Whether `width` is a whole number of `step`s, up to the rounding of decimal steps in binary (0.3 / 0.05)."""
+    steps = width / step
+    return math.isclose(steps, round(steps), rel_tol=1e-9)
 
 
 def _is(value, types) -> bool:
@@ -261,6 +285,46 @@ def read_enqueued(path: Path, space: tuple[Parameter, ...], base: list[str]) -> 
     return tuple(configurations)
 
 
+def check_objective(objective: str, run: TrainingArguments) -> None:
+    """--objective is a dev metric that the base run records: the overall score of a run of the three default tasks,
+    or a metric of one of its tasks."""
+    tasks = run_tasks(run)
+    known = ["overall"] if set(MULTITASK) <= set(tasks) else []
+    for task in tasks:
+        keys = metric_keys(task)
+        if keys is None and objective.startswith(f"{task}_"):
+            return  # its metrics cannot be listed before it answers: the first stage's record checks the name
+        known += keys or [key for key, _ in TASKS[task].history_columns]
+    if objective in known:
+        return
+    close = difflib.get_close_matches(objective, known, 1)
+    raise SweepError(f"--objective {objective}: not a dev metric of the base run's tasks ({', '.join(tasks)}), "
+                     + (f"did you mean {close[0]!r}?" if close else f"e.g. {', '.join(known)}"))
+
+
+def metric_keys(task: str) -> list[str] | None:
+    """The dev metrics a task records, those of its metrics of two toy predictions; None for a task whose metrics
+    come from its answers (SQuAD's)."""
+    import numpy as np
+    try:
+        return list(TASKS[task].metrics(np.array([0, 1]), np.array([0, 1])))
+    except ValueError:
+        return None
+
+
+def check_data_files(run: TrainingArguments) -> None:
+    """Every data file the base run reads is there: missing, every trial would fail on it."""
+    tasks = run_tasks(run)
+    trained = train_tasks(run_schedule(run), tasks)
+    needed = [path for (task, split), path in data_paths(run.data_dir, run.data_files, tasks).items()
+              if (split != "train" or task in trained) and not (
+                  split == "test" and TASKS[task].test_file_optional and not run.data_files.get(data_flag(task, split)))]
+    for path in [*needed, *map(Path, run.simcse_data)]:
+        if not path.is_file():
+            problem = "not a regular file" if path.exists() else "no such file"
+            raise SweepError(f"the base flags after --: {path}: {problem} (every trial would read it)")
+
+
 def check_base(base: list[str]) -> None:
     given = [word for word in base if word.startswith("--") and word[2:].split("=")[0] in SWEEP_FLAGS[:2]]
     if given:
@@ -320,12 +384,41 @@ def command_line(words: list[str]) -> str:
     return " ".join(shlex.quote(word) for word in words)
 
 
-def read_trial_record(folder: Path) -> dict:
+def read_trial_record(folder: Path) -> dict | None:
+    """The trial record in a folder; None where there is none, or none that a sweep wrote."""
     try:
         record = json.loads((folder / TRIAL_RECORD).read_text(encoding="utf-8"))
-        return record if isinstance(record, dict) and isinstance(record.get("seeds"), dict) else {"seeds": {}}
+        return record if isinstance(record, dict) and isinstance(record.get("seeds"), dict) else None
     except (OSError, ValueError):
-        return {"seeds": {}}
+        return None
+
+
+def trusted_record(folder: Path, trial, params: dict, continued: list[int]) -> dict:
+    """The trial's record in its folder (the seeds that a killed worker finished), or a new one where the folder is
+    new. SweepError where the folder holds anything else: a trial of another study of this name (one begun again
+    in a new database), a trial with other parameters, or files that no sweep recorded. Such a folder is another
+    run's: its scores are not this trial's, and its files are not replaced."""
+    study = trial.study.user_attrs["sweep"]
+    record = read_trial_record(folder)
+    if record is None:
+        if folder.is_dir() and any(folder.iterdir()):
+            raise foreign_folder(trial, folder, "files that no trial of a sweep recorded")
+        return {"study": trial.study.study_name, "study_id": study["id"], "begun": study["begun"],
+                "trial": trial.number, "params": params, "seeds": {}}
+    if record.get("study_id") != study["id"]:
+        begun = f"begun {record['begun']}" if "begun" in record else "recorded without a study id"
+        raise foreign_folder(trial, folder, f"a trial of another study named {trial.study.study_name} ({begun})")
+    if record.get("trial") not in (trial.number, *continued) or record.get("params") != params:
+        raise foreign_folder(trial, folder, f"trial {record.get('trial')} of this study, with other parameters")
+    return record
+
+
+def foreign_folder(trial, folder: Path, what: str) -> SweepError:
+    """The refusal of a folder that is not the trial's (trusted_record), noted on the trial for the summary."""
+    message = (f"{folder} holds {what}, not trial {trial.number} of this study (begun "
+               f"{trial.study.user_attrs['sweep']['begun']}): move it away, or name a new study")
+    trial.set_user_attr("note", message)
+    return SweepError(message)
 
 
 def write_trial_record(folder: Path, record: dict) -> None:
@@ -537,8 +630,8 @@ def objective(trial, sweep: Sweep) -> float:
     folder = sweep.folder / folder_name
     params = suggest(trial, sweep.space)
     trial.set_user_attr("values", params)  # as the flags take them (a list chosen by its JSON text is a list here)
-    record = read_trial_record(folder)
-    record.update(trial=trial.number, params=params, state="running")
+    record = trusted_record(folder, trial, params, frozen.system_attrs.get("retry_history", []))
+    record.update(trial=trial.number, state="running")
     write_trial_record(folder, record)
     try:
         for position, (seed, run) in enumerate(zip(sweep.seeds, run_folders(folder, sweep.seeds))):
@@ -584,7 +677,39 @@ def work(study, sweep: Sweep) -> None:
 # The study
 
 
-def open_storage(url: str, heartbeat: int):
+def storage_url(args: argparse.Namespace) -> tuple[str, str]:
+    """The study's database URL and where it came from: --storage, else $MINBERT_SWEEP_STORAGE, else SQLite
+    beside the study's folder."""
+    if args.storage:
+        return args.storage, "--storage"
+    if os.environ.get(STORAGE_VARIABLE):
+        return os.environ[STORAGE_VARIABLE], STORAGE_VARIABLE
+    return f"sqlite:///{(args.sweeps_dir / f'{args.study}.db').resolve()}", "--storage"
+
+
+def parsed_url(url: str):
+    """SQLAlchemy's reading of a database URL; None where it cannot read it."""
+    import sqlalchemy.engine
+    import sqlalchemy.exc
+    try:
+        return sqlalchemy.engine.make_url(url)
+    except (sqlalchemy.exc.ArgumentError, ValueError):
+        return None
+
+
+def shown_url(url: str) -> str:
+    """A database URL as messages show it: its password masked (by pattern where SQLAlchemy cannot read it)."""
+    parsed = parsed_url(url)
+    return parsed.render_as_string(hide_password=True) if parsed else re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", url)
+
+
+def hide_password(text: str, url: str) -> str:
+    """`text` (a driver's error) with the URL's password masked, should the driver quote it."""
+    password = getattr(parsed_url(url), "password", None)
+    return text.replace(str(password), "***") if password else text
+
+
+def open_storage(url: str, shown: str, heartbeat: int):
     """Optuna's RDB storage at `url`, its tables created; SweepError in one line where it cannot be opened."""
     import optuna
     import sqlalchemy.exc
@@ -604,8 +729,8 @@ def open_storage(url: str, heartbeat: int):
             if attempt < 2 and (isinstance(err, sqlalchemy.exc.IntegrityError) or "already exists" in str(err)):
                 time.sleep(1)
                 continue
-            raise SweepError(f"--storage {url}: cannot open it ({reason[0] if reason else type(err).__name__})") \
-                from None
+            reason = reason[0] if reason else type(err).__name__
+            raise SweepError(f"{shown}: cannot open it ({hide_password(reason, url)})") from None
 
 
 def sweep_identity(sweep: Sweep) -> dict:
@@ -625,21 +750,46 @@ def make_pruner(sweep: Sweep):
 
 
 def open_study(sweep: Sweep):
+    """The study, created by the first worker (which records its settings, a unique id and when it was begun) or
+    loaded; SweepError where it was begun with other settings or by a sweep.py that recorded no id."""
     import optuna
-    storage = open_storage(sweep.storage, sweep.heartbeat)
-    study = optuna.create_study(storage=storage, study_name=sweep.study, direction=sweep.direction,
-                                pruner=make_pruner(sweep), load_if_exists=True)
+    storage = open_storage(sweep.storage, sweep.storage_shown, sweep.heartbeat)
     identity = json.loads(json.dumps(sweep_identity(sweep)))
-    recorded = study.user_attrs.get("sweep")
-    if recorded is None:
-        study.set_user_attr("sweep", identity)
-    elif recorded != identity:
-        changed = [key for key in identity if recorded.get(key) != identity[key]]
+    try:  # one worker creates it (the storage's unique study name), the others load it
+        study = optuna.create_study(storage=storage, study_name=sweep.study, direction=sweep.direction,
+                                    pruner=make_pruner(sweep))
+        study.set_user_attr("sweep", {**identity, **new_study_id()})
+    except optuna.exceptions.DuplicatedStudyError:
+        study = optuna.load_study(storage=storage, study_name=sweep.study, pruner=make_pruner(sweep))
+    recorded = recorded_identity(study, identity)
+    changed = [key for key in identity if recorded.get(key) != identity[key]]
+    if changed:
         raise SweepError(f"--study {sweep.study}: it was begun with another {', '.join(changed)} "
-                         f"({sweep.storage}); give those of its first run or name a new study")
+                         f"({sweep.storage_shown}); give those of its first run or name a new study")
+    if "id" not in recorded:
+        raise SweepError(f"--study {sweep.study}: begun by an earlier scripts/sweep.py, whose trial folders record no "
+                         f"study id ({sweep.storage_shown}); name a new study")
     for configuration in sweep.enqueued:  # once: a configuration already queued or run is not queued again
         study.enqueue_trial(stored_params(sweep.space, configuration), skip_if_exists=True)
     return study
+
+
+def new_study_id() -> dict:
+    """What tells this study from any other of its name (a study begun again in a new database, say), in its
+    trials' records."""
+    return {"id": uuid.uuid4().hex, "begun": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+
+
+def recorded_identity(study, identity: dict) -> dict:
+    """The study's recorded settings and id, written by the worker that created it a moment ago; recorded now where
+    that worker died before it could, or the study was created outside the sweep (its trials queued by hand)."""
+    deadline = time.monotonic() + CREATOR_SECONDS
+    while time.monotonic() < deadline:
+        if "sweep" in study.user_attrs:
+            return study.user_attrs["sweep"]
+        time.sleep(POLL_SECONDS)
+    study.set_user_attr("sweep", {**identity, **new_study_id()})
+    return study.user_attrs["sweep"]
 
 
 def stored_params(space: tuple[Parameter, ...], configuration: dict) -> dict:
@@ -647,6 +797,34 @@ def stored_params(space: tuple[Parameter, ...], configuration: dict) -> dict:
     suggest() asks for it."""
     textual = {p.name for p in space if p.kind == "choices" and any(isinstance(c, (list, dict)) for c in p.choices)}
     return {name: json.dumps(value) if name in textual else value for name, value in configuration.items()}
+
+
+def refuse_if_every_trial_failed(study) -> None:
+    import optuna
+    trials = study.get_trials(deepcopy=False)
+    if trials and all(t.state == optuna.trial.TrialState.FAIL for t in trials):
+        notes = [t.user_attrs["note"] for t in trials if "note" in t.user_attrs] or ["(none noted)"]
+        raise SweepError(f"every trial failed ({len(trials)}), the last: {notes[-1]}")
+
+
+def forget_if_nothing_kept(study, sweep: Sweep) -> bool:
+    """A study whose every trial failed, removed with its trials' folders, so that the same command, run again once
+    the problem is fixed, begins it afresh rather than finding its name taken by failures. A folder that another
+    study's record holds (trusted_record refused it) is left alone."""
+    import optuna
+    trials = study.get_trials(deepcopy=False)
+    if any(t.state != optuna.trial.TrialState.FAIL for t in trials):
+        return False
+    study_id = study.user_attrs["sweep"]["id"]
+    for frozen in trials:
+        folder = sweep.folder / frozen.user_attrs.get("folder", "")
+        record = read_trial_record(folder) if "folder" in frozen.user_attrs else None
+        if record is not None and record.get("study_id") == study_id:
+            shutil.rmtree(folder)
+    optuna.delete_study(study_name=sweep.study, storage=study._storage)
+    with contextlib.suppress(OSError):  # the study's folder, unless it holds anything else
+        sweep.folder.rmdir()
+    return True
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -746,7 +924,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--warmup_stages", type=int, default=0, help="stages of each trial the median pruner never "
                         "stops at, e.g. until a sequential schedule has trained every task once")
     parser.add_argument("--sweeps_dir", type=Path, default=Path("runs/sweeps"))
-    parser.add_argument("--storage", help="an SQLAlchemy database URL (default: sqlite:///SWEEPS/STUDY.db)")
+    parser.add_argument("--storage", help=f"an SQLAlchemy database URL (default: ${STORAGE_VARIABLE}, else "
+                        "sqlite:///SWEEPS/STUDY.db)")
     parser.add_argument("--heartbeat", type=int, default=60, help="seconds between a worker's signs of life; a "
                         "trial silent for 3 of them is continued by another worker")
     parser.add_argument("--enqueue", type=Path, help="a JSON object of the space's parameters (or a list of them): "
@@ -771,11 +950,13 @@ def make_sweep(args: argparse.Namespace) -> Sweep:
     space = read_space(args.space)
     check_space(space, args.base, args.space, args.seeds)
     enqueued = read_enqueued(args.enqueue, space, args.base) if args.enqueue else ()
-    first_seed = parse_run(args.base + ["--output_dir", tempfile.gettempdir()], "the base flags after --").seed
+    base_run = parse_run(args.base + ["--output_dir", tempfile.gettempdir()], "the base flags after --")
+    check_objective(args.objective, base_run)
+    check_data_files(base_run)
     folder = args.sweeps_dir / args.study
-    storage = args.storage or f"sqlite:///{(args.sweeps_dir / f'{args.study}.db').resolve()}"
-    return Sweep(args.study, folder, storage, space, tuple(args.base), args.objective, args.direction,
-                 tuple(first_seed + i for i in range(args.seeds)), args.trials, args.timeout, args.pruner,
+    storage, source = storage_url(args)
+    return Sweep(args.study, folder, storage, f"{source} {shown_url(storage)}", space, tuple(args.base), args.objective, args.direction,
+                 tuple(base_run.seed + i for i in range(args.seeds)), args.trials, args.timeout, args.pruner,
                  args.startup_trials, args.warmup_stages, args.heartbeat, enqueued)
 
 
@@ -787,13 +968,17 @@ def main(argv: list[str] | None = None) -> int:
         print("error: scripts/sweep.py needs Optuna: pip install optuna (requirements.txt)", file=sys.stderr)
         return 2
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = None
     try:
         sweep = make_sweep(args)
         args.sweeps_dir.mkdir(parents=True, exist_ok=True)
         study = open_study(sweep)
         work(study, sweep)
+        refuse_if_every_trial_failed(study)
     except SweepError as err:
-        print(f"error: {err}", file=sys.stderr)
+        forgotten = study is not None and forget_if_nothing_kept(study, sweep)
+        print(f"error: {err}" + (f"; study {sweep.study} has no other trial, so it is removed: the same command "
+                                 "begins it again" if forgotten else ""), file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("\ninterrupted between trials: rerun the same command to continue the sweep", file=sys.stderr)

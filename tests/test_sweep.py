@@ -60,6 +60,11 @@ def refusal(capsys, argv) -> str:
     ({"smart_adv_weigth": {"float": [1, 2]}}, "did you mean 'smart_adv_weight'"),
     ({"output_dir": {"choices": ["a", "b"]}}, "set by the sweep itself"),
     ({"hidden_dropout_prob": {"float": [0.0, 1.5]}}, "hidden_dropout_prob' = 1.5"),  # refused by the run's own check
+    # Optuna would search 0 ... 0.28 (and 1 ... 3) in silence.
+    ({"hidden_dropout_prob": {"float": [0.0, 0.3], "step": 0.07}}, "'step' 0.07 does not divide the range [0.0, 0.3]"),
+    ({"cycles": {"int": [1, 4], "step": 2}}, "'step' 2 does not divide the range [1, 4]"),
+    ('{"lr": {"float": [1e-4, 1e-3]}, "smart": {"choices": [true]}, "lr": {"float": [1e-5, 1e-4]}}',
+     "'lr' is named twice"),  # JSON would keep the second silently
 ])
 def test_a_bad_space_is_refused_in_one_line_before_any_trial(tmp_path, capsys, tiny_checkpoint, space, problem):
     (tmp_path / "space.json").write_text(space if isinstance(space, str) else json.dumps(space))
@@ -79,6 +84,34 @@ def test_bad_base_flags_are_refused_in_one_line(tmp_path, capsys, tiny_checkpoin
     assert "the choice false cannot turn it off" in line
 
 
+def test_a_bad_objective_or_a_missing_data_file_is_refused_before_any_trial(tmp_path, capsys, tiny_checkpoint):
+    line = refusal(capsys, sweep_flags(tmp_path, None, "s", 2, "--objective", "sst_acc")
+                   + ["--", *base_flags(tiny_checkpoint)])
+    assert line.startswith("error: --objective sst_acc: not a dev metric of the base run's tasks (sts)")
+    line = refusal(capsys, sweep_flags(tmp_path, None, "s", 2, "--objective", "sts_pearsons")
+                   + ["--", *base_flags(tiny_checkpoint)])
+    assert "did you mean 'sts_pearson'?" in line
+    empty = tmp_path / "data"
+    empty.mkdir()
+    line = refusal(capsys, sweep_flags(tmp_path) + ["--", *base_flags(tiny_checkpoint), "--data_dir", str(empty)])
+    assert line.startswith(f"error: the base flags after --: {empty}/") and "no such file" in line
+    assert not (tmp_path / "sweeps").exists()
+
+
+def test_a_storage_password_is_never_shown_and_the_url_may_come_from_the_environment(tmp_path, capsys,
+                                                                                     tiny_checkpoint, monkeypatch):
+    url, shown = "postgresql://nobody:s3cret@127.0.0.1:1/sweeps", "postgresql://nobody:***@127.0.0.1:1/sweeps"
+    argv = sweep_flags(tmp_path) + ["--", *base_flags(tiny_checkpoint)]
+    line = refusal(capsys, ["--storage", url, *argv])
+    assert line.startswith(f"error: --storage {shown}: cannot open it (") and "s3cret" not in line
+    monkeypatch.setenv(sweep.STORAGE_VARIABLE, url)
+    line = refusal(capsys, argv)
+    assert line.startswith(f"error: MINBERT_SWEEP_STORAGE {shown}: cannot open it (") and "s3cret" not in line
+    other = "postgresql://nobody:0ther@127.0.0.1:1/sweeps"
+    assert refusal(capsys, ["--storage", other, *argv]).startswith(  # the flag wins
+        "error: --storage postgresql://nobody:***@127.0.0.1:1/sweeps: cannot open it (")
+
+
 @pytest.mark.parametrize("url", ["postgresql://nobody@127.0.0.1:1/sweeps", "sqlite:////nonexistent/dir/s.db",
                                  "nosuchdb://x"])
 def test_an_unreachable_storage_is_refused_in_one_line(tmp_path, capsys, tiny_checkpoint, url):
@@ -94,18 +127,70 @@ def test_a_study_is_continued_only_with_the_space_it_was_begun_with(tmp_path, ca
     assert "it was begun with another space" in refusal(capsys, argv)
 
 
-def test_trials_failing_in_a_row_stop_the_sweep_instead_of_using_it_up(tmp_path, capsys, tiny_checkpoint,
-                                                                        monkeypatch):
-    """A base run that cannot run (here every run fails at once) stops the worker after 3 failed trials."""
-    def fail(trial, sweep_, params, seed, run, report):
-        raise sweep.TrialFailed(f"{run}: exit code 2: error: data/missing/ids-sts-train.csv: no such file")
-    monkeypatch.setattr(sweep, "run_seed", fail)
-    line = refusal(capsys, sweep_flags(tmp_path, None, "s", 10) + ["--", *base_flags(tiny_checkpoint)])
-    assert line.startswith("error: 3 trials in a row failed, the last: ") and "no such file" in line
-    study = optuna.load_study(study_name="s", storage=f"sqlite:///{tmp_path / 'sweeps' / 's.db'}")
-    assert [t.state for t in study.trials] == [optuna.trial.TrialState.FAIL] * 3
-    record = json.loads((tmp_path / "sweeps" / "s" / "trial_2" / sweep.TRIAL_RECORD).read_text())
-    assert record["state"] == "failed" and "no such file" in record["note"]
+def no_such_file(trial, sweep_, params, seed, run, report):
+    raise sweep.TrialFailed(f"{run}: exit code 2: error: data/missing/ids-sts-train.csv: no such file")
+
+
+def scored(trial, sweep_, params, seed, run, report):
+    return 0.5
+
+
+@pytest.mark.parametrize("trials, problem", [(4, "3 trials in a row failed, the last: "),
+                                              (2, "every trial failed (2), the last: ")])
+def test_a_study_whose_every_trial_fails_exits_in_one_line_and_is_begun_again_by_the_same_command(
+        tmp_path, capsys, tiny_checkpoint, monkeypatch, trials, problem):
+    """A base run that cannot run (here every run fails at once) stops the worker after 3 failed trials, or fails
+    the sweep's every trial: one line, and nothing kept under the study's name, so the same command reruns it."""
+    argv = sweep_flags(tmp_path, None, "s", trials) + ["--", *base_flags(tiny_checkpoint)]
+    monkeypatch.setattr(sweep, "run_seed", no_such_file)
+    line = refusal(capsys, argv)
+    assert line.startswith(f"error: {problem}") and "no such file" in line and "the same command begins it" in line
+    storage = f"sqlite:///{tmp_path / 'sweeps' / 's.db'}"
+    assert optuna.get_all_study_names(storage) == [] and not (tmp_path / "sweeps" / "s").exists()
+    monkeypatch.setattr(sweep, "run_seed", scored)
+    monkeypatch.setattr(sweep, "write_plots", lambda study, folder: [])  # seconds, and not what is tested
+    assert sweep.main(argv) == 0
+    assert [t.state for t in trials_of(storage)] == [optuna.trial.TrialState.COMPLETE] * trials
+
+
+@pytest.mark.parametrize("begun_again", ["database deleted", "another storage", "files unrecorded"])
+def test_a_trial_folder_that_is_not_this_studys_is_refused_not_trusted(tmp_path, capsys, tiny_checkpoint,
+                                                                        monkeypatch, begun_again):
+    """A study begun again under a used name (its database deleted, or in another --storage) finds the old study's
+    trial_0, scored: its record is not this trial's, so the trial neither takes its score nor runs over its files.
+    The study keeps nothing, so once the folder is moved away the same command begins it."""
+    argv = sweep_flags(tmp_path, None, "s", 1) + ["--", *base_flags(tiny_checkpoint)]
+    monkeypatch.setattr(sweep, "write_plots", lambda study, folder: [])
+    monkeypatch.setattr(sweep, "run_seed", scored)
+    old = tmp_path / "sweeps" / "s" / "trial_0"
+    if begun_again == "files unrecorded":
+        old.mkdir(parents=True)
+        (old / "args.json").write_text("{}")
+    else:
+        assert sweep.main(argv) == 0
+    if begun_again == "database deleted":
+        (tmp_path / "sweeps" / "s.db").unlink()
+    elif begun_again == "another storage":
+        argv = ["--storage", f"sqlite:///{tmp_path / 'other.db'}", *argv]
+    before = {path.name: path.read_bytes() for path in old.iterdir()}
+    line = refusal(capsys, argv)
+    what = "files that no trial of a sweep recorded" if begun_again == "files unrecorded" else \
+        "a trial of another study named s (begun "
+    assert line.startswith(f"error: {old} holds {what}") and "move it away, or name a new study" in line
+    assert {path.name: path.read_bytes() for path in old.iterdir()} == before
+    old.rename(tmp_path / "moved")
+    assert sweep.main(argv) == 0
+    record = json.loads((old / sweep.TRIAL_RECORD).read_text())
+    assert record["state"] == "complete" and record["trial"] == 0 and record["study"] == "s"
+
+
+def test_a_study_begun_by_a_sweep_that_recorded_no_study_id_is_refused(tmp_path, capsys, tiny_checkpoint):
+    argv = sweep_flags(tmp_path) + ["--", *base_flags(tiny_checkpoint)]
+    made = sweep.make_sweep(sweep.parse_args(argv))
+    (tmp_path / "sweeps").mkdir()
+    study = optuna.create_study(study_name="s", storage=made.storage, direction="maximize")
+    study.set_user_attr("sweep", json.loads(json.dumps(sweep.sweep_identity(made))))
+    assert "begun by an earlier scripts/sweep.py, whose trial folders record no study id" in refusal(capsys, argv)
 
 
 def test_conditional_parameters_and_switches_become_the_flags_of_the_run():
