@@ -89,6 +89,12 @@ def check_writable(directories) -> None:
             raise UsageError(problem)
 
 
+# A feature's group of flags and its switch: the others act only while it is on (check_switched_flags).
+SWITCHES = {SMART: ("smart", "--smart"), LNSR: ("lnsr", "--lnsr"), SIMCSE: ("simcse_data", "--simcse_data FILES"),
+            ADAPTERS: ("adapter", "--adapter " + " / ".join(kind for kind in ADAPTER_KINDS if kind != "none"))}
+SWITCHED_OFF = (False, [], "none")  # the values of a switch that leave its feature off
+
+
 def flag(default=None, help: str | None = None, group: str = RUN, resume_free: bool = False, task: str | None = None,
          **argparse_kwargs):
     """A dataclass field that is also a command-line flag --NAME (argparse_kwargs: type, choices, action...);
@@ -900,6 +906,7 @@ def parse_training_args(argv, description: str) -> TrainingArguments:
         namespace = parser.parse_args(argv)
     try:
         args = from_namespace(TrainingArguments, namespace)
+        check_switched_flags(args, given | set(config.settings if config else ()))
         if config is not None:
             moved = check_rerun(args, config, given)
     except ValueError as err:
@@ -908,6 +915,17 @@ def parse_training_args(argv, description: str) -> TrainingArguments:
         print(f"note: --config {config.path}: the recorded run's prediction paths outside its folder are its own; "
               f"this run writes them in {Path(args.output_dir) / 'predictions'} (set {', '.join(moved)} to choose)")
     return args
+
+
+def check_switched_flags(args: TrainingArguments, named: set[str]) -> None:
+    """A feature's flag `named` (on the command line or in a --config) while its switch leaves the feature off does
+    nothing: refused (ValueError naming both). A switch named off as well says so knowingly and is accepted: a
+    recipe's --smart flags with --no-smart after them, a run record's "smart": false beside its SMART settings."""
+    for f in dataclasses.fields(args):
+        switch, turn_on = SWITCHES.get(f.metadata["group"], (None, None))
+        if switch in (None, f.name) or f.name not in named or switch in named:
+            continue
+        _check(getattr(args, switch) not in SWITCHED_OFF, f"--{f.name} does nothing without {turn_on}")
 
 
 def flags_given(parser: argparse.ArgumentParser, argv) -> set[str]:
