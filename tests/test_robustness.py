@@ -343,3 +343,26 @@ def test_bad_inputs_are_one_line_and_exit_2_before_the_model_loads(tmp_path, tin
         assert robustness.main([*argv, "--quiet"]) == 2
         lines = capsys.readouterr().err.strip().splitlines()
         assert len(lines) == 1 and problem in lines[0], lines
+
+
+@pytest.mark.parametrize("flags, problem", [
+    (["--seed", "3"], "--seed would do nothing: these perturbed sets were made with --seed 0"),
+    (["--rates", "0.1", "0.2"], "--rates would do nothing: these perturbed sets were made with --rates 0.2"),
+    (["--max_examples", "0"], "--max_examples would do nothing: these perturbed sets were made with --max_examples "
+                              "20"),
+])
+def test_a_set_flag_that_existing_sets_would_ignore_is_refused_before_the_model_loads(
+        tmp_path, tiny_checkpoint, capsys, checkpoint_must_not_load, flags, problem):
+    """The sets' manifest decides the seed, rates and subset they were made with; the same values are accepted."""
+    import robustness
+    from minbert.robustness.perturbed_sets import FORMAT, MANIFEST
+    run, sets = tiny_run(tmp_path / "run", tiny_checkpoint, 1), tmp_path / "sets"
+    sets.mkdir()
+    (sets / MANIFEST).write_text(json.dumps({"format": FORMAT, "seed": 0, "max_examples": 20, "tasks": {},
+                                             "variants": {"char_swap-0.2": {"rate": 0.2}}}))
+    assert robustness.main([str(run), "--perturbed_dir", str(sets), *flags, "--quiet"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {sets}: {problem}"), lines
+    with pytest.raises(DataError, match="holds no sst, qqp, sts sets"):  # past the check, to reading the sets
+        robustness.check_inputs(robustness.parse_args([str(run), "--perturbed_dir", str(sets), "--seed", "0",
+                                                       "--rates", "0.2", "--max_examples", "20"]))

@@ -16,7 +16,6 @@ declaration (Task.options), which the task checks (Task.check_settings) and read
 from __future__ import annotations
 
 import argparse
-import copy
 import dataclasses
 import json
 import math
@@ -26,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from base_bert import CheckpointError
-from minbert.arguments import OneLineErrorParser
+from minbert.arguments import OneLineErrorParser, flags_given
 from minbert.data.batches import standard_paths
 from minbert.data.nli import PAIRINGS
 from minbert.files import DataError, read_input_bytes, unwritable_folder
@@ -926,14 +925,6 @@ def check_switched_flags(args: TrainingArguments, named: set[str]) -> None:
         if switch in (None, f.name) or f.name not in named or switch in named:
             continue
         _check(getattr(args, switch) not in SWITCHED_OFF, f"--{f.name} does nothing without {turn_on}")
-
-
-def flags_given(parser: argparse.ArgumentParser, argv) -> set[str]:
-    """The destinations of the flags the command line gives (abbreviated too): what a --config does not decide."""
-    given_only = copy.deepcopy(parser)
-    for action in given_only._actions:
-        action.default = argparse.SUPPRESS
-    return set(vars(given_only.parse_args(argv)))
 
 
 def demo_settings(tasks: tuple[str, ...]) -> dict:
