@@ -83,7 +83,8 @@ def test_unfinished_run_is_a_one_line_error_naming_the_file_and_exit_2(tmp_path,
             summarize_runs.main([str(tmp_path / run)])
         lines = capsys.readouterr().err.strip().splitlines()
         assert stopped.value.code == 2 and len(lines) == 1
-        assert lines[0].startswith(f"error: {tmp_path / run}: not a finished run ({problem}") and "Errno" not in lines[0]
+        assert lines[0].startswith(f"error: {tmp_path / run}: not a finished run ({problem}")
+        assert "Errno" not in lines[0]
 
 
 def test_a_published_folder_without_checkpoints_keeps_the_first_best_stage(tmp_path, capsys):

@@ -104,10 +104,11 @@ def test_a_features_flag_without_its_switch_is_refused_in_one_line(capsys, flags
     assert exit_info.value.code == 2 and len(lines) == 1 and lines[0].endswith(f"error: {problem} (see --help)")
 
 
-@pytest.mark.parametrize("flags", [["--smart", "--smart_reduction", "max"], ["--demo", "--smart_anchor_mode", "train"],
-                                   ["--smart", "--smart_override", "sst:adv_weight=2", "--no-smart"],
-                                   ["--adapter", "none", "--adapter_rank", "4"], ["--lnsr", "--lnsr_weight", "0.1"],
-                                   ["--simcse_data", "nli.jsonl", "--option", "finetune", "--simcse_pairing", "product"]])
+@pytest.mark.parametrize("flags", [
+    ["--smart", "--smart_reduction", "max"], ["--demo", "--smart_anchor_mode", "train"],
+    ["--smart", "--smart_override", "sst:adv_weight=2", "--no-smart"], ["--adapter", "none", "--adapter_rank", "4"],
+    ["--lnsr", "--lnsr_weight", "0.1"],
+    ["--simcse_data", "nli.jsonl", "--option", "finetune", "--simcse_pairing", "product"]])
 def test_a_features_flag_is_accepted_with_its_switch_on_or_named_off(flags):
     """A switch named off says so knowingly: a recipe's SMART flags with --no-smart after them (table 4.11)."""
     parse_training_args(flags, None)
