@@ -1,5 +1,6 @@
 """The parser every command line builds: a bad flag is one line naming it, never argparse's usage block."""
 import argparse
+import copy
 
 
 class OneLineErrorParser(argparse.ArgumentParser):
@@ -8,3 +9,12 @@ class OneLineErrorParser(argparse.ArgumentParser):
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def flags_given(parser: argparse.ArgumentParser, argv) -> set[str]:
+    """The destinations of the flags the command line gives (abbreviated too), whatever their values: what a
+    --config does not decide, and what a command refuses where it would do nothing."""
+    given_only = copy.deepcopy(parser)
+    for action in given_only._actions:
+        action.default = argparse.SUPPRESS
+    return set(vars(given_only.parse_args(argv)))

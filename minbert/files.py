@@ -98,6 +98,16 @@ def read_input_bytes(path: str | os.PathLike) -> bytes:
         raise DataError(path, f"cannot be read ({err.strerror or err})") from None
 
 
+def text_lines(text: str) -> list[str]:
+    """The lines of a text read from the user, split at "\\n" alone, each without one trailing "\\r" (a Windows
+    file): str.splitlines() also splits at U+2028, U+0085 and form feeds, which a sentence or a JSON string may hold,
+    making one example two. A final line break ends the last line; it starts no empty one."""
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()
+    return [line.removesuffix("\r") for line in lines]
+
+
 def read_input_text(path: str | os.PathLike) -> str:
     """An input file's text (read_input_bytes), UTF-8 without its byte-order mark; DataError naming the line of the
     first byte that is not UTF-8."""

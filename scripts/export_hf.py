@@ -1,6 +1,6 @@
 """Export a trained MultitaskBERT checkpoint for the Hugging Face ecosystem.
 
-    python scripts/export_hf.py runs/cpu_sbert/best OUT_DIR [--task sts]
+    python scripts/export_hf.py runs/cpu_sbert OUT_DIR [--task sts]   # the run's kept model (best), or a prefix
 
 OUT_DIR then holds
   * the encoder as a Hugging Face BERT directory: config.json, model.safetensors under Hugging Face parameter
@@ -28,6 +28,7 @@ from minbert.files import atomic_write, atomic_write_text, describe_os_error, lo
 from minbert.model.adapters import SHARED_SET, merge_adapters
 from minbert.model.checkpoint import save_tensors
 from minbert.model.multitask_bert import load_multitask_checkpoint
+from minbert.run.kept_model import checkpoint_prefix
 from minbert.run.run_record import recorded_pretrained
 from minbert.tasks import MULTITASK, task_name
 
@@ -91,13 +92,15 @@ def export(checkpoint: Path, out: Path, task: str | None = None, pretrained: str
 
 def main(argv=None) -> int:
     parser = OneLineErrorParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("checkpoint", type=Path, help="PREFIX of PREFIX.safetensors + PREFIX.json (e.g. runs/x/best)")
+    parser.add_argument("checkpoint", type=Path, help="a run's folder (its kept model, best) or the PREFIX of "
+                        "PREFIX.safetensors + PREFIX.json (e.g. runs/x/stage_2)")
     parser.add_argument("out_dir", type=Path)
     parser.add_argument("--task", help="with per-task LoRA / DoRA adapters: the task whose adapters are merged")
     parser.add_argument("--pretrained", help="the model whose tokenizer to copy (default: the checkpoint's own)")
     args = parser.parse_args(argv)
     try:
-        export(args.checkpoint, args.out_dir, task_name(args.task) if args.task else None, args.pretrained)
+        export(checkpoint_prefix(args.checkpoint), args.out_dir, task_name(args.task) if args.task else None,
+               args.pretrained)
     except (CheckpointError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

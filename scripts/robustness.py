@@ -14,8 +14,9 @@ task's two sentences are both perturbed.
 
 The noisy sets are written once, in the course's format, with a manifest: to --perturbed_dir when it has none yet
 (else OUTPUT_DIR/perturbed), and read back from --perturbed_dir when it has one (its seed, rates and subset then
-decide, whatever the flags say), so that other runs are scored on exactly the same inputs; each variant's folder is
-a --data_dir that predict.py reads too. Writes OUTPUT_DIR/robustness.md and robustness.json (clean, perturbed and
+decide: --seed, --rates or --max_examples typed with other values is refused), so that other runs are scored on
+exactly the same inputs; each variant's folder is a --data_dir that predict.py reads too. Writes
+OUTPUT_DIR/robustness.md and robustness.json (clean, perturbed and
 drop [95% interval] per task and variant), robustness_predictions.json (each row's examples and predictions, for
 scripts/compare_robustness.py), greedy-TASK.jsonl (each example's attack) and greedy/ (the texts the
 greedy attack ended with, in the course's format).
@@ -35,14 +36,15 @@ import time
 from pathlib import Path
 
 from base_bert import CheckpointError
-from minbert.arguments import OneLineErrorParser
+from minbert.arguments import OneLineErrorParser, flags_given
 from minbert.data.batches import load_split
 from minbert.files import (DataError, OutputError, atomic_write_text, forbidden_output, locked_folder,
                            show_data_warnings_on_one_line, unwritable_folder)
 from minbert.robustness.embedding_attack import EmbeddingAttack
 from minbert.robustness.greedy_attack import GreedyAttack
 from minbert.robustness.neighbours import EmbeddingNeighbours
-from minbert.robustness.perturbed_sets import PerturbedSets, SetOptions, make_sets, read_manifest, read_sets
+from minbert.robustness.perturbed_sets import (MANIFEST, PerturbedSets, SetOptions, make_sets, read_manifest,
+                                               read_sets)
 from minbert.robustness.report import markdown_table, predictions_json
 from minbert.robustness.suite import embedding_rows, greedy_rows, noise_rows
 from minbert.robustness.text_noise import CHAR_KINDS, WORD_KINDS, Noise
@@ -102,6 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_args(argv=None) -> argparse.Namespace:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.given = flags_given(parser, argv)  # typed: check_set_flags_agree refuses what existing sets would ignore
     if len(args.runs) > 1 and args.output_dir is None:
         parser.exit(2, f"{parser.prog}: error: --output_dir: name the folder for the ensemble of {len(args.runs)} "
                        "runs' files\n")
@@ -143,7 +146,9 @@ def check_inputs(args: argparse.Namespace) -> tuple[list[Path], list[str], Path,
     problem = forbidden_output("--output_dir", args.output_dir, own_runs=args.runs)
     if problem:
         raise OutputError(problem)
-    if read_manifest(sets_dir) is not None:
+    manifest = read_manifest(sets_dir)
+    if manifest is not None:
+        check_set_flags_agree(args, manifest, sets_dir)
         return prefixes, tasks, sets_dir, read_sets(sets_dir, tasks)
     problem = forbidden_output("--perturbed_dir", sets_dir, own_runs=args.runs)  # written now, from the dev files
     if problem:
@@ -219,6 +224,26 @@ def write_report(args, prefixes: list[Path], sets, rows: list, seconds: dict, ou
     atomic_write_text(args.output_dir / "robustness.md", "\n".join(lines))
     for task, found in outcomes.items():
         write_greedy(args.output_dir, task, found)
+
+
+def check_set_flags_agree(args: argparse.Namespace, manifest: dict, sets_dir: Path) -> None:
+    """--seed, --rates and --max_examples make the sets; sets read back are as their manifest says they were made, so
+    one of these flags typed with another value would do nothing: a DataError naming the folder, the flag and the
+    value the sets were made with (the same value is accepted: a study's recipe repeats it on every run)."""
+    variants = manifest["variants"].values()
+    made = {"seed": manifest.get("seed"), "max_examples": manifest.get("max_examples"),
+            "rates": sorted({variant.get("rate") for variant in variants if isinstance(variant, dict)})}
+    asked = {"seed": args.seed, "max_examples": args.max_examples or None, "rates": sorted(set(args.rates))}
+    for name, value in asked.items():
+        if name in args.given and value != made[name]:
+            raise DataError(sets_dir, f"--{name} would do nothing: these perturbed sets were made with --{name} "
+                                      f"{_as_typed(made[name])} ({MANIFEST}); drop the flag, or name another "
+                                      "--perturbed_dir to make new ones")
+
+
+def _as_typed(value) -> str:
+    """A flag's value in a manifest as the command line types it: rates space-separated, all examples 0."""
+    return " ".join(f"{rate:g}" for rate in value) if isinstance(value, list) else str(0 if value is None else value)
 
 
 def evaluate(args: argparse.Namespace) -> int:

@@ -120,6 +120,21 @@ def last_against(results: dict[str, dict], model: int, span: str) -> dict[str, d
     return {title: {name: [layer[-1][model] for layer in r["matrices"][span]] for name, r in results.items()}}
 
 
+def folder_name_clash(runs: list[Path]) -> str | None:
+    """Why the runs' folder names cannot name their results (each RESULT.json and .png): a run given twice, or two
+    folders of one name; None when they can."""
+    first: dict[str, Path] = {}
+    for run in runs:
+        other = first.setdefault(run.name, run)
+        if other is run:
+            continue
+        if other.resolve() == run.resolve():
+            return f"{run} is given twice: compare a run with another"
+        return f"{other} and {run} share the folder name {run.name!r}, which names each run's results: name them " \
+               "with --names"
+    return None
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     parser = OneLineErrorParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", nargs="+", type=Path, help="run folders holding stage_N.safetensors + .json")
@@ -130,6 +145,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--per_task", type=int, default=500, help="dev sentences per task (default: %(default)s)")
     parser.add_argument("--batch_size", type=int, default=64)
     args = parser.parse_args(argv)
+    if args.names is None:
+        problem = folder_name_clash(args.runs)
+        if problem:
+            parser.error(problem)
     args.names = args.names.split(",") if args.names else [run.name for run in args.runs]
     if len(args.names) != len(args.runs) or len(set(args.names)) != len(args.names):
         parser.error(f"--names: give {len(args.runs)} different names, one per run, got {len(args.names)}")

@@ -45,17 +45,19 @@ def read_run(run: Path) -> dict:
     """The kept model's dev metrics, the stage it came from, the run's training minutes and, for a sequential run,
     the continual-learning figures of its stages."""
     try:
-        history = json.loads((run / "history.json").read_text())
+        history = read_json(run / "history.json")
         # Folders published without best.json hold runs made before runs kept the best score over the tasks
         # they train (evaluation.kept_model_score): those kept the first stage with the highest overall dev
         # score (never the pretrained row), which is what this reproduces.
-        best = (json.loads((run / "best.json").read_text())["metrics"] if (run / "best.json").exists()
+        best = (read_json(run / "best.json")["metrics"] if (run / "best.json").exists()
                 else max(history[1:], key=lambda record: record["overall"]))
         three_tasks = "overall" in history[-1]
         each_task = each_task_best(history[1:]) if three_tasks else "(not a three-task run)"
         values = {key: best[key] for _, key in run_columns(best)}
-    except (OSError, json.JSONDecodeError, KeyError, ValueError) as err:
-        raise SystemExit(f"error: {run}: not a finished run ({err})") from None
+    except (KeyError, ValueError) as err:
+        problem = f"its records lack {err}" if isinstance(err, KeyError) else err
+        print(f"error: {run}: not a finished run ({problem})", file=sys.stderr)
+        raise SystemExit(2) from None
     final_key = final_metric(best)[1]
     measures = history_forgetting_measures(history)
     forgetting = {} if measures is None else {key: getattr(measures, key) for _, key in FORGETTING_COLUMNS}
@@ -91,6 +93,17 @@ def mixed_tasks(rows: dict[str, dict]) -> str | None:
         return None
     return (f"{other} trained {','.join(rows[other]['tasks'])}, {first} {','.join(row['tasks'])}: a mean over runs "
             "of different tasks mixes their overall scores; summarize them apart")
+
+def read_json(path: Path):
+    """A run's JSON file; ValueError saying in words what is wrong with it (no errno text)."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ValueError(f"no {path.name}") from None
+    except OSError as err:
+        raise ValueError(f"{path.name} cannot be read: {err.strerror or err}") from None
+    except ValueError as err:  # not UTF-8, not JSON
+        raise ValueError(f"{path.name} is not JSON: {err}") from None
 
 
 def run_columns(record: dict) -> list[tuple[str, str]]:

@@ -249,8 +249,11 @@ def check_space(space: tuple[Parameter, ...], base: list[str], space_path: Path,
                 and getattr(base_args, parameter.name) and False in parameter.choices:
             raise SweepError(f"{where}: the base flags turn --{parameter.name} on, so the choice false cannot turn "
                              "it off; leave it out of the base flags")
+        # Checked where a trial sets it: with its 'when' (a --smart_* flag with --smart; alone it would do nothing).
+        under = [word for name, values in parameter.when for word in flag_tokens(name, values[0], actions)]
         for value in parameter.values_to_check():
-            parse_run(base + flag_tokens(parameter.name, value, actions) + scratch, f"{where} = {json.dumps(value)}")
+            parse_run(base + under + flag_tokens(parameter.name, value, actions) + scratch,
+                      f"{where} = {json.dumps(value)}")
 
 
 def read_enqueued(path: Path, space: tuple[Parameter, ...], base: list[str]) -> tuple[dict, ...]:

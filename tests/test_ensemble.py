@@ -300,6 +300,18 @@ def test_members_with_other_ids_or_missing_files_are_refused(finished_run, tmp_p
     assert "qqp-dev.csv: no such scores file" in capsys.readouterr().err
 
 
+def test_a_member_that_did_not_train_a_task_is_named_as_such_not_as_unfinished(finished_run, tmp_path, capsys):
+    one_task = tmp_path / "sst_only"
+    (one_task / "scores").mkdir(parents=True)
+    for split in ("dev", "test"):
+        shutil.copy(scores_path(finished_run / "run", "sst", split), scores_path(one_task, "sst", split))
+    assert main([str(finished_run / "run"), str(one_task), "--output_dir", str(tmp_path / "e"),
+                 "--data_dir", str(DEMO)]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error == (f"error: {one_task}: no qqp, sts scores: the run did not train qqp or sts (it has scores of sst); "
+                     "an ensemble combines the tasks every member trained: give runs of the same tasks")
+
+
 def test_an_output_dir_that_cannot_be_written_is_one_line(finished_run, tmp_path, capsys):
     blocker = tmp_path / "a_file"
     blocker.write_text("not a folder")

@@ -548,3 +548,31 @@ def test_deeply_nested_checkpoint_and_config_json_are_one_line(tiny_checkpoint, 
     (tmp_path / "config.json").write_text(nested)
     with pytest.raises(CheckpointError, match="config.json: cannot use the model config \\(nested too deeply"):
         BertConfig.from_json_file(tmp_path / "config.json")
+
+
+# -- messages that name what is wrong, not something else (issue 56) ------------------------------------------
+
+
+def test_export_hf_given_a_run_folder_exports_its_kept_model(tiny_checkpoint, tmp_path, capsys):
+    """A run's folder was "no checkpoint here"; it names the kept model (best), as predict.py reads it."""
+    import export_hf
+    from conftest import tiny_model
+    from minbert.model.multitask_bert import save_multitask_model
+    save_multitask_model(tiny_model(), tmp_path / "run" / "best", {"args": {"pretrained": str(tiny_checkpoint)}})
+    assert export_hf.main([str(tmp_path / "run"), str(tmp_path / "out")]) == 0, capsys.readouterr().err
+    assert (tmp_path / "out" / "model.safetensors").is_file()
+    assert export_hf.main([str(tmp_path / "out"), str(tmp_path / "again")]) == 2  # no kept model there
+    assert one_error_line(capsys).startswith(f"error: {tmp_path / 'out'}: no kept model (best.json and "
+                                             "best.safetensors)")
+
+
+def test_stage_cka_names_a_run_given_twice_or_folders_of_one_name_not_names(tmp_path, capsys):
+    """Without --names the folders' names name the results: a clash is theirs, not a --names never given."""
+    import stage_cka
+    a, b = tmp_path / "a" / "seed1", tmp_path / "b" / "seed1"
+    for runs, problem in (([a, tmp_path / "a" / ".." / "a" / "seed1"], f"{tmp_path}/a/../a/seed1 is given twice"),
+                          ([a, b], f"{a} and {b} share the folder name 'seed1'")):
+        with pytest.raises(SystemExit) as refused:
+            stage_cka.main([*map(str, runs), "--output_dir", str(tmp_path / "out")])
+        line = one_error_line(capsys)
+        assert refused.value.code == 2 and problem in line and "--names: give" not in line

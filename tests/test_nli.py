@@ -68,6 +68,15 @@ def write_senteval(directory, split, premises, hypotheses, labels):
     return directory
 
 
+def test_a_line_ends_at_a_newline_alone(tmp_path):
+    """A raw U+2028 is valid inside a JSON string; str.splitlines() cut the record in two there."""
+    premise = "A man sleeps.\u2028Quietly."
+    path = tmp_path / "dev.jsonl"
+    path.write_text(json.dumps({"premise": premise, "hypothesis": "A person rests.", "label": "entailment"},
+                               ensure_ascii=False) + "\r\n", encoding="utf-8", newline="")
+    assert load_nli_pairs(path) == [NLIPair(premise, "A person rests.", "entailment")]
+
+
 def test_senteval_by_file_or_by_directory_and_split(tmp_path):
     directory = write_senteval(
         tmp_path / "SNLI", "dev", ["Two dogs run . ", "Two dogs run . "], ["Dogs move . ", "Cats sit . "],

@@ -113,6 +113,37 @@ def test_text_the_task_cannot_read_is_one_line_naming_the_line(text, fmt, proble
     assert str(raised.value).startswith(problem)
 
 
+@pytest.mark.parametrize("separator", ["\u2028", "\x85", "\x0c", "\x1c"])
+def test_a_line_ends_at_a_newline_alone_in_every_format(tmp_path, separator):
+    """str.splitlines() also splits at these, which made one example two and shifted every later id."""
+    sentence = f"A gripping{separator}funny film."
+    plain = f"{sentence}\r\nDull.\r\n"  # a Windows file: one "\r" dropped
+    jsonl = json.dumps({"sentence": sentence}, ensure_ascii=False) + "\n" + json.dumps({"sentence": "Dull."}) + "\n"
+    course = tmp_path / "ids-sst-dev.csv"
+    course.write_text(f"\tid\tsentence\tsentiment\n0\t1\t{sentence}\t3\n1\t2\tDull.\t1\n", newline="")
+    (tmp_path / "plain.txt").write_text(plain, newline="")
+    read = [read_examples(TASKS["sst"], "-", "lines", io.StringIO(plain, newline="")),
+            read_examples(TASKS["sst"], str(tmp_path / "plain.txt"), "lines"),
+            read_examples(TASKS["sst"], "-", "jsonl", io.StringIO(jsonl, newline="")),
+            read_examples(TASKS["sst"], str(course), "course")]
+    for examples in read:
+        assert [(e.id, e.sentence) for e in examples] == [("1", sentence), ("2", "Dull.")]
+
+
+@pytest.mark.parametrize("example_id", ["", "  "])
+def test_an_empty_json_id_is_refused_as_the_course_loader_refuses_one(example_id):
+    text = json.dumps({"id": example_id, "sentence": "A film."}) + "\n"
+    with pytest.raises(DataError) as raised:
+        read_examples(TASKS["sst"], "-", "jsonl", io.StringIO(text))
+    assert str(raised.value) == "<stdin>:1: empty id"
+
+
+def test_a_course_row_without_a_label_is_predicted_not_dropped(tmp_path):
+    course = tmp_path / "quora-dev.csv"
+    course.write_text("\tid\tsentence1\tsentence2\tis_duplicate\n0\ta\tOne?\tTwo?\t1.0\n1\tb\tThree?\tFour?\t\n")
+    assert [e.id for e in read_examples(TASKS["qqp"], str(course), "course")] == ["a", "b"]
+
+
 @pytest.mark.parametrize("argv, problem", [
     (["{tmp}", "--task", "sst"], "{tmp}: no kept model (best.json and best.safetensors)"),
     (["{tmp}/nope", "--task", "sst"], "{tmp}/nope: neither a run's folder nor a checkpoint"),

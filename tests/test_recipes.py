@@ -17,7 +17,7 @@ import torch
 from conftest import DEMO
 from minbert.data.batches import load_examples
 from minbert.data.scores import scores_path, write_scores
-from minbert.run.training_args import TrainingArguments, build_parser, from_namespace
+from minbert.run.training_args import TrainingArguments, build_parser, from_namespace, parse_training_args
 from minbert.run.run_settings import adapter_config, run_tasks, smart_configs
 from minbert.tasks import MULTITASK, TASKS, course_file_name
 from minbert.training.schedules import build_schedule
@@ -158,7 +158,22 @@ def test_gpu_recipe_is_a_valid_command_line(recipe):
 
 
 def parsed(command: list[str]) -> TrainingArguments:
-    return from_namespace(TrainingArguments, build_parser(TrainingArguments).parse_args(command[1:]))
+    """The command line as multitask_classifier.py reads it: a flag that would do nothing ends it (SystemExit)."""
+    return parse_training_args(command[1:], None)
+
+
+DEFENCES = ("none", "rehearsal", "bregman", "thesis_smart", "simcse", "lnsr", "ewc", "l2sp", "lora")
+
+
+@pytest.mark.parametrize("recipe", TRAINING_RECIPES)
+def test_a_recipe_names_no_flag_that_would_do_nothing(recipe):
+    """A feature's flag without its switch is refused (check_switched_flags); a recipe's own flags never are, nor
+    are its SMART flags turned off by --no-smart after them (table 4.11's control)."""
+    variants = [{"DEFENCE": defence} for defence in DEFENCES] if recipe == "cpu_forgetting_study.sh" else [{}]
+    for environment in variants:
+        for command in launched_commands(recipe, **environment):
+            parsed(command)
+            parsed([*command, "--no-smart"])
 
 
 @pytest.mark.parametrize("recipe", sorted(p.name for p in (ROOT / "scripts").glob("[cg]pu_thesis_*.sh")))

@@ -6,6 +6,7 @@ import json
 import math
 import random
 from collections import Counter
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -154,7 +155,8 @@ def test_course_files_written_read_back_as_they_were(tmp_path):
         path = tmp_path / course_file_name(task, "dev")
         write_examples(path, examples, TASKS[task].text_columns, TASKS[task].label_column)
         assert TASKS[task].load(path, "dev") == examples
-        assert read_examples(TASKS[task], str(path), "course") == examples  # as predict.py reads it
+        # As predict.py reads it: the texts, without the labels it does not need.
+        assert read_examples(TASKS[task], str(path), "course") == [replace(e, label=None) for e in examples]
     with pytest.raises(ValueError, match="line break"):
         write_examples(tmp_path / "x.csv", [PairExample("q", "a\nb", "c", 0.0)], ("sentence1", "sentence2"),
                        "is_duplicate")
@@ -360,3 +362,26 @@ def test_another_runs_folder_is_never_written_into(tmp_path, tiny_checkpoint, ca
                      "write elsewhere"]
     assert (other / "robustness" / "robustness.json").read_text() == "other's"
     assert not (other / "new_sets").exists() and not (run / "robustness").exists()
+
+
+@pytest.mark.parametrize("flags, problem", [
+    (["--seed", "3"], "--seed would do nothing: these perturbed sets were made with --seed 0"),
+    (["--rates", "0.1", "0.2"], "--rates would do nothing: these perturbed sets were made with --rates 0.2"),
+    (["--max_examples", "0"], "--max_examples would do nothing: these perturbed sets were made with --max_examples "
+                              "20"),
+])
+def test_a_set_flag_that_existing_sets_would_ignore_is_refused_before_the_model_loads(
+        tmp_path, tiny_checkpoint, capsys, checkpoint_must_not_load, flags, problem):
+    """The sets' manifest decides the seed, rates and subset they were made with; the same values are accepted."""
+    import robustness
+    from minbert.robustness.perturbed_sets import FORMAT, MANIFEST
+    run, sets = tiny_run(tmp_path / "run", tiny_checkpoint, 1), tmp_path / "sets"
+    sets.mkdir()
+    (sets / MANIFEST).write_text(json.dumps({"format": FORMAT, "seed": 0, "max_examples": 20, "tasks": {},
+                                             "variants": {"char_swap-0.2": {"rate": 0.2}}}))
+    assert robustness.main([str(run), "--perturbed_dir", str(sets), *flags, "--quiet"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {sets}: {problem}"), lines
+    with pytest.raises(DataError, match="holds no sst, qqp, sts sets"):  # past the check, to reading the sets
+        robustness.check_inputs(robustness.parse_args([str(run), "--perturbed_dir", str(sets), "--seed", "0",
+                                                       "--rates", "0.2", "--max_examples", "20"]))

@@ -74,9 +74,17 @@ def test_a_one_task_run_gets_its_tasks_columns(tmp_path, capsys):
     assert lines[2] == "| qqp_alone | 0.830 | 0.770 | stage 3 (qqp@0.03) | 0.820 | 1.2 |"
 
 
-def test_unfinished_run_is_a_one_line_error(tmp_path):
-    with pytest.raises(SystemExit, match="empty: not a finished run"):
-        summarize_runs.main([str(tmp_path / "empty")])
+def test_unfinished_run_is_a_one_line_error_naming_the_file_and_exit_2(tmp_path, capsys):
+    """Not Python's errno text ("[Errno 2] No such file or directory: ...") and exit code 1."""
+    (tmp_path / "torn").mkdir()
+    (tmp_path / "torn" / "history.json").write_text('[{"index": 0')
+    for run, problem in (("empty", "no history.json"), ("torn", "history.json is not JSON: ")):
+        with pytest.raises(SystemExit) as stopped:
+            summarize_runs.main([str(tmp_path / run)])
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert stopped.value.code == 2 and len(lines) == 1
+        assert lines[0].startswith(f"error: {tmp_path / run}: not a finished run ({problem}")
+        assert "Errno" not in lines[0]
 
 
 def test_a_published_folder_without_checkpoints_keeps_the_first_best_stage(tmp_path, capsys):

@@ -11,7 +11,7 @@ import multitask_classifier as mc
 from conftest import DEMO, ROOT, exit_code
 from minbert.run.run_settings import regularized_tasks, smart_configs
 from minbert.run.training_args import (ClassifierArguments, TrainingArguments, build_parser, data_paths, from_namespace,
-                                       prediction_paths, resume_free_fields)
+                                       parse_training_args, prediction_paths, resume_free_fields)
 from smart import SmartConfig
 
 # ---------------------------------------------------------------------------------------------------
@@ -83,6 +83,49 @@ def test_invalid_flags_exit_2_with_one_line_before_loading_the_model(tmp_path, c
     assert not (tmp_path / "run").exists()
 
 
+SWITCHED_OFF = [
+    (["--smart_reduction", "max"], "--smart_reduction does nothing without --smart"),
+    (["--smart_reduction", "sum"], "--smart_reduction does nothing without --smart"),  # typed, though the default
+    (["--smart_override", "sst:adv_weight=2"], "--smart_override does nothing without --smart"),
+    (["--smart_anchor_mo", "train"], "--smart_anchor_mode does nothing without --smart"),  # abbreviated
+    (["--smart_tasks", "sst"], "--smart_tasks does nothing without --smart"),
+    (["--simcse_pairing", "product"], "--simcse_pairing does nothing without --simcse_data FILES"),
+    (["--simcse_epochs", "2"], "--simcse_epochs does nothing without --simcse_data FILES"),
+    (["--lnsr_weight", "0.1"], "--lnsr_weight does nothing without --lnsr"),
+    (["--adapter_rank", "4"], "--adapter_rank does nothing without --adapter lora / dora / pals"),
+]
+
+
+@pytest.mark.parametrize("flags, problem", SWITCHED_OFF, ids=[" ".join(f) for f, _ in SWITCHED_OFF])
+def test_a_features_flag_without_its_switch_is_refused_in_one_line(capsys, flags, problem):
+    with pytest.raises(SystemExit) as exit_info:
+        parse_training_args(flags, None)
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert exit_info.value.code == 2 and len(lines) == 1 and lines[0].endswith(f"error: {problem} (see --help)")
+
+
+@pytest.mark.parametrize("flags", [
+    ["--smart", "--smart_reduction", "max"], ["--demo", "--smart_anchor_mode", "train"],
+    ["--smart", "--smart_override", "sst:adv_weight=2", "--no-smart"], ["--adapter", "none", "--adapter_rank", "4"],
+    ["--lnsr", "--lnsr_weight", "0.1"],
+    ["--simcse_data", "nli.jsonl", "--option", "finetune", "--simcse_pairing", "product"]])
+def test_a_features_flag_is_accepted_with_its_switch_on_or_named_off(flags):
+    """A switch named off says so knowingly: a recipe's SMART flags with --no-smart after them (table 4.11)."""
+    parse_training_args(flags, None)
+
+
+def test_a_config_naming_a_features_flag_without_its_switch_is_refused_unless_it_names_the_switch(tmp_path, capsys):
+    config = tmp_path / "recipe.json"
+    config.write_text('{"smart_reduction": "max"}')
+    with pytest.raises(SystemExit):
+        parse_training_args(["--config", str(config)], None)
+    assert (f"error: --smart_reduction does nothing without --smart (--smart_reduction from --config {config})"
+            in capsys.readouterr().err)
+    config.write_text('{"smart": false, "smart_reduction": "max"}')  # as every run record names them
+    assert parse_training_args(["--config", str(config)], None).smart_reduction == "max"
+    assert parse_training_args(["--config", str(config), "--smart"], None).smart
+
+
 def test_classifier_arguments_share_the_common_checks():
     with pytest.raises(ValueError, match="--lr must be a finite number > 0"):
         ClassifierArguments(lr=math.nan)
@@ -133,7 +176,7 @@ def test_parsed_defaults_are_the_dataclass_defaults():
 
 def test_flags_reach_their_fields():
     args = mc.parse_args(["--para_train", "q.csv", "--sts_dev_out", "out/sts.csv", "--lr", "2e-5", "--bf16",
-                          "--smart_override", "sst:adv_weight=2", "--smart_override", "qqp:norm=l2",
+                          "--smart", "--smart_override", "sst:adv_weight=2", "--smart_override", "qqp:norm=l2",
                           "--simcse_data", "a.csv", "b.csv", "--option", "finetune", "--encoder_dropout", "0.2"])
     assert args.data_files["para_train"] == "q.csv" and args.prediction_files["sts_dev_out"] == "out/sts.csv"
     assert (args.lr, args.bf16, args.encoder_dropout) == (2e-5, True, 0.2)

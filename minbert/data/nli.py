@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
-from minbert.files import DataError, DataWarning, read_input_bytes
+from minbert.files import DataError, DataWarning, read_input_bytes, text_lines
 
 LABELS = ("entailment", "neutral", "contradiction")
 # The Hugging Face SNLI/MultiNLI datasets store labels as these integers, -1 for "no gold label".
@@ -82,7 +82,7 @@ def _text(raw: object, field: str, path: Path, line: int) -> str:
 
 def _read_jsonl(path: Path) -> tuple[list[NLIPair], list[int]]:
     pairs, unlabelled = [], []
-    for number, line in enumerate(_read_text(path).splitlines(), start=1):
+    for number, line in enumerate(text_lines(_read_text(path)), start=1):
         if not line.strip():
             continue
         try:
@@ -108,7 +108,7 @@ def _read_jsonl(path: Path) -> tuple[list[NLIPair], list[int]]:
 def _read_senteval(s1_path: Path) -> tuple[list[NLIPair], list[int]]:
     split = s1_path.name.removeprefix("s1.")
     label_path = s1_path.with_name(f"labels.{split}")
-    columns = [_read_text(s1_path.with_name(f"{prefix}.{split}")).splitlines() for prefix in ("s1", "s2", "labels")]
+    columns = [text_lines(_read_text(s1_path.with_name(f"{prefix}.{split}"))) for prefix in ("s1", "s2", "labels")]
     lengths = [len(column) for column in columns]
     if len(set(lengths)) != 1:
         counts = "/".join(map(str, lengths))
@@ -124,7 +124,7 @@ def _read_senteval(s1_path: Path) -> tuple[list[NLIPair], list[int]]:
 
 
 def _read_sick(path: Path) -> tuple[list[NLIPair], list[int]]:
-    lines = _read_text(path).splitlines()
+    lines = text_lines(_read_text(path))
     header = lines[0].split("\t") if lines else []
     missing = [column for column in _SICK_COLUMNS if column not in header]
     if missing:

@@ -69,6 +69,8 @@ def load_members(run_dirs: list[str | Path], calibrated: bool = False) -> list[M
     if not tasks:
         raise ScoresFileError(f"{scores_path(run_dirs[0], next(iter(METHODS)), 'dev').parent}: no scores of any task "
                               f"an ensemble combines ({', '.join(METHODS)}); a run writes them when it finishes")
+    for run_dir in run_dirs:
+        refuse_a_task_not_trained(Path(run_dir), tasks)
     members = [Member(Path(d), {(t, s): read_scores(scores_path(d, t, s), t) for t in tasks for s in SPLITS})
                for d in run_dirs]
     for index, member in enumerate(members[1:], start=1):
@@ -84,6 +86,18 @@ def load_members(run_dirs: list[str | Path], calibrated: bool = False) -> list[M
     for member in members if calibrated else ():
         calibrate(member)
     return members
+
+
+def refuse_a_task_not_trained(run_dir: Path, tasks: list[str]) -> None:
+    """A finished run writes the scores of every task it trained at once: one with scores of some of `tasks` and no
+    file of another did not train that one (ScoresFileError saying so, not that it is unfinished, which a run
+    without any scores may be)."""
+    scored = [task for task in tasks if any(scores_path(run_dir, task, split).is_file() for split in SPLITS)]
+    untrained = [task for task in tasks if task not in scored]
+    if scored and untrained:
+        raise ScoresFileError(f"{run_dir}: no {', '.join(untrained)} scores: the run did not train "
+                              f"{' or '.join(untrained)} (it has scores of {', '.join(scored)}); an ensemble combines "
+                              "the tasks every member trained: give runs of the same tasks")
 
 
 def member_tasks(members: list[Member]) -> list[str]:

@@ -8,11 +8,13 @@ its predictions as the course's CSV or as JSON lines with the label, the score a
 The formats, for a task whose examples are sentences (`text_columns`: SST's "sentence", QQP's and STS's
 "sentence1" and "sentence2"; SQuAD's questions are read from its own JSON by multitask_classifier.py):
     course   the task's own data file (tab-separated with a header: id and the text columns; a label column, as
-             in a dev file, is read and checked, and rows without a label are dropped with a warning, as a run
-             drops them)
-    jsonl    one JSON object a line holding the text columns by name and optionally "id" (else the line number)
+             in a dev file, is not read: predicting needs no label, so a row whose label cell is empty is
+             predicted too)
+    jsonl    one JSON object a line holding the text columns by name and optionally "id" (else the line number;
+             an empty id is refused, as the course loader refuses one)
     lines    one example a line: a sentence, or a pair's two sentences separated by a tab; the id is the line
              number; blank lines are skipped
+Lines end at "\n" alone (one "\r" before it dropped): a text may hold U+2028, U+0085 or a form feed (text_lines).
 """
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ from typing import TextIO
 
 import numpy as np
 
-from minbert.files import DataError, read_input_text
+from minbert.files import DataError, read_input_text, text_lines
 from minbert.tasks.base import Task, decided
 from minbert.tasks.classification import Classification
 from minbert.tasks.course_files import PairExample, SentenceExample
@@ -55,7 +57,7 @@ def read_examples(task: Task, source: str, fmt: str, stdin: TextIO | None = None
     """The examples of `source` (a path, or "-" for `stdin`) in `fmt`; a DataError naming the file and line for
     anything the task cannot read."""
     if fmt == "course":
-        return task.load(source, "dev" if _has_column(source, task.label_column) else "test")
+        return task.load(source, "test")  # the text columns alone: every row is predicted, labelled or not
     name = "<stdin>" if source == STANDARD_STREAM else source
     text = (stdin or sys.stdin).read() if source == STANDARD_STREAM else read_input_text(source)
     rows = _json_rows(task, name, text) if fmt == "jsonl" else _plain_rows(task, name, text)
@@ -69,18 +71,9 @@ def read_examples(task: Task, source: str, fmt: str, stdin: TextIO | None = None
     return [_example(task, example_id, texts) for _, example_id, texts in rows]
 
 
-def _has_column(path: str, column: str) -> bool:
-    """Whether a tab-separated file's header names `column` (the loader reads and checks the file itself)."""
-    try:
-        with open(path, encoding="utf-8-sig", errors="replace") as handle:
-            return column in (name.strip() for name in handle.readline().split("\t"))
-    except OSError:
-        return False  # the loader names what is wrong with the file
-
-
 def _plain_rows(task: Task, name: str, text: str) -> list[tuple[int, str, tuple[str, ...]]]:
     rows = []
-    for number, line in enumerate(text.splitlines(), start=1):
+    for number, line in enumerate(text_lines(text), start=1):
         if not line.strip():
             continue
         texts = tuple(part.strip() for part in line.split("\t"))
@@ -94,7 +87,7 @@ def _plain_rows(task: Task, name: str, text: str) -> list[tuple[int, str, tuple[
 
 def _json_rows(task: Task, name: str, text: str) -> list[tuple[int, str, tuple[str, ...]]]:
     rows = []
-    for number, line in enumerate(text.splitlines(), start=1):
+    for number, line in enumerate(text_lines(text), start=1):
         if not line.strip():
             continue
         try:
@@ -110,7 +103,10 @@ def _json_rows(task: Task, name: str, text: str) -> list[tuple[int, str, tuple[s
                 found = "missing" if column not in fields else f"found {type(value).__name__}"
                 raise DataError(name, f"{column!r} must be a string ({found}); {task.name} reads "
                                       f"{', '.join(repr(c) for c in task.text_columns)} and optionally 'id'", number)
-        rows.append((number, str(fields["id"]).strip(), tuple(str(fields[c]).strip() for c in task.text_columns)))
+        example_id = str(fields["id"]).strip()
+        if not example_id:
+            raise DataError(name, "empty id", number)
+        rows.append((number, example_id, tuple(str(fields[c]).strip() for c in task.text_columns)))
     return rows
 
 

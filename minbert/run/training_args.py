@@ -16,7 +16,6 @@ declaration (Task.options), which the task checks (Task.check_settings) and read
 from __future__ import annotations
 
 import argparse
-import copy
 import dataclasses
 import json
 import math
@@ -26,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from base_bert import CheckpointError
-from minbert.arguments import OneLineErrorParser
+from minbert.arguments import OneLineErrorParser, flags_given
 from minbert.data.batches import standard_paths
 from minbert.data.nli import PAIRINGS
 from minbert.files import DataError, read_input_bytes, unwritable_folder
@@ -87,6 +86,12 @@ def check_writable(directories) -> None:
         problem = unwritable_folder(directory)
         if problem:
             raise UsageError(problem)
+
+
+# A feature's group of flags and its switch: the others act only while it is on (check_switched_flags).
+SWITCHES = {SMART: ("smart", "--smart"), LNSR: ("lnsr", "--lnsr"), SIMCSE: ("simcse_data", "--simcse_data FILES"),
+            ADAPTERS: ("adapter", "--adapter " + " / ".join(kind for kind in ADAPTER_KINDS if kind != "none"))}
+SWITCHED_OFF = (False, [], "none")  # the values of a switch that leave its feature off
 
 
 def flag(default=None, help: str | None = None, group: str = RUN, resume_free: bool = False, task: str | None = None,
@@ -907,6 +912,7 @@ def parse_training_args(argv, description: str) -> TrainingArguments:
         namespace = parser.parse_args(argv)
     try:
         args = from_namespace(TrainingArguments, namespace)
+        check_switched_flags(args, given | set(config.settings if config else ()))
         if config is not None:
             moved = check_rerun(args, config, given)
     except ValueError as err:
@@ -917,12 +923,15 @@ def parse_training_args(argv, description: str) -> TrainingArguments:
     return args
 
 
-def flags_given(parser: argparse.ArgumentParser, argv) -> set[str]:
-    """The destinations of the flags the command line gives (abbreviated too): what a --config does not decide."""
-    given_only = copy.deepcopy(parser)
-    for action in given_only._actions:
-        action.default = argparse.SUPPRESS
-    return set(vars(given_only.parse_args(argv)))
+def check_switched_flags(args: TrainingArguments, named: set[str]) -> None:
+    """A feature's flag `named` (on the command line or in a --config) while its switch leaves the feature off does
+    nothing: refused (ValueError naming both). A switch named off as well says so knowingly and is accepted: a
+    recipe's --smart flags with --no-smart after them, a run record's "smart": false beside its SMART settings."""
+    for f in dataclasses.fields(args):
+        switch, turn_on = SWITCHES.get(f.metadata["group"], (None, None))
+        if switch in (None, f.name) or f.name not in named or switch in named:
+            continue
+        _check(getattr(args, switch) not in SWITCHED_OFF, f"--{f.name} does nothing without {turn_on}")
 
 
 def demo_settings(tasks: tuple[str, ...]) -> dict:
