@@ -162,7 +162,8 @@ def parsed(command: list[str]) -> TrainingArguments:
     return parse_training_args(command[1:], None)
 
 
-DEFENCES = ("none", "rehearsal", "bregman", "thesis_smart", "simcse", "lnsr", "ewc", "l2sp", "lora")
+DEFENCES = ("none", "rehearsal", "bregman", "thesis_smart", "simcse", "lnsr", "ewc", "l2sp", "lora",
+            "thesis_smart_fp32", "bregman_epoch", "rs_only", "rs_eps0", "thesis_setting")
 
 
 @pytest.mark.parametrize("recipe", TRAINING_RECIPES)
@@ -343,8 +344,6 @@ def test_gpu_check_runs_named_checks_and_tables_them_with_the_ones_recorded_befo
     assert table[1:] == ["| gpu_best | FAIL (1) | 3 s | earlier |"]
     assert result.returncode == 1  # the earlier failure still stands until gpu_best is rerun
 
-DEFENCES = ("none", "rehearsal", "bregman", "thesis_smart", "simcse", "lnsr", "ewc", "l2sp", "lora",
-            "thesis_smart_fp32", "bregman_epoch", "rs_only", "rs_eps0", "thesis_setting")
 SMART_ABLATION = ("thesis_smart_fp32", "bregman_epoch", "rs_only", "rs_eps0")
 
 
