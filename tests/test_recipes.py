@@ -255,8 +255,9 @@ def five_seeds(name: str) -> list[str]:
 
 def test_the_robustness_study_scores_every_run_on_one_set_of_inputs_once_then_compares_the_arms(tmp_path):
     """Fifteen runs and the ensemble of three undefended ones, all with the same --perturbed_dir (made by the thesis'
-    SMART's first run, as the committed study was), then the four arms compared; the embedding attack alone at
-    SMART's training radii apart, compared apart; a second call scores nothing again."""
+    SMART's first run, as the committed study was), then the four arms compared, SMART's STS drop at eps 0.01 the
+    primary comparison; the embedding attack alone at SMART's training radii apart, compared apart with no primary;
+    a second call scores nothing again."""
     runs = five_seeds("none") + five_seeds("thesis_smart") + five_seeds("lnsr")
     for _ in range(2):
         result, runs_dir, calls = robustness_study(tmp_path, runs)
@@ -280,6 +281,7 @@ def test_the_robustness_study_scores_every_run_on_one_set_of_inputs_once_then_co
         str(study / name) for name in five_seeds("none"))
     assert [arm.split("=")[0] for arm in compare[1:5]] == ["none", "smart", "lnsr", "ensemble"]
     assert compare[-1] == str(study / "comparison.md") and compare_small[-1] == str(study / "comparison_small_radii.md")
+    assert compare[5:7] == ["--primary", "smart:sts/embedding/eps=0.01"] and "--primary" not in compare_small
     assert compare_small[1] == "none=" + ",".join(str(study / "small_radii" / name) for name in five_seeds("none"))
 
 
@@ -303,8 +305,38 @@ def test_the_robustness_study_scores_the_ablation_arms_at_the_seeds_asked_and_re
     study = runs_dir / "robustness_study"
     assert lines[6][1:4] == [f"{arm}=" + ",".join(str(study / run) for run in (arm, f"{arm}_seed2"))
                              for arm in ("none", "rs_eps0", "thesis_smart_fp32")]
+    assert all("--primary" not in words for words in lines)  # smart is not an arm: no default primary
     result, _, _ = robustness_study(tmp_path, [], ARMS="none dropout")
     assert result.returncode == 2 and "ARMS: unknown arm 'dropout'" in result.stderr
+
+
+def comparisons(calls: Path) -> list[list[str]]:
+    """The compare_robustness.py calls recorded in calls.txt, each as its words."""
+    return [line.split() for line in calls.read_text().splitlines() if "compare_robustness.py" in line.split()[0]]
+
+
+def test_the_robustness_study_passes_a_declared_primary_and_refuses_one_whose_arm_is_not_compared(tmp_path):
+    """PRIMARY declares the main comparison's primary (the ablation's: rs_only against rs_eps0, issue 57), the
+    small-radii comparison gets none unless PRIMARY_SMALL_RADII names one; a primary naming the baseline or an arm not
+    compared stops the study in one line before anything is scored."""
+    runs = ["rs_eps0", "rs_only"]
+    result, runs_dir, calls = robustness_study(tmp_path, runs, ARMS="rs_eps0 rs_only", SEEDS="11711",
+                                               PRIMARY="rs_only:sts/embedding/eps=0.01")
+    assert result.returncode == 0, result.stderr
+    compare, compare_small = comparisons(calls)
+    assert compare[3:5] == ["--primary", "rs_only:sts/embedding/eps=0.01"] and "--primary" not in compare_small
+    calls.unlink()
+    result, _, calls = robustness_study(tmp_path, [], ARMS="rs_eps0 rs_only", SEEDS="11711",
+                                        PRIMARY_SMALL_RADII="sts/embedding/eps=1e-05")
+    compare, compare_small = comparisons(calls)
+    assert "--primary" not in compare and compare_small[3:5] == ["--primary", "sts/embedding/eps=1e-05"]
+    for name in ("PRIMARY", "PRIMARY_SMALL_RADII"):
+        (tmp_path / name).mkdir()
+        result, _, _ = robustness_study(tmp_path / name, runs, ARMS="rs_eps0 rs_only", SEEDS="11711",
+                                        **{name: "rs_eps0:sts/embedding/eps=0.01"})
+        assert result.returncode == 2 and not (tmp_path / name / "calls.txt").exists()
+        assert result.stderr.strip() == (f"cpu_robustness_study.sh: {name}: 'rs_eps0' is not one of the later arms "
+                                         "(rs_only)")
 
 
 @pytest.mark.slow
