@@ -23,7 +23,9 @@
 # script continues where it stopped; scripts/compare_robustness.py refuses runs scored on other sets, radii or attack
 # settings in one line, so a kept suite cannot be mixed with another silently. Then each comparison: each arm's drops
 # and clean scores against the first arm's, with intervals over the examples and the seeds. Output: $STUDY_DIR
-# (default runs/robustness_study/), its comparisons in comparison.md and comparison_small_radii.md (and .json).
+# (default runs/robustness_study/), its comparisons in $COMPARISON.md and ${COMPARISON}_small_radii.md (and .json;
+# COMPARISON defaults to "comparison": name another for each call that compares other ARMS or SEEDS, so that one
+# call's decision is not replaced by the next's).
 # PRIMARY (compare_robustness.py's --primary, [ARM:]TASK/FAMILY/VARIANT): the main suite's one primary comparison,
 # decided by the exact permutation test over the seeds; every other row is secondary, Holm-corrected. Default
 # smart:sts/embedding/eps=0.01 when smart is a later arm (declared after the five-seed results were seen: post hoc),
@@ -34,6 +36,7 @@ set -euo pipefail
 source "$(dirname "$0")/_common.sh"
 STUDY_DIR=${STUDY_DIR:-$RUNS_DIR/robustness_study}
 ARMS=(${ARMS:-none smart lnsr ensemble})
+COMPARISON=${COMPARISON:-comparison}
 SEEDS=(${SEEDS:-11711 1 2 3 4})
 ENSEMBLE=(none_seed2 none_seed3 none_seed4)
 declare -A PREFIX=([none]=none [smart]=thesis_smart [lnsr]=lnsr [thesis_smart_fp32]=thesis_smart_fp32
@@ -99,8 +102,8 @@ for suite in SUITE SMALL_RADII; do
     done
     comparison=()
     for arm in "${ARMS[@]}"; do comparison+=("$arm=$(folders "$arm" "$dir")"); done
-    output=$STUDY_DIR/comparison.md
-    if [[ $suite == SMALL_RADII ]]; then output=$STUDY_DIR/comparison_small_radii.md; fi
+    output=$STUDY_DIR/$COMPARISON.md
+    if [[ $suite == SMALL_RADII ]]; then output=$STUDY_DIR/${COMPARISON}_small_radii.md; fi
     primary=()
     if [[ -n ${PRIMARY_OF[$suite]} ]]; then primary=(--primary "${PRIMARY_OF[$suite]}"); fi
     python "$ROOT/scripts/compare_robustness.py" "${comparison[@]}" "${primary[@]}" --output "$output"

@@ -330,6 +330,11 @@ def test_the_robustness_study_passes_a_declared_primary_and_refuses_one_whose_ar
                                         PRIMARY_SMALL_RADII="sts/embedding/eps=1e-05")
     compare, compare_small = comparisons(calls)
     assert "--primary" not in compare and compare_small[3:5] == ["--primary", "sts/embedding/eps=1e-05"]
+    calls.unlink()
+    result, _, calls = robustness_study(tmp_path, [], ARMS="rs_eps0 rs_only", SEEDS="11711", COMPARISON="ablation")
+    compare, compare_small = comparisons(calls)  # a call of other arms names its own files, the first call's stay
+    study = runs_dir / "robustness_study"
+    assert (compare[-1], compare_small[-1]) == (str(study / "ablation.md"), str(study / "ablation_small_radii.md"))
     for name in ("PRIMARY", "PRIMARY_SMALL_RADII"):
         (tmp_path / name).mkdir()
         result, _, _ = robustness_study(tmp_path / name, runs, ARMS="rs_eps0 rs_only", SEEDS="11711",
