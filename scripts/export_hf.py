@@ -24,7 +24,8 @@ from pathlib import Path
 
 from base_bert import CheckpointError, resolve_pretrained, to_hf_state_dict
 from minbert.arguments import OneLineErrorParser
-from minbert.files import atomic_write, atomic_write_text, describe_os_error, locked_folder, unwritable_folder
+from minbert.files import (atomic_write, atomic_write_text, describe_os_error, forbidden_output, locked_folder,
+                           unwritable_folder)
 from minbert.model.adapters import SHARED_SET, merge_adapters
 from minbert.model.checkpoint import save_tensors
 from minbert.model.multitask_bert import load_multitask_checkpoint
@@ -44,7 +45,7 @@ def hf_config(config: dict) -> dict:
 def export(checkpoint: Path, out: Path, task: str | None = None, pretrained: str | None = None) -> None:
     """Everything is checked (the output folder, the checkpoint, the pretrained model's tokenizer files) before the
     first file is written, so a refused export leaves no half of one."""
-    problem = unwritable_folder(out)
+    problem = unwritable_folder(out) or forbidden_output("out_dir", out, own_runs=[checkpoint])
     if problem:
         raise CheckpointError(problem)
     model, metadata = load_multitask_checkpoint(checkpoint)

@@ -17,7 +17,7 @@ from base_bert import CheckpointError
 from bert import BertModel
 from minbert.arguments import OneLineErrorParser
 from minbert.data.batches import DataError, load_split
-from minbert.files import unwritable_folder
+from minbert.files import forbidden_output, unwritable_folder
 from minbert.model.multitask_bert import MultitaskBERT, load_multitask_checkpoint
 from minbert.reports.embedding_analysis import plot_tsne, sentence_embeddings
 from minbert.run.run_record import recorded_pretrained
@@ -49,7 +49,10 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     device = resolve_device(args.use_gpu)
     output = Path(args.output)
-    problem = unwritable_folder(output.parent)  # before the models run: a bad path costs no embeddings
+    # Before the models run: a bad path costs no embeddings. Beside the checkpoints it reads (runs/NAME/...) is
+    # theirs to hold; another run's folder is not.
+    problem = unwritable_folder(output.parent) or forbidden_output("--output", output, reads=args.models,
+                                                                   own_runs=args.models)
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 2

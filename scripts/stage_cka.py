@@ -27,7 +27,7 @@ import torch
 from base_bert import CheckpointError
 from bert import BertModel
 from minbert.data.batches import DataError, show_data_warnings_on_one_line
-from minbert.files import atomic_write_text, unwritable_folder
+from minbert.files import atomic_write_text, forbidden_output, unwritable_folder
 from minbert.model.multitask_bert import MultitaskBERT, load_multitask_checkpoint
 from minbert.reports.cka import (cka_matrices, dev_sentences, layer_representations, plot_cka_comparison,
                                  plot_stage_cka, sentence_spans, with_start)
@@ -164,7 +164,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> int:
     args = parse_args(argv)
     show_data_warnings_on_one_line()
-    problem = unwritable_folder(args.output_dir)
+    problem = unwritable_folder(args.output_dir) or forbidden_output("--output_dir", args.output_dir,
+                                                                      own_runs=args.runs)
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 2

@@ -576,3 +576,30 @@ def test_stage_cka_names_a_run_given_twice_or_folders_of_one_name_not_names(tmp_
             stage_cka.main([*map(str, runs), "--output_dir", str(tmp_path / "out")])
         line = one_error_line(capsys)
         assert refused.value.code == 2 and problem in line and "--names: give" not in line
+
+
+def test_exports_plots_and_cka_never_write_into_another_runs_folder(tiny_checkpoint, tmp_path, capsys):
+    """The one rule for writers (docs/runs.md) in the three tools that write beside runs: their own run's folder is
+    allowed, another run's is refused in one line before any model loads."""
+    import export_hf
+    import plot_embeddings
+    import stage_cka
+    from conftest import tiny_model
+    from minbert.model.multitask_bert import save_multitask_model
+    run, other = tmp_path / "run", tmp_path / "other"
+    for folder in (run, other):
+        save_multitask_model(tiny_model(), folder / "best", {"args": {"pretrained": str(tiny_checkpoint)}})
+        (folder / "args.json").write_text("{}")
+    inside = other / "mine"
+    for main in (lambda: export_hf.main([str(run), str(inside)]),
+                 lambda: plot_embeddings.main([str(run / "best"), "--output", str(inside / "tsne.png")]),
+                 lambda: stage_cka.main([str(run), "--output_dir", str(inside)])):
+        try:
+            code = main()
+        except SystemExit as exit_:
+            code = exit_.code
+        assert code == 2
+        assert one_error_line(capsys).endswith(f"inside the run folder {other}, whose files belong to that run; "
+                                               "write elsewhere")
+    assert not inside.exists()
+    assert export_hf.main([str(run), str(run / "hf")]) == 0, capsys.readouterr().err  # its own run's folder
