@@ -264,6 +264,17 @@ def run_folder_of(path: str | os.PathLike) -> Path | None:
     return None
 
 
+def repeated_run(folders) -> str | None:
+    """'B is the same run as A; give each run once' for the first folder given twice however spelled (a link, ..),
+    or None: a run counted twice would weigh double in any mean over runs."""
+    seen: dict[Path, Path] = {}
+    for folder in map(Path, folders):
+        earlier = seen.setdefault(folder.resolve(), folder)
+        if earlier is not folder:
+            return f"{folder} is the same run as {earlier}; give each run once"
+    return None
+
+
 def forbidden_output(flag: str, path: str | os.PathLike, reads=(), own_runs=()) -> str | None:
     """Why the tool must not write `path` (a file or folder its `flag` names), in one line naming both, or None: it
     is, or lies in, a file or folder the tool `reads` (the user's input), or it lies in a run's folder other than the

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from minbert.arguments import OneLineErrorParser
 from minbert.files import (DataError, OutputError, atomic_write_text, forbidden_output, read_input_text,
-                           unwritable_folder)
+                           repeated_run, unwritable_folder)
 from minbert.reports.bootstrap import Difference, Estimate, arms_problem
 from minbert.reports.decisions import ALPHA, holm, parse_primary, secondary_verdict
 from minbert.reports.robustness_comparison import (CleanResult, RobustnessComparison, ScoredRun, compare_arms, mismatch,
@@ -44,11 +44,9 @@ def parse_arm(text: str) -> tuple[str, list[Path]]:
         raise argparse.ArgumentTypeError(f"{text!r}: expected NAME=DIR[,DIR...]")
     dirs = [folder / "robustness" if not (folder / REPORT).exists() and (folder / "robustness").is_dir()
             else folder for folder in dirs]
-    seen: dict[Path, Path] = {}
-    for folder in dirs:  # the same run twice, however spelled, would count double in the arm's mean
-        if seen.setdefault(folder.resolve(), folder) is not folder:
-            raise argparse.ArgumentTypeError(f"{name}: {folder} is the same run as {seen[folder.resolve()]}; "
-                                             "give each run once")
+    problem = repeated_run(dirs)
+    if problem:
+        raise argparse.ArgumentTypeError(f"{name}: {problem}")
     return name, dirs
 
 

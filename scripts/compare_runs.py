@@ -43,6 +43,7 @@ import numpy as np
 from evaluation import PredictionsFileError
 from minbert.arguments import OneLineErrorParser
 from minbert.data.batches import DataError, show_data_warnings_on_one_line
+from minbert.files import repeated_run
 from minbert.reports.bootstrap import OVERALL, Arm, Comparison, Difference, arms_problem, compare, run_scores
 from minbert.reports.decisions import ALPHA, holm, parse_primary, secondary_verdict
 from minbert.reports.seed_tests import seed_difference
@@ -65,11 +66,9 @@ def parse_arm(text: str) -> tuple[str, list[Path]]:
     missing = [str(folder) for folder in folders if not folder.is_dir()]
     if missing:
         raise argparse.ArgumentTypeError(f"{missing[0]}: not a run's folder")
-    seen: dict[Path, Path] = {}
-    for folder in folders:  # the same run twice, however spelled, would count double in the arm's mean
-        if seen.setdefault(folder.resolve(), folder) is not folder:
-            raise argparse.ArgumentTypeError(f"{name}: {folder} is the same run as {seen[folder.resolve()]}; "
-                                             "give each run once")
+    problem = repeated_run(folders)
+    if problem:
+        raise argparse.ArgumentTypeError(f"{name}: {problem}")
     return name, folders
 
 

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from evaluation import history_forgetting_measures, overall_of
 from minbert.arguments import OneLineErrorParser
+from minbert.files import repeated_run
 from minbert.tasks import MULTITASK, RUN_TASKS, TASKS
 
 COLUMNS = [("SST acc", "sst_acc"), ("SST F1 (w)", "sst_f1_weighted"), ("QQP acc", "qqp_acc"),
@@ -75,14 +76,6 @@ def read_rows(runs: list[Path]) -> dict[str, dict]:
     for run in runs:
         rows[run.name if run.name not in rows else str(run)] = read_run(run)
     return rows
-
-
-def repeated_run(runs: list[Path]) -> str | None:
-    seen: dict[Path, Path] = {}
-    for run in runs:
-        if seen.setdefault(run.resolve(), run) is not run:
-            return f"{run} is the same run as {seen[run.resolve()]}; give each run once"
-    return None
 
 
 def mixed_tasks(rows: dict[str, dict]) -> str | None:
