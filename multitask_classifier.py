@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import sys
+import time
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -29,7 +30,7 @@ from minbert.reports.calibration import calibration_lines, reliability_file, wri
 from minbert.reports.embedding_analysis import MIN_TSNE_POINTS, plot_tsne, sentence_embeddings
 from minbert.reports.plots import figure_problem, write_run_reports
 from minbert.run.run_record import RECORD_FILE, run_record, run_segments, write_run_record
-from minbert.run.run_setup import build_run, check_pretrained, load_inputs
+from minbert.run.run_setup import build_run, check_pretrained, finished_run, load_inputs, resume_prefix, resuming
 from minbert.run.training_args import (TrainingArguments, UsageError, check_resume_arguments, parse_training_args,
                                        prediction_paths, saved_schedule_length)
 from minbert.runtime import compile_notice, precision_notice
@@ -38,6 +39,8 @@ from minbert.tasks import RUN_TASKS, SPLITS, TASKS, default_output
 from minbert.tasks.calibration import CALIBRATION_FILE
 from minbert.tasks.score_files import as_saved
 from minbert.training.distillation import DISTILLED_TASKS
+from minbert.training.checkpoint_files import (FINISHED_FILE, folder_size, human_size, make_last, remove_resume_state,
+                                               resume_state_files)
 from minbert.training.trainer import Trainer
 from minbert.training.training_state import check_resumable, kept_inside_stage, read_training_state, saved_position
 
@@ -58,8 +61,8 @@ def tsne_file(task: str) -> str:
 RUN_REPORTS = (RECORD_FILE, "metrics.jsonl", STEPS_FILE, "history.json", "forgetting.md", "forgetting_matrix.png",
                "training_curves.png", "sst_error_histogram.png", "qqp_confusion_matrix.png", "sts_scatter.png",
                *(tsne_file(name) for name, task in TASKS.items() if task.plots_embeddings), CALIBRATION_FILE,
-               *(reliability_file(name) for name, task in TASKS.items() if task.calibrated))
-CHECKPOINT = re.compile(r"(last|best|stage_\d+)\.(json|safetensors)(\.tmp)?")
+               *(reliability_file(name) for name, task in TASKS.items() if task.calibrated), FINISHED_FILE)
+CHECKPOINT = re.compile(r"(last|best|stage_\d+|checkpoint-\d+)\.(json|safetensors)(\.tmp)?")
 
 
 def earlier_run_files(output_dir: Path, predictions: list[Path]) -> list[Path]:
@@ -166,7 +169,7 @@ def write_record(args: TrainingArguments, trainer: Trainer, output_dir: Path, de
     """OUTPUT_DIR/args.json as the run starts or resumes (run_record.py), with the segment it begins now."""
     resolved = {"precision": trainer.precision, "device": str(device), "world_size": trainer.distributed.world_size,
                 "working_dir": str(Path.cwd())}  # what the flags' relative paths are relative to
-    segments = run_segments(output_dir, args.resume, trainer.state.next_stage + 1, resolved)
+    segments = run_segments(output_dir, resuming(args), trainer.state.next_stage + 1, resolved)
     write_run_record(output_dir, run_record(dataclasses.asdict(args), resolved, ROOT, device, segments))
 
 
@@ -177,7 +180,12 @@ def run(args: TrainingArguments) -> Trainer:
         return _run(args, distributed, device)
 
 
-def _run(args: TrainingArguments, distributed: Distributed, device) -> Trainer:
+def _run(args: TrainingArguments, distributed: Distributed, device) -> Trainer | None:
+    began = time.time()
+    finished = finished_run(args)
+    if finished:  # --resume of a run that has finished and dropped its training state: nothing to continue
+        print(finished)
+        return None
     stages, data, dropped_rows, triplets, teacher = load_inputs(args)
     check_figure_libraries(list(data))
     output_dir = Path(args.output_dir)
@@ -189,40 +197,86 @@ def _run(args: TrainingArguments, distributed: Distributed, device) -> Trainer:
         trainer = build_run(args, stages, data, tokenizer, triplets, teacher, device, distributed)
         if distributed.is_main:
             print(precision_notice(device, args.precision, args.smart, args.smart_precision))
-        if args.resume:
-            resume(trainer, args, output_dir / "last", [stage.label for stage in stages])
-            if trainer.state.stage is not None:
-                print(f"resuming inside stage {trainer.state.next_stage + 1} of {len(stages)}: the checkpoint "
-                      f"{kept_inside_stage(trainer.state.stage.saved)}")
-            else:
-                print(f"resuming after stage {trainer.state.next_stage} of {len(stages)}")
-        elif distributed.is_main:
-            predictions = prediction_paths(args.prediction_files, output_dir, RUN_TASKS)
-            earlier = earlier_run_files(output_dir, list(predictions.values()))
-            removed = remove_files(earlier)
-            if removed:
-                print(f"note: starting a fresh run in {output_dir}; the earlier run's {len(removed)} files there "
-                      "(checkpoints, metrics, scores, plots, predictions) are removed (use --resume to continue instead)")
-        if distributed.is_main:  # a resumed run's record holds the settings it continues with, and its segments
-            write_record(args, trainer, output_dir, device)
+        start_or_resume(trainer, args, stages)
         trainer.train(stages)
         if trainer.state.next_stage == len(stages):
-            # SQuAD's no-answer threshold is the one chosen on dev when the kept model was evaluated.
-            best_metrics, dev_predictions, dev_scores = trainer.use_kept_model()
-            print("best model on dev: " + summarize_line(best_metrics))
-            write_leaderboard_files(trainer, prediction_paths(args.prediction_files, output_dir, trainer.tasks),
-                                    dev_scores, output_dir)
-            if args.score_train:
-                write_train_scores(trainer, output_dir)
-            if distributed.is_main:
-                table = write_run_reports(trainer.state.history, dev_predictions, output_dir)
-                if table:
-                    print(table)
-                write_run_calibration(dev_predictions, dev_scores, output_dir)
-                write_tsne(trainer, output_dir)
+            finish_run(trainer, args, dev_outputs(trainer), stages)
             for message in dropped_rows:
                 print(f"note: not in the predictions: {message}")
+        if distributed.is_main:
+            print(time_summary(trainer, time.time() - began))
         return trainer
+
+
+def start_or_resume(trainer: Trainer, args: TrainingArguments, stages: list) -> None:
+    """Continue the stopped run in OUTPUT_DIR (--resume, --resume_from), or start a fresh one there, removing what an
+    earlier run left; then OUTPUT_DIR/args.json."""
+    output_dir, distributed = Path(args.output_dir), trainer.distributed
+    if resuming(args):
+        prefix = resume_prefix(args)
+        resume(trainer, args, prefix, [stage.label for stage in stages])
+        if distributed.is_main:  # it will say again whether it finishes
+            remove_files([output_dir / FINISHED_FILE])
+        if distributed.is_main and args.resume_from:
+            later = make_last(prefix)
+            count = len({path.with_suffix("") for path in later})
+            print(f"resuming from {prefix}" + (f"; the {count} checkpoint(s) saved after it are removed" if later
+                                               else ""))
+        if trainer.state.stage is not None:
+            print(f"resuming inside stage {trainer.state.next_stage + 1} of {len(stages)}: the checkpoint "
+                  f"{kept_inside_stage(trainer.state.stage.saved)}")
+        else:
+            print(f"resuming after stage {trainer.state.next_stage} of {len(stages)}")
+    elif distributed.is_main:
+        predictions = prediction_paths(args.prediction_files, output_dir, RUN_TASKS)
+        earlier = earlier_run_files(output_dir, list(predictions.values()))
+        removed = remove_files(earlier)
+        if removed:
+            print(f"note: starting a fresh run in {output_dir}; the earlier run's {len(removed)} files there "
+                  "(checkpoints, metrics, scores, plots, predictions) are removed (use --resume to continue instead)")
+    if distributed.is_main:  # a resumed run's record holds the settings it continues with, and its segments
+        write_record(args, trainer, output_dir, device=trainer.device)
+
+
+def dev_outputs(trainer: Trainer) -> tuple[dict, dict, dict]:
+    """The kept model back in place, and its dev metrics, predictions and scores (SQuAD's no-answer threshold is
+    the one chosen on dev when it was evaluated)."""
+    best_metrics, dev_predictions, dev_scores = trainer.use_kept_model()
+    print("best model on dev: " + summarize_line(best_metrics))
+    return best_metrics, dev_predictions, dev_scores
+
+
+def finish_run(trainer: Trainer, args: TrainingArguments, dev: tuple[dict, dict, dict], stages: list) -> None:
+    """The finished run's files: the leaderboard files, --score_train's scores, the reports and plots; then its
+    training state goes (unless --keep_resume_state) and its folder's size is said."""
+    _, dev_predictions, dev_scores = dev
+    output_dir = Path(args.output_dir)
+    write_leaderboard_files(trainer, prediction_paths(args.prediction_files, output_dir, trainer.tasks), dev_scores,
+                            output_dir)
+    if args.score_train:
+        write_train_scores(trainer, output_dir)
+    if not trainer.distributed.is_main:
+        return
+    table = write_run_reports(trainer.state.history, dev_predictions, output_dir)
+    if table:
+        print(table)
+    write_run_calibration(dev_predictions, dev_scores, output_dir)
+    write_tsne(trainer, output_dir)
+    state_size = sum(path.stat().st_size for path in resume_state_files(output_dir))
+    removed = remove_resume_state(output_dir, [stage.label for stage in stages], args.keep_resume_state)
+    print(f"run folder {output_dir}: {human_size(folder_size(output_dir))}"
+          + (f" (its training state, {human_size(state_size)}, removed: --keep_resume_state keeps it)" if removed
+             else f" (with its training state, {human_size(state_size)}: --keep_resume_state)"))
+
+
+def time_summary(trainer: Trainer, seconds: float) -> str:
+    """Where this process's time went: training, evaluation, checkpoints, and the rest (loading the data and the
+    model, the test predictions, the reports and plots)."""
+    spent = trainer.spent
+    parts = {"training": spent.training, "evaluation": spent.evaluation, "checkpoints": trainer.seconds_saving}
+    other = seconds - sum(parts.values())
+    return (f"time: {seconds:.1f} s, " + ", ".join(f"{name} {value:.1f} s" for name, value in parts.items())
+            + f", other {other:.1f} s (loading, predictions, reports)")
 
 
 def main(argv=None) -> int:

@@ -47,7 +47,7 @@ GPU_FLAGS=(--use_gpu --pretrained bert-base-uncased --option finetune --data_dir
            --batch_size 32 --lr 2e-5 --hidden_dropout_prob 0.1 --max_length 128)
 # CPU (2 cores): the bundled minilm-l6 and fewer cycles.
 CPU_FLAGS=(--pretrained minilm-l6 --option finetune --data_dir "$DATA_DIR" --seed "$SEED"
-           --batch_size 32 --lr 5e-5 --hidden_dropout_prob 0.1 --max_length 64 --quiet)
+           --batch_size 32 --lr 5e-5 --hidden_dropout_prob 0.1 --max_length 64)
 # The offline NLI files of ../shared/data/nli (NLI_DIR) used by the CPU SimCSE stage: 9,380 triplets.
 NLI_DIR="${NLI_DIR:-$ROOT/../shared/data/nli}"
 CPU_NLI_FILES=("$NLI_DIR/generative_nli/snli/dev.jsonl" "$NLI_DIR/snli_senteval/s1.test" "$NLI_DIR/generative_nli/mnli/dev.jsonl"

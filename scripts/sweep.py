@@ -42,6 +42,7 @@ from minbert.files import atomic_write_text
 from minbert.run.run_settings import run_schedule, run_tasks
 from minbert.run.training_args import TrainingArguments, build_parser, data_paths, parse_training_args
 from minbert.tasks import MULTITASK, TASKS, data_flag, default_output, output_flag
+from minbert.training.checkpoint_files import FINISHED_FILE
 from minbert.training.schedules import train_tasks
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -509,7 +510,9 @@ def kept_score(run: Path, objective: str) -> float:
 def run_seed(trial, sweep: Sweep, params: dict, seed: int, run: Path, report: bool) -> float:
     """One seed's run of the trial, continued from its checkpoint where an earlier worker left one."""
     import optuna
-    command = run_command(sweep, params, seed, run, resume=(run / "last.json").is_file())
+    # A run that finished (finished.json: its training state is gone) answers --resume with "finished" at once.
+    command = run_command(sweep, params, seed, run,
+                          resume=(run / "last.json").is_file() or (run / FINISHED_FILE).is_file())
     process = start_run(command, run)
     try:
         pruned_at = watch_run(process, trial, sweep, run, report)

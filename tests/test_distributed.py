@@ -328,7 +328,8 @@ def _multitask_flags(checkpoint, out, batch_size: int) -> list[str]:
             "--precision", "fp32",
             "--batch_size", str(batch_size), "--lr", "1e-3", "--hidden_dropout_prob", "0", "--max_length", "32",
             "--max_train_examples", "40", "--first_stages", "qqp", "--cycle", "sts,sst", "--cycles", "1",
-            "--output_dir", str(out / "run"), "--eval_batch_size", "16", *prediction_flags(out)]
+            "--output_dir", str(out / "run"), "--eval_batch_size", "16", *prediction_flags(out),
+            "--keep_resume_state"]  # _trained_weights reads the finished run's training state
 
 
 def _part_one_flags(checkpoint, out, batch_size: int) -> list[str]:

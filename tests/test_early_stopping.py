@@ -51,7 +51,8 @@ def scripted_sts(monkeypatch):
 def flags(checkpoint, out, *extra) -> list[str]:
     return ["--data_dir", str(DEMO), "--pretrained", str(checkpoint), "--option", "finetune", "--quiet",
             "--max_train_examples", "16", "--max_length", "32", "--batch_size", "8", "--first_stages",
-            "sst,sts*6,qqp", "--cycles", "0", "--patience", "2", "--output_dir", str(out / "run"),
+            "sst,sts*6,qqp", "--cycles", "0", "--patience", "2", "--keep_resume_state",
+            "--output_dir", str(out / "run"),
             *prediction_flags(out), *extra]
 
 

@@ -339,7 +339,7 @@ def test_prepare_submit_refuses_incomplete_or_invalid_files(tmp_path, capsys, da
 def test_resume_reads_the_data_by_content_not_by_path(tiny_checkpoint, tmp_path, capsys):
     data = tmp_path / "data"
     shutil.copytree(DEMO, data)
-    flags = quick_flags(tiny_checkpoint, tmp_path)
+    flags = quick_flags(tiny_checkpoint, tmp_path, "--keep_resume_state")  # the finished run is resumed last
     flags[flags.index("--data_dir") + 1] = str(data)
     assert mc.main(flags + ["--stop_after_stages", "1"]) == 0
     moved = tmp_path / "moved" / "data"

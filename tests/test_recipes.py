@@ -118,6 +118,14 @@ def launched_commands(recipe: str, **environment: str) -> list[list[str]]:
 
 
 @pytest.mark.parametrize("recipe", TRAINING_RECIPES)
+def test_a_recipe_shows_its_progress_bars_unless_asked_for_quiet(recipe):
+    """A real-data stage is minutes of training: the recipes leave tqdm's bar (examples/s, time left) on; --quiet
+    given to a recipe still reaches the run."""
+    assert all("--quiet" not in command for command in launched_commands(recipe))
+    assert all("--quiet" in command for _, command in launches(recipe, ROOT, "--quiet"))
+
+
+@pytest.mark.parametrize("recipe", TRAINING_RECIPES)
 def test_every_output_of_a_recipe_goes_under_runs_dir(recipe, tmp_path):
     """RUNS_DIR moves the run folder and its predictions (the tests' runs write into a temporary folder);
     without it they stay under runs/, as before the variable existed."""

@@ -25,7 +25,7 @@ def run_flags(checkpoint, out, *extra, data_dir=DEMO) -> list[str]:
 
 
 def metrics(run) -> list[dict]:
-    return [{k: v for k, v in json.loads(line).items() if k != "seconds"}
+    return [{k: v for k, v in json.loads(line).items() if k not in ("seconds", "eval_seconds")}
             for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
@@ -37,7 +37,7 @@ def outputs(out, with_last: bool = False) -> dict:
     files |= {f"scores/{path.name}": path.read_bytes() for path in sorted((run / "scores").glob("*-[dt]e*.csv"))}
     files |= {name: (out / name).read_bytes() for name in CSVS}
     best = json.loads((run / "best.json").read_text())["metrics"]
-    return files | {"best metrics": {k: v for k, v in best.items() if k != "seconds"}, "metrics": metrics(run)}
+    return files | {"best metrics": {k: v for k, v in best.items() if k not in ("seconds", "eval_seconds")}, "metrics": metrics(run)}
 
 
 @pytest.fixture(scope="module")
@@ -69,12 +69,16 @@ CHANGED = {
     "data_dir": lambda tmp: ["--data_dir", str(copied_data(tmp))],
     "data_files": lambda tmp: ["--sst_train", str(copied_data(tmp) / "ids-sst-train.csv")],
     "departures": lambda tmp: ["--departures", "a note changed on the resume"],
+    "save_total_limit": lambda tmp: ["--save_total_limit", "2"],
+    "keep_resume_state": lambda tmp: ["--keep_resume_state"],
 }
 # Resume-free by what they are, proven elsewhere: the resume itself; its output folder moved or respelled
 # (test_multitask_classifier.py); the CSVs' paths (only where the same bytes go: outputs() reads them where the
 # resume wrote them); --demo (its settings are defaults: the resolved settings are compared); SimCSE's NLI files
-# (their triplets' content is among the data's fingerprints); --cycles (below, and test_multitask_classifier.py).
-FREE_BY_DEFINITION = {"resume", "stop_after_stages", "output_dir", "prediction_files", "demo", "simcse_data", "cycles"}
+# (their triplets' content is among the data's fingerprints); --cycles (below, and test_multitask_classifier.py);
+# --resume_from, a resume from a chosen checkpoint (test_run_folder.py).
+FREE_BY_DEFINITION = {"resume", "resume_from", "stop_after_stages", "output_dir", "prediction_files", "demo",
+                      "simcse_data", "cycles"}
 
 
 def test_every_resume_free_flag_is_proven_here():
@@ -130,7 +134,7 @@ EXTENDED = {  # what follows the shorter run's last stage, which a run's end ski
 @pytest.mark.parametrize("case", sorted(EXTENDED))
 def test_more_cycles_extend_a_finished_run_as_the_longer_run_never_stopped(tiny_checkpoint, tmp_path, case):
     flags, shorter = EXTENDED[case]
-    flags = ["--quiet", "--first_stages", "qqp", *flags]
+    flags = ["--quiet", "--keep_resume_state", "--first_stages", "qqp", *flags]  # the shorter run's state continues
     longer, extended = tmp_path / "longer", tmp_path / "extended"
     assert mc.main(run_flags(tiny_checkpoint, longer, *flags, "--cycles", "4")) == 0
     assert mc.main(run_flags(tiny_checkpoint, extended, *flags, "--cycles", str(shorter))) == 0
@@ -141,7 +145,7 @@ def test_more_cycles_extend_a_finished_run_as_the_longer_run_never_stopped(tiny_
 def test_more_cycles_need_the_best_stage_of_the_block_that_ended_the_run(tiny_checkpoint, tmp_path, capsys):
     """A finished run's checkpoint saved before the block's best was kept at a run's end (block_best null) cannot go
     on from that block's best: refused in one line, not continued from its last stage."""
-    flags = ["--quiet", "--first_stages", "qqp", *EXTENDED["stage_start best, EWC"][0]]
+    flags = ["--quiet", "--keep_resume_state", "--first_stages", "qqp", *EXTENDED["stage_start best, EWC"][0]]
     assert mc.main(run_flags(tiny_checkpoint, tmp_path, *flags, "--cycles", "1")) == 0
     info = tmp_path / "run" / "last.json"
     assert json.loads(info.read_text())["block_best"] is not None

@@ -20,10 +20,10 @@ from minbert.tasks import MULTITASK, RUN_TASKS, TASKS
 
 # The console's line of a stage: its place, then each default task's metrics (tables' columns), the overall score
 # and each other task's.
-SUMMARY_KEYS = ("index", "stage", "train_loss", "seconds",
+SUMMARY_KEYS = ("index", "stage", "train_loss", "seconds", "eval_seconds",
                 *(key for task in MULTITASK for key, _ in TASKS[task].history_columns), "overall",
                 *(key for task in RUN_TASKS if task not in MULTITASK for key, _ in TASKS[task].history_columns))
-STAGE_FIELDS = ("seconds", "fp16_skipped_updates")  # in a stage's record, with train_loss: what is not a dev metric
+STAGE_FIELDS = ("seconds", "eval_seconds", "fp16_skipped_updates")  # in a stage's record, with train_loss: what is not a dev metric
 METRICS_FILE = "metrics.jsonl"
 
 
@@ -65,11 +65,14 @@ class Evaluator:
 
 
 def stage_record(label: str, index: int, train_loss: float, seconds: float, dev_metrics: dict,
-                 fp16_skipped_updates: int | None = None, train_metrics: dict | None = None) -> dict:
+                 fp16_skipped_updates: int | None = None, train_metrics: dict | None = None,
+                 eval_seconds: float | None = None) -> dict:
     """A stage's record in the history: its label and number (its history index), its mean train loss, its training
-    seconds and its dev metrics; fp16's skipped updates so far in the run (None: not fp16) and, with
-    --eval_train_examples, the train metrics as train_NAME."""
-    record = {"stage": label, "index": index, "train_loss": train_loss, "seconds": seconds, **dev_metrics}
+    seconds (`seconds`: training only, as records have always had them), the seconds of its evaluation after it and
+    its dev metrics; fp16's skipped updates so far in the run (None: not fp16) and, with --eval_train_examples, the
+    train metrics as train_NAME."""
+    record = {"stage": label, "index": index, "train_loss": train_loss, "seconds": seconds,
+              **({"eval_seconds": eval_seconds} if eval_seconds is not None else {}), **dev_metrics}
     if fp16_skipped_updates is not None:
         record["fp16_skipped_updates"] = fp16_skipped_updates
     record.update({f"train_{k}": v for k, v in (train_metrics or {}).items()})

@@ -81,6 +81,7 @@ def resolve_run_settings(args: TrainingArguments, num_layers: int, device: torch
                       stop_after_stages=args.stop_after_stages, keep_stage_models=args.keep_stage_models,
                       eval_train_examples=args.eval_train_examples, logging_steps=args.logging_steps,
                       report_to=args.report_to, save_steps=args.save_steps, save_every_minutes=minutes,
+                      save_total_limit=args.save_total_limit,
                       transitions=TransitionSettings(args.patience, args.stage_start, args.simcse_keep),
                       pad_to_multiple_of=padding)
     return RunSettings(loop=loop,

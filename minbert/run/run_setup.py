@@ -30,6 +30,7 @@ from minbert.run.training_args import (TrainingArguments, UsageError, check_max_
                                        prediction_paths)
 from minbert.runtime import place_encoder, seed_everything
 from minbert.tasks import TASKS, data_flag, head_options, output_flag
+from minbert.training.checkpoint_files import LAST, NUMBERED, finished_stages, numbered_checkpoints
 from minbert.training.distillation import SOFTENED_TASKS, TeacherScores, TeacherSpans, load_teacher
 from minbert.training.gradient_surgery import GradientSurgery
 from minbert.training.mlm import MaskedLanguageModelHead, load_mlm_head
@@ -66,8 +67,51 @@ def check_outputs(args: TrainingArguments) -> None:
         if problem:
             raise UsageError(problem)
     output_dir = Path(args.output_dir)
-    if args.resume and not any((output_dir / name).exists() for name in ("last.json", "last.safetensors")):
+    if args.resume_from:
+        resume_prefix(args)
+    elif args.resume and not any((output_dir / name).exists() for name in ("last.json", "last.safetensors")):
         raise UsageError(f"{output_dir}: nothing to resume yet (no checkpoint saved); start without --resume")
+
+
+def resuming(args: TrainingArguments) -> bool:
+    """Whether the run continues the stopped one in its folder (--resume, or --resume_from, which implies it)."""
+    return args.resume or args.resume_from is not None
+
+
+def resume_prefix(args: TrainingArguments) -> Path:
+    """The checkpoint a resume continues: OUTPUT_DIR/last, or --resume_from's, which must be one of the run's own
+    (OUTPUT_DIR/last or a checkpoint-U kept by --save_total_limit; .json or .safetensors may be named)."""
+    output_dir = Path(args.output_dir)
+    if args.resume_from is None:
+        return output_dir / LAST
+    chosen = Path(args.resume_from)
+    prefix = chosen.with_suffix("") if chosen.suffix in (".json", ".safetensors") else chosen
+    if prefix.parent.resolve() != output_dir.resolve() or not (
+            prefix.name == LAST or NUMBERED.fullmatch(prefix.name + ".json")):
+        kept = ", ".join(str(path) for path in numbered_checkpoints(output_dir).values()) or "none kept"
+        raise UsageError(f"--resume_from {chosen}: not a checkpoint of the run in {output_dir} (its last or a "
+                         f"checkpoint-U there: {kept})")
+    missing = [str(prefix.with_suffix(suffix)) for suffix in (".json", ".safetensors")
+               if not prefix.with_suffix(suffix).is_file()]
+    if missing:
+        raise UsageError(f"--resume_from {chosen}: no {' nor '.join(missing)}")
+    return prefix
+
+
+def finished_run(args: TrainingArguments) -> str | None:
+    """What --resume says of a run that finished and removed its training state (finished.json, no last.*): that
+    it is done, when this schedule is the finished one's; a longer one cannot continue it without that state
+    (UsageError). None for any other run."""
+    output_dir = Path(args.output_dir)
+    done = finished_stages(output_dir)
+    if not args.resume or args.resume_from or done is None or (output_dir / f"{LAST}.json").exists():
+        return None
+    if [stage.label for stage in run_schedule(args)] != done:
+        raise UsageError(f"{output_dir}: the run finished its {len(done)} stages and removed its training state "
+                         "(last.*) then, which a longer schedule would continue from; start a new run (runs keep "
+                         "that state with --keep_resume_state)")
+    return (f"{output_dir}: the run has finished all its {len(done)} stages; nothing to resume (its kept model is "
+            f"{output_dir / 'best.safetensors'}, its predictions are written)")
 
 
 def load_data(args: TrainingArguments, stages: list[Stage]) -> tuple[dict[str, TaskData], list[str]]:

@@ -196,6 +196,15 @@ class TrainingArguments:
     max_length: int = flag(128, "tokens per sentence (or per pair)", type=int)
     output_dir: str = flag("runs/multitask", "checkpoints, metrics.jsonl, plots", resume_free=True)
     resume: bool = flag(False, "continue from OUTPUT_DIR/last.*", resume_free=True, action="store_true")
+    resume_from: str | None = flag(None, "continue from this checkpoint of the run in OUTPUT_DIR (OUTPUT_DIR/last or "
+                                         "a checkpoint-U that --save_total_limit kept; implies --resume): it becomes "
+                                         "last.*, the checkpoints saved after it are removed", resume_free=True,
+                                   metavar="PATH")
+    keep_resume_state: bool = flag(False, "keep the training state (last.*, checkpoint-U.*: model and optimizer "
+                                          "moments, about 4x the model) once the run has finished, which --resume "
+                                          "needs to extend it with more --cycles; by default a finished run keeps "
+                                          "only its kept model, reports and predictions", resume_free=True,
+                                   action="store_true")
     stop_after_stages: int | None = flag(None, "stop (resumably) after N stages", resume_free=True, type=int)
     demo: bool = flag(False, "offline demo: data/demo, minilm-l6, a short SMART schedule, all six CSVs",
                         resume_free=True, action="store_true")
@@ -223,6 +232,9 @@ class TrainingArguments:
                                                   "torchrun: at the first line of steps.jsonl after them); default "
                                                   f"{CUDA_SAVE_MINUTES:g} on CUDA, off on the CPU; 0: off",
                                             resume_free=True, type=float, metavar="M")
+    save_total_limit: int = flag(1, "how many checkpoints to keep: last.* and the N-1 before it as checkpoint-U.* "
+                                    "(U: the updates done), which --resume_from can continue", resume_free=True,
+                                 type=int, metavar="N")
 
     # Model heads.
     pooling: str = flag("mean", group=HEADS, choices=POOLINGS)
@@ -494,6 +506,7 @@ def validate(args: TrainingArguments) -> None:
 def _check_run(args: TrainingArguments) -> None:
     _check(args.logging_steps >= 1, f"--logging_steps must be >= 1, got {args.logging_steps}")
     _check(args.save_steps >= 0, f"--save_steps must be >= 0, got {args.save_steps}")
+    _check(args.save_total_limit >= 1, f"--save_total_limit must be >= 1, got {args.save_total_limit}")
     _check(args.save_every_minutes is None or (_finite(args.save_every_minutes) and args.save_every_minutes >= 0),
            f"--save_every_minutes must be a number >= 0, got {args.save_every_minutes}")
     if args.report_to == "tensorboard":  # the module step_log.RunLog's writer comes from
@@ -688,7 +701,7 @@ def from_namespace(cls, namespace: argparse.Namespace):
 
 # Settings a --config file never sets: resuming is a choice of the command line (--resume), not of a recipe,
 # so that a resumed run's args.json still trains the run again from its start.
-NOT_FROM_CONFIG = ("resume",)
+NOT_FROM_CONFIG = ("resume", "resume_from")
 # Names of one setting: the command line giving either decides both, so that a config's alias never overrides the
 # canonical flag given on the command line, nor the reverse.
 ALIASES = (("precision", "bf16"),)

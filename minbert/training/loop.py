@@ -28,6 +28,7 @@ from minbert.model.checkpoint import (gather_rank_states, optimizer_state, rank_
 from minbert.model.multitask_bert import MultitaskBERT, load_trained_tensors, model_metadata, trained_tensors
 from minbert.runtime import autocast, to_device
 from minbert.step_log import RunLog, StageLosses, read_line
+from minbert.training.checkpoint_files import LAST, keep_earlier_checkpoint
 from minbert.training.gradient_surgery import GradientSurgery
 from minbert.training.mlm import MaskedLanguageModelHead, mlm_loss
 from minbert.training.objective import Penalty, TaskObjective, UpdatePlace, penalties_state
@@ -71,6 +72,7 @@ class LoopConfig:
     # updates, and every this many minutes (0: neither).
     save_steps: int = 0
     save_every_minutes: float = 0.0
+    save_total_limit: int = 1  # checkpoints kept: last.* and the N-1 before it (checkpoint_files.py)
     # Between stages: early stopping and what the stage after a block of repeated stages starts from.
     transitions: TransitionSettings = TransitionSettings()
 
@@ -385,16 +387,22 @@ class RunCheckpoint:
     TrainingState, the data's fingerprints and the run's settings."""
 
     def __init__(self, steps: BatchSteps, optimizer: AdamW, transitions: StageTransitions, output_dir: Path,
-                 settings: dict, data_sha256: dict[str, str]):
+                 settings: dict, data_sha256: dict[str, str], total_limit: int = 1):
+        """`total_limit`: how many checkpoints stay (LoopConfig.save_total_limit)."""
         self.steps, self.optimizer, self.transitions, self.output_dir = steps, optimizer, transitions, output_dir
         self.settings, self.data_sha256 = settings, data_sha256
         self.model, self.distributed, self.penalties = steps.model, steps.distributed, steps.penalties
+        self.total_limit = total_limit
+        self.seconds = 0.0  # spent saving, in this process: the run's summary reports it
 
     def save(self, state: TrainingState, position: dict | None = None,
              local: dict[str, torch.Tensor] | None = None) -> None:
+        start = time.time()
         checkpoint = self.state_dict(state, position, local)
         if checkpoint is not None:
-            save_training_state(self.output_dir / "last", *checkpoint)
+            keep_earlier_checkpoint(self.output_dir, self.total_limit)
+            save_training_state(self.output_dir / LAST, *checkpoint)
+        self.seconds += time.time() - start
 
     def state_dict(self, state: TrainingState, position: dict | None = None,
                    local: dict[str, torch.Tensor] | None = None) -> tuple[dict[str, torch.Tensor], dict] | None:

@@ -62,6 +62,15 @@ class KeptModel:
     scores: dict
 
 
+@dataclass
+class TimeSpent:
+    """Seconds of this process in the trainer: training (the stages' steps), evaluation (the dev passes, the train
+    scores of --eval_train_examples) and saving the kept model (best.*, stage_N.*)."""
+    training: float = 0.0
+    evaluation: float = 0.0
+    saving_models: float = 0.0
+
+
 class Trainer:
     """Runs a schedule of stages around its step loop (loop.StepLoop, which trains a stage's steps and saves the
     checkpoints): a dev evaluation after each stage, the model kept as best, what happens between stages (early
@@ -105,10 +114,16 @@ class Trainer:
         self.steps = BatchSteps(model, device, config.precision, lambda: self.loop.state, self.penalties,
                                 simcse.loss if simcse is not None else None, gradient_surgery, mlm_head, distributed)
         checkpoint = RunCheckpoint(self.steps, optimizer, self.transitions, self.output_dir, self.settings,
-                                   self.data_sha256)
+                                   self.data_sha256, config.save_total_limit)
         self.loop = StepLoop(self.steps, self.stage_data, config, optimizer, checkpoint, self.run_log, self.penalties,
                              simcse.lr if simcse is not None else None)
         self.kept: KeptModel | None = None  # the best model of this process's stages (a resumed run may have none)
+        self.spent = TimeSpent()  # where this process's time went, for the run's summary
+
+    @property
+    def seconds_saving(self) -> float:
+        """Seconds this process spent saving checkpoints (the training state's and the kept model's)."""
+        return self.loop.checkpoint.seconds + self.spent.saving_models
 
     @property
     def state(self) -> TrainingState:
@@ -148,7 +163,9 @@ class Trainer:
         if state.next_stage == 0 and not state.history:
             start = time.time()
             dev, _ = self.evaluator.evaluate("dev")
-            self.log({"stage": "pretrained", "index": 0, "seconds": time.time() - start, **dev})
+            evaluation = time.time() - start
+            self.spent.evaluation += evaluation
+            self.log({"stage": "pretrained", "index": 0, "seconds": evaluation, **dev})
         for index in range(state.next_stage, len(stages)):
             if index < state.next_stage:  # early stopping skipped the rest of a multi-epoch stage
                 continue
@@ -156,14 +173,19 @@ class Trainer:
                 print(f"stopping after {index} stages (--stop_after_stages); continue with --resume")
                 return
             # A stage resumed from a checkpoint inside it counts the seconds trained before that too.
-            start = time.time() - (state.stage.seconds_before if state.stage is not None else 0)
+            began = time.time()
+            start = began - (state.stage.seconds_before if state.stage is not None else 0)
             train_loss = self.run_stage(index, stages[index])
-            seconds = time.time() - start  # training only: the dev pass below is not train time
+            trained = time.time()
+            self.spent.training += trained - began
             dev = self.evaluator.evaluate_with_scores("dev")
             train = (self.evaluator.evaluate("train", config.eval_train_examples)[0] if config.eval_train_examples
                      else None)  # --eval_train_examples' train curves
-            record = stage_record(stages[index].label, index + 1, train_loss, seconds, dev[0],
-                                  state.skipped_updates if self.steps.scaler.is_enabled() else None, train)
+            evaluation = time.time() - trained
+            self.spent.evaluation += evaluation
+            record = stage_record(stages[index].label, index + 1, train_loss, trained - start, dev[0],
+                                  state.skipped_updates if self.steps.scaler.is_enabled() else None, train,
+                                  eval_seconds=evaluation)
             self.log(record)
             self.keep(record, dev, kept_on, index)
             state.next_stage = index + 1
@@ -177,6 +199,7 @@ class Trainer:
         beats the best so far, and save it as OUTPUT_DIR/best.* (and stage_N.* with keep_stage_models)."""
         saved = {"metrics": record, "args": self.settings}
         score = kept_model_score(record, kept_on)
+        start = time.time()
         if score > self.state.best_score:  # every rank holds the same gathered metrics
             self.state.best_score = score
             self.kept = KeptModel({k: v.to("cpu", copy=True) for k, v in trained_tensors(self.model).items()}, *dev)
@@ -184,6 +207,7 @@ class Trainer:
                 save_multitask_model(self.model, self.output_dir / "best", saved)
         if self.config.keep_stage_models and self.distributed.is_main:
             save_multitask_model(self.model, self.output_dir / f"stage_{index + 1}", saved)
+        self.spent.saving_models += time.time() - start
 
     def use_kept_model(self) -> tuple[dict, dict, dict]:
         """Put the kept model's weights back into the model (the one the optimizer and SMART's anchor hold) and
