@@ -15,7 +15,7 @@ from base_bert import BertConfig
 from conftest import DEMO
 from minbert.benchmarks.command_line import BENCHMARKS, ON_THEIR_OWN, chosen_kinds, parse_args
 from minbert.benchmarks.host_syncs import copy_sync, counting, host_sync
-from minbert.benchmarks.memory import FloatMatmuls, LiveTensorBytes, MEMORY_ROWS, peak_step_memory, step_memory
+from minbert.benchmarks.memory import MEMORY_ROWS, FloatMatmuls, LiveTensorBytes, peak_step_memory, step_memory
 from minbert.benchmarks.models import build_encoders, make_batch, multitask_setup, random_twin
 from minbert.benchmarks.settings import sixteen_bit
 from minbert.benchmarks.throughput import PADDING_MULTIPLES

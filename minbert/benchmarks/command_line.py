@@ -100,14 +100,16 @@ def check_arguments(parser: argparse.ArgumentParser, settings: BenchmarkSettings
         parser.error(f"--device {settings.device}: data_parallel measures gloo processes on the CPU; on GPUs time a "
                      "torchrun run instead")
     if "data_parallel" in kinds and settings.batch_size < 2:
-        parser.error(f"--batch_size {settings.batch_size}: data_parallel splits it over 2 processes, so it must be >= 2")
+        parser.error(f"--batch_size {settings.batch_size}: data_parallel splits it over 2 processes, so it must be "
+                     ">= 2")
     shortest = max(SHORTEST_SEQ_LEN.get(kind, RANDOM_BATCH_SHORTEST_SEQ_LEN) for kind in kinds)
     if settings.seq_len < shortest:
         parser.error(f"--seq_len must be >= {shortest} for {settings.which}, got {settings.seq_len}")
     try:
         config = model_config(settings.config)
         if TEXT_KINDS & set(kinds):
-            BertTokenizer.from_pretrained(tokenizer_directory(settings.config)).check_fits(config.vocab_size, settings.config)
+            tokenizer = BertTokenizer.from_pretrained(tokenizer_directory(settings.config))
+            tokenizer.check_fits(config.vocab_size, settings.config)
     except CheckpointError as err:
         parser.error(f"--config {settings.config}: {err}")
     if settings.seq_len > config.max_position_embeddings:

@@ -20,7 +20,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from minbert.benchmarks.models import multitask_setup, random_twin, synchronize
-from minbert.benchmarks.settings import sixteen_bit
+from minbert.benchmarks.settings import BenchmarkSettings, sixteen_bit
 from minbert.benchmarks.timing import multitask_step_fn
 from minbert.runtime import has_native_bf16
 
@@ -46,7 +46,7 @@ def first_row(batch: dict, tokens: int) -> dict:
             for k, v in batch.items()}
 
 
-def _peak_memory_worker(settings, device, smart, adapter, checkpointing, queue):
+def _peak_memory_worker(settings: BenchmarkSettings, device, smart, adapter, checkpointing, queue):
     torch.set_num_threads(settings.threads)
     if device.type == "cpu":
         # Random weights of the same shape: loading a checkpoint would set a higher-water mark than a step.
@@ -71,7 +71,8 @@ def _peak_memory_worker(settings, device, smart, adapter, checkpointing, queue):
     queue.put(peak - base)
 
 
-def peak_step_memory(settings, device, smart: bool, adapter: str | None = None, checkpointing: bool = False) -> int:
+def peak_step_memory(settings: BenchmarkSettings, device, smart: bool, adapter: str | None = None,
+                     checkpointing: bool = False) -> int:
     """Peak memory a training step adds over the loaded model, measured in a fresh process
     (CPU: peak resident set size; CUDA: peak allocated bytes)."""
     import multiprocessing
@@ -181,8 +182,8 @@ def emulates_sixteen_bit(device: torch.device, precision: str) -> bool:
     return device.type == "cpu" and precision != "fp32" and not (precision == "bf16" and has_native_bf16(device))
 
 
-def step_memory(settings, device, smart: bool, checkpointing: bool, precision: str, fused_attention: bool,
-                float_matmuls: bool | None = None) -> dict:
+def step_memory(settings: BenchmarkSettings, device, smart: bool, checkpointing: bool, precision: str,
+                fused_attention: bool, float_matmuls: bool | None = None) -> dict:
     """Bytes of one QQP SBERT training step over the loaded model and optimizer state (LiveTensorBytes' peak,
     the gradients the step makes included), and the static bytes held across steps. `fused_attention` on the
     CPU: attention dropout off, so that scaled_dot_product_attention runs the CPU's flash kernel, which keeps
@@ -219,7 +220,7 @@ def step_memory(settings, device, smart: bool, checkpointing: bool, precision: s
     return figures
 
 
-def bench_memory(settings, device) -> dict:
+def bench_memory(settings: BenchmarkSettings, device) -> dict:
     """Peak memory of one QQP SBERT training step, counted tensor by tensor (LiveTensorBytes), for every
     sequence of the batch full length (the worst case): plain and SMART steps (SMART's in float32, as an fp16 run
     or --smart_precision exact computes its passes: the largest case), with and without gradient checkpointing, plain steps

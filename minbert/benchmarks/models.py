@@ -10,6 +10,7 @@ import torch
 
 from base_bert import BertConfig, pretrained_config, resolve_pretrained
 from bert import BertModel
+from minbert.benchmarks.settings import BenchmarkSettings
 from minbert.data.batches import row_lengths
 from minbert.runtime import place_encoder
 from optimizer import AdamW
@@ -35,7 +36,7 @@ def make_batch(batch_size: int, seq_len: int, vocab_size: int, device: torch.dev
     return (ids * mask).to(device), mask.to(device)
 
 
-def place(bert: BertModel, device: torch.device, settings) -> BertModel:
+def place(bert: BertModel, device: torch.device, settings: BenchmarkSettings) -> BertModel:
     """minBERT on `device` as training places it (runtime.place_encoder), compiled under --compile; --token_layout
     packed or padded overrides the device's choice (to measure the other one)."""
     bert.to(device)
@@ -69,7 +70,7 @@ def random_config_name(config: str) -> bool:
     return config == "bert-base-random" or config.startswith(RANDOM)
 
 
-def build_minbert(settings, **overrides) -> BertModel:
+def build_minbert(settings: BenchmarkSettings, **overrides) -> BertModel:
     """minBERT alone for --config: random weights (bert-base-random, random:NAME_OR_PATH) or pretrained;
     `overrides` change its config (e.g. attention_probs_dropout_prob)."""
     torch.manual_seed(0)
@@ -92,11 +93,11 @@ def tokenizer_directory(config: str) -> str:
     return RANDOM_WEIGHTS_TOKENIZER if random_config_name(config) else config
 
 
-def build_tokenizer(settings):
+def build_tokenizer(settings: BenchmarkSettings):
     return BertTokenizer.from_pretrained(tokenizer_directory(settings.config))
 
 
-def build_encoders(settings, device):
+def build_encoders(settings: BenchmarkSettings, device):
     """minBERT and transformers.BertModel holding identical weights (random ones for a random --config: the
     transformers model's own initialisation, converted into minBERT)."""
     from transformers import BertConfig as HFConfig
@@ -115,8 +116,9 @@ def build_encoders(settings, device):
     return place(ours, device, settings).train(), reference.to(device).train()
 
 
-def multitask_setup(settings, device, smart: bool, adapter: str | None = None, checkpointing: bool = False,
-                    full_length: bool = False, smart_precision: str = "run", **config_overrides):
+def multitask_setup(settings: BenchmarkSettings, device, smart: bool, adapter: str | None = None,
+                    checkpointing: bool = False, full_length: bool = False, smart_precision: str = "run",
+                    **config_overrides):
     """A MultitaskBERT with its optimizer and (optionally) SMART, its passes at `smart_precision`, on one fixed
     STS-like pair batch; with an adapter kind, per-task adapters of rank 8 over a frozen encoder; `full_length`: no
     padding."""

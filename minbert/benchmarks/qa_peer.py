@@ -87,7 +87,8 @@ def qa_peer_parser() -> OneLineErrorParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data_dir", default=QAPeerSettings.data_dir,
                         help="folder with train-v2.0.json and dev-v2.0.json")
-    parser.add_argument("--pretrained", default=QAPeerSettings.pretrained, help="a name or directory for resolve_pretrained")
+    parser.add_argument("--pretrained", default=QAPeerSettings.pretrained,
+                        help="a name or directory for resolve_pretrained")
     parser.add_argument("--max_length", type=int, default=QAPeerSettings.max_length)
     parser.add_argument("--doc_stride", type=int, default=QAPeerSettings.doc_stride)
     parser.add_argument("--max_answer_tokens", type=int, default=QAPeerSettings.max_answer_tokens)
@@ -144,7 +145,7 @@ def qa_peer_arguments(argv=None) -> QAPeerSettings:
 
 # -- data ------------------------------------------------------------------------------------------
 
-def qa_load_split(settings, split: str, tokenizer, limit: int | None = None) -> squad.QAWindows:
+def qa_load_split(settings: QAPeerSettings, split: str, tokenizer, limit: int | None = None) -> squad.QAWindows:
     examples = squad.load_squad(Path(settings.data_dir) / f"{split}-v2.0.json", split)
     if limit is not None and limit < len(examples):
         keep = sorted(random.Random(settings.seed).sample(range(len(examples)), limit))  # file order kept
@@ -162,7 +163,7 @@ def qa_batch_of(windows: squad.QAWindows, indices, pad_to: int | None = None) ->
     return batch
 
 
-def qa_training_batches(windows: squad.QAWindows, settings, epoch: int) -> list[list[int]]:
+def qa_training_batches(windows: squad.QAWindows, settings: QAPeerSettings, epoch: int) -> list[list[int]]:
     """A seeded random permutation of the windows (a new one each epoch), cut into batches of batch_size."""
     order = np.random.RandomState(settings.seed + epoch).permutation(len(windows)).tolist()
     return [order[i:i + settings.batch_size] for i in range(0, len(order), settings.batch_size)]
@@ -225,7 +226,7 @@ def qa_timed_step(loss_fn, optimizer, batch) -> float:
 
 # -- training and evaluation -----------------------------------------------------------------------
 
-def qa_train(model, windows: squad.QAWindows, settings) -> dict:
+def qa_train(model, windows: squad.QAWindows, settings: QAPeerSettings) -> dict:
     optimizer = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=0.0)  # constant rate, no clipping
     pad_to = settings.max_length if settings.pad_to_max_length else None
     model.train()
@@ -267,7 +268,7 @@ def qa_window_logits(model, windows: squad.QAWindows, max_length: int) -> np.nda
     return logits
 
 
-def qa_evaluate(model, windows: squad.QAWindows, settings) -> dict:
+def qa_evaluate(model, windows: squad.QAWindows, settings: QAPeerSettings) -> dict:
     start = time.perf_counter()
     logits = qa_window_logits(model, windows, settings.max_length)
     answers = squad.decode_answers(windows, logits, settings.n_best, settings.max_answer_tokens)
@@ -281,7 +282,7 @@ def qa_evaluate(model, windows: squad.QAWindows, settings) -> dict:
 
 # -- same batches: minBERT span model vs transformers ----------------------------------------------
 
-def qa_compare_steps(settings, directory: Path, windows: squad.QAWindows, steps: int) -> dict:
+def qa_compare_steps(settings: QAPeerSettings, directory: Path, windows: squad.QAWindows, steps: int) -> dict:
     """`steps` training steps of minBERT + a span head and of BertForQuestionAnswering on identical batches (the
     first batches of the training order, padded as --pad_to_max_length says), after QA_COMPARE_WARMUP untimed steps
     each; the two alternate step by step (which goes first alternating too), so machine drift hits both."""
@@ -297,7 +298,8 @@ def qa_compare_steps(settings, directory: Path, windows: squad.QAWindows, steps:
     order = [i for indices in qa_training_batches(windows, settings, 0) for i in indices]
     needed = (QA_COMPARE_WARMUP + steps) * settings.batch_size
     order = (order * (needed // len(order) + 1))[:needed]  # a small set is cycled through
-    batches = [qa_batch_of(windows, order[i:i + settings.batch_size], pad_to) for i in range(0, needed, settings.batch_size)]
+    batches = [qa_batch_of(windows, order[i:i + settings.batch_size], pad_to)
+               for i in range(0, needed, settings.batch_size)]
     times = {name: [] for name in sides}
     torch.manual_seed(settings.seed)
     for number, batch in enumerate(batches):
@@ -319,12 +321,14 @@ def qa_compare_steps(settings, directory: Path, windows: squad.QAWindows, steps:
 
 # -- main ------------------------------------------------------------------------------------------
 
-def qa_settings(settings, directory: Path) -> dict:
+def qa_settings(settings: QAPeerSettings, directory: Path) -> dict:
     import transformers
     return {"pretrained": settings.pretrained, "pretrained_dir": str(directory), "data_dir": str(settings.data_dir),
-            "max_length": settings.max_length, "doc_stride": settings.doc_stride, "max_answer_tokens": settings.max_answer_tokens,
+            "max_length": settings.max_length, "doc_stride": settings.doc_stride,
+            "max_answer_tokens": settings.max_answer_tokens,
             "n_best": settings.n_best, "batch_size": settings.batch_size, "eval_batch_size": QA_EVAL_BATCH_SIZE,
-            "lr": settings.lr, "epochs": settings.epochs, "seed": settings.seed, "max_train_examples": settings.max_train_examples,
+            "lr": settings.lr, "epochs": settings.epochs, "seed": settings.seed,
+            "max_train_examples": settings.max_train_examples,
             "pad_to_max_length": settings.pad_to_max_length, "optimizer": "torch.optim.AdamW, weight_decay 0",
             "schedule": "constant", "precision": "float32", "threads": torch.get_num_threads(),
             "torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version(),
@@ -340,7 +344,7 @@ def qa_peer_main(argv=None) -> int:
         return 2
 
 
-def qa_peer_run(settings) -> int:
+def qa_peer_run(settings: QAPeerSettings) -> int:
     directory = resolve_pretrained(settings.pretrained)
     tokenizer = BertTokenizer.from_pretrained(directory)
     train_windows = qa_load_split(settings, "train", tokenizer, settings.max_train_examples)
@@ -349,7 +353,8 @@ def qa_peer_run(settings) -> int:
     if settings.compare_steps:
         result["compare_steps"] = qa_compare_steps(settings, directory, train_windows, settings.compare_steps)
         c = result["compare_steps"]
-        print(f"same batches, {settings.compare_steps} steps: transformers {c['transformers']['median_step_seconds']:.3f} "
+        print(f"same batches, {settings.compare_steps} steps: "
+              f"transformers {c['transformers']['median_step_seconds']:.3f} "
               f"s/step, minBERT {c['minbert']['median_step_seconds']:.3f} s/step, "
               f"speed-up {c['speedup_minbert_vs_transformers']:.2f}x")
     else:

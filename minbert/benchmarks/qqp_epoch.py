@@ -10,6 +10,7 @@ from pathlib import Path
 
 from minbert.benchmarks.models import random_config, synchronize
 from minbert.benchmarks.recipe_trainer import audit_trainer, random_checkpoint
+from minbert.benchmarks.settings import BenchmarkSettings
 from minbert.benchmarks.timing import PEAK_TFLOPS, peak_flops
 
 
@@ -17,7 +18,7 @@ COURSE_QQP_TRAIN_PAIRS = 141_506  # the handout's quora-train.csv (seed 001)
 THESIS_SMART_QQP_EPOCH_HOURS = 5.0  # the thesis' SMART QQP epoch on a Colab L4, at batch 8 (seed 000)
 
 
-def bench_qqp_epoch(settings, device) -> dict:
+def bench_qqp_epoch(settings: BenchmarkSettings, device) -> dict:
     """One QQP SMART epoch of the course's 141,506 pairs at --batch_size, as the SS recipe trains it (gpu_ss.sh's
     flags on CUDA, cpu_ss.sh's on the CPU, with --config's model and --seq_len as --max_length): after --warmup
     steps, --steps x --rounds real QQP steps of --data_dir's train file (batches as the stage draws them, length

@@ -15,7 +15,7 @@ import torch
 from base_bert import BertConfig, resolve_pretrained, to_hf_state_dict
 from bert import BertModel
 from minbert.benchmarks.models import RANDOM_WEIGHTS_TOKENIZER
-from minbert.benchmarks.settings import ROOT
+from minbert.benchmarks.settings import ROOT, BenchmarkSettings
 
 
 def recipe_flags(array: str) -> list[str]:
@@ -24,7 +24,7 @@ def recipe_flags(array: str) -> list[str]:
     return subprocess.run(["bash", "-c", script], check=True, capture_output=True, text=True).stdout.split("\0")[:-1]
 
 
-def audit_training_argv(settings, smart: bool, pretrained: str, output_dir: str) -> list[str]:
+def audit_training_argv(settings: BenchmarkSettings, smart: bool, pretrained: str, output_dir: str) -> list[str]:
     """The training command line of the recipes for --device (cpu_sbert.sh's flags on the CPU, gpu_sbert.sh's on
     CUDA; cpu_ss.sh's and gpu_ss.sh's with SMART) with this benchmark's model, data, batch size, --seq_len as
     --max_length and precision; --train_flags come last, so they win."""
@@ -32,7 +32,8 @@ def audit_training_argv(settings, smart: bool, pretrained: str, output_dir: str)
     if smart:
         argv += recipe_flags("SMART_FLAGS")
     argv += ["--pretrained", pretrained, "--data_dir", settings.data_dir, "--batch_size", str(settings.batch_size),
-             "--max_length", str(settings.seq_len), "--precision", settings.requested_precision, "--output_dir", output_dir,
+             "--max_length", str(settings.seq_len), "--precision", settings.requested_precision,
+             "--output_dir", output_dir,
              "--quiet"]
     return argv + shlex.split(settings.train_flags)
 
@@ -51,7 +52,7 @@ def random_checkpoint(config: BertConfig, folder: Path) -> Path:
     return folder
 
 
-def audit_trainer(settings, device: torch.device, smart: bool, pretrained: str, output_dir: str):
+def audit_trainer(settings: BenchmarkSettings, device: torch.device, smart: bool, pretrained: str, output_dir: str):
     """The Trainer that multitask_classifier.py builds from the recipe's command line (audit_training_argv), through
     the same run_setup functions as its _run: flags parsed and checked, data loaded, the flags that depend on the
     model checked, the model built and placed on the device (packed or padded tokens, compiled layers), the

@@ -11,7 +11,6 @@ import torch
 
 from minbert.runtime import has_native_bf16, precision_notice
 
-
 ROOT = Path(__file__).resolve().parents[2]  # the repository: the recipes' flags (scripts/_common.sh), data folders
 
 
@@ -38,7 +37,7 @@ class BenchmarkSettings:
     json: Path | None
 
 
-def sixteen_bit(settings, device) -> str:
+def sixteen_bit(settings: BenchmarkSettings, device) -> str:
     """The 16-bit autocast that the precision benchmark sets against float32: on CUDA the device's (bf16 where
     it is native, else fp16); on the CPU the one --precision names, bf16 by default."""
     if device.type == "cuda":
@@ -46,7 +45,7 @@ def sixteen_bit(settings, device) -> str:
     return settings.requested_precision if settings.requested_precision in ("bf16", "fp16") else "bf16"
 
 
-def describe(settings, device) -> dict:
+def describe(settings: BenchmarkSettings, device) -> dict:
     info = {"torch": torch.__version__, "device": str(device), "threads": torch.get_num_threads(),
             "config": settings.config, "batch": f"{settings.batch_size}x{settings.seq_len}",
             "python": platform.python_version(), "machine": platform.machine()}

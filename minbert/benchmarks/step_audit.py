@@ -13,11 +13,12 @@ import torch
 from minbert.benchmarks.host_syncs import StepCount, counting, project_frame
 from minbert.benchmarks.models import random_config
 from minbert.benchmarks.recipe_trainer import audit_trainer, audit_training_argv, random_checkpoint
+from minbert.benchmarks.settings import BenchmarkSettings
 from minbert.run.training_args import UsageError
 from minbert.runtime import to_device
 
 
-def first_training_batches(trainer, stages, settings) -> tuple[str, list[dict]]:
+def first_training_batches(trainer, stages, settings: BenchmarkSettings) -> tuple[str, list[dict]]:
     """The task of the run's first task stage and its first two batches, from the loader that run_stage makes (its
     seed included): one to warm up on and the one to count."""
     from minbert.training.schedules import StageKind
@@ -26,8 +27,8 @@ def first_training_batches(trainer, stages, settings) -> tuple[str, list[dict]]:
     loader = stage_data.train_loader(stage.task, trainer.config.seed + 1000 * index, stage_data.stage_size(stage))
     batches = [batch for _, batch in zip(range(2), loader)]
     if len(batches) < 2:
-        raise UsageError(f"--batch_size {settings.batch_size}: {settings.data_dir}'s {stage.task} training set makes fewer "
-                         "than the two batches step_audit needs (a warm-up step, then the counted one)")
+        raise UsageError(f"--batch_size {settings.batch_size}: {settings.data_dir}'s {stage.task} training set makes "
+                         "fewer than the two batches step_audit needs (a warm-up step, then the counted one)")
     return stage.task, batches
 
 
@@ -88,7 +89,7 @@ def step_figures(count: StepCount, task: str, batch: dict, argv: list[str]) -> d
             "operators": dict(count.operators.most_common())}
 
 
-def bench_step_audit(settings, device) -> dict:
+def bench_step_audit(settings: BenchmarkSettings, device) -> dict:
     """One plain and one SMART training step as the command line trains them, each counted after a warm-up step:
     the host syncs (what and where), every aten operator dispatched (the backward pass and the optimizer step
     included) and, for the plain step, the graph breaks that torch.compile meets in the model's forward (and in

@@ -13,13 +13,14 @@ import numpy as np
 import torch
 
 from minbert.benchmarks.models import build_encoders, build_minbert, build_tokenizer, multitask_setup, synchronize
+from minbert.benchmarks.settings import BenchmarkSettings
 from minbert.benchmarks.timing import Update, alternate
 from minbert.runtime import autocast, to_device
 from minbert.tasks import MULTITASK, TASKS
 from optimizer import AdamW
 
 
-def bench_pipeline(settings, device) -> dict:
+def bench_pipeline(settings: BenchmarkSettings, device) -> dict:
     """Real-text training throughput: loading, tokenizing, collating, forward, backward, AdamW."""
     from minbert.data.batches import load_sentence_examples, make_dataloader
     from minbert.model.multitask_bert import MultitaskBERT
@@ -30,7 +31,8 @@ def bench_pipeline(settings, device) -> dict:
     model = MultitaskBERT(build_minbert(settings)).to(device).train()
     optimizer = AdamW(model.parameters(), lr=1e-5)
     update = Update(optimizer, device, settings.precision)
-    loader = make_dataloader(examples, tokenizer, settings.batch_size, shuffle=True, seed=0, max_length=settings.seq_len)
+    loader = make_dataloader(examples, tokenizer, settings.batch_size, shuffle=True, seed=0,
+                             max_length=settings.seq_len)
     tokens, batches = 0, 0
     start = None
     for index, batch in enumerate(loader):
@@ -53,7 +55,7 @@ def bench_pipeline(settings, device) -> dict:
             "seconds": seconds, "tokens_per_second": tokens / seconds}
 
 
-def _data_parallel_worker(rank: int, world_size: int, port: int, settings, results) -> None:
+def _data_parallel_worker(rank: int, world_size: int, port: int, settings: BenchmarkSettings, results) -> None:
     """One rank of the data-parallel benchmark: QQP SBERT train steps on a per-rank slice of the global batch,
     gradients averaged by distributed.py; rank 0 reports the median step and all-reduce times."""
     import os
@@ -93,7 +95,7 @@ def _data_parallel_worker(rank: int, world_size: int, port: int, settings, resul
             results.put((statistics.median(step_times), statistics.median(reduce_times)))
 
 
-def bench_data_parallel(settings, device) -> dict:
+def bench_data_parallel(settings: BenchmarkSettings, device) -> dict:
     """The same global batch trained by one process with all threads and by two gloo processes with half
     the threads each: examples per second and the all-reduce's share of a step."""
     import socket
@@ -121,7 +123,7 @@ def scores_shape(task: str, rows: int) -> tuple[int, ...]:
     return (rows, columns) if columns > 1 else (rows,)
 
 
-def bench_ensemble(settings, device) -> dict:
+def bench_ensemble(settings: BenchmarkSettings, device) -> dict:
     """What an ensemble costs at prediction time: one model's inference on the real dev and test files of
     --data_dir (the six leaderboard splits), against combining five members' saved scores of the same sizes
     (ensemble_scores.combine); the members' own inference is paid once, at the end of their runs."""
@@ -136,7 +138,8 @@ def bench_ensemble(settings, device) -> dict:
     for (task, split), examples in splits.items():
         synchronize(device)
         start = time.perf_counter()
-        predict_examples(model, task, examples, tokenizer, device, 64, settings.seq_len, settings.precision, scores=True)
+        predict_examples(model, task, examples, tokenizer, device, 64, settings.seq_len, settings.precision,
+                         scores=True)
         synchronize(device)
         seconds[f"{task}-{split}"] = time.perf_counter() - start
     generator = np.random.default_rng(0)
@@ -153,7 +156,7 @@ def bench_ensemble(settings, device) -> dict:
             "combine_5_members_s": combine_seconds}
 
 
-def bench_predict(settings, device) -> dict:
+def bench_predict(settings: BenchmarkSettings, device) -> dict:
     """predict.py's throughput: SST's dev sentences of --data_dir predicted by a MultitaskBERT (tokenised once, the
     evaluation loader's length-sorted batches of --batch_size, the head and the scores to the host included), against
     a plain transformers BertModel forward pass of the same weights over the same batches; sentences per second."""
@@ -188,7 +191,7 @@ def bench_predict(settings, device) -> dict:
 PADDING_MULTIPLES = (8, 16, 32)  # the bucket sizes the padding benchmark compares (runtime.PAD_TO_MULTIPLE_OF is one)
 
 
-def bench_padding(settings, device) -> dict:
+def bench_padding(settings: BenchmarkSettings, device) -> dict:
     """What length buckets cost (runtime.PAD_TO_MULTIPLE_OF pads CUDA and --compile runs): the tokens the encoder
     computes on in one shuffled epoch of each task's train file at --batch_size and --seq_len (SBERT pairs: both
     sides stacked, as MultitaskBERT.encoder_inputs stacks them), padded to each batch's longest row and to buckets

@@ -12,6 +12,7 @@ import torch
 
 from base_bert import BertConfig
 from minbert.benchmarks.models import synchronize
+from minbert.benchmarks.settings import BenchmarkSettings
 from minbert.runtime import autocast, scaled_step
 from minbert.tasks import TASKS
 
@@ -27,7 +28,7 @@ def timed_steps(step, steps: int, device) -> list[float]:
     return times
 
 
-def alternate(steps: dict, settings, device) -> dict[str, float]:
+def alternate(steps: dict, settings: BenchmarkSettings, device) -> dict[str, float]:
     """Median step time of each named step function, the sides alternating round after round."""
     for step in steps.values():  # warm-up: allocator, kernels, autotuning
         timed_steps(step, settings.warmup, device)

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from bert import BertModel
 from minbert.benchmarks.memory import LiveTensorBytes, attention_operators, peak_step_memory
 from minbert.benchmarks.models import build_encoders, build_minbert, make_batch, multitask_setup, place
-from minbert.benchmarks.settings import sixteen_bit
+from minbert.benchmarks.settings import BenchmarkSettings, sixteen_bit
 from minbert.benchmarks.timing import Update, alternate, multitask_step_fn, train_step_fn, utilisation
 from minbert.data.batches import row_lengths
 from minbert.runtime import autocast, float32_exact
@@ -36,7 +36,7 @@ def attention_kernel(model: BertModel, ids, mask, device, precision: str) -> str
     return attention_operators(ops.names)
 
 
-def bench_encoder(settings, device) -> dict:
+def bench_encoder(settings: BenchmarkSettings, device) -> dict:
     """minBERT's train step against transformers.BertModel's (same weights, batch and AdamW); under --compile
     minBERT's layers are compiled and transformers is timed both eager and compiled."""
     ours, reference = build_encoders(settings, device)
@@ -54,7 +54,8 @@ def bench_encoder(settings, device) -> dict:
                                                        ids, mask, device, settings.precision, hf=True)
     medians = alternate(steps, settings, device)
     result = {
-        "benchmark": "encoder train step (forward, backward, AdamW)" + (", minBERT compiled" if settings.compile else "")
+        "benchmark": "encoder train step (forward, backward, AdamW)"
+                     + (", minBERT compiled" if settings.compile else "")
                      + ("" if settings.compile_mode == "default" else f" ({settings.compile_mode})")
                      + ("" if settings.token_layout == "auto" else f", minBERT's tokens {settings.token_layout}"),
         "median_step_s": medians,
@@ -67,7 +68,7 @@ def bench_encoder(settings, device) -> dict:
     return result
 
 
-def bench_precision(settings, device) -> dict:
+def bench_precision(settings: BenchmarkSettings, device) -> dict:
     """minBERT train step in float32 against the same step under 16-bit autocast (same weights, batch); fp16
     steps go through a gradient scaler, as training's do."""
     half = sixteen_bit(settings, device)
@@ -143,7 +144,7 @@ class TransformersSbertQQP(torch.nn.Module):
         return self.outputs_from_word_embeddings(self.bert.embeddings.word_embeddings(ids), mask)
 
 
-def transformers_step_fn(settings, device, smart: bool):
+def transformers_step_fn(settings: BenchmarkSettings, device, smart: bool):
     """A plain or SMART QQP step of TransformersSbertQQP on the same batch as multitask_setup's, with this
     project's SMART functions (one ascent step, gradient to the perturbation only, the anchor without gradient);
     a SMART step at the run's precision, as compute_task_loss runs this code's by default."""
@@ -175,7 +176,7 @@ def transformers_step_fn(settings, device, smart: bool):
     return step
 
 
-def bench_smart(settings, device) -> dict:
+def bench_smart(settings: BenchmarkSettings, device) -> dict:
     """SMART step (clean forward, 1 ascent step, perturbed forward, the anchor's forward) vs a plain step, here
     and with the same SMART functions around transformers.BertModel (its ratio is the issue's yardstick)."""
     steps = {}
@@ -207,7 +208,7 @@ def bench_smart(settings, device) -> dict:
     }
 
 
-def bench_adapters(settings, device) -> dict:
+def bench_adapters(settings: BenchmarkSettings, device) -> dict:
     """Full fine-tuning against per-task LoRA, DoRA (rank 8 on query and value) and PALs over a frozen
     encoder: trainable parameters, checkpoint size, train-step time and peak step memory."""
     import tempfile
@@ -229,7 +230,7 @@ def bench_adapters(settings, device) -> dict:
             "median_step_s": medians, "peak_step_memory_mib": {k: round(v / 2**20, 1) for k, v in memory.items()}}
 
 
-def bench_checkpointing(settings, device) -> dict:
+def bench_checkpointing(settings: BenchmarkSettings, device) -> dict:
     """A QQP SBERT train step with and without --gradient_checkpointing: time and peak step memory."""
     steps = {}
     for name, checkpointing in (("plain", False), ("checkpointed", True)):
