@@ -19,6 +19,8 @@ it, and never imports the course's other files: evaluation.py, simcse.py and dat
     training/    the step loop (StepLoop) and the run of stages around it (Trainer), schedules, SMART's anchor, EWC,
                  L2-SP, LNSR, surgery, distillation, MLM, SimCSE, the run's progress saved for resuming
     run/         a run from its flags: the flag schema (training_args.py), assembling a run (run_setup.py), args.json
+    benchmarks/  the harness behind scripts/benchmark.py: step timings against transformers, memory, throughput,
+                 the host syncs and graph breaks of a training step, the SQuAD 2.0 peer run
 
 `pip install -e .` makes it importable from anywhere, scripts/ included.
 """

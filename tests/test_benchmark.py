@@ -6,12 +6,21 @@ import multiprocessing
 import re
 from functools import partial
 
-import benchmark  # scripts/ is on pytest's pythonpath: a real import (the memory probe pickles its worker)
+import benchmark  # the command line: scripts/ is on pytest's pythonpath
 import pytest
 import torch
 import torch.multiprocessing
 
+from base_bert import BertConfig
 from conftest import DEMO
+from minbert.benchmarks.command_line import BENCHMARKS, ON_THEIR_OWN, chosen_kinds, parse_args
+from minbert.benchmarks.host_syncs import copy_sync, counting, host_sync
+from minbert.benchmarks.memory import MEMORY_ROWS, FloatMatmuls, LiveTensorBytes, peak_step_memory, step_memory
+from minbert.benchmarks.models import build_encoders, make_batch, multitask_setup, random_twin
+from minbert.benchmarks.settings import sixteen_bit
+from minbert.benchmarks.throughput import PADDING_MULTIPLES
+from minbert.benchmarks.timing import peak_flops, train_flops
+from minbert.runtime import has_native_bf16
 
 TINY_STEPS = ["--batch_size", "2", "--seq_len", "8", "--steps", "1", "--rounds", "1", "--warmup", "1", "--threads", "1"]
 
@@ -53,7 +62,8 @@ def forkserver_workers(monkeypatch):
     a process of their own (a peak resident size of the step alone; gloo ranks) and still pickled like spawn's.
     The spawn path itself is test_memory_probe_of_bert_base_random_needs_no_download's."""
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["benchmark", "trainer", "distributed", "torch._dynamo"])
+    context.set_forkserver_preload(["minbert.benchmarks.command_line", "minbert.training.trainer",
+                                    "minbert.distributed", "torch._dynamo"])
     monkeypatch.setattr(multiprocessing, "get_context", lambda method=None: context)
     monkeypatch.setattr(torch.multiprocessing, "spawn",
                         partial(torch.multiprocessing.start_processes, start_method="forkserver"))
@@ -82,8 +92,8 @@ def test_every_benchmark_runs_under_bf16_autocast_on_cpu(tmp_path, tiny_config_f
     """Every benchmark kind end to end under --bf16 (emulated on a CPU without native bf16), on the tiny BERT and
     one step of 2 x 8 tokens: what a kind reports, not how fast it is."""
     results = run(tmp_path, "all", "--bf16", "--config", tiny_config_for_text, *TINY_STEPS)
-    kinds = benchmark.chosen_kinds("all", torch.device("cpu"))
-    assert set(kinds) == set(benchmark.BENCHMARKS) - benchmark.ON_THEIR_OWN and len(results) == len(kinds)
+    kinds = chosen_kinds("all", torch.device("cpu"))
+    assert set(kinds) == set(BENCHMARKS) - ON_THEIR_OWN and len(results) == len(kinds)
     # --bf16 is --precision bf16, and the setup says so; bf16 needs no gradient scaler (fp16's: below).
     assert all(r["setup"]["precision"] == "bf16" and "bf16 autocast" in r["setup"]["precision_notice"]
                for r in results.values())
@@ -107,7 +117,7 @@ def test_every_benchmark_runs_under_bf16_autocast_on_cpu(tmp_path, tiny_config_f
     assert len(smart["smart_phase_s"]) == 5 and all(t > 0 for t in smart["smart_phase_s"].values())
     assert smart["peak_step_memory_mib"]["smart"] > 0 and smart["peak_step_memory_mib"]["plain"] > 0
     memory = by_kind["memory"]
-    assert set(memory["rows"]) == set(benchmark.MEMORY_ROWS) and memory["sixteen_bit"] == "bf16"
+    assert set(memory["rows"]) == set(MEMORY_ROWS) and memory["sixteen_bit"] == "bf16"
     assert all(v > 0 for row in memory["rows"].values() for k, v in row.items() if k.startswith("step_peak"))
     pipeline = by_kind["pipeline"]
     assert pipeline["batches"] == 1 and pipeline["real_tokens"] > 0 and pipeline["tokens_per_second"] > 0
@@ -134,15 +144,15 @@ def test_fp16_steps_go_through_a_gradient_scaler(tmp_path, tiny_config):
 
 
 def test_precision_flags_resolve_per_device():
-    cpu_auto = "bf16" if benchmark.has_native_bf16(torch.device("cpu")) else "fp32"
-    assert benchmark.parse_args(["encoder"]).precision == cpu_auto
-    assert benchmark.parse_args(["encoder", "--no-bf16"]).precision == "fp32"
-    assert benchmark.parse_args(["encoder", "--bf16", "--precision", "bf16"]).precision == "bf16"
-    args = benchmark.parse_args(["precision", "--precision", "fp16"])
-    assert (args.precision, benchmark.sixteen_bit(args, torch.device("cpu"))) == ("fp16", "fp16")
-    assert benchmark.sixteen_bit(benchmark.parse_args(["precision"]), torch.device("cpu")) == "bf16"
+    cpu_auto = "bf16" if has_native_bf16(torch.device("cpu")) else "fp32"
+    assert parse_args(["encoder"]).precision == cpu_auto
+    assert parse_args(["encoder", "--no-bf16"]).precision == "fp32"
+    assert parse_args(["encoder", "--bf16", "--precision", "bf16"]).precision == "bf16"
+    args = parse_args(["precision", "--precision", "fp16"])
+    assert (args.precision, sixteen_bit(args, torch.device("cpu"))) == ("fp16", "fp16")
+    assert sixteen_bit(parse_args(["precision"]), torch.device("cpu")) == "bf16"
     with pytest.raises(SystemExit):
-        benchmark.parse_args(["encoder", "--bf16", "--precision", "fp32"])
+        parse_args(["encoder", "--bf16", "--precision", "fp32"])
 
 
 @pytest.mark.slow  # a fresh interpreter and a bert-base step: the real spawn path, in the full suite
@@ -150,18 +160,18 @@ def test_memory_probe_of_bert_base_random_needs_no_download(monkeypatch):
     """--config bert-base-random has random weights already: the CPU probe must not look it up as a checkpoint
     (it asked the hub for 'bert-base-random', which fails offline). A bert-base step of 1 x 8 tokens."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the spawned probe inherits it
-    args = benchmark.parse_args(["smart", "--config", "bert-base-random", "--batch_size", "1", "--seq_len", "8",
+    args = parse_args(["smart", "--config", "bert-base-random", "--batch_size", "1", "--seq_len", "8",
                                  "--threads", "1"])
-    assert benchmark.peak_step_memory(args, torch.device("cpu"), smart=False) > 0
-    assert benchmark.random_twin("bert-base-random") == "bert-base-random"
-    assert benchmark.random_twin("minilm-l6") == "random:minilm-l6"
+    assert peak_step_memory(args, torch.device("cpu"), smart=False) > 0
+    assert random_twin("bert-base-random") == "bert-base-random"
+    assert random_twin("minilm-l6") == "random:minilm-l6"
 
 
 def test_random_configs_give_both_encoders_the_same_weights(tiny_config):
-    args = benchmark.parse_args(["encoder", "--config", tiny_config])
-    ours, reference = benchmark.build_encoders(args, torch.device("cpu"))
+    args = parse_args(["encoder", "--config", tiny_config])
+    ours, reference = build_encoders(args, torch.device("cpu"))
     assert ours.config.hidden_size == reference.config.hidden_size == 32
-    ids, mask = benchmark.make_batch(2, 8, ours.config.vocab_size, torch.device("cpu"))
+    ids, mask = make_batch(2, 8, ours.config.vocab_size, torch.device("cpu"))
     ours.eval(), reference.eval()
     with torch.no_grad():
         torch.testing.assert_close(ours(ids, mask)["last_hidden_state"] * mask[..., None],
@@ -172,7 +182,7 @@ def test_random_configs_give_both_encoders_the_same_weights(tiny_config):
 def test_live_tensor_counter_matches_a_hand_count():
     held = torch.ones(1000)  # before the counter: not counted, nor are its views and in-place results
     weight = torch.ones(64, requires_grad=True)
-    with benchmark.LiveTensorBytes() as counter:
+    with LiveTensorBytes() as counter:
         held.add_(1), held[10:].view(-1, 10)
         assert counter.current == 0
         a = torch.ones(256, 256)  # 262,144 bytes
@@ -209,10 +219,10 @@ def test_memory_benchmark_orders_the_steps(tmp_path, tiny_config):
 
 
 def test_step_memory_counts_the_static_tensors(tiny_config):
-    args = benchmark.parse_args(["memory", "--config", tiny_config, "--batch_size", "2", "--seq_len", "16"])
-    figures = benchmark.step_memory(args, torch.device("cpu"), smart=True, checkpointing=False, precision="fp32",
+    args = parse_args(["memory", "--config", tiny_config, "--batch_size", "2", "--seq_len", "16"])
+    figures = step_memory(args, torch.device("cpu"), smart=True, checkpointing=False, precision="fp32",
                                     fused_attention=True)
-    model = benchmark.multitask_setup(args, torch.device("cpu"), False)[0]
+    model = multitask_setup(args, torch.device("cpu"), False)[0]
     parameters = 4 * sum(p.numel() for p in model.parameters())
     assert figures["weights"] == figures["smart_teacher_copy"] == parameters  # float32, all trainable
     # A QQP SBERT step (mean pooling) gives no gradient to the pooler nor to SST's head.
@@ -226,13 +236,13 @@ def test_step_memory_counts_the_static_tensors(tiny_config):
 
 def test_float_matmuls_count_the_bytes_of_the_16_bit_kernels(tiny_config):
     """The memory benchmark's stand-in for emulated 16-bit matmuls makes the same tensors as the real kernels."""
-    args = benchmark.parse_args(["memory", "--config", tiny_config, "--batch_size", "2", "--seq_len", "16"])
+    args = parse_args(["memory", "--config", tiny_config, "--batch_size", "2", "--seq_len", "16"])
     for fused in (True, False):
-        real, stand_in = (benchmark.step_memory(args, torch.device("cpu"), False, False, "bf16", fused, float_matmuls)
+        real, stand_in = (step_memory(args, torch.device("cpu"), False, False, "bf16", fused, float_matmuls)
                           for float_matmuls in (False, True))
         assert stand_in["step_peak"] == real["step_peak"] > 0 and stand_in["attention"] == real["attention"]
     a, b = torch.randn(8, 16, dtype=torch.bfloat16), torch.randn(16, 4, dtype=torch.bfloat16)
-    with benchmark.FloatMatmuls():
+    with FloatMatmuls():
         product = a @ b
     assert product.dtype == torch.bfloat16 and torch.equal(product, (a.float() @ b.float()).bfloat16())
 
@@ -246,10 +256,10 @@ def syncing_function(x):
 
 def test_the_step_counter_counts_every_operator_and_each_host_sync_where_it_is_called():
     x = torch.arange(6.0)
-    with benchmark.counting(torch.device("cpu")) as quiet:
+    with counting(torch.device("cpu")) as quiet:
         (x * 2 + 1).sum()  # mul, add, sum: nothing read back
     assert quiet.ops == 3 and quiet.host_syncs == 0
-    with benchmark.counting(torch.device("cpu")) as count:
+    with counting(torch.device("cpu")) as count:
         syncing_function(x)
     line = syncing_function.__code__.co_firstlineno + 2  # its return statement
     where = f"tests/test_benchmark.py:{line} (syncing_function)"
@@ -265,15 +275,15 @@ def test_copies_and_reads_count_as_syncs_only_where_they_make_the_host_wait():
     """A meta tensor stands for a GPU's: a copy to the host waits, and one to the device unless it is non-blocking
     from pinned memory (which this CPU build cannot make); audited on CUDA, reading a CPU tensor waits for nothing."""
     host, device = torch.ones(2), torch.empty(2, device="meta")
-    assert benchmark.copy_sync("copy_", (host, device), {}, None) == "device-to-host copy (aten::copy_)"
-    assert benchmark.copy_sync("_to_copy", (device,), {}, host) == "device-to-host copy (aten::_to_copy)"
-    assert benchmark.copy_sync("copy_", (device, host), {}, None) == "blocking host-to-device copy (aten::copy_)"
-    assert benchmark.copy_sync("_to_copy", (host,), {"non_blocking": True}, device) == \
+    assert copy_sync("copy_", (host, device), {}, None) == "device-to-host copy (aten::copy_)"
+    assert copy_sync("_to_copy", (device,), {}, host) == "device-to-host copy (aten::_to_copy)"
+    assert copy_sync("copy_", (device, host), {}, None) == "blocking host-to-device copy (aten::copy_)"
+    assert copy_sync("_to_copy", (host,), {"non_blocking": True}, device) == \
         "host-to-device copy from pageable memory (aten::_to_copy)"
-    assert benchmark.copy_sync("copy_", (host, torch.zeros(2)), {}, None) is None
+    assert copy_sync("copy_", (host, torch.zeros(2)), {}, None) is None
     read = torch.ops.aten._local_scalar_dense.default
-    assert benchmark.host_sync(read, (torch.ones(()),), {}, 1.0, torch.device("cuda")) is None
-    assert benchmark.host_sync(read, (torch.ones((), device="meta"),), {}, 1.0, torch.device("cuda")) == \
+    assert host_sync(read, (torch.ones(()),), {}, 1.0, torch.device("cuda")) is None
+    assert host_sync(read, (torch.ones((), device="meta"),), {}, 1.0, torch.device("cuda")) == \
         "aten::_local_scalar_dense"
 
 
@@ -379,29 +389,29 @@ def test_the_squad_peer_refuses_bad_flags_in_one_line(capsys, tmp_path):
 
 
 def test_train_flops_count_the_weights_per_real_token_and_the_attention_per_sequence():
-    config = benchmark.BertConfig(vocab_size=100, hidden_size=4, num_hidden_layers=2, num_attention_heads=2,
+    config = BertConfig(vocab_size=100, hidden_size=4, num_hidden_layers=2, num_attention_heads=2,
                                   intermediate_size=8)
     weights = 2 * (4 * 16 + 2 * 4 * 8) + 16  # two layers' Q, K, V, output and feed-forward matrices, the pooler
-    assert benchmark.train_flops(config, [3, 1]) == 6 * weights * 4 + 12 * 2 * 4 * (9 + 1)
-    peak, source = benchmark.peak_flops(torch.device("cpu"), "fp32", 1)
+    assert train_flops(config, [3, 1]) == 6 * weights * 4 + 12 * 2 * 4 * (9 + 1)
+    peak, source = peak_flops(torch.device("cpu"), "fp32", 1)
     assert peak > 0 and "measured" in source
 
 
 def test_known_gpus_have_published_peaks_per_precision(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA L4")
-    assert benchmark.peak_flops(torch.device("cuda"), "bf16", 1)[0] == 121e12
+    assert peak_flops(torch.device("cuda"), "bf16", 1)[0] == 121e12
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla T4")
-    assert benchmark.peak_flops(torch.device("cuda"), "fp16", 1)[0] == 65e12
-    assert benchmark.peak_flops(torch.device("cuda"), "bf16", 1)[0] is None  # no bf16 tensor cores
+    assert peak_flops(torch.device("cuda"), "fp16", 1)[0] == 65e12
+    assert peak_flops(torch.device("cuda"), "bf16", 1)[0] is None  # no bf16 tensor cores
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 PCIe")
-    assert benchmark.peak_flops(torch.device("cuda"), "fp32", 1)[0] == 378e12
+    assert peak_flops(torch.device("cuda"), "fp32", 1)[0] == 378e12
 
 
 def test_padding_counts_the_grid_tokens_of_each_bucket_size(tmp_path, tiny_config_for_text):
     (result,) = run(tmp_path, "padding", "--config", tiny_config_for_text, "--batch_size", "8", "--seq_len",
                     "32").values()
     for task, counts in result["tasks"].items():
-        grids = [counts["longest"], *(counts[f"multiple_{m}"] for m in benchmark.PADDING_MULTIPLES)]
+        grids = [counts["longest"], *(counts[f"multiple_{m}"] for m in PADDING_MULTIPLES)]
         assert 0 < counts["real"] <= grids[0] <= grids[1] <= grids[2] <= grids[3], task
         assert counts["widths"]["multiple_32"] == 1 <= counts["widths"]["multiple_8"] <= counts["widths"]["longest"]
     assert result["tokens_vs_longest"]["longest"] == 1.0

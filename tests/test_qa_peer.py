@@ -7,7 +7,9 @@ import pytest
 
 transformers = pytest.importorskip("transformers")
 
-import benchmark  # noqa: E402  (scripts/ is on pytest's pythonpath)
+import benchmark  # noqa: E402  (the command line: scripts/ is on pytest's pythonpath)
+from minbert.benchmarks.qa_peer import (QAPeerSettings, minbert_span_model, qa_batch_of,  # noqa: E402
+                                        qa_load_split, qa_transformers_loss, qa_transformers_model)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -90,15 +92,13 @@ def test_compare_steps_times_both_models_on_the_same_batches(tiny_checkpoint, sq
 
 def test_both_models_give_the_same_loss_on_the_same_batch(tiny_checkpoint, squad_dir, tokenizer):
     """The comparison is fair only if the two are the same function: equal weights and head, the same loss."""
-    import argparse
-
     import torch
-    args = argparse.Namespace(data_dir=squad_dir, seed=0, max_length=48, doc_stride=16, batch_size=4)
-    windows = benchmark.qa_load_split(args, "train", tokenizer)
-    reference, _ = benchmark.qa_transformers_model(tiny_checkpoint, 0)
-    ours = benchmark.minbert_span_model(tiny_checkpoint, reference)
+    settings = QAPeerSettings(data_dir=squad_dir, seed=0, max_length=48, doc_stride=16, batch_size=4)
+    windows = qa_load_split(settings, "train", tokenizer)
+    reference, _ = qa_transformers_model(tiny_checkpoint, 0)
+    ours = minbert_span_model(tiny_checkpoint, reference)
     reference.eval(), ours.eval()
     for pad_to in (None, 48):
-        batch = benchmark.qa_batch_of(windows, list(range(4)), pad_to)
+        batch = qa_batch_of(windows, list(range(4)), pad_to)
         with torch.no_grad():
-            assert torch.allclose(benchmark.qa_transformers_loss(reference, batch), ours(batch), atol=1e-5)
+            assert torch.allclose(qa_transformers_loss(reference, batch), ours(batch), atol=1e-5)
