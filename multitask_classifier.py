@@ -183,7 +183,7 @@ def run(args: TrainingArguments) -> Trainer:
 def _run(args: TrainingArguments, distributed: Distributed, device) -> Trainer | None:
     began = time.time()
     finished = finished_run(args)
-    if finished:  # --resume of a run that has finished and dropped its training state: nothing to continue
+    if finished and not args.score_train:  # --resume of a run that finished and dropped its training state
         print(finished)
         return None
     stages, data, dropped_rows, triplets, teacher = load_inputs(args)
@@ -197,6 +197,10 @@ def _run(args: TrainingArguments, distributed: Distributed, device) -> Trainer |
         trainer = build_run(args, stages, data, tokenizer, triplets, teacher, device, distributed)
         if distributed.is_main:
             print(precision_notice(device, args.precision, args.smart, args.smart_precision))
+        if finished:  # --score_train added on --resume of a finished run: its kept model scores the train splits
+            trainer.use_kept_model()
+            write_train_scores(trainer, output_dir)
+            return trainer
         start_or_resume(trainer, args, stages)
         trainer.train(stages)
         if trainer.state.next_stage == len(stages):

@@ -69,7 +69,8 @@ def check_outputs(args: TrainingArguments) -> None:
     output_dir = Path(args.output_dir)
     if args.resume_from:
         resume_prefix(args)
-    elif args.resume and not any((output_dir / name).exists() for name in ("last.json", "last.safetensors")):
+    elif args.resume and finished_stages(output_dir) is None and \
+            not any((output_dir / name).exists() for name in ("last.json", "last.safetensors")):
         raise UsageError(f"{output_dir}: nothing to resume yet (no checkpoint saved); start without --resume")
 
 
