@@ -11,7 +11,8 @@ it, and never imports the course's other files: evaluation.py, simcse.py and dat
                  command lines' parser, whose errors are one line
     tasks/       one module per task (what differs between tasks: files, head, objective, metrics, outputs), the
                  objectives' building blocks (losses.py) and SQuAD's files, windows and decoding (squad.py)
-    data/        the tasks' files batched (batches.py), NLI pairs for SimCSE, the scores files runs save
+    data/        the tasks' files batched (batches.py), NLI pairs for SimCSE, the scores files runs save, the
+                 synthetic demo data (demo.py)
     model/       MultitaskBERT (its heads are the tasks'), adapters (LoRA, DoRA, PALs), checkpoints
     prediction/  predicting and evaluating a model, the leaderboard's scores and CSVs, ensembles of runs' saved scores
     reports/     a run's figures (forgetting matrix, curves, error plots, t-SNE) and the tables behind them
