@@ -20,6 +20,7 @@ it, and never imports the course's other files: evaluation.py, simcse.py and dat
     training/    the step loop (StepLoop) and the run of stages around it (Trainer), schedules, SMART's anchor, EWC,
                  L2-SP, LNSR, surgery, distillation, MLM, SimCSE, the run's progress saved for resuming
     run/         a run from its flags: the flag schema (training_args.py), assembling a run (run_setup.py), args.json
+    sweeps/      Optuna sweeps of runs (scripts/sweep.py): the space, the study and its storage, trials, summary
 
 `pip install -e .` makes it importable from anywhere, scripts/ included.
 """
