@@ -11,7 +11,8 @@ it, and never imports the course's other files: evaluation.py, simcse.py and dat
                  command lines' parser, whose errors are one line
     tasks/       one module per task (what differs between tasks: files, head, objective, metrics, outputs), the
                  objectives' building blocks (losses.py) and SQuAD's files, windows and decoding (squad.py)
-    data/        the tasks' files batched (batches.py), NLI pairs for SimCSE, the scores files runs save
+    data/        the tasks' files batched (batches.py), NLI pairs for SimCSE, the scores files runs save, the
+                 synthetic demo data (demo.py)
     model/       MultitaskBERT (its heads are the tasks'), adapters (LoRA, DoRA, PALs), checkpoints
     prediction/  predicting and evaluating a model, the leaderboard's scores and CSVs, ensembles of runs' saved scores
     reports/     a run's figures (forgetting matrix, curves, error plots, t-SNE) and the tables behind them
@@ -19,6 +20,7 @@ it, and never imports the course's other files: evaluation.py, simcse.py and dat
     training/    the step loop (StepLoop) and the run of stages around it (Trainer), schedules, SMART's anchor, EWC,
                  L2-SP, LNSR, surgery, distillation, MLM, SimCSE, the run's progress saved for resuming
     run/         a run from its flags: the flag schema (training_args.py), assembling a run (run_setup.py), args.json
+    sweeps/      Optuna sweeps of runs (scripts/sweep.py): the space, the study and its storage, trials, summary
     benchmarks/  the harness behind scripts/benchmark.py: step timings against transformers, memory, throughput,
                  the host syncs and graph breaks of a training step, the SQuAD 2.0 peer run
 

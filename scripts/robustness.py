@@ -46,16 +46,13 @@ from minbert.robustness.neighbours import EmbeddingNeighbours
 from minbert.robustness.perturbed_sets import (MANIFEST, PerturbedSets, SetOptions, make_sets, read_manifest,
                                                read_sets)
 from minbert.robustness.report import markdown_table, predictions_json
-from minbert.robustness.suite import embedding_rows, greedy_rows, noise_rows
+from minbert.robustness.suite import FAMILIES, FamilyRun, SuiteSettings, run_families
 from minbert.robustness.text_noise import CHAR_KINDS, WORD_KINDS, Noise
 from minbert.run.kept_ensemble import check_members, load_scored
 from minbert.run.run_outputs import run_settings
 from minbert.run.run_record import recorded_path, working_dir_of
 from minbert.runtime import resolve_device, seed_everything, use_tf32
-from minbert.tasks import TASKS, TEXT_TASKS, course_file_name, task_name
-from minbert.tasks.course_files import write_examples
-
-FAMILIES = ("char", "word", "embedding", "greedy")
+from minbert.tasks import TEXT_TASKS, task_name
 
 
 def names(text: str, allowed: tuple[str, ...], flag: str, parser: argparse.ArgumentParser) -> list[str]:
@@ -109,7 +106,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.exit(2, f"{parser.prog}: error: --output_dir: name the folder for the ensemble of {len(args.runs)} "
                        "runs' files\n")
     args.tasks = names(args.tasks, TEXT_TASKS, "--tasks", parser) if args.tasks else None
-    args.families = names(args.families, FAMILIES, "--families", parser)
+    args.families = names(args.families, tuple(FAMILIES), "--families", parser)
     for flag, value, low in (("--max_examples", args.max_examples, 0), ("--attack_examples", args.attack_examples, 1),
                              ("--neighbours", args.neighbours, 1), ("--replicates", args.replicates, 100),
                              ("--batch_size", args.batch_size or 1, 1)):
@@ -166,36 +163,6 @@ def say(args: argparse.Namespace):
     return progress
 
 
-def run_families(args, predictor, neighbours, sets, tasks: list[str]) -> tuple[list, dict, dict]:
-    """Every family asked for on every task: the rows, each family's seconds per task, the greedy outcomes."""
-    rows, seconds, outcomes, progress = [], {}, {}, say(args)
-    for task in tasks:
-        attacked = sets.clean[task][:args.attack_examples]
-        for family in args.families:
-            start = time.perf_counter()
-            if family in ("char", "word"):
-                rows += noise_rows(predictor, sets, task, family, args.replicates, args.seed, progress)
-            elif family == "embedding":
-                rows += embedding_rows(predictor, task, attacked, args.embedding, args.replicates, args.seed, progress)
-            else:
-                found, outcomes[task] = greedy_rows(predictor, task, attacked, neighbours, args.greedy,
-                                                    args.replicates, args.seed, progress)
-                rows += found
-            seconds.setdefault(family, {})[task] = round(time.perf_counter() - start, 1)
-            progress(f"{task} {family}: {seconds[family][task]} s")
-    return rows, seconds, outcomes
-
-
-def write_greedy(output_dir: Path, task: str, outcomes: list) -> None:
-    records = [{"id": o.example.id, "attacked": o.attacked, "success": o.success, "queries": o.queries,
-                "words_changed": o.words_changed, **{c: getattr(o.example, c) for c in TASKS[task].text_columns}}
-               for o in outcomes]
-    atomic_write_text(output_dir / f"greedy-{task}.jsonl", "".join(json.dumps(r) + "\n" for r in records))
-    (output_dir / "greedy").mkdir(exist_ok=True)
-    write_examples(output_dir / "greedy" / course_file_name(task, "dev"), [o.example for o in outcomes],
-                   TASKS[task].text_columns, TASKS[task].label_column)
-
-
 def scored(args: argparse.Namespace, prefixes: list[Path]) -> tuple[dict, str, str]:
     """What was scored: the record's keys naming it, the report's title, and what an interval covers."""
     if len(prefixes) == 1:
@@ -222,8 +189,9 @@ def write_report(args, prefixes: list[Path], sets, rows: list, seconds: dict, ou
              "another seed). Drop = clean - perturbed; seconds per family and task: " + json.dumps(seconds), "",
              *markdown_table(rows), ""]
     atomic_write_text(args.output_dir / "robustness.md", "\n".join(lines))
-    for task, found in outcomes.items():
-        write_greedy(args.output_dir, task, found)
+    for family, by_task in outcomes.items():
+        for task, found in by_task.items():
+            FAMILIES[family].write_outcomes(args.output_dir, task, found)
 
 
 def check_set_flags_agree(args: argparse.Namespace, manifest: dict, sets_dir: Path) -> None:
@@ -251,8 +219,8 @@ def evaluate(args: argparse.Namespace) -> int:
     seed_everything(args.seed)
     device = resolve_device(args.use_gpu)
     use_tf32(device)
-    predictor, first = load_scored(prefixes, args.runs, device, args.batch_size,
-                                   tasks if "embedding" in args.families else [])
+    attacks_embeddings = any(FAMILIES[family].attacks_embeddings for family in args.families)
+    predictor, first = load_scored(prefixes, args.runs, device, args.batch_size, tasks if attacks_embeddings else [])
     neighbours = EmbeddingNeighbours(first.splits.tokenizer.backend.get_vocab(),
                                      first.model.bert.embeddings.word_embeddings.weight, args.neighbours)
     with locked_folder(args.output_dir):
@@ -265,7 +233,9 @@ def evaluate(args: argparse.Namespace) -> int:
             say(args)(f"wrote {len(args.noises)} perturbed sets per task in {sets_dir}")
             sets = read_sets(sets_dir, tasks)
         making = round(time.perf_counter() - start, 1)
-        rows, seconds, outcomes = run_families(args, predictor, neighbours, sets, tasks)
+        settings = SuiteSettings(args.attack_examples, args.embedding, args.greedy, args.replicates, args.seed)
+        rows, seconds, outcomes = run_families(args.families, tasks,
+                                               FamilyRun(predictor, sets, neighbours, settings, say(args)))
         if made:
             seconds["making the sets"] = making
         write_report(args, prefixes, sets, rows, seconds, outcomes, sets_dir)

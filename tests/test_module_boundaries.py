@@ -26,7 +26,7 @@ COMMAND_LINES = {"multitask_classifier", "classifier", "prepare_submit", "sanity
                  *(path.stem for path in ROOT.glob("scripts/*.py"))}
 # The package's layers, lowest first (minbert/__init__.py): a module imports its own layer and those before it.
 LAYERS = ("core", "tasks", "data", "model", "prediction", "reports", "robustness", "training", "run",
-          "benchmarks")
+          "sweeps", "benchmarks")
 # The course's building blocks: the package builds on them, so they import nothing from it.
 BUILDING_BLOCKS = {"bert", "base_bert", "optimizer", "smart", "tokenizer"}
 ORACLES = {"transformers", "sentence_transformers", "peft"}

@@ -317,6 +317,49 @@ def test_a_second_run_is_scored_on_the_first_runs_sets_which_predict_reads_too(t
     assert len((tmp_path / "qqp.csv").read_text().splitlines()) == 21
 
 
+def toy_rows(run):
+    """A toy family: the first examples' predictions against themselves (a drop of 0), and their ids kept."""
+    from minbert.robustness.report import score_rows
+    from minbert.robustness.suite import predictions_of
+    predicted = predictions_of(run.task, run.predictor.predict(run.task, run.attacked, scores=True)[1])
+    rows = score_rows(run.task, "toy", run.attacked, predicted, {"identity": predicted},
+                      {"identity": {"toy detail": 1}},
+                      run.settings.replicates, run.settings.seed)
+    return rows, [example.id for example in run.attacked]
+
+
+def write_toy(output_dir, task, ids):
+    (output_dir / f"toy-{task}.txt").write_text("\n".join(map(str, ids)))
+
+
+@pytest.fixture
+def toy_family():
+    from minbert.robustness.suite import FAMILIES, Family, register_family
+    yield register_family(Family("toy", toy_rows, write_outcomes=write_toy))
+    del FAMILIES["toy"]
+
+
+def test_a_registered_family_is_run_by_the_suite_and_the_script(tmp_path, tiny_checkpoint, toy_family, capsys):
+    import robustness
+    from minbert.robustness.suite import FAMILIES
+    assert list(FAMILIES) == ["char", "word", "embedding", "greedy", "toy"]  # --families' choices, in this order
+    run = tiny_run(tmp_path / "a", tiny_checkpoint, 1)
+    assert robustness.main([str(run), "--families", "toy", *SCRIPT_FLAGS]) == 0
+    report = json.loads((run / "robustness" / "robustness.json").read_text())
+    assert [(row["task"], row["family"], row["variant"], row["examples"], row["drop"]["value"], row["details"])
+            for row in report["rows"]] == [(task, "toy", "identity", 4, 0.0, {"toy detail": 1}) for task in MULTITASK]
+    assert set(report["seconds"]) == {"toy", "making the sets"} and set(report["seconds"]["toy"]) == set(MULTITASK)
+    for task in MULTITASK:
+        assert len(set((run / "robustness" / f"toy-{task}.txt").read_text().splitlines())) == 4  # the attacked
+    assert not list((run / "robustness").glob("greedy-*.jsonl"))
+
+
+def test_a_family_name_is_registered_once(toy_family):
+    from minbert.robustness.suite import Family, register_family
+    with pytest.raises(ValueError, match="'toy' is registered already"):
+        register_family(Family("toy", toy_rows))
+
+
 @pytest.mark.parametrize("flags, problem", [
     (["--rates", "0"], "--rates must each be in (0, 1]"),
     (["--epsilons", "-1"], "--epsilons / --attack_steps: epsilons must be finite numbers > 0"),

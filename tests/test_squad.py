@@ -9,12 +9,12 @@ import re
 import urllib.error
 
 import download_data
-import make_demo_data
 import numpy as np
 import pytest
 import torch
 
 from conftest import DEMO
+from minbert.data import demo_squad
 from minbert.files import DataError
 from minbert.tasks.squad import (NO_ANSWER, Answer, QAExample, QAWindows, best_threshold, decode_answers, exact_match,
                                  f1_score, load_squad, normalize_answer, predictions, squad_metrics)
@@ -524,7 +524,7 @@ def test_demo_squad_files_look_like_the_official_ones(demo_train, demo_dev, toke
 
 
 def test_demo_squad_files_are_regenerated_identically(tmp_path):
-    make_demo_data.write_squad(tmp_path, seed=0)
+    demo_squad.write_squad(tmp_path, seed=0)
     for name in ("train-v2.0.json", "dev-v2.0.json", "test-v2.0.json"):
         assert (tmp_path / name).read_bytes() == (DEMO / name).read_bytes(), name
 

@@ -16,6 +16,12 @@ from types import SimpleNamespace
 import pytest
 
 from conftest import DEMO, MAX_LENGTH
+from minbert.sweeps import summary as sweep_summary, trials as sweep_trials
+from minbert.sweeps.runs import RUN_LOG, TrialFailed
+from minbert.sweeps.space import flag_actions, flag_tokens, parameter_from, parse_run, read_space
+from minbert.sweeps.study import STORAGE_VARIABLE, make_pruner, open_study, sweep_identity
+from minbert.sweeps.summary import PLOTS
+from minbert.sweeps.trials import TRIAL_RECORD, suggest
 
 optuna = pytest.importorskip("optuna")
 import sweep  # noqa: E402  (scripts/, after the skip: the script needs Optuna)
@@ -104,7 +110,7 @@ def test_a_storage_password_is_never_shown_and_the_url_may_come_from_the_environ
     argv = sweep_flags(tmp_path) + ["--", *base_flags(tiny_checkpoint)]
     line = refusal(capsys, ["--storage", url, *argv])
     assert line.startswith(f"error: --storage {shown}: cannot open it (") and "s3cret" not in line
-    monkeypatch.setenv(sweep.STORAGE_VARIABLE, url)
+    monkeypatch.setenv(STORAGE_VARIABLE, url)
     line = refusal(capsys, argv)
     assert line.startswith(f"error: MINBERT_SWEEP_STORAGE {shown}: cannot open it (") and "s3cret" not in line
     other = "postgresql://nobody:0ther@127.0.0.1:1/sweeps"
@@ -122,13 +128,13 @@ def test_an_unreachable_storage_is_refused_in_one_line(tmp_path, capsys, tiny_ch
 def test_a_study_is_continued_only_with_the_space_it_was_begun_with(tmp_path, capsys, tiny_checkpoint):
     argv = sweep_flags(tmp_path) + ["--", *base_flags(tiny_checkpoint)]
     (tmp_path / "sweeps").mkdir()
-    sweep.open_study(sweep.make_sweep(sweep.parse_args(argv)))
+    open_study(sweep.make_sweep(sweep.parse_args(argv)))
     (tmp_path / "space.json").write_text(json.dumps({"lr": {"float": [1e-4, 1e-3]}}))
     assert "it was begun with another space" in refusal(capsys, argv)
 
 
 def no_such_file(trial, sweep_, params, seed, run, report):
-    raise sweep.TrialFailed(f"{run}: exit code 2: error: data/missing/ids-sts-train.csv: no such file")
+    raise TrialFailed(f"{run}: exit code 2: error: data/missing/ids-sts-train.csv: no such file")
 
 
 def scored(trial, sweep_, params, seed, run, report):
@@ -142,13 +148,13 @@ def test_a_study_whose_every_trial_fails_exits_in_one_line_and_is_begun_again_by
     """A base run that cannot run (here every run fails at once) stops the worker after 3 failed trials, or fails
     the sweep's every trial: one line, and nothing kept under the study's name, so the same command reruns it."""
     argv = sweep_flags(tmp_path, None, "s", trials) + ["--", *base_flags(tiny_checkpoint)]
-    monkeypatch.setattr(sweep, "run_seed", no_such_file)
+    monkeypatch.setattr(sweep_trials, "run_seed", no_such_file)
     line = refusal(capsys, argv)
     assert line.startswith(f"error: {problem}") and "no such file" in line and "the same command begins it" in line
     storage = f"sqlite:///{tmp_path / 'sweeps' / 's.db'}"
     assert optuna.get_all_study_names(storage) == [] and not (tmp_path / "sweeps" / "s").exists()
-    monkeypatch.setattr(sweep, "run_seed", scored)
-    monkeypatch.setattr(sweep, "write_plots", lambda study, folder: [])  # seconds, and not what is tested
+    monkeypatch.setattr(sweep_trials, "run_seed", scored)
+    monkeypatch.setattr(sweep_summary, "write_plots", lambda study, folder: [])  # seconds, and not what is tested
     assert sweep.main(argv) == 0
     assert [t.state for t in trials_of(storage)] == [optuna.trial.TrialState.COMPLETE] * trials
 
@@ -160,8 +166,8 @@ def test_a_trial_folder_that_is_not_this_studys_is_refused_not_trusted(tmp_path,
     trial_0, scored: its record is not this trial's, so the trial neither takes its score nor runs over its files.
     The study keeps nothing, so once the folder is moved away the same command begins it."""
     argv = sweep_flags(tmp_path, None, "s", 1) + ["--", *base_flags(tiny_checkpoint)]
-    monkeypatch.setattr(sweep, "write_plots", lambda study, folder: [])
-    monkeypatch.setattr(sweep, "run_seed", scored)
+    monkeypatch.setattr(sweep_summary, "write_plots", lambda study, folder: [])
+    monkeypatch.setattr(sweep_trials, "run_seed", scored)
     old = tmp_path / "sweeps" / "s" / "trial_0"
     if begun_again == "files unrecorded":
         old.mkdir(parents=True)
@@ -180,7 +186,7 @@ def test_a_trial_folder_that_is_not_this_studys_is_refused_not_trusted(tmp_path,
     assert {path.name: path.read_bytes() for path in old.iterdir()} == before
     old.rename(tmp_path / "moved")
     assert sweep.main(argv) == 0
-    record = json.loads((old / sweep.TRIAL_RECORD).read_text())
+    record = json.loads((old / TRIAL_RECORD).read_text())
     assert record["state"] == "complete" and record["trial"] == 0 and record["study"] == "s"
 
 
@@ -189,29 +195,29 @@ def test_a_study_begun_by_a_sweep_that_recorded_no_study_id_is_refused(tmp_path,
     made = sweep.make_sweep(sweep.parse_args(argv))
     (tmp_path / "sweeps").mkdir()
     study = optuna.create_study(study_name="s", storage=made.storage, direction="maximize")
-    study.set_user_attr("sweep", json.loads(json.dumps(sweep.sweep_identity(made))))
+    study.set_user_attr("sweep", json.loads(json.dumps(sweep_identity(made))))
     assert "begun by an earlier scripts/sweep.py, whose trial folders record no study id" in refusal(capsys, argv)
 
 
 def test_conditional_parameters_and_switches_become_the_flags_of_the_run():
-    parameters = tuple(sweep.parameter_from("x", name, spec, []) if name != "smart_adv_weight" else
-                       sweep.parameter_from("x", name, spec, [sweep.parameter_from("x", "smart", SPACE["smart"], [])])
+    parameters = tuple(parameter_from("x", name, spec, []) if name != "smart_adv_weight" else
+                       parameter_from("x", name, spec, [parameter_from("x", "smart", SPACE["smart"], [])])
                        for name, spec in SPACE.items())
-    off = sweep.suggest(optuna.trial.FixedTrial({"lr": 1e-3, "smart": False}), parameters)
+    off = suggest(optuna.trial.FixedTrial({"lr": 1e-3, "smart": False}), parameters)
     assert off == {"lr": 1e-3, "smart": False}  # smart_adv_weight is not searched without SMART
-    on = sweep.suggest(optuna.trial.FixedTrial({"lr": 1e-3, "smart": True, "smart_adv_weight": 4.0}), parameters)
-    actions = sweep.flag_actions()
-    words = [w for name, value in on.items() for w in sweep.flag_tokens(name, value, actions)]
+    on = suggest(optuna.trial.FixedTrial({"lr": 1e-3, "smart": True, "smart_adv_weight": 4.0}), parameters)
+    actions = flag_actions()
+    words = [w for name, value in on.items() for w in flag_tokens(name, value, actions)]
     assert words == ["--lr", "0.001", "--smart", "--smart_adv_weight", "4.0"]
-    assert sweep.flag_tokens("smart", False, actions) == ["--no-smart"]  # turns off a base's --smart too
-    assert sweep.flag_tokens("lnsr", False, actions) == []
+    assert flag_tokens("smart", False, actions) == ["--no-smart"]  # turns off a base's --smart too
+    assert flag_tokens("lnsr", False, actions) == []
 
 
 def test_the_median_pruner_judges_a_trial_only_after_its_warmup_stages():
     """A finished trial scored 0.9 at stages 1-3; a second one scoring 0.1 from its first stage on is stopped at
     stage 1 without warm-up, and at stage 3, the first one judged, with two warm-up stages."""
     def stopped_at(warmup_stages: int) -> int | None:
-        pruner = sweep.make_pruner(SimpleNamespace(pruner="median", startup_trials=1, warmup_stages=warmup_stages))
+        pruner = make_pruner(SimpleNamespace(pruner="median", startup_trials=1, warmup_stages=warmup_stages))
         study = optuna.create_study(direction="maximize", pruner=pruner)
         finished = study.ask()
         for stage in (1, 2, 3):
@@ -233,10 +239,10 @@ def test_warmup_stages_with_another_pruner_is_refused_in_one_line(tmp_path, caps
 
 
 def test_a_stepped_float_is_given_to_the_run_as_the_grids_decimal():
-    dropout = sweep.parameter_from("x", "hidden_dropout_prob", {"float": [0.0, 0.3], "step": 0.05}, [])
+    dropout = parameter_from("x", "hidden_dropout_prob", {"float": [0.0, 0.3], "step": 0.05}, [])
     # Optuna's grid point 0 + 3 * 0.05 in binary floats.
-    chosen = sweep.suggest(optuna.trial.FixedTrial({"hidden_dropout_prob": 0.15000000000000002}), (dropout,))
-    assert sweep.flag_tokens("hidden_dropout_prob", chosen["hidden_dropout_prob"], sweep.flag_actions()) == [
+    chosen = suggest(optuna.trial.FixedTrial({"hidden_dropout_prob": 0.15000000000000002}), (dropout,))
+    assert flag_tokens("hidden_dropout_prob", chosen["hidden_dropout_prob"], flag_actions()) == [
         "--hidden_dropout_prob", "0.15"]
 
 
@@ -261,10 +267,10 @@ def test_an_enqueued_configuration_is_the_first_trial_and_is_queued_once(tmp_pat
     argv = sweep_flags(tmp_path) + ["--enqueue", str(tmp_path / "first.json"), "--", *base_flags(tiny_checkpoint)]
     (tmp_path / "sweeps").mkdir()
     for _ in range(2):  # a rerun of the same command does not queue it again
-        study = sweep.open_study(sweep.make_sweep(sweep.parse_args(argv)))
+        study = open_study(sweep.make_sweep(sweep.parse_args(argv)))
     assert [t.state for t in study.trials] == [optuna.trial.TrialState.WAITING]
     trial = study.ask()
-    assert sweep.suggest(trial, sweep.read_space(tmp_path / "space.json")) == {"lr": 1e-3, "smart": True,
+    assert suggest(trial, read_space(tmp_path / "space.json")) == {"lr": 1e-3, "smart": True,
                                                                               "smart_adv_weight": 4.0}
 
 
@@ -279,8 +285,8 @@ def test_the_cpu_best_sweep_recipes_space_and_first_trial_fit_its_base_run(tiny_
             str(spaces / "cpu_best_recipe.json"), "--", *base]
     made = sweep.make_sweep(sweep.parse_args(argv))
     recipe = dict(made.enqueued[0])
-    words = [w for name, value in recipe.items() for w in sweep.flag_tokens(name, value, sweep.flag_actions())]
-    assert sweep.parse_run(base + ["--output_dir", "x"], "base") == sweep.parse_run(
+    words = [w for name, value in recipe.items() for w in flag_tokens(name, value, flag_actions())]
+    assert parse_run(base + ["--output_dir", "x"], "base") == parse_run(
         base + words + ["--output_dir", "x"], "base")  # the queued trial is cpu_best.sh's own run
 
 
@@ -354,17 +360,17 @@ def test_a_sweep_killed_mid_trial_resumes_with_no_trial_lost_or_duplicated(kille
         assert continuation.params == original.params
     folder = tmp_path / "sweeps" / "s"
     assert sorted(p.name for p in folder.glob("trial_*")) == folders
-    commands = [line for line in (folder / "trial_1" / sweep.RUN_LOG).read_text().splitlines()
+    commands = [line for line in (folder / "trial_1" / RUN_LOG).read_text().splitlines()
                 if line.startswith("$ ")]
     # continued from its checkpoint where the kill left one, else run again from its start
     assert len(commands) == 2 and commands[1].endswith("--resume") == checkpointed
-    interrupted_log = (folder / "trial_3" / sweep.RUN_LOG).read_text()
+    interrupted_log = (folder / "trial_3" / RUN_LOG).read_text()
     # the run under Ctrl-C ended (by then it may have finished its stages), and its continuation resumed
     assert [line for line in interrupted_log.splitlines() if line.startswith("$ ")][1].endswith("--resume")
     summary = (folder / "summary.md").read_text()
     assert "| 1 | interrupted |" in summary and "| 3 | interrupted |" in summary
     assert summary.count("| complete |") == 4 and "continues trial 1" in summary and "continues trial 3" in summary
-    for plot in sweep.PLOTS:
+    for plot in PLOTS:
         assert (folder / plot).stat().st_size > 0
 
 
@@ -411,8 +417,8 @@ def test_a_trial_falling_behind_is_pruned_early_and_marked(tmp_path, tiny_checkp
     assert first.state == optuna.trial.TrialState.COMPLETE and second.state == optuna.trial.TrialState.PRUNED
     folder = tmp_path / "sweeps" / "s"
     assert stages_recorded(folder / "trial_0") == 12 and stages_recorded(folder / "trial_1") < 12
-    assert json.loads((folder / "trial_1" / sweep.TRIAL_RECORD).read_text())["state"] == "pruned"
-    assert "interrupted" in (folder / "trial_1" / sweep.RUN_LOG).read_text()
+    assert json.loads((folder / "trial_1" / TRIAL_RECORD).read_text())["state"] == "pruned"
+    assert "interrupted" in (folder / "trial_1" / RUN_LOG).read_text()
     assert "| 1 | pruned |" in (folder / "summary.md").read_text()
 
 

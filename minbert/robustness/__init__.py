@@ -9,5 +9,5 @@ and under attack, with the clean score beside each and the drop's bootstrap inte
     greedy_attack.py     greedy word substitution with a query budget
     report.py            the table: clean, perturbed, drop [95% interval]
     ensemble_predictor.py  what the suite scores: one run's model, or several runs' ensemble (their mean)
-    suite.py             the four families on one model or an ensemble
+    suite.py             the families, registered (FAMILIES), on one model or an ensemble
 """

@@ -7,10 +7,20 @@ word) scored whole, and the two attacks (embedding, greedy) on the first example
 
 `predictor`: what is scored, one run's model or several runs' ensemble (ensemble_predictor.py: RunPredictor of the
 run's kept_predictor, or EnsemblePredictor), whose predict, query and attack_embeddings the families call alike.
+
+The families are registered (FAMILIES, in scripts/robustness.py's --families order): a new family is a Family, a
+function of a FamilyRun (one task's inputs) giving its rows, registered with register_family; run_families runs
+those asked for on every task.
+
+    rows, seconds, outcomes = run_families(["char", "greedy"], ["sst"], FamilyRun(predictor, sets, neighbours, settings))
 """
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
 
 import numpy as np
 
@@ -19,9 +29,11 @@ from minbert.robustness.ensemble_predictor import EnsemblePredictor, RunPredicto
 from minbert.robustness.greedy_attack import GreedyAttack, Outcome, attack_all
 from minbert.robustness.perturbed_sets import PerturbedSets
 from minbert.robustness.report import Row, score_rows
+from minbert.files import atomic_write_text
 from minbert.robustness.text_noise import Neighbours
-from minbert.tasks import TASKS
+from minbert.tasks import TASKS, course_file_name
 from minbert.tasks.base import decided
+from minbert.tasks.course_files import write_examples
 
 Progress = Callable[[str], None]
 Scored = RunPredictor | EnsemblePredictor
@@ -85,3 +97,110 @@ def greedy_rows(predictor: Scored, task: str, examples: Sequence, neighbours: Ne
                       "most queries": max(o.queries for o in outcomes)}}
     rows = score_rows(task, "greedy", examples, clean, {name: attacked}, details, replicates, seed)
     return rows, outcomes
+
+
+# ---------------------------------------------------------------------------------------------------
+# The registry
+
+
+@dataclass(frozen=True)
+class SuiteSettings:
+    """What the families share: the attacks' examples (the first of the clean subset) and settings, and the
+    intervals' bootstrap."""
+    attack_examples: int
+    embedding: EmbeddingAttack
+    greedy: GreedyAttack
+    replicates: int
+    seed: int
+
+
+@dataclass(frozen=True)
+class FamilyRun:
+    """A family's inputs: what is scored, the sets, the model's word neighbours, the settings, progress lines, and
+    the task (run_families sets it for each task in turn)."""
+    predictor: Scored
+    sets: PerturbedSets
+    neighbours: Neighbours
+    settings: SuiteSettings
+    progress: Progress = _quiet
+    task: str = ""
+
+    @property
+    def attacked(self) -> list:
+        """The examples an attack runs on: the first attack_examples of the task's clean subset."""
+        return self.sets.clean[self.task][:self.settings.attack_examples]
+
+
+@dataclass(frozen=True)
+class Family:
+    """A family of the suite. `rows`: its report rows on a FamilyRun's task, and the per-example outcomes it keeps
+    (None: none); `write_outcomes(output_dir, task, outcomes)` writes those; `attacks_embeddings`: it takes the
+    gradient of the gold loss in the input embeddings, so the models' pair reading is checked for it first
+    (kept_ensemble.load_scored)."""
+    name: str
+    rows: Callable[[FamilyRun], tuple[list[Row], list | None]]
+    write_outcomes: Callable[[Path, str, list], None] | None = None
+    attacks_embeddings: bool = False
+
+
+FAMILIES: dict[str, Family] = {}
+
+
+def register_family(family: Family) -> Family:
+    """Adds a family to the suite, after those registered before it; ValueError for a name taken."""
+    if family.name in FAMILIES:
+        raise ValueError(f"a robustness family named {family.name!r} is registered already")
+    FAMILIES[family.name] = family
+    return family
+
+
+def run_families(families: Sequence[str], tasks: Sequence[str], inputs: FamilyRun) -> tuple[list, dict, dict]:
+    """Every family of `families` (registered names) on every task: the rows, each family's seconds per task, and
+    the outcomes a family keeps, by family and task."""
+    rows, seconds, outcomes = [], {}, {}
+    for task in tasks:
+        run = replace(inputs, task=task)
+        for name in families:
+            start = time.perf_counter()
+            found, kept = FAMILIES[name].rows(run)
+            rows += found
+            if kept is not None:
+                outcomes.setdefault(name, {})[task] = kept
+            seconds.setdefault(name, {})[task] = round(time.perf_counter() - start, 1)
+            inputs.progress(f"{task} {name}: {seconds[name][task]} s")
+    return rows, seconds, outcomes
+
+
+def write_greedy(output_dir: Path, task: str, outcomes: list[Outcome]) -> None:
+    """greedy-TASK.jsonl (each example's attack) and greedy/ (the texts the attack ended with, in the course's
+    format)."""
+    records = [{"id": o.example.id, "attacked": o.attacked, "success": o.success, "queries": o.queries,
+                "words_changed": o.words_changed, **{c: getattr(o.example, c) for c in TASKS[task].text_columns}}
+               for o in outcomes]
+    atomic_write_text(output_dir / f"greedy-{task}.jsonl", "".join(json.dumps(r) + "\n" for r in records))
+    (output_dir / "greedy").mkdir(exist_ok=True)
+    write_examples(output_dir / "greedy" / course_file_name(task, "dev"), [o.example for o in outcomes],
+                   TASKS[task].text_columns, TASKS[task].label_column)
+
+
+def _noise(family: str) -> Family:
+    def rows(run: FamilyRun) -> tuple[list[Row], None]:
+        return noise_rows(run.predictor, run.sets, run.task, family, run.settings.replicates, run.settings.seed,
+                          run.progress), None
+    return Family(family, rows)
+
+
+def _embedding(run: FamilyRun) -> tuple[list[Row], None]:
+    return embedding_rows(run.predictor, run.task, run.attacked, run.settings.embedding, run.settings.replicates,
+                          run.settings.seed, run.progress), None
+
+
+def _greedy(run: FamilyRun) -> tuple[list[Row], list[Outcome]]:
+    return greedy_rows(run.predictor, run.task, run.attacked, run.neighbours, run.settings.greedy,
+                       run.settings.replicates, run.settings.seed, run.progress)
+
+
+register_family(_noise("char"))
+register_family(_noise("word"))
+register_family(Family("embedding", _embedding, attacks_embeddings=True))
+register_family(Family("greedy", _greedy, write_outcomes=write_greedy))
