@@ -161,6 +161,20 @@ def test_help_lists_every_group_and_exits_0(capsys):
         assert expected in text
 
 
+def test_help_shows_the_common_flags_first_and_the_per_file_paths_last(capsys):
+    """Issue 59: --help opened on eighteen per-file paths; what most runs set comes first."""
+    with pytest.raises(SystemExit):
+        mc.main(["--help"])
+    text = capsys.readouterr().out
+    sections = [line for line in text.split("\n\n") if line and not line.startswith(("usage:", " "))]
+    headings = [section.splitlines()[0] for section in sections if section.splitlines()[0].endswith(":")]
+    assert headings[1].startswith("common: ") and headings[-1].startswith("the course's per-file paths")
+    common = sections[[s.splitlines()[0] for s in sections].index(headings[1])]
+    for flag in ("--demo", "--data_dir", "--tasks", "--pretrained", "--output_dir", "--use_gpu"):
+        assert f"  {flag}" in common, flag
+    assert "--sst_train" in sections[-1] and "--sst_train" not in common
+
+
 def test_parsed_defaults_are_the_dataclass_defaults():
     parsed = from_namespace(TrainingArguments, build_parser(TrainingArguments).parse_args([]))
     default = TrainingArguments()
