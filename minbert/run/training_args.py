@@ -900,6 +900,8 @@ def parse_training_args(argv, description: str) -> TrainingArguments:
     parser.add_argument("--config", metavar="FILE", help="settings from a JSON file: a run's OUTPUT_DIR/args.json "
                         "(its \"args\") or an object of settings named as the flags; flags given here win "
                         "(docs/command_line.md, 'A run is its own recipe')")
+    parser.add_argument("--print_config", action="store_true", help="print the settings this command line resolves "
+                        "to (--demo's and --config's included) as the JSON --config reads, and exit without training")
     namespace = parser.parse_args(argv)
     given = flags_given(parser, argv)
     config = None
@@ -927,7 +929,11 @@ def parse_training_args(argv, description: str) -> TrainingArguments:
         parser.error(attributed(str(err), config, given))
     if config is not None and moved:
         print(f"note: --config {config.path}: the recorded run's prediction paths outside its folder are its own; "
-              f"this run writes them in {Path(args.output_dir) / 'predictions'} (set {', '.join(moved)} to choose)")
+              f"this run writes them in {Path(args.output_dir) / 'predictions'} (set {', '.join(moved)} to choose)",
+              file=sys.stderr if namespace.print_config else sys.stdout)  # --print_config's stdout is the JSON alone
+    if namespace.print_config:  # like --help: the parser's answer, then exit
+        print(json.dumps(dataclasses.asdict(args), indent=2))
+        parser.exit(0)
     return args
 
 
