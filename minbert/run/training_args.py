@@ -68,7 +68,7 @@ LNSR = "LNSR, layer-wise noise stability (Hua et al. 2021); defaults are AllBERT
 DISTILL = "distillation: a teacher's saved scores on the train splits as soft targets"
 OPTIONS = ("pretrain", "finetune")  # --option: BERT frozen or trained
 THREE_TASK_STAGES = ("qqp", "sts,sst,qqp:0.03")  # --first_stages, --cycle of the three tasks: the thesis's order
-DEMO_STAGES = ("qqp", "sts,sst,qqp:0.25")  # --demo's, a shorter SMART schedule of the three tasks
+DEMO_STAGES = ("qqp", "sts,sst,qqp:0.25")  # --demo's shorter schedule; 3% of its 160 QQP pairs is under a batch
 
 
 class UsageError(ValueError):
