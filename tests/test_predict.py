@@ -17,7 +17,7 @@ import predict
 from conftest import DEMO, ROOT, prediction_flags
 from minbert.files import DataError
 from minbert import load_run
-from minbert.prediction.new_inputs import input_format, output_format, predictions_of, read_examples
+from minbert.prediction.new_inputs import input_format, output_format, predictions_of, read_examples, score_name
 from minbert.run import trained_run
 from minbert.tasks import MULTITASK, TASKS, course_file_name
 from minbert.tasks.calibration import read_calibration
@@ -205,7 +205,7 @@ def test_calibrated_probabilities_divide_the_logits_by_the_runs_temperature(run,
             assert predict.main([str(run), "--task", task, "--input", str(DEMO / course_file_name(task, "dev")),
                                  "--output", str(out), "--quiet", *flags]) == 0
         before, after = ([json.loads(line) for line in path.read_text().splitlines()] for path in (plain, calibrated))
-        score = TASKS[task].score_name
+        score = score_name(TASKS[task])
         assert [(r["label"], r[score]) for r in before] == [(r["label"], r[score]) for r in after]
         expected = TASKS[task].probabilities(np.array([r[score] for r in after]) / fitted[task]["temperature"])
         assert np.array([list(r["probabilities"].values()) for r in after]) == pytest.approx(expected, abs=1e-6)

@@ -159,9 +159,15 @@ class Predictions:
                 record["class"] = int(self.labels[index])
                 record["probabilities"] = {self.task.class_name(c): round(float(p), 6)
                                            for c, p in enumerate(np.atleast_1d(self.probabilities[index]))}
-            record[self.task.score_name] = self.scores[index].tolist()
+            record[score_name(self.task)] = self.scores[index].tolist()
             records.append(record)
         return records
+
+
+def score_name(task: Task) -> str:
+    """What the JSON lines call the score a prediction is decided from: the task's one scores-file column (QQP's
+    'logit', STS's 'score'), or 'logits' for several (SST's)."""
+    return task.score_columns[0] if len(task.score_columns) == 1 else "logits"
 
 
 def predictions_of(task: Task, ids: Sequence[str], scores: np.ndarray, temperature: float = 1.0,

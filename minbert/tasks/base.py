@@ -280,12 +280,6 @@ class Task(OwnOptions, ABC):
     def score_columns(self) -> tuple[str, ...]:
         """The columns of its scores files (RUN/scores/TASK-SPLIT.csv) after the id."""
 
-    @property
-    def score_name(self) -> str:
-        """What predict.py's JSON lines call the score a prediction is decided from: its one column's name (QQP's
-        'logit', STS's 'score'), or 'logits' for several."""
-        return self.score_columns[0] if len(self.score_columns) == 1 else "logits"
-
     def score_problem(self, numbers: list[float]) -> str | None:
         """Why a row of its saved scores is no model's, or None."""
         return logit_problem(numbers)
