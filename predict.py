@@ -4,12 +4,14 @@ input (one sentence, or a pair's two sentences separated by a tab).
     python predict.py runs/demo --task sst --input data/demo/ids-sst-dev.csv --output sst-dev.csv   # the course CSV
     echo "A gripping, funny film." | python predict.py runs/demo --task sst                        # JSON lines
     printf 'How do I learn Python?\\tWhat is the best way to learn Python?\\n' | python predict.py runs/demo --task qqp
-    python predict.py runs/demo --task sts --input pairs.jsonl --output scores.jsonl
+    python predict.py runs/demo --task sts --input examples/pairs.jsonl --output scores.jsonl
 
 RUN is a run's folder (its kept model, OUTPUT_DIR/best) or a checkpoint prefix (runs/demo/stage_3). The model
 predicts as its run did: the run's --max_length, --eval_batch_size and precision (resolved on this device), batches
-sorted by length. JSON lines hold each example's id, label (a class, or STS's 0-5 score), the score the label is
-decided from (SST's five logits, QQP's logit, STS's score) and, for SST and QQP, the class probabilities; the CSV is
+sorted by length. JSON lines hold each example's id, its label (SST's and QQP's class by name, "somewhat positive",
+"paraphrase"; STS's 0-5 similarity), for SST and QQP its class number ("class") and the probabilities by class name,
+and the raw score the label is decided from under the task's name for it: SST's five "logits", QQP's "logit", STS's
+"score" (docs/python_api.md). The same predictions in Python: minbert.load_run (minbert/run/trained_run.py). The CSV is
 the course's leaderboard format, byte for byte what the run wrote for the same file. --calibrated divides the logits
 by the temperature fitted on the run's dev set before the probabilities (the labels stay); --threshold decides QQP at
 the threshold chosen on the run's dev set instead of probability 0.5: both read RUN/calibration.json, which a run
@@ -28,18 +30,18 @@ from pathlib import Path
 from base_bert import CheckpointError
 from minbert.arguments import OneLineErrorParser
 from minbert.files import DataError, OutputError, atomic_write_text, forbidden_output, unwritable_folder
-from minbert.model.multitask_bert import load_multitask_checkpoint
-from minbert.prediction.new_inputs import (INPUT_FORMATS, OUTPUT_FORMATS, STANDARD_STREAM, input_format,
-                                           output_format, prediction_records, read_examples)
-from minbert.run.kept_model import KEPT_MODEL, checkpoint_prefix, kept_predictor, missing_head
-from minbert.runtime import PRECISIONS, resolve_device, use_tf32
+from minbert.prediction.new_inputs import (INPUT_FORMATS, OUTPUT_FORMATS, STANDARD_STREAM, Predictions,
+                                           input_format, output_format, read_examples)
+from minbert.run.kept_model import checkpoint_prefix
+from minbert.run.trained_run import dev_fitted, load_run
+from minbert.runtime import PRECISIONS, resolve_device
 from minbert.tasks import TASKS, TEXT_TASKS, task_name
-from minbert.tasks.base import decided, prediction_rows
-from minbert.tasks.calibration import calibration_path, read_calibration
+from minbert.tasks.base import prediction_rows
 from minbert.tasks.score_files import ScoresFileError
 
 CALIBRATED = tuple(name for name in TEXT_TASKS if TASKS[name].calibrated)  # --calibrated's tasks
 THRESHOLDED = tuple(name for name in TEXT_TASKS if TASKS[name].has_threshold)  # --threshold's
+FLAG_NAMES = ("--calibrated", "--threshold")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -75,71 +77,47 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def dev_fitted(args: argparse.Namespace, prefix: Path) -> tuple[float, float | None]:
-    """The temperature (--calibrated; else 1) and the decision threshold (--threshold; else None) fitted on the run's
-    dev set, from its calibration.json; ScoresFileError when it lacks them or the checkpoint is not the kept model
-    they were fitted on."""
-    if not (args.calibrated or args.threshold):
-        return 1.0, None
-    flags = " and ".join(flag for flag, asked in (("--calibrated", args.calibrated), ("--threshold", args.threshold))
-                         if asked)
-    if prefix.name != KEPT_MODEL:
-        raise ScoresFileError(f"{flags}: {calibration_path(prefix.parent)} was fitted on the kept model "
-                              f"({KEPT_MODEL}), not {prefix.name}")
-    tasks = read_calibration(prefix.parent)
-    if args.task not in tasks:
-        raise ScoresFileError(f"{flags}: {calibration_path(prefix.parent)} has no {args.task} (the run did not "
-                              "train it, or its dev set was too small to calibrate)")
-    entry = tasks[args.task]
-    return (entry["temperature"] if args.calibrated else 1.0), (entry["threshold"]["logit"] if args.threshold
-                                                                else None)
-
-
-def write(args: argparse.Namespace, ids: list[str], scores, temperature: float = 1.0,
-          threshold: float | None = None) -> None:
-    """The predictions as --output_format says, at a decision `threshold` if given, with probabilities of the
-    logits divided by `temperature`."""
-    task = TASKS[args.task]
+def write(args: argparse.Namespace, predictions: Predictions) -> None:
+    """The predictions as --output_format says."""
+    task = predictions.task
     if args.output_format == "csv":
-        predictions = decided(task, scores, threshold)[1].tolist()
+        labels = predictions.labels.tolist()
         if args.output == STANDARD_STREAM:
-            csv.writer(sys.stdout, lineterminator="\n").writerows(prediction_rows(task, "<stdout>", ids, predictions))
+            rows = prediction_rows(task, "<stdout>", predictions.ids, labels)
+            csv.writer(sys.stdout, lineterminator="\n").writerows(rows)
         else:
-            task.write_predictions(args.output, ids, predictions)
+            task.write_predictions(args.output, predictions.ids, labels)
         return
-    text = "".join(json.dumps(record) + "\n"
-                   for record in prediction_records(task, ids, scores, temperature, threshold))
+    text = "".join(json.dumps(record) + "\n" for record in predictions.records())
     if args.output == STANDARD_STREAM:
         sys.stdout.write(text)
     else:
         atomic_write_text(args.output, text)
 
 
+def check_output(args: argparse.Namespace) -> None:
+    """OutputError for an --output that cannot be written or would replace the input or a run's file."""
+    output = Path(args.output)
+    problem = unwritable_folder(output.parent) or (f"{output}: a folder; name the file to write"
+                                                   if output.is_dir() else None)
+    if problem:
+        raise OutputError(f"--output {problem}")
+    problem = forbidden_output("--output", output, [] if args.input == STANDARD_STREAM else [args.input], [args.run])
+    if problem:
+        raise OutputError(problem)
+
+
 def predict(args: argparse.Namespace) -> int:
     prefix = checkpoint_prefix(args.run)
     if args.output != STANDARD_STREAM:
-        output = Path(args.output)
-        problem = unwritable_folder(output.parent) or (f"{output}: a folder; name the file to write"
-                                                       if output.is_dir() else None)
-        if problem:
-            raise OutputError(f"--output {problem}")
-        problem = forbidden_output("--output", output, [] if args.input == STANDARD_STREAM else [args.input],
-                                   [args.run])
-        if problem:
-            raise OutputError(problem)
+        check_output(args)
     examples = read_examples(TASKS[args.task], args.input, args.input_format)  # every input problem before loading
-    temperature, threshold = dev_fitted(args, prefix)
-    device = resolve_device(args.use_gpu)
-    use_tf32(device)
-    model, metadata = load_multitask_checkpoint(prefix, device)
-    problem = missing_head(model, prefix, args.task)
-    if problem:
-        raise problem
-    predictor = kept_predictor(model, prefix, metadata, device, args.batch_size, args.precision, args.quiet)
-    ids, scores = predictor.predict(args.task, examples, scores=True)
-    write(args, ids, scores, temperature, threshold)
+    dev_fitted(prefix, args.task, args.calibrated, args.threshold, FLAG_NAMES)
+    run = load_run(prefix, resolve_device(args.use_gpu), args.batch_size, args.precision, args.quiet)
+    predictions = run.predict_examples(args.task, examples, args.calibrated, args.threshold, FLAG_NAMES)
+    write(args, predictions)
     if args.output != STANDARD_STREAM:
-        print(f"wrote {args.output} ({len(ids)} {args.task} predictions)", file=sys.stderr)
+        print(f"wrote {args.output} ({len(predictions.ids)} {args.task} predictions)", file=sys.stderr)
     return 0
 
 

@@ -19,10 +19,22 @@ it, and never imports the course's other files: evaluation.py, simcse.py and dat
     robustness/  a model on seeded noisy dev sets and under attack (embedding-space PGD, greedy word substitution)
     training/    the step loop (StepLoop) and the run of stages around it (Trainer), schedules, SMART's anchor, EWC,
                  L2-SP, LNSR, surgery, distillation, MLM, SimCSE, the run's progress saved for resuming
-    run/         a run from its flags: the flag schema (training_args.py), assembling a run (run_setup.py), args.json
+    run/         a run from its flags: the flag schema (training_args.py), assembling a run (run_setup.py), args.json,
+                 a trained run in Python (trained_run.py: load_run, below)
     sweeps/      Optuna sweeps of runs (scripts/sweep.py): the space, the study and its storage, trials, summary
     benchmarks/  the harness behind scripts/benchmark.py: step timings against transformers, memory, throughput,
                  the host syncs and graph breaks of a training step, the SQuAD 2.0 peer run
 
-`pip install -e .` makes it importable from anywhere, scripts/ included.
+`pip install -e .` makes it importable from anywhere, scripts/ included. The package's one name is a trained run's
+Python API, `from minbert import load_run` (docs/python_api.md); it is imported on first use, so that `import minbert`
+stays light (no torch) and the package's front door does not tie its lowest layer to its highest.
 """
+
+__all__ = ["load_run"]
+
+
+def __getattr__(name: str):
+    if name == "load_run":
+        from minbert.run.trained_run import load_run
+        return load_run
+    raise AttributeError(f"module 'minbert' has no attribute {name!r}")

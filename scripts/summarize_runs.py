@@ -63,7 +63,7 @@ def read_run(run: Path) -> dict:
     measures = history_forgetting_measures(history)
     forgetting = {} if measures is None else {key: getattr(measures, key) for _, key in FORGETTING_COLUMNS}
     tasks = tuple(task for task in RUN_TASKS if TASKS[task].score_key in best)
-    return {**values, "tasks": tasks, "best_after": f"stage {best['index'] + 1} ({best['stage']})",
+    return {**values, "tasks": tasks, "best_after": f"stage {best['index']} ({best['stage']})",
             "final": history[-1][final_key],
             "train_minutes": sum(record.get("seconds", 0.0) for record in history[1:]) / 60,
             "each_task_best": each_task, **forgetting,
@@ -113,7 +113,7 @@ def each_task_best(stages: list[dict]) -> str:
     keys = {TASKS[task].title: TASKS[task].score_key for task in MULTITASK}
     best = {key: max(stages, key=lambda record: record[key]) for key in keys.values()}
     overall = overall_of({key: record[key] for key, record in best.items()})
-    parts = [f"{name} {best[key][key]:.3f} (stage {best[key]['index'] + 1})" for name, key in keys.items()]
+    parts = [f"{name} {best[key][key]:.3f} (stage {best[key]['index']})" for name, key in keys.items()]
     return ", ".join(parts) + f": overall {overall:.4f}"
 
 

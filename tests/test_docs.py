@@ -100,3 +100,86 @@ def test_the_front_page_figure_has_its_command_beside_it():
     text = (ROOT / "RESULTS.md").read_text(encoding="utf-8")
     assert "](docs/results/studies.png)" in text
     assert "python scripts/plot_studies.py --out docs/results/studies.png" in text
+
+
+# An input a command names by a placeholder (DIR, RUN, …) or that a run writes (runs/...) is the reader's to supply.
+INPUT_FLAGS = r"--(?:input|space|enqueue) ([^\s`)]+)"
+
+
+def named_inputs(page: Path) -> list[str]:
+    return [path for path in re.findall(INPUT_FLAGS, page.read_text(encoding="utf-8"))
+            if path != "-" and "…" not in path and not path.startswith("runs/")
+            and not re.search(r"(^|/)[A-Z][A-Z_]+(/|$)", path)]
+
+
+@pytest.mark.parametrize("page", [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))],
+                         ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_input_file_a_command_names_exists(page):
+    """Issue 59: the README's predict.py and sweep examples read pairs.txt, new-pairs.jsonl and space.json, which did
+    not exist: a command copied from the front page must work (the small inputs live in examples/)."""
+    assert not [path for path in named_inputs(page) if not (ROOT / path).is_file()]
+
+
+def test_the_input_check_sees_a_missing_file(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("python predict.py runs/demo --task sts --input pairs.txt\n`--input DIR/x.csv` `--space "
+                    "examples/space.json` `--input runs/demo/x.csv` `--input …/perturbed/a.csv`\n", encoding="utf-8")
+    assert named_inputs(page) == ["pairs.txt", "examples/space.json"]
+
+
+def readme_blocks(language: str) -> list[str]:
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    return re.findall(rf"```{language}\n(.*?)```", text, flags=re.S)
+
+
+@pytest.fixture(scope="module")
+def readme_folder(tiny_checkpoint, tmp_path_factory):
+    """A folder laid out as the README's commands expect: the project's scripts and examples/, and runs/demo and
+    runs/gpu_ss a tiny run of the three tasks (the demo itself takes minutes)."""
+    import multitask_classifier
+    from conftest import DEMO, skip_figures
+    folder = tmp_path_factory.mktemp("readme")
+    run = folder / "tiny-run"
+    with pytest.MonkeyPatch.context() as patch:
+        skip_figures(patch)
+        assert multitask_classifier.main([
+            "--data_dir", str(DEMO), "--pretrained", str(tiny_checkpoint), "--option", "finetune", "--quiet",
+            "--max_train_examples", "16", "--max_length", "32", "--batch_size", "8", "--lr", "1e-3",
+            "--first_stages", "qqp,sts,sst", "--cycles", "0", "--output_dir", str(run)]) == 0
+    (folder / "runs").mkdir()
+    for name in ("demo", "gpu_ss"):
+        (folder / "runs" / name).symlink_to(run)
+    for name in ("predict.py", "examples"):
+        (folder / name).symlink_to(ROOT / name)
+    return folder
+
+
+def test_the_readme_predict_commands_run_as_written(readme_folder):
+    """Each predict.py line of the README, as written (runs/demo: a tiny run), gives JSON lines with the label, the
+    probabilities by class name and the task's raw score."""
+    import json
+    import os
+    import subprocess
+    import sys
+    commands = [line for block in readme_blocks("bash") for line in block.splitlines() if "predict.py" in line]
+    assert len(commands) == 3, commands
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PATH": f"{Path(sys.executable).parent}{os.pathsep}"
+           f"{os.environ['PATH']}"}
+    for command in commands:
+        result = subprocess.run(["bash", "-c", command], cwd=readme_folder, env=env, capture_output=True, text=True,
+                                timeout=300)
+        assert result.returncode == 0, (command, result.stderr)
+        output = re.search(r"--output (\S+)", command)
+        text = (readme_folder / output.group(1)).read_text() if output else result.stdout
+        records = [json.loads(line) for line in text.splitlines()]
+        assert records and all("label" in record for record in records)
+        assert all(("logits" in r or "logit" in r or "score" in r) for r in records)
+
+
+def test_the_readme_python_api_snippet_runs(readme_folder, monkeypatch):
+    (snippet,) = [block for block in readme_blocks("python") if "load_run" in block]
+    monkeypatch.chdir(readme_folder)
+    namespace = {}
+    exec(snippet, namespace)  # noqa: S102 (the README's own code)
+    labels = namespace["run"].predict(["A gripping film."], task="sst").label_names
+    assert labels[0] in ("negative", "somewhat negative", "neutral", "somewhat positive", "positive")

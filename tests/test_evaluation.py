@@ -224,6 +224,10 @@ def test_forgetting_table_best_minus_final():
     lines = table.strip().splitlines()
     assert lines[0] == "| stage | SST acc | QQP acc | STS r | overall |"
     assert lines[2].startswith("| 1. qqp | 0.2000 | 0.8000 | 0.7000 |")
+    numbered = forgetting_table_markdown([{**HISTORY[0], "stage": "pretrained", "index": 0},
+                                          *({**entry, "index": i} for i, entry in enumerate(HISTORY, start=1))])
+    # A run's records carry their stage numbers: the pretrained row is 0, the first stage 1, as the trainer prints.
+    assert [line.split(" | ")[0] for line in numbered.splitlines()[2:4]] == ["| 0. pretrained", "| 1. qqp"]
     forgetting_row = lines[2 + len(HISTORY)]
     assert forgetting_row.startswith("| forgetting (best − final) |")
     forgetting = [float(cell) for cell in forgetting_row.strip("|").split("|")[1:]]

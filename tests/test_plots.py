@@ -1,10 +1,12 @@
 """plots.py: the run's figures are PNGs, and write_run_reports writes them with the history and forgetting table."""
 import json
+from pathlib import Path
 
 import numpy as np
 
 from evaluation import forgetting_table_markdown
 from minbert.reports.plots import plot_error_analysis, plot_forgetting_matrix, plot_training_curves, write_run_reports
+from minbert.reports.tables import HISTORY_METRICS
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -72,3 +74,27 @@ def test_a_run_with_a_broken_figure_library_stops_in_one_line_before_any_model_l
     error = capsys.readouterr().err.strip().splitlines()
     assert len(error) == 1 and "the t-SNE plot of the embeddings needs sklearn.manifold" in error[0], error
     assert "pip install --upgrade scikit-learn" in error[0]
+
+
+def test_the_training_curves_show_the_training_loss_of_steps_jsonl_beside_the_dev_curves(tmp_path, monkeypatch):
+    """Issue 59: a run's report drew only the dev curves; steps.jsonl's training loss is drawn beside them."""
+    import minbert.reports.plots as plots
+    drawn = {}
+    save = plots.save_figure
+
+    def keep_axes(fig, path):
+        drawn[Path(path).name] = [(ax.get_title(), [line.get_label() for line in ax.get_lines()],
+                                   [line.get_xydata().tolist() for line in ax.get_lines()]) for ax in fig.axes]
+        return save(fig, path)
+    monkeypatch.setattr(plots, "save_figure", keep_axes)
+    steps = [{"update": 5, "stage": "stage 1 qqp", "task": "qqp", "loss": 0.7},
+             {"update": 10, "stage": "stage 1 qqp", "task": "qqp", "loss": 0.5},
+             {"update": 15, "stage": "stage 2 sts,sst", "task": "sts,sst", "loss": 1.5}]
+    (tmp_path / "steps.jsonl").write_text("".join(json.dumps(line) + "\n" for line in steps) + '{"update": 2')
+    history = [{"stage": "pretrained"}, *({**entry, "overall": 0.5} for entry in HISTORY)]
+    write_run_reports(history, _dev_predictions(), tmp_path)
+    title, labels, points = drawn["training_curves.png"][-1]
+    assert title == "training loss" and labels == ["qqp", "sts,sst"]
+    assert points == [[[5, 0.7], [10, 0.5]], [[15, 1.5]]]
+    assert [panel[0] for panel in drawn["training_curves.png"][:-1]] == [name for _, name in HISTORY_METRICS[:-1]]
+    _assert_png(tmp_path / "training_curves.png")

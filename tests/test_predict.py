@@ -2,19 +2,23 @@
 is one line with exit code 2 before the model loads."""
 import io
 import json
+import re
 import shutil
 import subprocess
 import sys
 
 import numpy as np
 import pytest
+import torch
 from calibrate import main as calibrate_main
 
 import multitask_classifier
 import predict
 from conftest import DEMO, ROOT, prediction_flags
 from minbert.files import DataError
-from minbert.prediction.new_inputs import input_format, output_format, prediction_records, read_examples
+from minbert import load_run
+from minbert.prediction.new_inputs import input_format, output_format, predictions_of, read_examples, score_name
+from minbert.run import trained_run
 from minbert.tasks import MULTITASK, TASKS, course_file_name
 from minbert.tasks.calibration import read_calibration
 
@@ -37,7 +41,7 @@ def run(tiny_checkpoint, tmp_path_factory):
 def checkpoint_must_not_load(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("the model was loaded before the input was validated")
-    monkeypatch.setattr(predict, "load_multitask_checkpoint", refuse)
+    monkeypatch.setattr(trained_run, "load_multitask_checkpoint", refuse)
 
 
 def one_error_line(capsys) -> str:
@@ -56,16 +60,20 @@ def test_the_kept_model_writes_the_runs_own_csvs_byte_for_byte(run, tmp_path, ta
     assert out.read_bytes() == written.read_bytes()
 
 
-def test_lines_on_standard_input_give_json_lines_with_label_score_and_probabilities(run, monkeypatch, capsys):
+def test_lines_on_standard_input_give_json_lines_with_label_name_logit_and_probabilities(run, monkeypatch, capsys):
     monkeypatch.setattr(sys, "stdin", io.StringIO("How do I learn Python?\tWhat is the best way to learn it?\n\n"
                                                   "Is it raining?\tIs the sun out?\n"))
     assert predict.main([str(run), "--task", "para", "--quiet"]) == 0
     records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [r["id"] for r in records] == ["1", "3"]  # line numbers; the blank line is skipped
     for record in records:
-        assert record["label"] == int(record["score"] > 0)  # QQP decides by the logit's sign
-        assert len(record["probabilities"]) == 2 and sum(record["probabilities"]) == pytest.approx(1, abs=1e-5)
-        assert record["probabilities"][1] == pytest.approx(1 / (1 + np.exp(-record["score"])), abs=1e-5)
+        assert list(record) == ["id", "label", "class", "probabilities", "logit"]
+        assert record["class"] == int(record["logit"] > 0)  # QQP decides by the logit's sign
+        assert record["label"] == ("not paraphrase", "paraphrase")[record["class"]]
+        probabilities = record["probabilities"]
+        assert list(probabilities) == ["not paraphrase", "paraphrase"]
+        assert sum(probabilities.values()) == pytest.approx(1, abs=1e-5)
+        assert probabilities["paraphrase"] == pytest.approx(1 / (1 + np.exp(-record["logit"])), abs=1e-5)
 
 
 def test_json_lines_keep_their_ids_and_match_the_course_files_predictions(run, tmp_path):
@@ -79,7 +87,7 @@ def test_json_lines_keep_their_ids_and_match_the_course_files_predictions(run, t
     course = dict(line.split(",") for line in (run / "predictions" / "sts-dev-out.csv").read_text().splitlines()[1:])
     # The same examples, so the same batches: the labels are the CSV's cells.
     assert {i: TASKS["sts"].format_prediction(r["label"]) for i, r in records.items()} == course
-    assert all(0 <= r["label"] <= 5 and "probabilities" not in r for r in records.values())
+    assert all(list(r) == ["id", "label", "score"] and 0 <= r["label"] <= 5 for r in records.values())
 
 
 def test_formats_follow_the_names_unless_asked():
@@ -91,9 +99,10 @@ def test_formats_follow_the_names_unless_asked():
 
 def test_sst_records_decide_the_class_of_the_highest_probability():
     scores = np.array([[0.1, 2.0, -1.0, 0.0, 0.3], [3.0, 0.0, 0.0, 0.0, 0.0]], dtype=np.float32)
-    records = prediction_records(TASKS["sst"], ["a", "b"], scores)
-    assert [r["label"] for r in records] == [1, 0]
-    assert all(int(np.argmax(r["probabilities"])) == r["label"] for r in records)
+    records = predictions_of(TASKS["sst"], ["a", "b"], scores).records()
+    assert [(r["class"], r["label"]) for r in records] == [(1, "somewhat negative"), (0, "negative")]
+    assert all(max(r["probabilities"], key=r["probabilities"].get) == r["label"] for r in records)
+    assert records[0]["logits"] == pytest.approx(scores[0].tolist())
 
 
 @pytest.mark.parametrize("text, fmt, problem", [
@@ -196,9 +205,10 @@ def test_calibrated_probabilities_divide_the_logits_by_the_runs_temperature(run,
             assert predict.main([str(run), "--task", task, "--input", str(DEMO / course_file_name(task, "dev")),
                                  "--output", str(out), "--quiet", *flags]) == 0
         before, after = ([json.loads(line) for line in path.read_text().splitlines()] for path in (plain, calibrated))
-        assert [(r["label"], r["score"]) for r in before] == [(r["label"], r["score"]) for r in after]
-        expected = TASKS[task].probabilities(np.array([r["score"] for r in after]) / fitted[task]["temperature"])
-        assert np.array([r["probabilities"] for r in after]) == pytest.approx(expected, abs=1e-6)
+        score = score_name(TASKS[task])
+        assert [(r["label"], r[score]) for r in before] == [(r["label"], r[score]) for r in after]
+        expected = TASKS[task].probabilities(np.array([r[score] for r in after]) / fitted[task]["temperature"])
+        assert np.array([list(r["probabilities"].values()) for r in after]) == pytest.approx(expected, abs=1e-6)
 
 
 def test_the_threshold_decides_the_csv_as_the_script_does_from_the_runs_scores(run, tmp_path):
@@ -229,7 +239,8 @@ def test_the_command_line_reads_standard_input(run):
                             input="A gripping, funny film.\n", capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     (record,) = map(json.loads, result.stdout.splitlines())
-    assert record["id"] == "1" and record["label"] in range(5) and len(record["score"]) == 5
+    assert record["id"] == "1" and record["label"] == TASKS["sst"].label_names[record["class"]]
+    assert len(record["logits"]) == 5
 
 
 def test_a_task_the_model_has_no_head_for_is_one_line(tmp_path, capsys):
@@ -239,3 +250,66 @@ def test_a_task_the_model_has_no_head_for_is_one_line(tmp_path, capsys):
     save_multitask_model(tiny_model(tasks=("sst",)), tmp_path / "best", {"args": {"pretrained": "minilm-l6"}})
     assert predict.main([str(tmp_path), "--task", "qqp", "--input", str(DEMO / "quora-dev.csv"), "--quiet"]) == 2
     assert one_error_line(capsys) == f"error: {tmp_path / 'best'}: the model has no qqp head (it has sst)"
+
+
+@pytest.fixture(scope="module")
+def loaded(run):
+    return load_run(run, device="cpu")
+
+
+def dev_texts(task: str) -> list:
+    examples = read_examples(TASKS[task], str(DEMO / course_file_name(task, "dev")), "course")
+    return [e.sentence if TASKS[task].text_columns == ("sentence",) else (e.sentence1, e.sentence2) for e in examples]
+
+
+@pytest.mark.parametrize("task", MULTITASK)
+def test_the_python_api_predicts_what_predict_py_writes_and_the_runs_dev_csv(run, loaded, tmp_path, task):
+    out = tmp_path / "out.jsonl"
+    assert predict.main([str(run), "--task", task, "--input", str(DEMO / course_file_name(task, "dev")), "--output",
+                         str(out), "--quiet"]) == 0
+    written = [json.loads(line) for line in out.read_text().splitlines()]
+    predictions = loaded.predict(dev_texts(task), task=task)
+    # The same texts, so the same batches: the ids are the API's line numbers, the rest is predict.py's.
+    assert [{**r, "id": None} for r in predictions.records()] == [{**r, "id": None} for r in written]
+    assert predictions.label_names == [r["label"] for r in written]
+    csv_cells = [line.split(",")[1] for line in
+                 (run / "predictions" / f"{TASKS[task].flag_prefix}-dev-out.csv").read_text().splitlines()[1:]]
+    assert [TASKS[task].format_prediction(label) for label in predictions.labels] == csv_cells
+
+
+def test_the_python_api_applies_the_runs_temperature_and_threshold_as_predict_py_does(run, loaded, tmp_path):
+    out = tmp_path / "out.jsonl"
+    assert predict.main([str(run), "--task", "qqp", "--input", str(DEMO / "quora-dev.csv"), "--output", str(out),
+                         "--quiet", "--calibrated", "--threshold"]) == 0
+    written = [json.loads(line) for line in out.read_text().splitlines()]
+    predictions = loaded.predict(dev_texts("qqp"), task="para", calibrated=True, threshold=True)
+    assert [{**r, "id": None} for r in predictions.records()] == [{**r, "id": None} for r in written]
+    threshold = read_calibration(run)["qqp"]["threshold"]["logit"]
+    assert predictions.labels.tolist() == (predictions.scores > threshold).astype(int).tolist()
+    plain = loaded.predict(dev_texts("qqp"), task="qqp")
+    assert not np.allclose(plain.probabilities, predictions.probabilities)  # the temperature is not 1
+
+
+def test_encode_gives_each_sentence_the_runs_pooled_embedding(loaded, tokenizer):
+    sentences = ["A gripping, funny film.", "Dull.", "The plot wanders but the actors hold it together."]
+    embeddings = loaded.encode(sentences)
+    assert embeddings.shape == (3, 32) and embeddings.dtype == np.float32
+    for sentence, embedding in zip(sentences, embeddings):  # each alone, unpadded: the pooling of its own tokens
+        encoded = tokenizer([sentence], return_tensors="pt", padding=True)
+        with torch.inference_mode():
+            alone = loaded.model.encode_sentences(encoded["input_ids"], encoded["attention_mask"])[0].numpy()
+        assert embedding == pytest.approx(alone, abs=1e-3)  # padded in a batch: float rounding only
+    assert loaded.encode(sentences[1]) == pytest.approx(embeddings[1])  # one string: one vector
+    unit = loaded.encode(sentences, normalize_embeddings=True)
+    assert np.linalg.norm(unit, axis=1) == pytest.approx(np.ones(3), abs=1e-6)
+
+
+@pytest.mark.parametrize("call, problem", [
+    (lambda run: run.predict(["a"], task="squad"), "unknown task 'squad'"),
+    (lambda run: run.predict("A film.", task="sst"), "sst: give a list of texts, not one string"),
+    (lambda run: run.predict(["One?"], task="qqp"), "qqp: text 1 must be a pair of strings, got 'One?'"),
+    (lambda run: run.predict([("a", "b")], task="sts", calibrated=True), "calibrated=True: sts has no temperature"),
+])
+def test_the_python_api_refuses_what_it_cannot_predict_in_one_line(loaded, call, problem):
+    with pytest.raises(ValueError, match=re.escape(problem)):
+        call(loaded)

@@ -30,7 +30,7 @@ def test_rows_and_mean_with_sample_std(tmp_path, capsys):
     # is the earlier task, unchanged by the SST stage (BWT and forgetting 0); after it (0.3 + 0.8 + 0.85) / 3.
     assert lines[0].endswith("| best after | final overall | train min | avg score after last stage | BWT | "
                              "mean forgetting |")
-    assert lines[2] == ("| s1 | 0.400 | 0.350 | 0.800 | 0.750 | 0.850 | 0.700 | stage 2 (qqp) | 0.600 | 3.0 | "
+    assert lines[2] == ("| s1 | 0.400 | 0.350 | 0.800 | 0.750 | 0.850 | 0.700 | stage 1 (qqp) | 0.600 | 3.0 | "
                         "0.650 | 0.000 | 0.000 |")
     assert lines[4].startswith("| mean ± std (2 runs) | 0.450 ± 0.071 | 0.400 ± 0.071 | 0.800 ± 0.000 |")
     assert lines[4].endswith("| 3.0 ± 0.0 | 0.650 ± 0.000 | 0.000 ± 0.000 | 0.000 ± 0.000 |")
@@ -53,7 +53,7 @@ def test_qqp_weighted_f1_and_the_continual_figures_of_a_sequential_run(tmp_path,
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("| run | SST acc | SST F1 (w) | QQP acc | QQP F1 | QQP F1 (w) | STS r | overall |")
     # Earlier tasks qqp and sts: BWT ((0.70 - 0.80) + (0.80 - 0.85)) / 2; forgetting 0.10 and 0.05
-    assert lines[2] == ("| sequential | 0.500 | 0.490 | 0.700 | 0.600 | 0.680 | 0.800 | 0.700 | stage 4 (sst) | 0.700 | "
+    assert lines[2] == ("| sequential | 0.500 | 0.490 | 0.700 | 0.600 | 0.680 | 0.800 | 0.700 | stage 3 (sst) | 0.700 | "
                         "3.0 | 0.667 | -0.075 | 0.075 |")
     assert lines[3] == "sequential, forgetting per earlier task (Chaudhry et al. 2018): qqp 0.1000, sts 0.0500"
 
@@ -71,7 +71,7 @@ def test_a_one_task_run_gets_its_tasks_columns(tmp_path, capsys):
     assert summarize_runs.main([str(run)]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == "| run | QQP acc | QQP F1 | best after | final QQP acc | train min |"
-    assert lines[2] == "| qqp_alone | 0.830 | 0.770 | stage 3 (qqp@0.03) | 0.820 | 1.2 |"
+    assert lines[2] == "| qqp_alone | 0.830 | 0.770 | stage 2 (qqp@0.03) | 0.820 | 1.2 |"
 
 
 def test_unfinished_run_is_a_one_line_error_naming_the_file_and_exit_2(tmp_path, capsys):
@@ -103,9 +103,10 @@ def test_each_task_at_its_own_best_stage(tmp_path, capsys):
     history.append({**record(3, "sts", 0.65, 0.35, 60.0), "sts_pearson": 0.9, "qqp_acc": 0.7})
     (run / "history.json").write_text(json.dumps(history))
     assert summarize_runs.main([str(run), "--each_task_best"]) == 0
-    # SST 0.40 after stage 2, QQP 0.80 first reached there too, STS 0.90 after stage 4 (the pretrained row never counts).
+    # SST 0.40 after stage 1, QQP 0.80 first reached there too, STS 0.90 after stage 3 (the pretrained row never
+    # counts): numbered as the trainer prints the stages and history.json's "index" holds them.
     assert capsys.readouterr().out.splitlines()[-1] == (
-        "adapters, each task at its best stage: SST 0.400 (stage 2), QQP 0.800 (stage 2), STS 0.900 (stage 4): "
+        "adapters, each task at its best stage: SST 0.400 (stage 1), QQP 0.800 (stage 1), STS 0.900 (stage 3): "
         "overall 0.7167")  # (0.40 + 0.80 + (0.90 + 1) / 2) / 3
 
 
@@ -124,7 +125,7 @@ def test_a_squad_run_gets_the_squad_columns_and_a_four_task_run_both(tmp_path, c
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == ("| run | SQuAD EM | SQuAD F1 | has-answer F1 | no-answer F1 | F1 at τ = 0 | best after | "
                         "final SQuAD F1 | train min |")
-    assert lines[2] == "| qa | 0.500 | 0.600 | 0.400 | 0.800 | 0.550 | stage 2 (qa) | 0.550 | 2.0 |"
+    assert lines[2] == "| qa | 0.500 | 0.600 | 0.400 | 0.800 | 0.550 | stage 1 (qa) | 0.550 | 2.0 |"
     four = tmp_path / "four"
     four.mkdir()
     history = [{**record(0, "pretrained", 0.5, 0.2, 1.0), **qa_record(0, "pretrained", 0.5, 1.0)},
@@ -134,7 +135,7 @@ def test_a_squad_run_gets_the_squad_columns_and_a_four_task_run_both(tmp_path, c
     assert summarize_runs.main([str(four)]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("| run | SST acc |") and "| overall | SQuAD EM |" in lines[0]
-    assert lines[2].endswith("| 0.700 | 0.500 | 0.600 | 0.400 | 0.800 | 0.550 | stage 2 (multitask-1) | 0.700 | 1.0 |")
+    assert lines[2].endswith("| 0.700 | 0.500 | 0.600 | 0.400 | 0.800 | 0.550 | stage 1 (multitask-1) | 0.700 | 1.0 |")
 
 
 def test_a_run_given_twice_is_refused_in_one_line(tmp_path, capsys):

@@ -218,3 +218,10 @@ def test_a_head_named_like_one_of_the_models_attributes_is_refused(monkeypatch, 
     with pytest.raises(ValueError, match=rf"^task 'sst': its head_name '{head_name}' is already an attribute of "
                                          "MultitaskBERT"):
         tiny_model()
+
+
+def test_a_classification_naming_another_number_of_classes_is_refused():
+    """predict.py shows a class by its name: a name short would fail at prediction time, not where it is declared."""
+    with pytest.raises(TaskModuleError, match=r"^minbert/tasks/toy.py: its task names 2 classes \(label_names\) "
+                                              r"but has 5$"):
+        check_task_modules(the_tasks_with(dataclasses.replace(TOY, num_classes=5, label_names=("bad", "good"))))

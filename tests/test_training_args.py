@@ -161,6 +161,20 @@ def test_help_lists_every_group_and_exits_0(capsys):
         assert expected in text
 
 
+def test_help_shows_the_common_flags_first_and_the_per_file_paths_last(capsys):
+    """Issue 59: --help opened on eighteen per-file paths; what most runs set comes first."""
+    with pytest.raises(SystemExit):
+        mc.main(["--help"])
+    text = capsys.readouterr().out
+    sections = [line for line in text.split("\n\n") if line and not line.startswith(("usage:", " "))]
+    headings = [section.splitlines()[0] for section in sections if section.splitlines()[0].endswith(":")]
+    assert headings[1].startswith("common: ") and headings[-1].startswith("the course's per-file paths")
+    common = sections[[s.splitlines()[0] for s in sections].index(headings[1])]
+    for flag in ("--demo", "--data_dir", "--tasks", "--pretrained", "--output_dir", "--use_gpu"):
+        assert f"  {flag}" in common, flag
+    assert "--sst_train" in sections[-1] and "--sst_train" not in common
+
+
 def test_parsed_defaults_are_the_dataclass_defaults():
     parsed = from_namespace(TrainingArguments, build_parser(TrainingArguments).parse_args([]))
     default = TrainingArguments()
@@ -323,3 +337,25 @@ def test_compile_on_a_cpu_warns_once_in_one_line(tiny_checkpoint, tmp_path, monk
     assert "leave --compile off on a CPU" in warnings[0]
     assert mc.main([flag for flag in flags if flag != "--compile"]) == 0
     assert "--compile" not in capsys.readouterr().err
+
+
+def test_print_config_fed_back_to_config_reproduces_the_runs_args(tiny_checkpoint, tmp_path, capsys, no_plots):
+    """--print_config prints what a command line resolves to (--demo's defaults included) as --config reads it, and
+    trains nothing; that JSON given to --config trains the same run: its args.json "args" are the direct run's."""
+    import json
+    command = ["--demo", "--pretrained", str(tiny_checkpoint), "--quiet", "--max_train_examples", "8",
+               "--max_length", "32", "--first_stages", "sst", "--cycles", "0", "--no-smart",
+               "--output_dir", str(tmp_path / "direct")]
+    with pytest.raises(SystemExit) as stopped:
+        mc.main([*command, "--print_config"])
+    assert stopped.value.code == 0 and not (tmp_path / "direct").exists()
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["demo"] and printed["pretrained"] == str(tiny_checkpoint) and printed["cycles"] == 0
+    assert mc.main(command) == 0
+    recorded = json.loads((tmp_path / "direct" / "args.json").read_text())["args"]
+    assert printed == recorded
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({**printed, "output_dir": str(tmp_path / "again")}))
+    assert mc.main(["--config", str(config)]) == 0
+    again = json.loads((tmp_path / "again" / "args.json").read_text())["args"]
+    assert again == {**recorded, "output_dir": str(tmp_path / "again")}

@@ -2,8 +2,8 @@
 its predictions as the course's CSV or as JSON lines with the label, the score and the class probabilities.
 
     examples = read_examples(TASKS["sts"], "pairs.txt", "lines")   # one pair a line, its two sentences tab-separated
-    records = prediction_records(TASKS["sts"], ids, scores)        # [{"id", "label", "score"}], SST and QQP with
-                                                                   # "probabilities" too
+    records = predictions_of(TASKS["sts"], ids, scores).records()  # [{"id", "label", "score"}]; SST and QQP: the
+                                      # class's name, "class", "probabilities" by class name, "logits" / "logit"
 
 The formats, for a task whose examples are sentences (`text_columns`: SST's "sentence", QQP's and STS's
 "sentence1" and "sentence2"; SQuAD's questions are read from its own JSON by multitask_classifier.py):
@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
@@ -114,18 +115,66 @@ def _example(task: Task, example_id: str, texts: tuple[str, ...]) -> SentenceExa
     return SentenceExample(example_id, *texts, None) if len(texts) == 1 else PairExample(example_id, *texts, None)
 
 
-def prediction_records(task: Task, ids: Sequence[str], scores: np.ndarray, temperature: float = 1.0,
-                       threshold: float | None = None) -> list[dict]:
-    """One JSON-ready record per example: its id, its label (a class, or STS's score; at a decision `threshold` if
-    given), the score it was decided from (SST's logits, QQP's logit, STS's 0-5 score) and, for a classification
-    task, its class probabilities, of the logits divided by `temperature` (one fitted on dev: calibrated ones)."""
+def examples_of_texts(task: Task, texts: Sequence[str | Sequence[str]]) -> list[SentenceExample | PairExample]:
+    """Examples of texts given in code: a sentence each, or a pair's two sentences each (a tuple or list), ids "1",
+    "2", ... as the lines format numbers them; ValueError naming the first text the task cannot read."""
+    if isinstance(texts, str):
+        raise ValueError(f"{task.name}: give a list of texts, not one string")
+    examples = []
+    for number, text in enumerate(texts, start=1):
+        parts = (text,) if isinstance(text, str) else tuple(text)
+        if len(parts) != len(task.text_columns) or not all(isinstance(part, str) for part in parts):
+            want = "a string" if len(task.text_columns) == 1 else "a pair of strings"
+            raise ValueError(f"{task.name}: text {number} must be {want}, got {text!r}")
+        examples.append(_example(task, str(number), parts))
+    return examples
+
+
+@dataclass(frozen=True)
+class Predictions:
+    """A task's predictions of examples: `labels` (a class, or STS's 0-5 score; at a decision threshold if one was
+    given), `probabilities` (N, C) of a classification task's classes (of the logits divided by a temperature:
+    calibrated ones when it was fitted on dev), `scores` as the run saves them (SST's logits, QQP's logit, STS's
+    score) and each label in words (`label_names`: a class's name, STS's score as a number)."""
+    task: Task
+    ids: list[str]
+    labels: np.ndarray
+    probabilities: np.ndarray | None
+    scores: np.ndarray
+
+    @property
+    def label_names(self) -> list[str | float]:
+        if isinstance(self.task, Classification):
+            return [self.task.class_name(int(label)) for label in self.labels]
+        return [self.task.parse_prediction(self.task.format_prediction(label)) for label in self.labels]
+
+    def records(self) -> list[dict]:
+        """predict.py's JSON lines: each example's id, label (a class's name, or STS's score), for a classification
+        task its class number ("class") and probabilities by class name, and its score under the task's name for
+        it (score_name: "logits", "logit", "score")."""
+        records = []
+        for index, (example_id, name) in enumerate(zip(self.ids, self.label_names)):
+            record = {"id": example_id, "label": name}
+            if self.probabilities is not None:
+                record["class"] = int(self.labels[index])
+                record["probabilities"] = {self.task.class_name(c): round(float(p), 6)
+                                           for c, p in enumerate(np.atleast_1d(self.probabilities[index]))}
+            record[score_name(self.task)] = self.scores[index].tolist()
+            records.append(record)
+        return records
+
+
+def score_name(task: Task) -> str:
+    """What the JSON lines call the score a prediction is decided from: the task's one scores-file column (QQP's
+    'logit', STS's 'score'), or 'logits' for several (SST's)."""
+    return task.score_columns[0] if len(task.score_columns) == 1 else "logits"
+
+
+def predictions_of(task: Task, ids: Sequence[str], scores: np.ndarray, temperature: float = 1.0,
+                   threshold: float | None = None) -> Predictions:
+    """The predictions of a model's `scores` of the examples `ids`: labels decided as the run decides them (at a
+    decision `threshold` if given) and class probabilities of the logits divided by `temperature` (one fitted on
+    dev: calibrated ones)."""
     values, labels = decided(task, scores, threshold)
     probabilities = task.probabilities(values / temperature) if isinstance(task, Classification) else None
-    records = []
-    for index, example_id in enumerate(ids):
-        record = {"id": example_id, "label": task.parse_prediction(task.format_prediction(labels[index])),
-                  "score": values[index].tolist()}
-        if probabilities is not None:
-            record["probabilities"] = [round(float(p), 6) for p in np.atleast_1d(probabilities[index])]
-        records.append(record)
-    return records
+    return Predictions(task, list(ids), labels, probabilities, values)

@@ -14,6 +14,7 @@ import numpy as np
 from minbert.files import atomic_write, atomic_write_text
 from minbert.reports.tables import HISTORY_METRICS, error_counts, forgetting_table_markdown, history_matrix
 from minbert.runtime import import_problem
+from minbert.step_log import STEPS_FILE
 from minbert.tasks.metrics import paired_arrays, paraphrase_metrics, sst_metrics, sts_metrics
 
 
@@ -67,13 +68,47 @@ def plot_forgetting_matrix(history: Sequence[Mapping], path: str | os.PathLike) 
     return save_figure(fig, path)
 
 
-def plot_training_curves(history: Sequence[Mapping], path: str | os.PathLike) -> Path:
+def training_losses(steps: Sequence[Mapping]) -> dict[str, tuple[list[int], list[float]]]:
+    """{the tasks a line trained ('qqp', 'sts,sst'): (updates, mean training losses)} of steps.jsonl's lines, in
+    their order; a line without a numeric update and loss (a torn last line) is left out."""
+    series: dict[str, tuple[list[int], list[float]]] = {}
+    for line in steps:
+        update, loss = line.get("update"), line.get("loss")
+        if isinstance(update, int) and isinstance(loss, (int, float)):
+            updates, losses = series.setdefault(str(line.get("task", "")), ([], []))
+            updates.append(update)
+            losses.append(float(loss))
+    return series
+
+
+def read_steps(path: str | os.PathLike) -> list[dict]:
+    """The JSON objects of a run's steps.jsonl (none when it is absent); a line that is not one is skipped."""
+    path = Path(path)
+    lines = path.read_text(encoding="utf-8").splitlines() if path.is_file() else []
+    steps = []
+    for line in lines:
+        try:
+            value = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(value, dict):
+            steps.append(value)
+    return steps
+
+
+def plot_training_curves(history: Sequence[Mapping], path: str | os.PathLike,
+                         steps: Sequence[Mapping] = ()) -> Path:
     """One panel per default task: dev metric over history entries, plus train metric when logged
-    (keys 'train_sst_acc', 'train_qqp_acc', 'train_sts_pearson')."""
+    (keys 'train_sst_acc', 'train_qqp_acc', 'train_sts_pearson'); beside them, the training loss over updates
+    from steps.jsonl's lines (`steps`), one line per task trained, when there are any."""
     plt = pyplot()
     labels, _, matrix = history_matrix(history)
     tasks = HISTORY_METRICS[:-1]  # the last column is the overall score
-    fig, axes = plt.subplots(1, len(tasks), figsize=(5 * len(tasks), 4), sharex=True)
+    losses = training_losses(steps)
+    panels = len(tasks) + bool(losses)
+    fig, axes = plt.subplots(1, panels, figsize=(5 * panels, 4))
+    if losses:
+        plot_training_losses(axes[-1], losses)
     steps = np.arange(len(labels))
     for col, (ax, (key, name)) in enumerate(zip(axes, tasks)):
         ax.plot(steps, matrix[:, col], marker="o", label="dev")
@@ -85,6 +120,15 @@ def plot_training_curves(history: Sequence[Mapping], path: str | os.PathLike) ->
         ax.grid(alpha=0.3)
         ax.legend()
     return save_figure(fig, path)
+
+
+def plot_training_losses(ax, losses: Mapping[str, tuple[list[int], list[float]]]) -> None:
+    for task, (updates, values) in losses.items():
+        ax.plot(updates, values, marker=".", label=task or "loss")
+    ax.set_title("training loss")
+    ax.set_xlabel("update")
+    ax.grid(alpha=0.3)
+    ax.legend()
 
 
 def plot_error_analysis(
@@ -133,8 +177,8 @@ def plot_error_analysis(
 
 
 def write_run_reports(history: Sequence[Mapping], dev_predictions: Mapping, out_dir: str | os.PathLike) -> str:
-    """history.json, forgetting.md, the forgetting matrix, training curves and error-analysis plots of a
-    run in out_dir; dev_predictions maps each task to (ids, predictions, gold). Returns the forgetting table;
+    """history.json, forgetting.md, the forgetting matrix, training curves (with the training loss of out_dir's
+    steps.jsonl) and error-analysis plots of a run in out_dir; dev_predictions maps each task to (ids, predictions, gold). Returns the forgetting table;
     a run without all three of sst, qqp and sts gets only history.json and returns ""."""
     out_dir = Path(out_dir)
     atomic_write_text(out_dir / "history.json", json.dumps(list(history), indent=1))
@@ -144,7 +188,7 @@ def write_run_reports(history: Sequence[Mapping], dev_predictions: Mapping, out_
     table = forgetting_table_markdown(evaluated)
     atomic_write_text(out_dir / "forgetting.md", table)
     plot_forgetting_matrix(evaluated, out_dir / "forgetting_matrix.png")
-    plot_training_curves(evaluated, out_dir / "training_curves.png")
+    plot_training_curves(evaluated, out_dir / "training_curves.png", read_steps(out_dir / STEPS_FILE))
     plot_error_analysis(*dev_predictions["sst"][1:], *dev_predictions["qqp"][1:], *dev_predictions["sts"][1:],
                         out_dir)
     return table

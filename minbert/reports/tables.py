@@ -32,7 +32,8 @@ MULTITASK_STAGE_PREFIX = "multitask-"
 
 
 def history_matrix(history: Sequence[Mapping]) -> tuple[list[str], list[str], np.ndarray]:
-    """Row labels ('1. qqp', ...), column names and a (stages, metrics) matrix of dev metrics: HISTORY_METRICS,
+    """Row labels ('0. pretrained', '1. qqp', ...: each record's "index", the stage number the trainer prints, its
+    position where a record has none), column names and a (stages, metrics) matrix of dev metrics: HISTORY_METRICS,
     then each of OPTIONAL_HISTORY_METRICS that every entry has.
 
     'overall' is derived from the three task metrics when an entry does not carry it.
@@ -41,11 +42,12 @@ def history_matrix(history: Sequence[Mapping]) -> tuple[list[str], list[str], np
         raise ValueError("history is empty; nothing to tabulate")
     keys = [key for key, _ in HISTORY_METRICS[:-1]]  # the default tasks' scores; the last column is the overall one
     labels, rows = [], []
-    for index, entry in enumerate(history, start=1):
+    for position, entry in enumerate(history, start=1):
+        index = entry.get("index", position)  # the stage's number as the trainer prints it; 0 the pretrained model
         stage = entry.get("stage", f"stage {index}")
         for key in keys:
             if key not in entry:
-                raise ValueError(f"history entry {index} ({stage}) lacks {key!r}")
+                raise ValueError(f"history entry {position} ({stage}) lacks {key!r}")
         labels.append(f"{index}. {stage}")
         rows.append([*(entry[key] for key in keys), entry.get("overall", overall_of(entry))])
     names = [name for _, name in HISTORY_METRICS]

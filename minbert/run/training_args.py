@@ -54,7 +54,9 @@ from smart import REDUCTIONS as SMART_REDUCTIONS
 from smart import PROJECTIONS
 from tokenizer import shortest_max_length
 
+COMMON = "common: what most runs set (--help lists the rest by purpose, the course's per-file paths last)"
 COURSE = "course options (defaults unchanged)"
+COURSE_PATHS = "the course's per-file paths (default: the course's file names in DATA_DIR and OUTPUT_DIR/predictions)"
 RUN = "data, model and run"
 HEADS = HEADS_GROUP
 OPTIMISATION = "optimisation"
@@ -66,7 +68,7 @@ LNSR = "LNSR, layer-wise noise stability (Hua et al. 2021); defaults are AllBERT
 DISTILL = "distillation: a teacher's saved scores on the train splits as soft targets"
 OPTIONS = ("pretrain", "finetune")  # --option: BERT frozen or trained
 THREE_TASK_STAGES = ("qqp", "sts,sst,qqp:0.03")  # --first_stages, --cycle of the three tasks: the thesis's order
-DEMO_STAGES = ("qqp", "sts,sst,qqp:0.25")  # --demo's, a shorter SMART schedule of the three tasks
+DEMO_STAGES = ("qqp", "sts,sst,qqp:0.25")  # --demo's shorter schedule; 3% of its 160 QQP pairs is under a batch
 
 
 class UsageError(ValueError):
@@ -106,7 +108,7 @@ def flag(default=None, help: str | None = None, group: str = RUN, resume_free: b
     return field(default=default, metadata=metadata)
 
 
-def per_file_options(kind: str, tasks: tuple[str, ...], group: str = COURSE, resume_free: bool = False):
+def per_file_options(kind: str, tasks: tuple[str, ...], group: str = COURSE_PATHS, resume_free: bool = False):
     """A dict field {flag name: path} whose flags are the course's per-file flags of `tasks`:
     kind "data" -> --sst_train ... (default: DATA_DIR/<course file name>), "predictions" -> --sst_dev_out ..."""
     metadata = {"group": group, "resume_free": resume_free, "per_file": kind, "tasks": tasks}
@@ -180,7 +182,7 @@ class TrainingArguments:
     option: str = flag("pretrain", "pretrain: BERT frozen, heads trained; finetune: everything trained", COURSE,
                          choices=OPTIONS)
     # Not resume-free (nor is --precision): another device or precision computes other numbers.
-    use_gpu: bool = flag(False, group=COURSE, action="store_true")
+    use_gpu: bool = flag(False, group=COMMON, action="store_true")
     batch_size: int = flag(8, group=COURSE, type=int)
     hidden_dropout_prob: float = flag(0.3, "dropout before the task heads (BERT keeps its own, see "
                                         "--encoder_dropout), as in the course", COURSE, type=float)
@@ -188,13 +190,13 @@ class TrainingArguments:
 
     # Data, model and run.
     data_dir: str = flag("data", "folder with the course's file names (and SQuAD's official train-v2.0.json, "
-                           "dev-v2.0.json, test-v2.0.json)", resume_free=True)
+                           "dev-v2.0.json, test-v2.0.json)", COMMON, resume_free=True)
     tasks: str = flag(",".join(MULTITASK), f"the run's tasks, some of {', '.join(RUN_TASKS)}; its heads, data, dev "
-                      "metrics and predictions; annealed and round_robin epochs train all of them")
-    pretrained: str = flag("bert-base-uncased", "hub id, local directory, or minilm-l6 (bundled, offline)")
+                      "metrics and predictions; annealed and round_robin epochs train all of them", COMMON)
+    pretrained: str = flag("bert-base-uncased", "hub id, local directory, or minilm-l6 (bundled, offline)", COMMON)
     max_train_examples: int | None = flag(None, "subsample each train set (quick runs)", type=int)
     max_length: int = flag(128, "tokens per sentence (or per pair)", type=int)
-    output_dir: str = flag("runs/multitask", "checkpoints, metrics.jsonl, plots", resume_free=True)
+    output_dir: str = flag("runs/multitask", "checkpoints, metrics.jsonl, plots", COMMON, resume_free=True)
     resume: bool = flag(False, "continue from OUTPUT_DIR/last.*", resume_free=True, action="store_true")
     resume_from: str | None = flag(None, "continue from this checkpoint of the run in OUTPUT_DIR (OUTPUT_DIR/last or "
                                          "a checkpoint-U that --save_total_limit kept; implies --resume): it becomes "
@@ -207,7 +209,7 @@ class TrainingArguments:
                                    action="store_true")
     stop_after_stages: int | None = flag(None, "stop (resumably) after N stages", resume_free=True, type=int)
     demo: bool = flag(False, "offline demo: data/demo, minilm-l6, a short SMART schedule, all six CSVs",
-                        resume_free=True, action="store_true")
+                        COMMON, resume_free=True, action="store_true")
     keep_stage_models: bool = flag(False, "also save the model after every stage as OUTPUT_DIR/stage_N.* (compare "
                                           "stages, e.g. scripts/plot_embeddings.py)", resume_free=True,
                                    action="store_true")
@@ -668,12 +670,18 @@ def _refuse_task_flags_taking_own_flags(parser: argparse.ArgumentParser, cls) ->
                                f"{parser.prog}'s own\n")
 
 
+# --help's order of groups: the common flags first, the course's eighteen per-file paths last, the rest as declared.
+FIRST_GROUPS, LAST_GROUPS = (COMMON,), (COURSE_PATHS,)
+
+
 def build_parser(cls, description: str | None = None) -> argparse.ArgumentParser:
-    """An argparse parser with one flag per field of `cls`, grouped as the fields' metadata says."""
+    """An argparse parser with one flag per field of `cls`, grouped as the fields' metadata says (FIRST_GROUPS and
+    LAST_GROUPS placing groups in --help; a group with no flag is not shown)."""
     parser = OneLineErrorParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     _refuse_task_flags_taking_own_flags(parser, cls)
-    groups: dict[str, argparse._ArgumentGroup] = {}
-    for f in dataclasses.fields(cls):
+    groups = {name: parser.add_argument_group(name) for name in FIRST_GROUPS}
+    fields = dataclasses.fields(cls)
+    for f in sorted(fields, key=lambda f: f.metadata["group"] in LAST_GROUPS):  # stable: declared order kept
         meta = f.metadata
         if meta["group"] not in groups:
             groups[meta["group"]] = parser.add_argument_group(meta["group"])
@@ -905,6 +913,8 @@ def parse_training_args(argv, description: str) -> TrainingArguments:
     parser.add_argument("--config", metavar="FILE", help="settings from a JSON file: a run's OUTPUT_DIR/args.json "
                         "(its \"args\") or an object of settings named as the flags; flags given here win "
                         "(docs/command_line.md, 'A run is its own recipe')")
+    parser.add_argument("--print_config", action="store_true", help="print the settings this command line resolves "
+                        "to (--demo's and --config's included) as the JSON --config reads, and exit without training")
     namespace = parser.parse_args(argv)
     given = flags_given(parser, argv)
     config = None
@@ -932,7 +942,11 @@ def parse_training_args(argv, description: str) -> TrainingArguments:
         parser.error(attributed(str(err), config, given))
     if config is not None and moved:
         print(f"note: --config {config.path}: the recorded run's prediction paths outside its folder are its own; "
-              f"this run writes them in {Path(args.output_dir) / 'predictions'} (set {', '.join(moved)} to choose)")
+              f"this run writes them in {Path(args.output_dir) / 'predictions'} (set {', '.join(moved)} to choose)",
+              file=sys.stderr if namespace.print_config else sys.stdout)  # --print_config's stdout is the JSON alone
+    if namespace.print_config:  # like --help: the parser's answer, then exit
+        print(json.dumps(dataclasses.asdict(args), indent=2))
+        parser.exit(0)
     return args
 
 

@@ -4,4 +4,5 @@ from minbert.tasks.classification import SentenceClassification
 
 TASK = SentenceClassification(name="cfimdb", order=3, part1=True, title="CFIMDB", file_prefix="ids-cfimdb",
                               flag_prefix="cfimdb", label_column="sentiment", leaderboard_column="Predicted_Sentiment",
-                              num_classes=2, head_name="cfimdb_head")
+                              num_classes=2, head_name="cfimdb_head",
+                              label_names=("negative", "positive"))

@@ -24,6 +24,11 @@ from minbert.tasks.metrics import sst_metrics
 class Classification(Task):
     num_classes: int
     ensemble_methods: tuple[str, ...] = ("vote", "mean")
+    label_names: tuple[str, ...] = ()  # each class's name in words, in class order (what predictions show a user)
+
+    def class_name(self, value: int) -> str:
+        """A class in words ('somewhat positive'), or its number where the task names none."""
+        return self.label_names[value] if self.label_names else str(value)
 
     @property
     def history_columns(self) -> tuple[tuple[str, str], ...]:

@@ -60,4 +60,5 @@ class Paraphrase(SentencePairs, Classification):
 
 TASK = Paraphrase(name="qqp", order=1, default=True, trainable=True, aliases=("quora", "para"), title="QQP",
                   file_prefix="quora", flag_prefix="para", label_column="is_duplicate",
-                  leaderboard_column="Predicted_Is_Paraphrase", head_name="paraphrase_head", calibrated=True)
+                  leaderboard_column="Predicted_Is_Paraphrase", head_name="paraphrase_head", calibrated=True,
+                  label_names=("not paraphrase", "paraphrase"))

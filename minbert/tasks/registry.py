@@ -51,6 +51,10 @@ def check_task_modules(modules: Mapping[str, object]) -> dict[str, Task]:
         if task.calibrated and not callable(getattr(task, "probabilities", None)):
             raise TaskModuleError(f"{file}: its task is calibrated but has no class probabilities (a "
                                   "minbert.tasks.classification.Classification's)")
+        names = getattr(task, "label_names", ())
+        if names and len(names) != task.num_classes:
+            raise TaskModuleError(f"{file}: its task names {len(names)} classes (label_names) but has "
+                                  f"{task.num_classes}")
         for claim in claims(task):
             owner = owners.setdefault(claim, file)
             if owner != file:

@@ -41,4 +41,5 @@ class Sentiment(SentenceClassification):
 
 TASK = Sentiment(name="sst", order=0, default=True, trainable=True, part1=True, title="SST", file_prefix="ids-sst",
                  flag_prefix="sst", label_column="sentiment", leaderboard_column="Predicted_Sentiment", num_classes=5,
-                 head_name="sentiment_head", plots_embeddings=True, options=OPTIONS, calibrated=True)
+                 head_name="sentiment_head", plots_embeddings=True, options=OPTIONS, calibrated=True,
+                 label_names=("negative", "somewhat negative", "neutral", "somewhat positive", "positive"))
