@@ -9,9 +9,12 @@ stopped run and its --resume) and the `args` saved in checkpoints all read these
 
 Every flag is validated in one pass (validate) when the settings are made, before anything is read, and the flags
 that name tasks are rewritten in the internal names (name_tasks). The settings derived from several flags (the
-schedule, SMART's per-task configs, the distillation teachers...) are run_settings.py's, and building a run from
-them is run_setup.py's. The course's per-file flags (--sst_train ... --sts_test_out) are generated from the task table, and each task's own options (--similarity_objective, --qa_max_length, ...) from its
-declaration (Task.options), which the task checks (Task.check_settings) and reads (tasks.task_settings).
+schedule, the adapters...) are run_settings.py's, and building a run from them is run_setup.py's. The course's
+per-file flags (--sst_train ... --sts_test_out) are generated from the task table, and each task's own options
+(--similarity_objective, --qa_max_length, ...) from its declaration (Task.options), which the task checks
+(Task.check_settings) and reads (tasks.task_settings). Each penalty's flags (SMART's, LNSR's, distillation's,
+EWC's, ...) are its file's in minbert/training/penalties/ (with_penalty_flags), which checks them, resolves them
+and builds the penalty.
 """
 from __future__ import annotations
 
