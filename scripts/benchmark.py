@@ -1175,8 +1175,8 @@ def audit_trainer(args, device: torch.device, smart: bool, pretrained: str, outp
     Trainer; and the run's stages."""
     from minbert.run.run_setup import build_run, check_pretrained, load_inputs
     settings = training_settings(audit_training_argv(args, smart, pretrained, output_dir))
-    stages, data, _, triplets, teacher = load_inputs(settings)
-    return build_run(settings, stages, data, check_pretrained(settings, data), triplets, teacher, device), stages
+    stages, data, _, triplets, penalty_inputs = load_inputs(settings)
+    return build_run(settings, stages, data, check_pretrained(settings, data), triplets, penalty_inputs, device), stages
 
 
 def training_settings(argv: list[str]):

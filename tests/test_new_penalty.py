@@ -121,7 +121,8 @@ def test_a_new_penalty_is_one_new_file(tmp_path, tiny_checkpoint):
 SMART_FLAG = ('''        "smart_adv_weight": PenaltyFlag(1.0, "lambda_s"),\n''',
               '''        "smart_adv_weight": PenaltyFlag(1.0, "lambda_s"),\n'''
               '''        "smart_adv_scale": PenaltyFlag(1.0, "multiplies lambda_s"),\n''')
-SMART_USE = ("adv_weight=settings.smart_adv_weight,", "adv_weight=settings.smart_adv_weight * settings.smart_adv_scale,")
+SMART_USE = ("adv_weight=settings.smart_adv_weight,",
+             "adv_weight=settings.smart_adv_weight * settings.smart_adv_scale,")
 # Builds the run's penalties on a tiny model, as run_setup does, and prints SMART's lambda_s per task.
 BUILD_SMART = '''import dataclasses, json, sys
 sys.path.insert(0, "tests")

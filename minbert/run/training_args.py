@@ -44,6 +44,7 @@ from minbert.tasks import (MULTITASK, PART1_TASKS, RUN_TASKS, SIMCSE_TASKS, SPLI
                            data_flag, default_output, output_flag, task_name)
 from minbert.tasks.base import HEADS_GROUP
 from minbert.training.gradient_surgery import GRADIENT_SURGERIES, GradientSurgery
+from minbert.training.objective import PenaltyKind
 from minbert.training.penalties import PENALTY_FILES, PENALTY_KINDS
 from minbert.training.schedules import LR_SCHEDULES, SCHEDULES, STAGE_STARTS, Stage, StageKind, trained_heads
 from minbert.training.simcse import SIMCSE_OBJECTIVES
@@ -81,10 +82,16 @@ def check_writable(directories) -> None:
 
 
 # A feature's group of flags and its switch: the others act only while it is on (check_switched_flags).
+def penalty_group(kind: PenaltyKind) -> str:
+    """The --help group of a penalty's flags."""
+    return kind.title or f"penalty {kind.name} (minbert/training/penalties/)"
+
+
 # A penalty's switch is its file's (PenaltyKind.switch): --smart for SMART's group, --lnsr for LNSR's.
 SWITCHES = {SIMCSE: ("simcse_data", "--simcse_data FILES"),
             ADAPTERS: ("adapter", "--adapter " + " / ".join(kind for kind in ADAPTER_KINDS if kind != "none")),
-            **{kind.title: (kind.switch, f"--{kind.switch}") for kind in PENALTY_KINDS.values() if kind.switch}}
+            **{penalty_group(kind): (kind.switch, f"--{kind.switch}") for kind in PENALTY_KINDS.values()
+               if kind.switch}}
 SWITCHED_OFF = (False, [], "none")  # the values of a switch that leave its feature off
 
 
@@ -169,7 +176,7 @@ def with_penalty_flags(cls):
     own = cls.__annotations__
     fields, following, files = {}, {}, {}
     for kind in PENALTY_KINDS.values():
-        group = kind.title or f"penalty {kind.name} (minbert/training/penalties/)"
+        group = penalty_group(kind)
         for name, spec in kind.flags.items():
             if name in own:
                 _refuse_penalty_file(kind.name, f"its flag --{name} is already the command line's own")

@@ -203,9 +203,9 @@ class PenaltyKind:
     flags follow on the command line, in --help and in args.json (None: after every other); `check_model(settings,
     config)`, the flags against the pretrained model's config.json before its weights load (ValueError);
     `check_stages(settings, stages)`, the flags against the run's schedule, still before anything is read
-    (ValueError); `load(settings, stages, data, task_settings)`, files the penalty reads before the model loads (a teacher's
-    scores; None: none), checked there (ValueError naming the file); `check_resume(saved, settings)`, a resume's
-    settings against the stopped run's saved args beyond each flag's own match (ValueError)."""
+    (ValueError); `load(settings, stages, data, task_settings)`, files the penalty reads before the model loads (a
+    teacher's scores; None: none), checked there (ValueError naming the file); `check_resume(saved, settings)`, a
+    resume's settings against the stopped run's saved args beyond each flag's own match (ValueError)."""
     name: str
     flags: dict[str, PenaltyFlag]
     build: Callable[[object, MultitaskBERT], Penalty | None]
