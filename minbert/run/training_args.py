@@ -388,8 +388,7 @@ class TrainingArguments:
 def task_derived_settings(tasks: tuple[str, ...], demo: bool = False) -> dict:
     """The settings whose defaults follow --tasks (and --demo): the three tasks' stages (the demo's shorter cycle),
     else one epoch of each task and no cycle; the penalty flags whose default is every task (PenaltyFlag.every_task:
-    --smart_tasks) every task. A --config recorded for other tasks holds them
-    too (config_under_command_line)."""
+    --smart_tasks) every task. A --config recorded for other tasks holds them too (config_under_command_line)."""
     if tasks == MULTITASK:
         first_stages, cycle = DEMO_STAGES if demo else THREE_TASK_STAGES
     else:
