@@ -186,7 +186,7 @@ def _run(args: TrainingArguments, distributed: Distributed, device) -> Trainer |
     if finished and not args.score_train:  # --resume of a run that finished and dropped its training state
         print(finished)
         return None
-    stages, data, dropped_rows, triplets, teacher = load_inputs(args)
+    stages, data, dropped_rows, triplets, penalty_inputs = load_inputs(args)
     check_figure_libraries(list(data))
     output_dir = Path(args.output_dir)
     tokenizer = check_pretrained(args, data)
@@ -194,7 +194,7 @@ def _run(args: TrainingArguments, distributed: Distributed, device) -> Trainer |
     with checkpoint_folder(output_dir) if distributed.is_main else nullcontext():
         if distributed.is_main and compile_notice(device, args.compile):
             print(compile_notice(device, args.compile), file=sys.stderr)
-        trainer = build_run(args, stages, data, tokenizer, triplets, teacher, device, distributed)
+        trainer = build_run(args, stages, data, tokenizer, triplets, penalty_inputs, device, distributed)
         if distributed.is_main:
             print(precision_notice(device, args.precision, args.smart, args.smart_precision))
         if finished:  # --score_train added on --resume of a finished run: its kept model scores the train splits

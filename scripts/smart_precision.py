@@ -38,11 +38,10 @@ from minbert.arguments import OneLineErrorParser
 from minbert.data.batches import DataError, TokenizedExamples, load_split
 from minbert.model.multitask_bert import MultitaskBERT, load_multitask_model
 from minbert.run.training_args import parse_training_args
-from minbert.run.run_settings import smart_configs
 from minbert.runtime import has_native_bf16, place_encoder, to_device
 from minbert.tasks import MULTITASK
 from minbert.training.objective import compute_task_loss
-from minbert.training.regularization import SmartPenalty
+from minbert.training.penalties.smart import SmartPenalty, smart_configs
 from smart import SmartRegularizer
 from tokenizer import BertTokenizer
 

@@ -46,7 +46,7 @@ def minilm_multitask(**options):
 def loss_and_grads(model, task: str, batch: dict, precision: str, regularizer=None):
     from minbert.runtime import autocast
     from minbert.training.objective import compute_task_loss
-    from minbert.training.regularization import SmartPenalty
+    from minbert.training.penalties.smart import SmartPenalty
     model.zero_grad(set_to_none=True)
     torch.manual_seed(0)
     with autocast(torch.device("cuda"), precision):
@@ -165,7 +165,7 @@ def test_a_batch_32x128_smart_step_of_bert_base_fits_in_12_gib(checkpointing):
     from bert import BertModel
     from minbert.model.multitask_bert import MultitaskBERT
     from minbert.training.objective import compute_task_loss
-    from minbert.training.regularization import SmartPenalty
+    from minbert.training.penalties.smart import SmartPenalty
     from optimizer import AdamW
     from smart import SmartConfig, SmartRegularizer
     torch.manual_seed(0)

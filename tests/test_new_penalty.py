@@ -114,3 +114,88 @@ def test_a_new_penalty_is_one_new_file(tmp_path, tiny_checkpoint):
     taken = run(repo / "multitask_classifier.py", "--help")
     assert taken.returncode == 2 and taken.stderr == ("error: minbert/training/penalties/drift.py: its flag --seed is "
                                                       "already the command line's own\n")
+
+
+# A SMART flag that scales lambda_s, added to SMART's penalty file and nowhere else: its flag, and its use where the
+# file resolves each task's SmartConfig.
+SMART_FLAG = ('''        "smart_adv_weight": PenaltyFlag(1.0, "lambda_s"),\n''',
+              '''        "smart_adv_weight": PenaltyFlag(1.0, "lambda_s"),\n'''
+              '''        "smart_adv_scale": PenaltyFlag(1.0, "multiplies lambda_s"),\n''')
+SMART_USE = ("adv_weight=settings.smart_adv_weight,",
+             "adv_weight=settings.smart_adv_weight * settings.smart_adv_scale,")
+# Builds the run's penalties on a tiny model, as run_setup does, and prints SMART's lambda_s per task.
+BUILD_SMART = '''import dataclasses, json, sys
+sys.path.insert(0, "tests")
+from conftest import tiny_model
+from minbert.run.run_settings import penalty_settings
+from minbert.run.training_args import parse_training_args
+from minbert.training.penalties import build_penalties
+args = parse_training_args(sys.argv[1:], "")
+[smart] = build_penalties(penalty_settings(args, 2), tiny_model())
+print(json.dumps({"adv_weight": {task: r.config.adv_weight for task, r in smart.regularizers.items()},
+                  "saved": dataclasses.asdict(args)["smart_adv_scale"]}))
+'''
+
+
+def test_a_new_smart_flag_is_an_edit_of_smart_s_penalty_file_alone(tmp_path):
+    """SMART is one file like every penalty: a flag added to minbert/training/penalties/smart.py alone becomes
+    multitask_classifier.py's, in SMART's group, refused without --smart, saved with the settings, and reaches each
+    task's SmartConfig in the penalty the run builds (a task's --smart_override still wins)."""
+    repo = copy_of_the_repository(tmp_path / "repo")
+    smart_file = repo / "minbert" / "training" / "penalties" / "smart.py"
+    source = smart_file.read_text()
+    assert source.count(SMART_FLAG[0]) == 1 and source.count(SMART_USE[0]) == 1
+    smart_file.write_text(source.replace(*SMART_FLAG).replace(*SMART_USE))
+    (tmp_path / "build_smart.py").write_text(BUILD_SMART)
+    environment = os.environ | {"PYTHONPATH": str(repo), "OMP_NUM_THREADS": "1"}
+
+    def run(*argv) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, *argv], cwd=repo, env=environment, capture_output=True, text=True,
+                              timeout=300)
+
+    shown = run("multitask_classifier.py", "--help")
+    assert shown.returncode == 0, shown.stderr[-3000:]
+    smart_group = shown.stdout.split("SMART (Jiang et al. 2020)")[1].split("LNSR, layer-wise")[0]
+    assert smart_group.index("--smart_adv_weight") < smart_group.index("--smart_adv_scale SMART_ADV_SCALE") < \
+        smart_group.index("--smart_bregman_weight")
+
+    alone = run("multitask_classifier.py", "--smart_adv_scale", "3", "--output_dir", str(tmp_path / "run"))
+    assert alone.returncode == 2 and "--smart_adv_scale does nothing without --smart" in alone.stderr
+
+    built = run(str(tmp_path / "build_smart.py"), "--tasks", "sst,sts", "--smart", "--smart_adv_weight", "2",
+                "--smart_adv_scale", "3", "--smart_override", "SST:adv_weight=5")
+    assert built.returncode == 0, built.stderr[-3000:]
+    assert json.loads(built.stdout) == {"adv_weight": {"sst": 5.0, "sts": 6.0}, "saved": 3.0}
+
+
+def test_the_built_in_penalties_flags_are_their_files_own():
+    """Every --smart*, --lnsr* and --distill* flag of multitask_classifier.py is declared by its penalty file
+    (smart.py, lnsr.py, distillation.py of minbert/training/penalties/), and minbert/run/ defines none of them."""
+    import dataclasses
+    import re
+    from pathlib import Path
+
+    from minbert.run.training_args import TrainingArguments
+    from minbert.training.penalties import PENALTY_KINDS
+    owners = {"smart": "smart", "lnsr": "lnsr", "distill": "distillation"}
+    for f in dataclasses.fields(TrainingArguments):
+        prefix = next((p for p in owners if f.name.startswith(p)), None)
+        if prefix:
+            assert f.name in PENALTY_KINDS[owners[prefix]].flags, f"--{f.name} is not {owners[prefix]}.py's"
+    run_layer = Path(__file__).resolve().parents[1] / "minbert" / "run"
+    definition = re.compile(r"^\s*(smart|lnsr|distill)\w*\s*:[^=]*=\s*flag\(|add_argument\(\s*[\"']--(smart|lnsr|"
+                            r"distill)", re.MULTILINE)
+    for path in run_layer.glob("*.py"):
+        assert not definition.search(path.read_text()), f"{path.name} defines a penalty's flag"
+    # Every task's objective applies them first, in this order, as before they were files (PenaltyKind.early).
+    assert list(PENALTY_KINDS)[:3] == ["distillation", "lnsr", "smart"]
+
+
+def test_a_penalty_whose_flags_follow_no_flag_stops_the_command_line(tmp_path):
+    repo = copy_of_the_repository(tmp_path / "repo")
+    (repo / "minbert" / "training" / "penalties" / "drift.py").write_text(
+        TOY_PENALTY.replace("check=check)", 'check=check, after="no_such_flag")'))
+    shown = subprocess.run([sys.executable, "multitask_classifier.py", "--help"], cwd=repo, capture_output=True,
+                           text=True, env=os.environ | {"PYTHONPATH": str(repo)}, timeout=300)
+    assert shown.returncode == 2 and shown.stderr == ("error: minbert/training/penalties/drift.py: its flags follow "
+                                                      "--no_such_flag, which is no flag of the command line\n")

@@ -12,7 +12,7 @@ from minbert.tasks import MULTITASK, RUN_TASKS
 from minbert.tasks.qa import PADDING_LOGIT
 from minbert.tasks.squad import QAExample, QAWindows
 from minbert.training.objective import compute_task_loss
-from minbert.training.regularization import SmartPenalty
+from minbert.training.penalties.smart import SmartPenalty
 from smart import SmartConfig, SmartRegularizer
 
 pytestmark = pytest.mark.usefixtures("one_thread")

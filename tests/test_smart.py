@@ -620,7 +620,7 @@ def smoothness_term(model, task, batch, epsilon, context, monkeypatch) -> float:
     """R_s (dropout off) as the trainer's SMART step computes it under `context`, read where penalty() gets it."""
     import smart
     from minbert.training.objective import compute_task_loss
-    from minbert.training.regularization import SmartPenalty
+    from minbert.training.penalties.smart import SmartPenalty
     seen = []
 
     def recording(*args, **kwargs):
@@ -642,7 +642,7 @@ def test_a_smart_step_computes_in_float32_under_autocast(dtype, tokenizer):
     penalty are exactly the float32 ones; the ascent gradient is a float32 one, so fp16 cannot underflow it. At
     the run's precision (the default) the same step computes under the autocast."""
     from minbert.training.objective import compute_task_loss
-    from minbert.training.regularization import SmartPenalty
+    from minbert.training.penalties.smart import SmartPenalty
     model = deterministic_tiny_model().eval()
     batch = sentence_batch(tokenizer, 8)
     values = {}
@@ -665,7 +665,7 @@ def test_at_epsilon_zero_the_exact_step_compares_two_float32_dropout_forwards_un
     computes the task loss's clean forward, which R_s compares with, in float32 too, and the second forward draws a
     dropout mask of its own; R_s is their divergence, reduced as configured."""
     from minbert.training.objective import compute_task_loss
-    from minbert.training.regularization import SmartPenalty
+    from minbert.training.penalties.smart import SmartPenalty
     model = tiny_model(dropout=0.3).train()
     batch = sentence_batch(tokenizer, 8)
     seen = {}

@@ -13,7 +13,7 @@ from test_trainer import demo_data, make_trainer, record_anchor_momentum
 from conftest import deterministic_tiny_model, pair_batch, tiny_model
 from minbert.data.nli import PAIRINGS, NLITriplet
 from minbert.model.multitask_bert import trained_tensors
-from minbert.run.run_settings import smart_configs
+from minbert.training.penalties.smart import smart_configs
 from minbert.run.run_setup import build_trainer, load_triplets
 from minbert.run.training_args import TrainingArguments, build_parser
 from minbert.training.simcse import SIMCSE_OBJECTIVES

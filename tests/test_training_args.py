@@ -9,7 +9,7 @@ import pytest
 
 import multitask_classifier as mc
 from conftest import DEMO, ROOT, exit_code
-from minbert.run.run_settings import regularized_tasks, smart_configs
+from minbert.training.penalties.smart import regularized_tasks, smart_configs
 from minbert.run.training_args import (ClassifierArguments, TrainingArguments, build_parser, data_paths, from_namespace,
                                        parse_training_args, prediction_paths, resume_free_fields)
 from smart import SmartConfig
@@ -274,7 +274,8 @@ def test_smart_and_lnsr_tasks_come_in_the_run_order_whatever_the_hash_seed():
     """SMART's regularizers, and so the smart_skipped_steps of every checkpoint, are keyed in the run's task order:
     a set's order changes with the process's string hashes (under each of these seeds a set of the three iterates
     in another order than the run's), and last.json with it."""
-    code = ("from minbert.run.run_settings import lnsr_tasks, regularized_tasks\n"
+    code = ("from minbert.training.penalties.lnsr import lnsr_tasks\n"
+            "from minbert.training.penalties.smart import regularized_tasks\n"
             "from minbert.run.training_args import TrainingArguments\n"
             "args = TrainingArguments(smart=True, smart_tasks='sts,qqp,sst', lnsr=True, lnsr_tasks='sts,qqp,sst')\n"
             "print(','.join(regularized_tasks(args)), ','.join(lnsr_tasks(args)))")

@@ -59,8 +59,9 @@ def audit_trainer(settings: BenchmarkSettings, device: torch.device, smart: bool
     Trainer; and the run's stages."""
     from minbert.run.run_setup import build_run, check_pretrained, load_inputs
     settings = training_settings(audit_training_argv(settings, smart, pretrained, output_dir))
-    stages, data, _, triplets, teacher = load_inputs(settings)
-    return build_run(settings, stages, data, check_pretrained(settings, data), triplets, teacher, device), stages
+    stages, data, _, triplets, penalty_inputs = load_inputs(settings)
+    return build_run(settings, stages, data, check_pretrained(settings, data), triplets, penalty_inputs,
+                     device), stages
 
 
 def training_settings(argv: list[str]):

@@ -156,7 +156,7 @@ def multitask_step_fn(model, optimizer, regularizer, batch, device, precision: s
     """One training step as the trainer takes it: with SMART at precision exact, compute_task_loss runs the whole loss
     in float32 whatever the autocast around it."""
     from minbert.training.objective import compute_task_loss
-    from minbert.training.regularization import SmartPenalty
+    from minbert.training.penalties.smart import SmartPenalty
     penalties = [] if regularizer is None else [SmartPenalty({task: regularizer})]
     if TASKS[task].num_classes == 2:  # two classes on one logit: the 0-5 labels cut at their middle
         batch = {**batch, "labels": (batch["labels"] > 2.5).float()}

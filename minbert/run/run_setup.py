@@ -2,9 +2,9 @@
 they were made), for the command line and for whatever else trains as it does (scripts/benchmark.py's step_audit
 and qqp_epoch):
 
-    stages, data, dropped, triplets, teacher = load_inputs(args)   # every input read and checked, no model yet
+    stages, data, dropped, triplets, inputs = load_inputs(args)    # every input read and checked, no model yet
     tokenizer = check_pretrained(args, data)                        # the flags that depend on the model's config
-    trainer = build_run(args, stages, data, tokenizer, triplets, teacher, device)   # model, placement, Trainer
+    trainer = build_run(args, stages, data, tokenizer, triplets, inputs, device)    # model, placement, Trainer
 
 Bad input raises training_args.UsageError (one line for the command line to print).
 """
@@ -24,36 +24,35 @@ from minbert.data.scores import ScoresFileError
 from minbert.files import forbidden_output
 from minbert.distributed import SINGLE_PROCESS, Distributed
 from minbert.model.multitask_bert import MultitaskBERT, freeze_encoder
-from minbert.run.run_settings import (adapter_config, distill_settings, distill_teachers, distilled_tasks, lnsr_config,
-                                      resolve_run_settings, run_schedule, run_task_settings, run_tasks)
+from minbert.run.run_settings import (adapter_config, resolve_run_settings, run_schedule, run_task_settings,
+                                      run_tasks)
 from minbert.run.training_args import (TrainingArguments, UsageError, check_max_length, check_writable, data_paths,
                                        prediction_paths)
 from minbert.runtime import place_encoder, seed_everything
 from minbert.tasks import TASKS, data_flag, head_options, output_flag
 from minbert.training.checkpoint_files import LAST, NUMBERED, finished_stages, numbered_checkpoints
-from minbert.training.distillation import SOFTENED_TASKS, TeacherScores, TeacherSpans, load_teacher
 from minbert.training.gradient_surgery import GradientSurgery
 from minbert.training.mlm import MaskedLanguageModelHead, load_mlm_head
 from minbert.training.optimization import build_optimizer
-from minbert.training.penalties import build_penalties
+from minbert.training.penalties import PENALTY_KINDS, build_penalties
 from minbert.training.schedules import Stage, StageKind, train_tasks
 from minbert.training.simcse import SIMCSE_OBJECTIVES
 from minbert.training.trainer import SimcseStage, Trainer
 from tokenizer import BertTokenizer
 
 
-def load_inputs(args: TrainingArguments) -> tuple[list[Stage], dict, list[str], list, dict | None]:
-    """The schedule, every data file (and what was dropped from them), the NLI triplets and --distill's teacher
-    scores, all validated before any model is loaded."""
+def load_inputs(args: TrainingArguments) -> tuple[list[Stage], dict, list[str], list, dict[str, object]]:
+    """The schedule, every data file (and what was dropped from them), the NLI triplets and what the penalties read
+    (--distill's teacher scores: load_penalty_inputs), all validated before any model is loaded."""
     check_outputs(args)
     stages = run_schedule(args)
     try:
         data, dropped = load_data(args, stages)
         triplets = load_triplets(args)
-        teacher = load_distillation_teacher(args, stages, data)
+        penalty_inputs = load_penalty_inputs(args, stages, data)
     except ValueError as err:  # DataError and ScoresFileError too: their messages name the file
         raise UsageError(str(err)) from None
-    return stages, data, dropped, triplets, teacher
+    return stages, data, dropped, triplets, penalty_inputs
 
 
 def check_outputs(args: TrainingArguments) -> None:
@@ -148,24 +147,11 @@ def load_triplets(args: TrainingArguments) -> list:
     return triplets
 
 
-def load_distillation_teacher(args: TrainingArguments, stages: list[Stage],
-                              data: dict[str, TaskData]) -> dict[str, TeacherScores | TeacherSpans] | None:
-    """--distill's teacher scores of the train examples of every task that learns from one (None without
-    --distill), each teacher folder read once."""
-    teachers = distill_teachers(args)
-    if not teachers:
-        return None
-    train_ids = {task: [e.id for e in data[task].train] for task in distilled_tasks(args, stages)}
-    teacher = {}
-    for folder in dict.fromkeys(teachers[task] for task in train_ids):
-        taught = {task: ids for task, ids in train_ids.items() if teachers[task] == folder}
-        teacher |= load_teacher(folder, taught, run_task_settings(args))
-    settings = distill_settings(args)
-    print("distillation: the train scores of " + ", ".join(
-        f"{task} from {settings[task]['teacher']} (weight {settings[task]['weight']}"
-        + (f", temperature {settings[task]['temperature']})" if task in SOFTENED_TASKS else ")")
-        for task in train_ids))
-    return teacher
+def load_penalty_inputs(args: TrainingArguments, stages: list[Stage], data: dict[str, TaskData]) -> dict[str, object]:
+    """What each penalty reads before the model loads (PenaltyKind.load: --distill's teacher scores of the train
+    examples of every task that learns from one), by the penalty's name; those that read nothing are absent."""
+    inputs = {name: kind.load(args, stages, data, run_task_settings(args)) for name, kind in PENALTY_KINDS.items()}
+    return {name: read for name, read in inputs.items() if read is not None}
 
 
 def check_pretrained(args: TrainingArguments, data: dict) -> BertTokenizer:
@@ -183,8 +169,8 @@ def check_pretrained(args: TrainingArguments, data: dict) -> BertTokenizer:
     try:
         for task, task_data in data.items():
             TASKS[task].check_inputs(task_data, tokenizer, run_task_settings(args), check_length)
-        if args.lnsr:
-            lnsr_config(args, config.num_hidden_layers)
+        for kind in PENALTY_KINDS.values():
+            kind.check_model(args, config)
         if args.adapter == "pals" and args.pal_size and args.pal_size % config.num_attention_heads:
             raise ValueError(f"--pal_size {args.pal_size} is not a multiple of the {config.num_attention_heads} "
                              f"attention heads of {args.pretrained}")
@@ -215,7 +201,8 @@ def build_model(args: TrainingArguments, trained: set[str]) -> MultitaskBERT:
 
 
 def build_run(args: TrainingArguments, stages: list[Stage], data: dict, tokenizer: BertTokenizer, triplets: list,
-              teacher: dict | None, device: torch.device, distributed: Distributed = SINGLE_PROCESS) -> Trainer:
+              penalty_inputs: dict[str, object], device: torch.device,
+              distributed: Distributed = SINGLE_PROCESS) -> Trainer:
     """The run's Trainer from load_inputs' and check_pretrained's results: the seeded model on its device (packed or
     padded tokens, compiled layers), the MLM head when a stage needs one, rank 0's weights on every rank, and the
     Trainer that build_trainer builds around them."""
@@ -234,8 +221,8 @@ def build_run(args: TrainingArguments, stages: list[Stage], data: dict, tokenize
         print(f"data parallel: {distributed.world_size} processes x batch {args.batch_size} x accumulation "
               f"{args.grad_accumulation_steps} = {examples} examples per update; learning rate {args.lr} (not scaled "
               "with the batch)")
-    trainer = build_trainer(args, model, tokenizer, data, triplets, device, mlm_head, distributed, teacher)
-    for task, scores in (teacher or {}).items():
+    trainer = build_trainer(args, model, tokenizer, data, triplets, device, mlm_head, distributed, penalty_inputs)
+    for task, scores in penalty_inputs.get("distillation", {}).items():
         try:  # a teacher's SQuAD windows must be the student's: the same ids and token counts
             scores.check_windows(trainer.predictor.splits.get(task, data[task].train))
         except ScoresFileError as err:
@@ -246,14 +233,14 @@ def build_run(args: TrainingArguments, stages: list[Stage], data: dict, tokenize
 def build_trainer(args: TrainingArguments, model: MultitaskBERT, tokenizer, data: dict, triplets: list,
                   device: torch.device, mlm_head: MaskedLanguageModelHead | None = None,
                   distributed: Distributed = SINGLE_PROCESS,
-                  teacher: dict[str, TeacherScores | TeacherSpans] | None = None) -> Trainer:
+                  penalty_inputs: dict[str, object] | None = None) -> Trainer:
     """The run's Trainer: its settings resolved for the model and the device in one pass (run_settings), then its
     objects built from them. Build it once the model is on its device and the same on every rank (SMART's anchor
-    copies the model's weights). `teacher`: --distill's scores (distillation.load_teacher)."""
+    copies the model's weights). `penalty_inputs`: what the penalties read (load_penalty_inputs)."""
     settings = resolve_run_settings(args, model.bert.config.num_hidden_layers, device)
     optimizer = build_optimizer(model, settings.optimizer.lr, settings.optimizer.weight_decay,
                                 settings.optimizer.layerwise_lr_decay, mlm_head, settings.optimizer.compiled)
-    penalties = build_penalties(settings.penalties, model, teacher)
+    penalties = build_penalties(settings.penalties, model, penalty_inputs)
     simcse = None
     if triplets:
         loss = partial(SIMCSE_OBJECTIVES[settings.simcse.objective], temperature=settings.simcse.temperature)

@@ -9,9 +9,12 @@ stopped run and its --resume) and the `args` saved in checkpoints all read these
 
 Every flag is validated in one pass (validate) when the settings are made, before anything is read, and the flags
 that name tasks are rewritten in the internal names (name_tasks). The settings derived from several flags (the
-schedule, SMART's per-task configs, the distillation teachers...) are run_settings.py's, and building a run from
-them is run_setup.py's. The course's per-file flags (--sst_train ... --sts_test_out) are generated from the task table, and each task's own options (--similarity_objective, --qa_max_length, ...) from its
-declaration (Task.options), which the task checks (Task.check_settings) and reads (tasks.task_settings).
+schedule, the adapters...) are run_settings.py's, and building a run from them is run_setup.py's. The course's
+per-file flags (--sst_train ... --sts_test_out) are generated from the task table, and each task's own options
+(--similarity_objective, --qa_max_length, ...) from its declaration (Task.options), which the task checks
+(Task.check_settings) and reads (tasks.task_settings). Each penalty's flags (SMART's, LNSR's, distillation's,
+EWC's, ...) are its file's in minbert/training/penalties/ (with_penalty_flags), which checks them, resolves them
+and builds the penalty.
 """
 from __future__ import annotations
 
@@ -34,24 +37,17 @@ from minbert.model.adapters import SHARINGS, TARGETS
 from minbert.model.checkpoint import check_resume_settings
 from minbert.model.multitask_bert import HEAD_ACTIVATIONS, POOLINGS, parse_pair_encoders
 from minbert.run.run_record import RECORD_FILE, RECORD_KEYS
-from minbert.run.run_settings import (CUDA_SAVE_MINUTES, adapter_config, distill_settings, distill_teachers,
-                                      distilled_tasks, lnsr_config, regularized_tasks, run_schedule,
-                                      run_task_settings, run_tasks, smart_configs)
+from minbert.run.run_settings import CUDA_SAVE_MINUTES, adapter_config, run_schedule, run_task_settings, run_tasks
 from minbert.runtime import COMPILE_MODES, PRECISIONS, import_problem, requested_precision
 from minbert.step_log import REPORT_TO
 from minbert.tasks import (MULTITASK, PART1_TASKS, RUN_TASKS, SIMCSE_TASKS, SPLITS, TASK_FILES, TASKS, course_file_name,
                            data_flag, default_output, output_flag, task_name)
 from minbert.tasks.base import HEADS_GROUP
-from minbert.training.distillation import SOFTENED_TASKS
 from minbert.training.gradient_surgery import GRADIENT_SURGERIES, GradientSurgery
-from minbert.training.lnsr import LnsrConfig
+from minbert.training.objective import PenaltyKind
 from minbert.training.penalties import PENALTY_FILES, PENALTY_KINDS
 from minbert.training.schedules import LR_SCHEDULES, SCHEDULES, STAGE_STARTS, Stage, StageKind, trained_heads
 from minbert.training.simcse import SIMCSE_OBJECTIVES
-from smart import ANCHOR_MODES, ANCHORS, MOMENTUM_SCHEDULES, NORM_LEVELS, NORMS
-from smart import PRECISIONS as SMART_PRECISIONS
-from smart import REDUCTIONS as SMART_REDUCTIONS
-from smart import PROJECTIONS
 from tokenizer import shortest_max_length
 
 COMMON = "common: what most runs set (--help lists the rest by purpose, the course's per-file paths last)"
@@ -61,11 +57,8 @@ RUN = "data, model and run"
 HEADS = HEADS_GROUP
 OPTIMISATION = "optimisation"
 SCHEDULE = "schedule"
-SMART = "SMART (Jiang et al. 2020); defaults are the paper's"
 SIMCSE = "SimCSE stage (before the tasks)"
 ADAPTERS = "adapters (parameter-efficient; with --option pretrain only adapters and heads train)"
-LNSR = "LNSR, layer-wise noise stability (Hua et al. 2021); defaults are AllBERT's for STS"
-DISTILL = "distillation: a teacher's saved scores on the train splits as soft targets"
 OPTIONS = ("pretrain", "finetune")  # --option: BERT frozen or trained
 THREE_TASK_STAGES = ("qqp", "sts,sst,qqp:0.03")  # --first_stages, --cycle of the three tasks: the thesis's order
 DEMO_STAGES = ("qqp", "sts,sst,qqp:0.25")  # --demo's shorter schedule; 3% of its 160 QQP pairs is under a batch
@@ -91,8 +84,16 @@ def check_writable(directories) -> None:
 
 
 # A feature's group of flags and its switch: the others act only while it is on (check_switched_flags).
-SWITCHES = {SMART: ("smart", "--smart"), LNSR: ("lnsr", "--lnsr"), SIMCSE: ("simcse_data", "--simcse_data FILES"),
-            ADAPTERS: ("adapter", "--adapter " + " / ".join(kind for kind in ADAPTER_KINDS if kind != "none"))}
+def penalty_group(kind: PenaltyKind) -> str:
+    """The --help group of a penalty's flags."""
+    return kind.title or f"penalty {kind.name} (minbert/training/penalties/)"
+
+
+# A penalty's switch is its file's (PenaltyKind.switch): --smart for SMART's group, --lnsr for LNSR's.
+SWITCHES = {SIMCSE: ("simcse_data", "--simcse_data FILES"),
+            ADAPTERS: ("adapter", "--adapter " + " / ".join(kind for kind in ADAPTER_KINDS if kind != "none")),
+            **{penalty_group(kind): (kind.switch, f"--{kind.switch}") for kind in PENALTY_KINDS.values()
+               if kind.switch}}
 SWITCHED_OFF = (False, [], "none")  # the values of a switch that leave its feature off
 
 
@@ -168,7 +169,46 @@ def _check_common(args, texts_per_input: int) -> None:
     _check(0 <= args.seed < 2**32, f"--seed must be in [0, 2**32), got {args.seed}")
 
 
+def with_penalty_flags(cls):
+    """A class decorator, applied before @dataclass: a field (and so a flag, a --config and args.json key) for each
+    flag of the penalties in minbert/training/penalties/, each penalty's after the flag it names
+    (PenaltyKind.after: SMART's after the schedule's), the others' after all the class's own, so that a new
+    penalty's file brings its flags and a run without one saves the settings it saved before. A penalty flag spelled
+    as one of the command line's own, or placed after no flag, stops it in one line naming the penalty's file."""
+    own = cls.__annotations__
+    fields, following, files = {}, {}, {}
+    for kind in PENALTY_KINDS.values():
+        group = penalty_group(kind)
+        for name, spec in kind.flags.items():
+            if name in own:
+                _refuse_penalty_file(kind.name, f"its flag --{name} is already the command line's own")
+            fields[name] = flag(spec.default, spec.help, group, spec.resume_free, **spec.argparse_kwargs())
+        following.setdefault(kind.after, []).extend(kind.flags)
+        files[kind.after] = kind.name
+    order = _in_place(list(own), following) + _in_place(following.pop(None, []), following)
+    for after in following:  # placed after a flag that none of the others is
+        _refuse_penalty_file(files[after], f"its flags follow --{after}, which is no flag of the command line")
+    cls.__annotations__ = {name: own.get(name, "object") for name in order}
+    for name, penalty_field in fields.items():
+        setattr(cls, name, penalty_field)
+    return cls
+
+
+def _in_place(names: list[str], following: dict[str | None, list[str]]) -> list[str]:
+    """`names`, each followed by the names that `following` places after it (taken from it), and theirs."""
+    order = []
+    for name in names:
+        order += [name, *_in_place(following.pop(name, []), following)]
+    return order
+
+
+def _refuse_penalty_file(kind: str, problem: str) -> None:
+    print(f"error: {PENALTY_FILES[kind]}: {problem}", file=sys.stderr)
+    raise SystemExit(2)
+
+
 @dataclass
+@with_penalty_flags
 @with_task_options(after="encoder_dropout")
 class TrainingArguments:
     """Every setting of multitask_classifier.py; the tasks' own options follow the model heads' (with_task_options)."""
@@ -327,68 +367,7 @@ class TrainingArguments:
                             "model's weights: the optimizer goes on), as the thesis' sequential runs (its tables "
                             "4.3-4.9)", SCHEDULE, choices=STAGE_STARTS)
 
-    # SMART.
-    smart: bool = flag(False, "regularise the tasks in --smart_tasks (--no-smart: not, e.g. after a recipe's --smart)",
-                       SMART, action=argparse.BooleanOptionalAction)
-    smart_tasks: str | None = flag(None, "default: every task of --tasks", group=SMART)
-    smart_adv_weight: float = flag(1.0, "lambda_s", SMART, type=float)
-    smart_bregman_weight: float = flag(1.0, "mu", SMART, type=float)
-    smart_momentum: float | None = flag(None, "beta of the Bregman anchor's moving average (default: the SMART "
-                                          "paper's 0.99 for the first 10%% of the updates, then 0.999: see "
-                                          "--smart_momentum_schedule; a number fixes it; 0: vanilla)", SMART,
-                                        type=float)
-    smart_momentum_schedule: str = flag("run", "what the default momentum's 10%% is of: run, the run's updates (the "
-                                        "SMART paper's), or stage, each stage's, restarting every stage (the thesis' "
-                                        "code restarts it every epoch)", SMART, choices=MOMENTUM_SCHEDULES)
-    smart_anchor: str = flag("moving_average", "what D_Breg compares with: moving_average (theta_tilde, the "
-                             "weights' moving average) or stage_start, the weights the stage started from (the thesis' code: a variable-name "
-                             "slip never loads its moving average, so its anchor is the epoch's first weights)",
-                             SMART, choices=ANCHORS)
-    smart_projection: str = flag("clamp", "how an ascent step returns to the eps-ball: clamp (every coordinate within "
-                                 "+-eps) or rescale (each slice of --smart_norm_level rescaled to norm eps: with "
-                                 "--smart_norm_level sentence, the thesis' listing A.4)", SMART, choices=PROJECTIONS)
-    smart_reduction: str = flag("sum", "how R_s reduces an example's divergence over the classes: sum (the symmetric "
-                                "KL) or max, the largest class's term (the thesis' listing A.1)", SMART,
-                                choices=SMART_REDUCTIONS)
-    smart_anchor_mode: str = flag("eval", "the Bregman anchor's forward: eval (dropout off, a fixed target) or train "
-                                  "(dropout on, as the thesis' copy of the model runs)", SMART, choices=ANCHOR_MODES)
-    smart_noise_std: float = flag(1e-5, "sigma", SMART, type=float)
-    smart_epsilon: float = flag(1e-5, "epsilon, radius of the ball (0: no perturbation and no ascent, R_s the "
-                                      "divergence of two dropout forwards: docs/smart.md)", SMART, type=float)
-    smart_step_size: float = flag(1e-3, "eta", SMART, type=float)
-    smart_ascent_steps: int = flag(1, "K", SMART, type=int)
-    smart_norm: str = flag("inf", group=SMART, choices=NORMS)
-    smart_norm_level: str = flag("token", group=SMART, choices=NORM_LEVELS)
-    smart_precision: str = flag("run", "where SMART's passes compute: run (the run's --precision, exact float32 under "
-                                  "fp16, which would underflow the ascent; with dropout on the ascent, R_s and the "
-                                  "gradient agree with exact float32: docs/smart.md) or exact (float32 without "
-                                  "autocast or TF32, for studies with dropout off)", SMART, choices=SMART_PRECISIONS)
-    smart_override: list = flag([], "per-task setting, e.g. sst:adv_weight=10 (repeatable)", SMART,
-                                  action="append", metavar="TASK:key=value,...")
-
-    # LNSR.
-    lnsr: bool = flag(False, "regularise the tasks in --lnsr_tasks", LNSR, action="store_true")
-    lnsr_tasks: str = flag("sts", group=LNSR)
-    lnsr_weight: float = flag(0.005, "lambda", LNSR, type=float)
-    lnsr_layer: int | None = flag(None, "b: noise added to this layer's output (0: the embeddings), later layers "
-                                    "measured (default: L - 2, AllBERT's 10 of 12)", LNSR, type=int)
-    lnsr_noise_std: float = flag(LnsrConfig.noise_std, "sigma (AllBERT: sigma^2 = 1e-5)", LNSR, type=float)
-
-    # Distillation.
-    distill: str | None = flag(None, "a teacher folder (an scripts/ensemble.py output or a run) whose "
-                               "scores/{sst,qqp,sts}-train.csv (SQuAD: scores/qa-train.safetensors) become soft "
-                               "targets of the trained tasks", DISTILL)
-    distill_weight: float = flag(0.5, "w: each task step trains on (1 - w) x gold loss + w x distillation loss",
-                                 DISTILL, type=float)
-    distill_temperature: float = flag(1.0, "T of SST's and SQuAD's softened distributions (KL x T^2)", DISTILL,
-                                      type=float)
-    distill_override: list = flag([], "per-task setting, e.g. sst:weight=1,temperature=2, sts:weight=0.3 or "
-                                  "qqp:teacher=runs/qqp_ensemble (that task's teacher folder; repeatable)", DISTILL,
-                                  action="append", metavar="TASK:key=value,...")
-    score_train: bool = flag(False, "also write the kept model's scores of the train splits "
-                             "(OUTPUT_DIR/scores/TASK-train.csv; SQuAD: every window's start and end logits, "
-                             "qa-train.safetensors): the run can then teach others (--distill)",
-                             DISTILL, resume_free=True, action="store_true")
+    # The penalties' flags (SMART, LNSR, distillation) follow here: their files' (with_penalty_flags).
 
     # SimCSE.
     simcse_data: list = flag([], "NLI files (.jsonl, SentEval s1.*, SICK.txt, premise,positive,negative .csv)",
@@ -420,53 +399,34 @@ class TrainingArguments:
         validate(self)
 
 
-def with_penalty_flags(cls):
-    """`cls` with a field (a flag) for each flag of the penalties in minbert/training/penalties/, after its own, so
-    that a new penalty's file brings its flags and a run without one saves the settings it saved before. A penalty
-    flag spelled as one of the command line's own stops it in one line naming the penalty's file."""
-    own = {f.name for f in dataclasses.fields(cls)}
-    added = []
-    for kind in PENALTY_KINDS.values():
-        group = kind.title or f"penalty {kind.name} (minbert/training/penalties/)"
-        for name, spec in kind.flags.items():
-            if name in own:
-                print(f"error: {PENALTY_FILES[kind.name]}: its flag --{name} is already the command line's own",
-                      file=sys.stderr)
-                raise SystemExit(2)
-            added.append((name, type(spec.default), flag(spec.default, spec.help, group, spec.resume_free,
-                                                         type=spec.type)))
-    if not added:
-        return cls
-    return dataclasses.make_dataclass(cls.__name__, added, bases=(cls,), namespace={"__doc__": cls.__doc__,
-                                                                                    "__module__": cls.__module__})
-
-
-TrainingArguments = with_penalty_flags(TrainingArguments)
-
-
 def task_derived_settings(tasks: tuple[str, ...], demo: bool = False) -> dict:
     """The settings whose defaults follow --tasks (and --demo): the three tasks' stages (the demo's shorter cycle),
-    else one epoch of each task and no cycle; SMART on every task. A --config recorded for other tasks holds them
-    too (config_under_command_line)."""
+    else one epoch of each task and no cycle; the penalty flags whose default is every task (PenaltyFlag.every_task:
+    --smart_tasks) every task. A --config recorded for other tasks holds them too (config_under_command_line)."""
     if tasks == MULTITASK:
         first_stages, cycle = DEMO_STAGES if demo else THREE_TASK_STAGES
     else:
         first_stages, cycle = ",".join(tasks), ""
-    return {"first_stages": first_stages, "cycle": cycle, "smart_tasks": ",".join(tasks)}
+    every_task = {name: ",".join(tasks) for kind in PENALTY_KINDS.values() for name, spec in kind.flags.items()
+                  if spec.every_task}
+    return {"first_stages": first_stages, "cycle": cycle, **every_task}
 
 
 def name_tasks(args: TrainingArguments) -> None:
-    """The flags that name tasks rewritten in the internal names and the run's order, each name one of the run's
-    --tasks (course aliases, case and spaces aside: `--smart_tasks "para, SST"` -> "sst,qqp"), so that what is
-    derived from them (run_settings) reads them as they are, the same in every process. A feature's own flags only
-    where it is on: --smart_tasks and --smart_override with --smart, --lnsr_tasks with --lnsr."""
+    """The flags that name tasks (a penalty flag's `tasks`) rewritten in the internal names and the run's order, each
+    name one of the run's --tasks (course aliases, case and spaces aside: `--smart_tasks "para, SST"` -> "sst,qqp"),
+    so that what is derived from them (the penalties' settings) reads them as they are, the same in every process. A
+    penalty's flags only where its switch turns it on: --smart_tasks and --smart_override with --smart, --lnsr_tasks
+    with --lnsr (--distill_override, which may name a task's teacher itself, always)."""
     tasks = run_tasks(args)
-    if args.smart:
-        args.smart_tasks = ",".join(_task_list(args.smart_tasks, "smart_tasks", tasks))
-        args.smart_override = [_named_override("smart_override", override, tasks) for override in args.smart_override]
-    if args.lnsr:
-        args.lnsr_tasks = ",".join(_task_list(args.lnsr_tasks, "lnsr_tasks", tasks))
-    args.distill_override = [_named_override("distill_override", override, tasks) for override in args.distill_override]
+    for kind in PENALTY_KINDS.values():
+        if kind.switch and getattr(args, kind.switch) in SWITCHED_OFF:
+            continue
+        for name, spec in kind.flags.items():
+            if spec.tasks == "list":
+                setattr(args, name, ",".join(_task_list(getattr(args, name), name, tasks)))
+            elif spec.tasks == "overrides":
+                setattr(args, name, [_named_override(name, override, tasks) for override in getattr(args, name)])
 
 
 def _task_list(text: str, flag: str, tasks: tuple[str, ...]) -> tuple[str, ...]:
@@ -499,7 +459,7 @@ def validate(args: TrainingArguments) -> None:
     once they are read, still before the model loads (run_setup.load_inputs, check_pretrained)."""
     _check_common(args, texts_per_input=2)  # QQP and STS may be encoded jointly (--pair_encoder cross, hybrid)
     for check in (_check_run, _check_optimisation, _check_schedule_flags, _check_heads, _check_task_options,
-                  _check_adapters, _check_simcse, _check_smart_and_lnsr, _check_distillation,
+                  _check_adapters, _check_simcse,
                   *(kind.check for kind in PENALTY_KINDS.values())):
         check(args)
     _check_stages(args, run_schedule(args))
@@ -575,30 +535,6 @@ def _check_simcse(args: TrainingArguments) -> None:
            f"--simcse_temperature must be a finite number > 0, got {args.simcse_temperature}")
 
 
-def _check_smart_and_lnsr(args: TrainingArguments) -> None:
-    _check(args.smart_momentum is None or (_finite(args.smart_momentum) and 0 <= args.smart_momentum < 1),
-           f"--smart_momentum must be in [0, 1), got {args.smart_momentum}")
-    if args.lnsr:
-        lnsr_config(args, num_layers=None)  # LnsrConfig checks the weight, the noise and the layer
-    if args.smart:
-        smart_configs(args)
-
-
-def _check_distillation(args: TrainingArguments) -> None:
-    _check(not args.distill_override or distill_teachers(args),
-           "--distill_override sets how tasks learn from a teacher: name one with --distill DIR "
-           "(or TASK:teacher=DIR)")
-    for task, setting in distill_settings(args).items():
-        name = "" if not args.distill_override else f" ({task})"
-        _check(_finite(setting["weight"]) and 0 < setting["weight"] <= 1,
-               f"--distill_weight must be in (0, 1], got {setting['weight']}{name}")
-        _check(_finite(setting["temperature"]) and setting["temperature"] > 0,
-               f"--distill_temperature must be > 0, got {setting['temperature']}{name}")
-        _check(task in SOFTENED_TASKS or setting["temperature"] == args.distill_temperature,
-               f"--distill_override {task}:temperature={setting['temperature']:g}: {task}'s distillation loss "
-               f"has no temperature (only {' and '.join(SOFTENED_TASKS)} soften a distribution)")
-
-
 def _check_stages(args: TrainingArguments, stages: list[Stage]) -> None:
     """The flags that depend on the schedule's stages. SimCSE's and mlm's stages train the one encoder every task
     shares, so it must train, and per-task adapters would leave no encoder for them (an mlm stage may train shared
@@ -614,9 +550,8 @@ def _check_stages(args: TrainingArguments, stages: list[Stage]) -> None:
                f"the {stage} stage trains one encoder for every task: with an adapter use --adapter_sharing shared")
         _check(not (present and trains_nothing),
                f"the {stage} stage trains the encoder, which --option pretrain freezes; use --option finetune")
-    teachers = distill_teachers(args)
-    _check(not teachers or distilled_tasks(args, stages),
-           f"--distill {' '.join(sorted(set(teachers.values())))}: the schedule trains none of {', '.join(teachers)}")
+    for kind in PENALTY_KINDS.values():
+        kind.check_stages(args, stages)
 
 
 @dataclass
@@ -869,19 +804,18 @@ def parse_tasks(text: str) -> tuple[str, ...]:
 
 def check_resume_arguments(saved: dict, args: TrainingArguments) -> None:
     """Refuse to resume a stopped run whose saved settings (`saved`, its checkpoint's args) differ from these in
-    a flag that changes the result (checkpoint.check_resume_settings), or in --cycles when the learning rate or
-    SMART's momentum follows the total number of updates."""
-    run_momentum = args.smart_momentum is None and args.smart_momentum_schedule == "run" and \
-        args.smart_anchor == "moving_average"
-    # The momentum only matters where a task has a Bregman term: with --smart_bregman_weight 0 there is no anchor.
-    smart_tasks = regularized_tasks(args) if run_momentum else ()
-    configs = smart_configs(args) if smart_tasks else {}
-    anchored = any(configs[task].bregman_weight > 0 for task in smart_tasks)
-    if args.lr_schedule != "constant" or anchored:
-        if saved.get("cycles") != args.cycles:
-            raise CheckpointError(f"cannot resume: --cycles {saved.get('cycles')!r} -> {args.cycles!r} changes the "
-                                  "total number of updates, which the learning rate or SMART's momentum follows; "
-                                  f"resume with --cycles {saved.get('cycles')}")
+    a flag that changes the result (checkpoint.check_resume_settings), or in --cycles when the learning rate follows
+    the total number of updates, or in what a penalty's own check refuses (PenaltyKind.check_resume: SMART's
+    momentum follows the total number of updates too)."""
+    if args.lr_schedule != "constant" and saved.get("cycles") != args.cycles:
+        raise CheckpointError(f"cannot resume: --cycles {saved.get('cycles')!r} -> {args.cycles!r} changes the total "
+                              "number of updates, which the learning rate follows; resume with --cycles "
+                              f"{saved.get('cycles')}")
+    for kind in PENALTY_KINDS.values():
+        try:
+            kind.check_resume(saved, args)
+        except ValueError as err:
+            raise CheckpointError(str(err)) from None
     check_resume_settings(saved, dataclasses.asdict(args), resume_free_fields(TrainingArguments),
                           field_defaults(TrainingArguments))
 

@@ -21,7 +21,6 @@ import torch
 from torch import Tensor
 
 from bert import BertEncoder, TokenLayout
-from minbert.training.objective import Penalty, TaskForward
 
 
 @dataclass(frozen=True)
@@ -75,23 +74,3 @@ def encode_with_noise_stability(encoder: BertEncoder, embeddings: Tensor, attent
     # Padding positions are zero in both passes, so sums over (B, T, H) count real tokens only.
     change = sum(((noisy.float() - clean.float()) ** 2).sum() for noisy, clean in zip(noisy_outputs, clean_outputs))
     return hidden, config.weight * change / real_tokens
-
-
-@dataclass
-class LnsrPenalty(Penalty):
-    """LNSR on the tasks of `configs` (a config each), as "lnsr": its clean pass is the task's forward."""
-    configs: dict[str, LnsrConfig]
-    name = "lnsr"
-
-    def applies_to(self, task: str) -> bool:
-        return task in self.configs
-
-    def encode(self, forward: TaskForward) -> Tensor:
-        inputs = forward.inputs
-        hidden, forward.pending["lnsr"] = encode_with_noise_stability(
-            forward.model.bert.encoder, forward.embeddings, inputs.attention_mask, self.configs[forward.task],
-            inputs.layout)
-        return hidden
-
-    def terms(self, forward: TaskForward) -> dict[str, Tensor]:
-        return {"lnsr": forward.pending["lnsr"]}

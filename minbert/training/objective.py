@@ -166,12 +166,26 @@ def compute_task_loss(model: MultitaskBERT, task: str, batch: dict, penalties: S
 
 @dataclass(frozen=True)
 class PenaltyFlag:
-    """A command-line flag of a penalty kind: --NAME, its default, argparse's type and help. A resume must match it
-    unless `resume_free` (a setting that cannot change what is trained)."""
+    """A command-line flag of a penalty kind: --NAME, its default and help, and argparse's type, choices, action and
+    metavar (a flag with an action takes no type: type=None). A resume must match it unless `resume_free` (a setting
+    that cannot change what is trained). `tasks` says the flag names tasks, which the command line rewrites in their
+    internal names and the run's order (training_args.name_tasks): "list", comma-separated tasks, or "overrides",
+    TASK:key=value[,key=value] per task (a repeatable flag); `every_task`: its default (None) becomes every task of
+    --tasks."""
     default: object
-    help: str
-    type: Callable = float
+    help: str | None
+    type: Callable | None = float
     resume_free: bool = False
+    choices: Sequence | None = None
+    action: object = None
+    metavar: str | None = None
+    tasks: str = ""
+    every_task: bool = False
+
+    def argparse_kwargs(self) -> dict:
+        """argparse's keywords of the flag, those it sets."""
+        kwargs = dict(type=self.type, choices=self.choices, action=self.action, metavar=self.metavar)
+        return {key: value for key, value in kwargs.items() if value is not None}
 
 
 @dataclass(frozen=True)
@@ -180,12 +194,30 @@ class PenaltyKind:
     and a flag of multitask_classifier.py; `check(settings)` refuses bad values (ValueError, one line naming the
     flag) before anything is read; `build(settings, model)` makes the run's Penalty, or None where its flags leave it
     off. `settings` holds the flags' values under their names: check's are all the run's
-    (run.training_args.TrainingArguments), build's the penalty's own (run_settings.penalty_settings)."""
+    (run.training_args.TrainingArguments), build's the penalty's own (run_settings.penalty_settings) with the run's
+    `tasks` (as --tasks names them, comma-separated), the model's `num_layers` and the `inputs` that `load` read.
+
+    Optional: `switch`, the flag that turns the penalty on (its other flags given without it are refused: they would
+    do nothing; their task names are rewritten only while it is on); `early`, applied before the penalties that are
+    not, in every task's objective (the built-in distillation, LNSR and SMART come first); `after`, the flag its
+    flags follow on the command line, in --help and in args.json (None: after every other); `check_model(settings,
+    config)`, the flags against the pretrained model's config.json before its weights load (ValueError);
+    `check_stages(settings, stages)`, the flags against the run's schedule, still before anything is read
+    (ValueError); `load(settings, stages, data, task_settings)`, files the penalty reads before the model loads (a
+    teacher's scores; None: none), checked there (ValueError naming the file); `check_resume(saved, settings)`, a
+    resume's settings against the stopped run's saved args beyond each flag's own match (ValueError)."""
     name: str
     flags: dict[str, PenaltyFlag]
     build: Callable[[object, MultitaskBERT], Penalty | None]
     check: Callable[[object], None] = lambda settings: None
     title: str = ""  # the flags' group in --help
+    switch: str | None = None
+    early: bool = False
+    after: str | None = None
+    check_model: Callable[[object, object], None] = lambda settings, config: None
+    check_stages: Callable[[object, list], None] = lambda settings, stages: None
+    load: Callable[..., object] = lambda settings, stages, data, task_settings: None
+    check_resume: Callable[[dict, object], None] = lambda saved, settings: None
 
 
 def penalties_state(penalties: Sequence[Penalty]) -> tuple[dict[str, Tensor], dict]:
