@@ -156,11 +156,8 @@ def adamw_update(
     weight_decays: list[float],
     copies: list[torch.Tensor | None] | None = None,
     *,
-    beta1: float,
-    beta2: float,
-    eps: float,
-    correct_bias: bool,
-    chunk_elements: int | None,
+    beta1: float, beta2: float, eps: float,
+    correct_bias: bool, chunk_elements: int | None,
 ) -> None:
     """One AdamW update of `params` in place: their moments, their step counts (0-dim float64 tensors on their
     device) and each one's learning rate (a 0-dim tensor there; parameters of one group share it) and weight
@@ -197,10 +194,14 @@ def adamw_update(
             # rate as a tensor rounds as add(theta, theta, alpha=rate) did, one fused multiply-add.
             decayed_params = [params[i] for i in decayed_]
             torch._foreach_addcmul_(decayed_params, decayed_params, [decay_rates[i] for i in decayed_])
+        rewrite_copies(params[chunk], copies[chunk] if copies else [])
 
-        copied = [i for i in range(chunk.start, chunk.stop) if copies and copies[i] is not None]
-        if copied:
-            torch._foreach_copy_([copies[i] for i in copied], [params[i] for i in copied])
+
+def rewrite_copies(params: list[torch.Tensor], copies: list[torch.Tensor | None]) -> None:
+    """Each parameter's copy (None: none) rewritten from it, rounded to the copy's dtype: one multi-tensor copy."""
+    copied = [(copy, param) for copy, param in zip(copies, params) if copy is not None]
+    if copied:
+        torch._foreach_copy_([copy for copy, _ in copied], [param for _, param in copied])
 
 
 def negative_step_sizes(steps: list[torch.Tensor], lrs: list[torch.Tensor], beta1: float, beta2: float,

@@ -68,7 +68,8 @@ def test_float32_passes_and_other_weights_read_the_parameters(tokenizer):
         exact = model.predict_sentiment(batch["input_ids"], batch["attention_mask"])
         assert exact.dtype == torch.float32
         assert torch.equal(exact, plain.predict_sentiment(batch["input_ids"], batch["attention_mask"]))
-    weights, inputs = dict(other.named_parameters()), ("sst", {key: batch[key] for key in ("input_ids", "attention_mask")})
+    weights = dict(other.named_parameters())
+    inputs = ("sst", {key: batch[key] for key in ("input_ids", "attention_mask")})
     with torch.autocast("cpu", dtype=torch.bfloat16):
         anchored = torch.func.functional_call(model, weights, inputs)
         expected = torch.func.functional_call(plain, weights, inputs)

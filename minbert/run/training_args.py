@@ -295,10 +295,8 @@ class TrainingArguments:
                           choices=PRECISIONS)
     bf16: bool | None = flag(None, "alias: --bf16 is --precision bf16, --no-bf16 is --precision fp32", OPTIMISATION,
                              resume_free=True, action=argparse.BooleanOptionalAction)
-    bf16_weights: bool = flag(False, "with --precision bf16: keep bf16 copies of the weights the matmuls read "
-                                     "between steps, rewritten by AdamW's update, instead of autocast casting every "
-                                     "weight at every step (float32 weights still train and are saved)",
-                              OPTIMISATION, action="store_true")
+    bf16_weights: bool = flag(False, "with --precision bf16: matmuls read bf16 copies of the weights that AdamW's "
+                              "update rewrites, not a cast of every weight per step", OPTIMISATION, action="store_true")
 
     # Schedule.
     schedule: str = flag("sequential", group=SCHEDULE, choices=SCHEDULES)

@@ -34,13 +34,12 @@ MINILM_L6 = dict(vocab_size=30522, hidden_size=384, num_hidden_layers=6, num_att
 
 
 def demo_batches(task: str, batch_size: int, max_length: int) -> list[dict]:
-    """The demo train split of `task` (sst: sentences; qqp, sts: pairs, each side encoded on its own) in batches."""
+    """The demo train split of `task` in batches (a pair's sentences each encoded on its own)."""
     examples = load_examples(DEMO / course_file_name(task, "train"), task, "train")
     tokenizer = BertTokenizer.from_pretrained("minilm-l6")
     chunks = [examples[i:i + batch_size] for i in range(0, len(examples) - batch_size + 1, batch_size)]
-    if task == "sst":
-        return [collate_sentences(chunk, tokenizer, max_length) for chunk in chunks]
-    return [collate_pairs(chunk, tokenizer, max_length) for chunk in chunks]
+    collate = collate_pairs if TASKS[task].is_pair else collate_sentences
+    return [collate(chunk, tokenizer, max_length) for chunk in chunks]
 
 
 def seeded_model(bert_config: dict, seed: int = 0, bf16_weights: bool = False) -> tuple[MultitaskBERT, AdamW]:
