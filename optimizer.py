@@ -68,6 +68,9 @@ class AdamW(torch.optim.Optimizer):
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, correct_bias=correct_bias)
         super().__init__(params, defaults)
         self.chunk_elements = None if compiled else chunk_elements
+        # parameter -> a copy in another dtype that each update rewrites (keep_copies); not state: rebuilt from the
+        # parameters, so neither saved nor loaded.
+        self.copies: dict[torch.Tensor, torch.Tensor] = {}
         self._update = torch.compile(adamw_update, fullgraph=True) if compiled else adamw_update
 
     def add_param_group(self, param_group: dict) -> None:
@@ -79,6 +82,11 @@ class AdamW(torch.optim.Optimizer):
         except ValueError:
             self.param_groups.pop()
             raise
+
+    def keep_copies(self, copies: dict[torch.Tensor, torch.Tensor]) -> None:
+        """From now on each update of a parameter in `copies` also rewrites its copy (of the same shape, any
+        dtype: the parameter rounded to it) in the same pass."""
+        self.copies.update(copies)
 
     def load_state_dict(self, state_dict: dict) -> None:
         """The base class's load, then each step count as this optimizer keeps it (a 0-dim float64 tensor on its
@@ -124,7 +132,8 @@ class AdamW(torch.optim.Optimizer):
                     state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                     state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 for name, value in zip(UPDATE_LISTS, (p, p.grad, state["exp_avg"], state["exp_avg_sq"],
-                                                      state["step"], lr, group["weight_decay"])):
+                                                      state["step"], lr, group["weight_decay"],
+                                                      self.copies.get(p))):
                     lists[name].append(value)
 
         for (beta1, beta2, eps, correct_bias), lists in passes.items():
@@ -134,7 +143,7 @@ class AdamW(torch.optim.Optimizer):
 
 
 # One entry per parameter in each list adamw_update takes.
-UPDATE_LISTS = ("params", "grads", "exp_avgs", "exp_avg_sqs", "steps", "lrs", "weight_decays")
+UPDATE_LISTS = ("params", "grads", "exp_avgs", "exp_avg_sqs", "steps", "lrs", "weight_decays", "copies")
 
 
 def adamw_update(
@@ -145,16 +154,15 @@ def adamw_update(
     steps: list[torch.Tensor],
     lrs: list[torch.Tensor],
     weight_decays: list[float],
+    copies: list[torch.Tensor | None] | None = None,
     *,
-    beta1: float,
-    beta2: float,
-    eps: float,
-    correct_bias: bool,
-    chunk_elements: int | None,
+    beta1: float, beta2: float, eps: float,
+    correct_bias: bool, chunk_elements: int | None,
 ) -> None:
     """One AdamW update of `params` in place: their moments, their step counts (0-dim float64 tensors on their
     device) and each one's learning rate (a 0-dim tensor there; parameters of one group share it) and weight
-    decay. `chunk_elements`: see AdamW; None takes all parameters at once."""
+    decay. `copies`: each parameter's lower-precision copy, rewritten from it after its update, or None (see
+    AdamW.keep_copies). `chunk_elements`: see AdamW; None takes all parameters at once."""
     torch._foreach_add_(steps, 1)
     step_sizes = negative_step_sizes(steps, lrs, beta1, beta2, correct_bias)
     decayed = [i for i, weight_decay in enumerate(weight_decays) if weight_decay != 0]
@@ -186,6 +194,14 @@ def adamw_update(
             # rate as a tensor rounds as add(theta, theta, alpha=rate) did, one fused multiply-add.
             decayed_params = [params[i] for i in decayed_]
             torch._foreach_addcmul_(decayed_params, decayed_params, [decay_rates[i] for i in decayed_])
+        rewrite_copies(params[chunk], copies[chunk] if copies else [])
+
+
+def rewrite_copies(params: list[torch.Tensor], copies: list[torch.Tensor | None]) -> None:
+    """Each parameter's copy (None: none) rewritten from it, rounded to the copy's dtype: one multi-tensor copy."""
+    copied = [(copy, param) for copy, param in zip(copies, params) if copy is not None]
+    if copied:
+        torch._foreach_copy_([copy for copy, _ in copied], [param for _, param in copied])
 
 
 def negative_step_sizes(steps: list[torch.Tensor], lrs: list[torch.Tensor], beta1: float, beta2: float,

@@ -28,7 +28,10 @@ SMART = ("--first_stages", "sts,sst", "--cycles", "0", "--smart")
 # the anchor's forward with dropout on, the momentum schedule restarting each stage.
 THESIS_SMART = (*SMART, "--smart_norm_level", "sentence", "--smart_projection", "rescale", "--smart_reduction", "max",
                 "--smart_anchor_mode", "train", "--smart_momentum_schedule", "stage", "--smart_anchor", "stage_start")
-RUNS = {"sequential": SEQUENTIAL, "annealed": ANNEALED, "smart": SMART, "thesis_smart": THESIS_SMART}
+# bf16 autocast reading the bf16 copies of the weights (--bf16_weights): the checkpoint holds the float32 weights only.
+BF16_WEIGHTS = (*SMART, "--precision", "bf16", "--bf16_weights")
+RUNS = {"sequential": SEQUENTIAL, "annealed": ANNEALED, "smart": SMART, "thesis_smart": THESIS_SMART,
+        "bf16_weights": BF16_WEIGHTS}
 CSVS = [f"{task}-{split}-out.csv" for task in ("sst", "para", "sts") for split in ("dev", "test")]
 
 
@@ -86,6 +89,7 @@ def never_stopped(tiny_checkpoint, tmp_path_factory):
     ("annealed", 10, 10),    # right after the first update of the second epoch
     ("smart", 3, 2),         # SMART's Bregman anchor and its momentum schedule
     ("thesis_smart", 9, 8),  # inside stage 2: its anchor is the weights stage 2 started from, not the resumed ones
+    ("bf16_weights", 9, 8),  # inside stage 2: the resumed run's copies are its float32 weights rounded again
 ])
 def test_a_run_killed_inside_a_stage_resumes_to_the_same_bytes(never_stopped, tiny_checkpoint, tmp_path, monkeypatch,
                                                                flags, killed_at, kept):

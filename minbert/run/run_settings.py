@@ -38,6 +38,7 @@ class OptimizerSettings:
     weight_decay: float
     layerwise_lr_decay: float
     compiled: bool  # the encoder's layers are compiled: a fused optimizer step too
+    bf16_weights: bool = False  # bf16 copies of the weights kept between steps (precision.keep_bf16_copies)
 
 
 @dataclass(frozen=True)
@@ -82,7 +83,8 @@ def resolve_run_settings(args: TrainingArguments, num_layers: int, device: torch
                       transitions=TransitionSettings(args.patience, args.stage_start, args.simcse_keep),
                       pad_to_multiple_of=padding)
     return RunSettings(loop=loop,
-                       optimizer=OptimizerSettings(args.lr, args.weight_decay, args.layerwise_lr_decay, args.compile),
+                       optimizer=OptimizerSettings(args.lr, args.weight_decay, args.layerwise_lr_decay, args.compile,
+                                                           args.bf16_weights),
                        simcse=SimcseSettings(args.simcse_objective, args.simcse_temperature, args.simcse_lr),
                        gradient_surgery=args.gradient_surgery, cagrad_c=args.cagrad_c, penalties=penalties,
                        task_settings=own_options, record=asdict(args))

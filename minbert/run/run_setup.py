@@ -239,7 +239,8 @@ def build_trainer(args: TrainingArguments, model: MultitaskBERT, tokenizer, data
     copies the model's weights). `penalty_inputs`: what the penalties read (load_penalty_inputs)."""
     settings = resolve_run_settings(args, model.bert.config.num_hidden_layers, device)
     optimizer = build_optimizer(model, settings.optimizer.lr, settings.optimizer.weight_decay,
-                                settings.optimizer.layerwise_lr_decay, mlm_head, settings.optimizer.compiled)
+                                settings.optimizer.layerwise_lr_decay, mlm_head, settings.optimizer.compiled,
+                                settings.optimizer.bf16_weights)
     penalties = build_penalties(settings.penalties, model, penalty_inputs)
     simcse = None
     if triplets:

@@ -337,6 +337,8 @@ class TrainingArguments:
                           choices=PRECISIONS)
     bf16: bool | None = flag(None, "alias: --bf16 is --precision bf16, --no-bf16 is --precision fp32", OPTIMISATION,
                              resume_free=True, action=argparse.BooleanOptionalAction)
+    bf16_weights: bool = flag(False, "with --precision bf16: matmuls read bf16 copies of the weights that AdamW's "
+                              "update rewrites, not a cast of every weight per step", OPTIMISATION, action="store_true")
 
     # Schedule.
     schedule: str = flag("sequential", group=SCHEDULE, choices=SCHEDULES)
@@ -488,6 +490,11 @@ def _check_optimisation(args: TrainingArguments) -> None:
     _check(_finite(args.warmup_ratio) and 0 <= args.warmup_ratio < 1, "--warmup_ratio must be in [0, 1)")
     _check(_finite(args.layerwise_lr_decay) and 0 < args.layerwise_lr_decay <= 1,
            f"--layerwise_lr_decay must be in (0, 1], got {args.layerwise_lr_decay}")
+    _check(not args.bf16_weights or args.precision == "bf16",
+           f"--bf16_weights needs --precision bf16 (it keeps the weights bf16 autocast reads), got {args.precision}")
+    # The copies' forward checks each parameter's version counter, which torch.compile's traced layers do not
+    # see: a copy could go stale inside a compiled graph.
+    _check(not (args.bf16_weights and args.compile), "--bf16_weights does not combine with --compile")
 
 
 def _check_schedule_flags(args: TrainingArguments) -> None:

@@ -12,14 +12,18 @@ import torch
 from minbert.model.multitask_bert import MultitaskBERT
 from minbert.runtime import scaled_step
 from minbert.training.mlm import MaskedLanguageModelHead
+from minbert.training.precision import keep_bf16_copies
 from optimizer import AdamW, weight_decay_groups
 
 
 def build_optimizer(model: MultitaskBERT, lr: float, weight_decay: float = 0.0, layerwise_lr_decay: float = 1.0,
-                    mlm_head: MaskedLanguageModelHead | None = None, compiled: bool = False) -> AdamW:
+                    mlm_head: MaskedLanguageModelHead | None = None, compiled: bool = False,
+                    bf16_weights: bool = False) -> AdamW:
     """AdamW over the model's parameters (and the mlm head's), grouped by weight decay and layer-wise rate. Each
     group's learning rate is a 0-dim tensor on the model's device that set_learning_rate fills in place, so that
-    setting it never waits for the device nor recompiles a compiled step (`compiled`: AdamW's compiled update)."""
+    setting it never waits for the device nor recompiles a compiled step (`compiled`: AdamW's compiled update).
+    `bf16_weights`: the nn.Linear layers read bf16 copies of their weights under bf16 autocast, which each update
+    rewrites (precision.keep_bf16_copies)."""
     named = list(model.named_parameters())
     if mlm_head is not None:
         named += [(f"mlm_head.{name}", p) for name, p in mlm_head.named_parameters()]
@@ -27,7 +31,10 @@ def build_optimizer(model: MultitaskBERT, lr: float, weight_decay: float = 0.0, 
     device = next(model.parameters()).device
     for group in groups:  # one tensor per group: their lr_scale differs
         group["lr"] = torch.full((), lr * group["lr_scale"], dtype=torch.float64, device=device)
-    return AdamW(groups, lr=lr, compiled=compiled)
+    optimizer = AdamW(groups, lr=lr, compiled=compiled)
+    if bf16_weights:
+        keep_bf16_copies([model, mlm_head], optimizer)
+    return optimizer
 
 
 def set_learning_rate(optimizer: AdamW, base_rate: float) -> None:
