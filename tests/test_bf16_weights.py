@@ -12,7 +12,7 @@ from minbert.runtime import float32_exact
 from minbert.training.objective import TaskObjective
 from minbert.training.optimization import build_optimizer
 from minbert.training.precision import count_dispatches, keep_bf16_copies
-from minbert.training.precision_benchmark import TINY, compare_runs, plain_step
+from minbert.benchmarks.bf16_weights import TINY, compare_runs, plain_step
 from optimizer import AdamW
 
 pytestmark = pytest.mark.usefixtures("one_thread")
