@@ -79,7 +79,8 @@ def resolve_run_settings(args: TrainingArguments, num_layers: int, device: torch
                       lr_schedule=args.lr_schedule, warmup_ratio=args.warmup_ratio, schedule=args.schedule,
                       epochs=args.epochs, precision=precision, quiet=args.quiet,
                       stop_after_stages=args.stop_after_stages, keep_stage_models=args.keep_stage_models,
-                      eval_train_examples=args.eval_train_examples, logging_steps=args.logging_steps,
+                      eval_train_examples=args.eval_train_examples,
+                      max_eval_examples=args.max_eval_examples, logging_steps=args.logging_steps,
                       report_to=args.report_to, save_steps=args.save_steps, save_every_minutes=minutes,
                       transitions=TransitionSettings(args.patience, args.stage_start, args.simcse_keep),
                       pad_to_multiple_of=padding)
