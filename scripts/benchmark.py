@@ -9,6 +9,7 @@
     python scripts/benchmark.py pipeline   # tokens/s of the full training pipeline (tokenize, collate, step)
     python scripts/benchmark.py data_parallel  # 1 process vs 2 gloo processes (distributed.py), same global batch
     python scripts/benchmark.py ensemble   # one model's inference on dev + test vs combining 5 runs' saved scores
+    python scripts/benchmark.py dev_eval   # a run's dev scoring after a stage: every dev example vs --max_eval_examples
     python scripts/benchmark.py all        # every benchmark above that runs on --device (data_parallel: the CPU's)
     python scripts/benchmark.py padding    # padded tokens of the length buckets (CUDA, --compile) on the train files
     python scripts/benchmark.py qqp_epoch  # one QQP SMART epoch of the course's 141,506 pairs, from timed real steps
@@ -72,7 +73,7 @@ from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from base_bert import BertConfig, CheckpointError, pretrained_config, resolve_pretrained, to_hf_state_dict
 from bert import BertModel
-from minbert.data.batches import row_lengths, standard_paths
+from minbert.data.batches import row_lengths, standard_paths, subsample
 from minbert.files import DataError, unwritable_folder
 from minbert.arguments import OneLineErrorParser
 from minbert.run.training_args import UsageError
@@ -981,6 +982,41 @@ def bench_ensemble(args, device) -> dict:
             "combine_5_members_s": combine_seconds}
 
 
+DEV_SUBSET = 2000  # dev_eval's --max_eval_examples: the subset it times beside the full dev sets
+
+
+def bench_dev_eval(args, device) -> dict:
+    """What a run's dev scoring after each stage costs (trainer.Trainer.score_dev): an untrained MultitaskBERT of
+    --config (SBERT pairs) scoring the dev sets of --data_dir through the run's Evaluator, tokenised once beforehand
+    as a run's cache holds them, in batches of --batch_size (a run's --eval_batch_size) at --precision; every dev
+    example against --max_eval_examples DEV_SUBSET, alternating for --rounds rounds (median seconds)."""
+    from minbert.data.batches import load_task_data
+    from minbert.model.multitask_bert import MultitaskBERT
+    from minbert.prediction.inference import PredictionSettings, Predictor, TokenizedSplits
+    from minbert.prediction.run_evaluation import Evaluator
+    model = MultitaskBERT(build_minbert(args)).to(device).eval()
+    data = load_task_data(standard_paths(args.data_dir), MULTITASK, set())
+    splits = TokenizedSplits(build_tokenizer(args), model, args.seq_len, {})
+    predictor = Predictor(model, splits, device, PredictionSettings(args.batch_size, args.seq_len, args.precision, True))
+    evaluator = Evaluator(predictor, data, seed=0)
+    for limit in (None, DEV_SUBSET):  # the tokenisation a run does once, before its first stage
+        for task, task_data in data.items():
+            splits.get(task, subsample(task_data.dev, limit, 0))
+    seconds = {"all": [], f"max_eval_examples {DEV_SUBSET}": []}
+    for _ in range(args.rounds):
+        for name, limit in zip(seconds, (None, DEV_SUBSET)):
+            synchronize(device)
+            start = time.perf_counter()
+            evaluator.evaluate("dev", limit)
+            synchronize(device)
+            seconds[name].append(time.perf_counter() - start)
+    return {"benchmark": f"a run's dev scoring after a stage: the {sum(len(d.dev) for d in data.values())} dev "
+                         f"examples of {args.data_dir}, all of them vs a fixed subset of at most {DEV_SUBSET} per task",
+            "dev_examples": {task: len(d.dev) for task, d in data.items()},
+            "median_s": {name: statistics.median(values) for name, values in seconds.items()},
+            "seconds": seconds}
+
+
 def bench_predict(args, device) -> dict:
     """predict.py's throughput: SST's dev sentences of --data_dir predicted by a MultitaskBERT (tokenised once, the
     evaluation loader's length-sorted batches of --batch_size, the head and the scores to the host included), against
@@ -1701,9 +1737,9 @@ def qa_peer_run(args) -> int:
 BENCHMARKS = {"encoder": bench_encoder, "precision": bench_precision, "smart": bench_smart, "memory": bench_memory,
               "pipeline": bench_pipeline, "adapters": bench_adapters, "checkpointing": bench_checkpointing,
               "data_parallel": bench_data_parallel, "ensemble": bench_ensemble, "padding": bench_padding,
-              "qqp_epoch": bench_qqp_epoch, "predict": bench_predict}
+              "qqp_epoch": bench_qqp_epoch, "predict": bench_predict, "dev_eval": bench_dev_eval}
 # Measurements of the data or of a whole epoch rather than of a step: asked for by name, outside `all`.
-ON_THEIR_OWN = {"padding", "qqp_epoch", "predict"}
+ON_THEIR_OWN = {"padding", "qqp_epoch", "predict", "dev_eval"}
 # Kinds that count rather than time, outside `all`; each prints lines of its own after its JSON, its summary last.
 AUDITS = {"step_audit": bench_step_audit}
 AUDIT_LINES = {"step_audit": step_audit_lines}
@@ -1713,14 +1749,15 @@ DEMO_DATA = ROOT / "data" / "demo"
 DATA_FILES = {"pipeline": [("sst", "train")],
               "ensemble": [(task, split) for task in MULTITASK for split in ("dev", "test")],
               "padding": [(task, "train") for task in MULTITASK], "qqp_epoch": [("qqp", "train")],
-              "predict": [("sst", "dev")]}
+              "predict": [("sst", "dev")], "dev_eval": [(task, "dev") for task in MULTITASK]}
 # those that tokenize real text with --config's tokenizer
-TEXT_KINDS = {"pipeline", "ensemble", "step_audit", "padding", "qqp_epoch", "predict"}
+TEXT_KINDS = {"pipeline", "ensemble", "step_audit", "padding", "qqp_epoch", "predict", "dev_eval"}
 # The shortest --seq_len that lets each kind act: the tokenizer's shortest cut for a text (pairs: step_audit's
 # training may encode them jointly); random batches need rows of seq_len / 2 .. seq_len tokens, at least one each.
 SHORTEST_SEQ_LEN = {"pipeline": shortest_max_length(1), "ensemble": shortest_max_length(1),
                     "step_audit": shortest_max_length(2), "padding": shortest_max_length(1),
-                    "qqp_epoch": shortest_max_length(2), "predict": shortest_max_length(1)}
+                    "qqp_epoch": shortest_max_length(2), "predict": shortest_max_length(1),
+                    "dev_eval": shortest_max_length(1)}
 RANDOM_BATCH_SHORTEST_SEQ_LEN = 2
 
 
