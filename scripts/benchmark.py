@@ -9,6 +9,7 @@
     python scripts/benchmark.py pipeline   # tokens/s of the full training pipeline (tokenize, collate, step)
     python scripts/benchmark.py data_parallel  # 1 process vs 2 gloo processes (distributed.py), same global batch
     python scripts/benchmark.py ensemble   # one model's inference on dev + test vs combining 5 runs' saved scores
+    python scripts/benchmark.py dev_eval   # a run's dev scoring after a stage: every dev example vs --max_eval_examples
     python scripts/benchmark.py all        # every benchmark above that runs on --device (data_parallel: the CPU's)
     python scripts/benchmark.py padding    # padded tokens of the length buckets (CUDA, --compile) on the train files
     python scripts/benchmark.py qqp_epoch  # one QQP SMART epoch of the course's 141,506 pairs, from timed real steps

@@ -417,6 +417,14 @@ def test_padding_counts_the_grid_tokens_of_each_bucket_size(tmp_path, tiny_confi
     assert result["tokens_vs_longest"]["longest"] == 1.0
 
 
+def test_dev_eval_times_every_dev_example_against_the_capped_subset(tmp_path, tiny_config_for_text):
+    (result,) = run(tmp_path, "dev_eval", "--config", tiny_config_for_text, "--batch_size", "8", "--seq_len", "16",
+                    "--rounds", "2", "--threads", "1").values()
+    assert result["dev_examples"] == {"sst": 40, "qqp": 40, "sts": 40}
+    assert set(result["seconds"]) == {"all", f"max_eval_examples {benchmark.DEV_SUBSET}"}
+    assert all(len(times) == 2 and min(times) > 0 for times in result["seconds"].values())
+
+
 def test_qqp_epoch_times_real_smart_steps_and_scales_them_to_the_course_epoch(tmp_path, tiny_config_for_text):
     (result,) = run(tmp_path, "qqp_epoch", "--config", tiny_config_for_text, "--batch_size", "4", "--seq_len", "16",
                     "--steps", "2", "--rounds", "1", "--warmup", "1", "--threads", "1").values()

@@ -98,6 +98,21 @@ def test_the_runs_calibration_is_what_the_script_writes_from_its_saved_scores(st
     assert json.loads((tmp_path / "calibration.json").read_text()) == written
 
 
+def test_a_dev_cap_above_every_dev_set_writes_the_same_files_as_no_cap(tiny_checkpoint, straight, tmp_path):
+    assert mc.main(run_flags(tiny_checkpoint, tmp_path, "--max_eval_examples", "1000")) == 0
+    assert read_csv_outputs(tmp_path) == read_csv_outputs(straight)
+    assert [{k: v for k, v in r.items() if k != "dev_subset"} for r in metrics_without_times(tmp_path / "run")] == \
+        metrics_without_times(straight / "run")
+
+
+def test_a_capped_run_writes_every_dev_and_test_row(tiny_checkpoint, tmp_path):
+    assert mc.main(run_flags(tiny_checkpoint, tmp_path, "--max_eval_examples", "5")) == 0
+    for (task, split), flag in output_flags().items():
+        check_predictions_file(tmp_path / f"{flag}.csv", [e.id for e in demo_examples(task, split)], task)
+    assert [r["dev_subset"] for r in read_records(tmp_path / "run")] == [5, 5, 5, 5]
+    assert "dev_subset" not in json.loads((tmp_path / "run" / "best.json").read_text())["metrics"]
+
+
 # ---------------------------------------------------------------------------------------------------
 # Resuming
 

@@ -314,6 +314,58 @@ def test_a_resumed_run_without_its_kept_model_in_memory_reads_best_from_disk(tmp
     assert trainer.use_kept_model()[0] == expected
 
 
+def scored_dev_ids(trainer, monkeypatch) -> list[dict[str, list[str]]]:
+    """Each dev evaluation's ids per task, as the predictor scored them, one dict per evaluation."""
+    calls, predict = [], trainer.predictor.predict
+
+    def recording(task, examples, scores=False):
+        if task == "sst" or not calls:
+            calls.append({})
+        ids, values = predict(task, examples, scores)
+        calls[-1][task] = list(ids)
+        return ids, values
+    monkeypatch.setattr(trainer.predictor, "predict", recording)
+    return calls
+
+
+def test_capped_dev_scoring_reads_one_fixed_subset_every_stage_and_says_so(tmp_path, tokenizer, monkeypatch):
+    trainer = make_trainer(tmp_path, tokenizer, max_eval_examples=3)
+    calls = scored_dev_ids(trainer, monkeypatch)
+    trainer.train([Stage(StageKind.TASK, "sst"), Stage(StageKind.TASK, "qqp")])
+    assert len(calls) == 3  # the pretrained model's and each stage's
+    assert all(len(ids) == 3 for call in calls for ids in call.values())
+    assert calls[0] == calls[1] == calls[2]
+    assert [record["dev_subset"] for record in trainer.state.history] == [3, 3, 3]
+
+
+def test_a_capped_run_scores_its_kept_model_on_every_dev_example_and_best_json_says_so(tmp_path, tokenizer):
+    trainer = make_trainer(tmp_path, tokenizer, max_eval_examples=3)
+    trainer.train([Stage(StageKind.TASK, "sst")])
+    metrics, predictions, scores = trainer.use_kept_model()
+    assert all(len(predictions[task][0]) == len(scores[task][0]) == 8 for task in predictions)
+    _, saved = read_checkpoint(tmp_path / "run" / "best")
+    assert "dev_subset" not in saved["metrics"]
+    assert saved["metrics"]["stage"] == "sst" and {k: saved["metrics"][k] for k in metrics} == metrics
+    assert metrics == trainer.evaluator.evaluate("dev")[0]
+    trainer.kept = None  # as after --resume past the best stage
+    assert trainer.use_kept_model()[0] == metrics
+
+
+def test_a_cap_above_every_dev_set_changes_no_prediction_nor_metric(tmp_path, tokenizer):
+    outcomes = []
+    for name, cap in (("all", {}), ("capped", {"max_eval_examples": 100})):
+        trainer = make_trainer(tmp_path / name, tokenizer, **cap)
+        trainer.train([Stage(StageKind.TASK, "sst"), Stage(StageKind.TASK, "sts")])
+        history = [{k: v for k, v in r.items() if k not in ("seconds", "dev_subset")} for r in trainer.state.history]
+        outcomes.append((history, trainer.use_kept_model()))
+    (history, (metrics, predictions, scores)), (capped_history, (capped_metrics, capped_predictions, capped_scores)) \
+        = outcomes
+    assert history == capped_history and metrics == capped_metrics
+    for task in predictions:
+        assert predictions[task][0] == capped_predictions[task][0]
+        assert np.array_equal(scores[task][1], capped_scores[task][1])
+
+
 def test_state_dict_round_trip_restores_the_state_and_weights(tmp_path, tokenizer):
     trainer = make_trainer(tmp_path, tokenizer, smart=True, smart_tasks="sst")
     trainer.train([Stage(StageKind.TASK, "sst")])

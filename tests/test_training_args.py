@@ -56,6 +56,7 @@ INVALID = [
     # issue 39: flags that could not act, or whose first check lived deep in a module
     (dict(max_length=1), ["--max_length", "1"], "--max_length must be >= 5, got 1"),
     (dict(stop_after_stages=0), ["--stop_after_stages", "0"], "--stop_after_stages must be >= 1, got 0"),
+    (dict(max_eval_examples=0), ["--max_eval_examples", "0"], "--max_eval_examples must be >= 1, got 0"),
     (dict(simcse_temperature=0.0), ["--simcse_temperature", "0"], "--simcse_temperature must be a finite number > 0"),
     (dict(simcse_temperature=math.nan), ["--simcse_temperature", "nan"], "--simcse_temperature must be a finite"),
     (dict(adapter="pals", pal_size=-12), ["--adapter", "pals", "--pal_size", "-12"], "--pal_size must be >= 1"),

@@ -10,6 +10,7 @@ import torch
 
 from base_bert import CheckpointError
 from minbert.arguments import OneLineErrorParser
+from minbert.benchmarks.dev_eval import bench_dev_eval
 from minbert.benchmarks.memory import bench_memory
 from minbert.benchmarks.models import model_config, tokenizer_directory
 from minbert.benchmarks.qqp_epoch import bench_qqp_epoch
@@ -30,9 +31,9 @@ from tokenizer import BertTokenizer, shortest_max_length
 BENCHMARKS = {"encoder": bench_encoder, "precision": bench_precision, "smart": bench_smart, "memory": bench_memory,
               "pipeline": bench_pipeline, "adapters": bench_adapters, "checkpointing": bench_checkpointing,
               "data_parallel": bench_data_parallel, "ensemble": bench_ensemble, "padding": bench_padding,
-              "qqp_epoch": bench_qqp_epoch, "predict": bench_predict}
+              "qqp_epoch": bench_qqp_epoch, "predict": bench_predict, "dev_eval": bench_dev_eval}
 # Measurements of the data or of a whole epoch rather than of a step: asked for by name, outside `all`.
-ON_THEIR_OWN = {"padding", "qqp_epoch", "predict"}
+ON_THEIR_OWN = {"padding", "qqp_epoch", "predict", "dev_eval"}
 # Kinds that count rather than time, outside `all`; each prints lines of its own after its JSON, its summary last.
 AUDITS = {"step_audit": bench_step_audit}
 AUDIT_LINES = {"step_audit": step_audit_lines}
@@ -42,14 +43,15 @@ DEMO_DATA = ROOT / "data" / "demo"
 DATA_FILES = {"pipeline": [("sst", "train")],
               "ensemble": [(task, split) for task in MULTITASK for split in ("dev", "test")],
               "padding": [(task, "train") for task in MULTITASK], "qqp_epoch": [("qqp", "train")],
-              "predict": [("sst", "dev")]}
+              "predict": [("sst", "dev")], "dev_eval": [(task, "dev") for task in MULTITASK]}
 # those that tokenize real text with --config's tokenizer
-TEXT_KINDS = {"pipeline", "ensemble", "step_audit", "padding", "qqp_epoch", "predict"}
+TEXT_KINDS = {"pipeline", "ensemble", "step_audit", "padding", "qqp_epoch", "predict", "dev_eval"}
 # The shortest --seq_len that lets each kind act: the tokenizer's shortest cut for a text (pairs: step_audit's
 # training may encode them jointly); random batches need rows of seq_len / 2 .. seq_len tokens, at least one each.
 SHORTEST_SEQ_LEN = {"pipeline": shortest_max_length(1), "ensemble": shortest_max_length(1),
                     "step_audit": shortest_max_length(2), "padding": shortest_max_length(1),
-                    "qqp_epoch": shortest_max_length(2), "predict": shortest_max_length(1)}
+                    "qqp_epoch": shortest_max_length(2), "predict": shortest_max_length(1),
+                    "dev_eval": shortest_max_length(1)}
 RANDOM_BATCH_SHORTEST_SEQ_LEN = 2
 
 

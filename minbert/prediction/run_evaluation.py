@@ -23,7 +23,11 @@ from minbert.tasks import MULTITASK, RUN_TASKS, TASKS
 SUMMARY_KEYS = ("index", "stage", "train_loss", "seconds", "eval_seconds",
                 *(key for task in MULTITASK for key, _ in TASKS[task].history_columns), "overall",
                 *(key for task in RUN_TASKS if task not in MULTITASK for key, _ in TASKS[task].history_columns))
-STAGE_FIELDS = ("seconds", "eval_seconds", "fp16_skipped_updates")  # in a stage's record, with train_loss: what is not a dev metric
+# A record holding this key, with N (--max_eval_examples N), has the dev metrics of a fixed subset of at most N dev
+# examples per task (drawn from --seed, the same every stage); a record without it, those of every dev example.
+SUBSET_KEY = "dev_subset"
+# In a stage's record, with train_loss: what is not a dev metric.
+STAGE_FIELDS = ("seconds", "eval_seconds", "fp16_skipped_updates", SUBSET_KEY)
 METRICS_FILE = "metrics.jsonl"
 
 

@@ -257,6 +257,11 @@ class TrainingArguments:
     eval_batch_size: int = flag(64, type=int)
     eval_train_examples: int = flag(0, "also score this many train examples per task after each stage "
                                       "(train curves)", type=int)
+    # Not resume-free: the subset picks the model kept.
+    max_eval_examples: int | None = flag(None, "after each stage score a fixed subset of N dev examples per task "
+                                               "(drawn once from --seed) to pick the kept model; its final dev CSVs "
+                                               "and best.json's metrics still cover every dev example", type=int,
+                                         metavar="N")
     num_workers: int = flag(0, resume_free=True, type=int)
     departures: str = flag("", "a note kept in args.json and nothing else: the settings in which the run departs "
                                "from the setting it stands for (a study's arm names where it is not the thesis')",
@@ -476,6 +481,8 @@ def _check_run(args: TrainingArguments) -> None:
     if args.report_to == "tensorboard":  # the module step_log.RunLog's writer comes from
         problem = import_problem("torch.utils.tensorboard", "--report_to tensorboard", "tensorboard")
         _check(problem is None, problem)
+    _check(args.max_eval_examples is None or args.max_eval_examples >= 1,
+           f"--max_eval_examples must be >= 1, got {args.max_eval_examples}")
     for name in ("eval_train_examples", "num_workers"):
         _check(getattr(args, name) >= 0, f"--{name} must be >= 0, got {getattr(args, name)}")
     # 0 would stop before the first checkpoint, leaving nothing that --resume could continue

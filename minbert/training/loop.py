@@ -64,6 +64,9 @@ class LoopConfig:
     keep_stage_models: bool  # also save the model after every stage (OUTPUT_DIR/stage_N.*)
     pad_to_multiple_of: int | None  # batches padded to length buckets (runtime.pad_to_multiple_of), or None
     eval_train_examples: int  # also score this many train examples per task after each stage
+    # The dev scoring after each stage that picks the kept model: this many dev examples per task, a subset drawn once
+    # from the seed (None: every example); the kept model's final dev predictions cover every example.
+    max_eval_examples: int | None = None
     # The host reads the losses (progress bar, divergence check) and writes a line of steps.jsonl every this many
     # updates.
     logging_steps: int = 50

@@ -29,7 +29,7 @@ from minbert.model.checkpoint import read_checkpoint
 from minbert.model.multitask_bert import MultitaskBERT, load_trained_tensors, save_multitask_model, trained_tensors
 from minbert.prediction.inference import PredictionSettings, Predictor, TokenizedSplits
 from minbert.prediction.leaderboard import kept_model_score
-from minbert.prediction.run_evaluation import Evaluator, MetricsLog, stage_record
+from minbert.prediction.run_evaluation import SUBSET_KEY, Evaluator, MetricsLog, stage_record
 from minbert.runtime import to_device, use_tf32
 from minbert.step_log import RunLog
 from minbert.training.gradient_surgery import GradientSurgery
@@ -60,6 +60,7 @@ class KeptModel:
     metrics: dict
     predictions: dict
     scores: dict
+    record: dict  # its stage's record, which best.json holds
 
 
 @dataclass
@@ -162,7 +163,7 @@ class Trainer:
         self.transitions.extend(stages, state)  # a finished run resumed with more --cycles
         if state.next_stage == 0 and not state.history:
             start = time.time()
-            dev, _ = self.evaluator.evaluate("dev")
+            dev = self.score_dev()[0]
             evaluation = time.time() - start
             self.spent.evaluation += evaluation
             self.log({"stage": "pretrained", "index": 0, "seconds": evaluation, **dev})
@@ -178,7 +179,7 @@ class Trainer:
             train_loss = self.run_stage(index, stages[index])
             trained = time.time()
             self.spent.training += trained - began
-            dev = self.evaluator.evaluate_with_scores("dev")
+            dev = self.score_dev()
             train = (self.evaluator.evaluate("train", config.eval_train_examples)[0] if config.eval_train_examples
                      else None)  # --eval_train_examples' train curves
             evaluation = time.time() - trained
@@ -194,6 +195,14 @@ class Trainer:
             self.loop.save()
         self.distributed.barrier()  # rank 0's files are complete before any rank reads them
 
+    def score_dev(self) -> tuple[dict, dict, dict]:
+        """The dev evaluation after a stage, which picks the kept model: every dev example, or with
+        --max_eval_examples N each task's fixed subset of N (run_evaluation.Evaluator draws it from --seed, the same
+        every stage), its metrics then labelled with SUBSET_KEY."""
+        limit = self.config.max_eval_examples
+        metrics, predictions, scores = self.evaluator.evaluate_with_scores("dev", limit)
+        return (metrics if limit is None else {**metrics, SUBSET_KEY: limit}), predictions, scores
+
     def keep(self, record: dict, dev: tuple[dict, dict, dict], kept_on: set[str], index: int) -> None:
         """After stage `index`: keep the model as best when its score (kept_model_score of the `kept_on` heads)
         beats the best so far, and save it as OUTPUT_DIR/best.* (and stage_N.* with keep_stage_models)."""
@@ -202,7 +211,8 @@ class Trainer:
         start = time.time()
         if score > self.state.best_score:  # every rank holds the same gathered metrics
             self.state.best_score = score
-            self.kept = KeptModel({k: v.to("cpu", copy=True) for k, v in trained_tensors(self.model).items()}, *dev)
+            self.kept = KeptModel({k: v.to("cpu", copy=True) for k, v in trained_tensors(self.model).items()}, *dev,
+                                  record)
             if self.distributed.is_main:
                 save_multitask_model(self.model, self.output_dir / "best", saved)
         if self.config.keep_stage_models and self.distributed.is_main:
@@ -213,14 +223,29 @@ class Trainer:
         """Put the kept model's weights back into the model (the one the optimizer and SMART's anchor hold) and
         return its dev metrics, predictions and scores, with the decision settings chosen then (SQuAD's no-answer
         threshold, among its metrics). A run resumed after its best stage has no copy in memory: it reads
-        OUTPUT_DIR/best.* and evaluates dev again under the settings its metrics hold."""
+        OUTPUT_DIR/best.* and evaluates dev again under the settings its metrics hold. Under --max_eval_examples the
+        kept model is scored on every dev example now (the settings chosen afresh there), and best.json's metrics
+        become those."""
         if self.kept is None:
             tensors, metadata = read_checkpoint(self.output_dir / "best")
             load_trained_tensors(self.model, {k: v.to(self.device) for k, v in tensors.items()})
-            return self.evaluator.evaluate_with_scores("dev", chosen=metadata["metrics"])
+            if self.config.max_eval_examples is None:
+                return self.evaluator.evaluate_with_scores("dev", chosen=metadata["metrics"])
+            return self.score_full_dev(metadata["metrics"])
         load_trained_tensors(self.model, {k: v.to(self.device) for k, v in self.kept.tensors.items()})
+        if self.config.max_eval_examples is not None:
+            return self.score_full_dev(self.kept.record)
         self.evaluator.chosen = self.kept.metrics
         return self.kept.metrics, self.kept.predictions, self.kept.scores
+
+    def score_full_dev(self, record: dict) -> tuple[dict, dict, dict]:
+        """The model in place (the kept one, picked on dev subsets: its stage's `record`) scored on every dev
+        example; best.json saved again with these metrics, so that it describes the CSVs the run writes."""
+        metrics, predictions, scores = self.evaluator.evaluate_with_scores("dev")
+        if self.distributed.is_main:
+            full = {**{k: v for k, v in record.items() if k != SUBSET_KEY}, **metrics}
+            save_multitask_model(self.model, self.output_dir / "best", {"metrics": full, "args": self.settings})
+        return metrics, predictions, scores
 
     def penalty(self, name: str) -> Penalty | None:  # the run's penalty of that name (Penalty.name), or None
         return next((penalty for penalty in self.penalties if penalty.name == name), None)
