@@ -81,8 +81,8 @@ def _column(task: str) -> str:
 
 
 def write_predictions(path: str | os.PathLike, ids: Sequence, predictions: Sequence, task: str) -> None:
-    """Write a leaderboard CSV `id,<column>` with one row per id, in the order given (Task.write_predictions: moved
-    into place whole)."""
+    """Write a leaderboard CSV `id,<column>` with one row per id, in the order given (TaskOutputs.write_predictions:
+    moved into place whole)."""
     _column(task)  # an unknown task is refused as read_predictions refuses it
     TASKS[task].outputs.write_predictions(Path(path), ids, predictions)
 

@@ -64,7 +64,7 @@ class TaskOption:
 
 @dataclass(frozen=True)
 class TaskEvaluation:
-    """A task's evaluation on a split (Task.evaluate): its metrics under their history keys, the predictions they
+    """A task's evaluation on a split (TaskModel.evaluate): its metrics under their history keys, the predictions they
     score ((ids, predictions, gold labels); SQuAD: its answers by question id) and the scores those were decided
     from ((ids, scores); SQuAD: the same answers), what write_outputs writes of a dev split."""
     metrics: dict[str, float]
