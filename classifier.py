@@ -165,7 +165,7 @@ def dev_accuracy(model, task: str, examples, tokenizer, device, args: Classifier
                  distributed: Distributed = SINGLE_PROCESS) -> float:
     _, predicted = predict(model, examples, tokenizer, device, args.eval_batch_size, args.max_length,
                            args.quiet or not distributed.is_main, distributed)
-    return TASKS[task].metrics(predicted, [e.label for e in examples])[TASKS[task].score_key]
+    return TASKS[task].model.metrics(predicted, [e.label for e in examples])[TASKS[task].model.score_key]
 
 
 def train_task(task: str, data: TaskData, tokenizer: BertTokenizer, device: torch.device,

@@ -90,9 +90,9 @@ def write_leaderboard_files(trainer: Trainer, paths: dict, dev_scores: dict, run
             if split == "test" and trainer.data[task].test is None:
                 continue  # no test file where the task's is optional (SQuAD's: load_inputs said so)
             scores = (dev_scores[task] if split == "dev"
-                      else TASKS[task].predict_scores(trainer.predictor, trainer.data[task].test))
+                      else TASKS[task].outputs.predict_scores(trainer.predictor, trainer.data[task].test))
             if trainer.distributed.is_main:
-                written = TASKS[task].write_outputs(scores, paths[(task, split)], scores_path(run_dir, task, split),
+                written = TASKS[task].outputs.write_outputs(scores, paths[(task, split)], scores_path(run_dir, task, split),
                                                     trainer.evaluator.chosen)
                 print(f"wrote {paths[(task, split)]} ({written})")
 
@@ -104,9 +104,9 @@ def write_train_scores(trainer: Trainer, run_dir: Path) -> None:
         train = trainer.data[task].train
         if task not in DISTILLED_TASKS or train is None:
             continue
-        scores = TASKS[task].train_scores(trainer.predictor, train)
+        scores = TASKS[task].outputs.train_scores(trainer.predictor, train)
         if trainer.distributed.is_main:
-            print(f"wrote {TASKS[task].write_train_scores(run_dir, scores, trainer.task_settings)}")
+            print(f"wrote {TASKS[task].outputs.write_train_scores(run_dir, scores, trainer.task_settings)}")
 
 
 def write_run_calibration(dev_predictions: dict, dev_scores: dict, output_dir: Path) -> None:

@@ -86,7 +86,7 @@ def write(args: argparse.Namespace, predictions: Predictions) -> None:
             rows = prediction_rows(task, "<stdout>", predictions.ids, labels)
             csv.writer(sys.stdout, lineterminator="\n").writerows(rows)
         else:
-            task.write_predictions(args.output, predictions.ids, labels)
+            task.outputs.write_predictions(args.output, predictions.ids, labels)
         return
     text = "".join(json.dumps(record) + "\n" for record in predictions.records())
     if args.output == STANDARD_STREAM:

@@ -64,7 +64,7 @@ def write_thresholded(run: Path, report: dict, output_dir: Path) -> list[Path]:
         for split in ("dev", "test"):
             ids, scores = read_scores(scores_path(run, name, split), name)
             path = thresholded_path(output_dir, name, split)
-            TASKS[name].write_predictions(path, ids, decided(TASKS[name], scores, entry["threshold"]["logit"])[1])
+            TASKS[name].outputs.write_predictions(path, ids, decided(TASKS[name], scores, entry["threshold"]["logit"])[1])
             written.append(path)
     return written
 

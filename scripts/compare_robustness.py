@@ -132,7 +132,7 @@ def verdict(difference: Difference, adjusted: float | None, lower: str, higher: 
 
 
 def title(task: str) -> str:
-    return f"{TASKS[task].title} {TASKS[task].score_key.split('_')[-1]}"
+    return f"{TASKS[task].title} {TASKS[task].model.score_key.split('_')[-1]}"
 
 
 def table(head: list[str], rows: list[list[str]]) -> list[str]:

@@ -54,7 +54,7 @@ from minbert.tasks import MULTITASK, PART1_TASKS, TASKS
 
 def columns(tasks: tuple[str, ...]) -> list[tuple[str, str]]:
     """The table's (key, title) columns: each task's score, and the overall score for the course's three tasks."""
-    scores = [(task, f"{TASKS[task].title} {TASKS[task].score_key.split('_')[-1]}") for task in tasks]
+    scores = [(task, f"{TASKS[task].title} {TASKS[task].model.score_key.split('_')[-1]}") for task in tasks]
     return scores + ([(OVERALL, "overall")] if tuple(tasks) == MULTITASK else [])
 
 

@@ -106,7 +106,7 @@ def print_report(report: dict, selected: bool, csvs: int, train_scores: dict, ou
               f"{info['ensemble_dev']:.4f} ({len(info['chosen'])} chosen)")
     print("ensemble on dev: " + summarize_line(report["dev"]))
     print(f"best member on dev: {report['best_member']['run']} (overall {report['best_member']['overall_dev']:.4f})")
-    if selected or any(TASKS[t].weighs_members(report["methods"][t]) for t in report["methods"]):
+    if selected or any(TASKS[t].outputs.weighs_members(report["methods"][t]) for t in report["methods"]):
         print("note: the dev set chose the members or weights, so these dev scores are optimistic; quote test scores")
     if selected:
         held_out = ", ".join(f"{t} {info['held_out_dev']:.4f}" for t, info in report["tasks"].items())

@@ -62,7 +62,7 @@ def read_run(run: Path) -> dict:
     final_key = final_metric(best)[1]
     measures = history_forgetting_measures(history)
     forgetting = {} if measures is None else {key: getattr(measures, key) for _, key in FORGETTING_COLUMNS}
-    tasks = tuple(task for task in RUN_TASKS if TASKS[task].score_key in best)
+    tasks = tuple(task for task in RUN_TASKS if TASKS[task].model.score_key in best)
     return {**values, "tasks": tasks, "best_after": f"stage {best['index']} ({best['stage']})",
             "final": history[-1][final_key],
             "train_minutes": sum(record.get("seconds", 0.0) for record in history[1:]) / 60,
@@ -110,7 +110,7 @@ def final_metric(record: dict) -> tuple[str, str]:
 
 def each_task_best(stages: list[dict]) -> str:
     """'SST 0.471 (stage 4), QQP 0.832 (stage 8), STS 0.879 (stage 6): overall 0.7475' over a run's stage records."""
-    keys = {TASKS[task].title: TASKS[task].score_key for task in MULTITASK}
+    keys = {TASKS[task].title: TASKS[task].model.score_key for task in MULTITASK}
     best = {key: max(stages, key=lambda record: record[key]) for key in keys.values()}
     overall = overall_of({key: record[key] for key, record in best.items()})
     parts = [f"{name} {best[key][key]:.3f} (stage {best[key]['index']})" for name, key in keys.items()]

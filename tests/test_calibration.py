@@ -41,7 +41,7 @@ def overconfident(task: str, temperature: float, size: int = 4000, seed: int = 0
     """Labels drawn from the task's probabilities of random logits, and those logits times `temperature`."""
     rng = np.random.default_rng(seed)
     logits = rng.normal(0, 1.5, (size, 5) if task == "sst" else size)  # SST's five logits, QQP's one
-    probabilities = TASKS[task].probabilities(logits)
+    probabilities = TASKS[task].outputs.probabilities(logits)
     gold = (rng.random(size)[:, None] > np.cumsum(probabilities, axis=-1)).sum(axis=-1)
     return logits * temperature, gold
 
@@ -49,7 +49,7 @@ def overconfident(task: str, temperature: float, size: int = 4000, seed: int = 0
 @pytest.mark.parametrize("task", ["sst", "qqp"])
 def test_temperature_scaling_undoes_an_overconfident_scale_and_lowers_the_ece(task):
     scores, gold = overconfident(task, 2.5)
-    probabilities = TASKS[task].probabilities
+    probabilities = TASKS[task].outputs.probabilities
     temperature = fit_temperature(probabilities, scores, gold)
     assert temperature == pytest.approx(2.5, rel=0.1)
     grid = np.exp(np.linspace(np.log(0.5), np.log(8), 801))  # the search finds the grid's minimum
@@ -119,7 +119,7 @@ def test_a_bad_calibration_file_is_one_line_naming_it(tmp_path, content, problem
 
 def demo_ids(task: str, split: str) -> list[str]:
     return [i for i, _, _ in read_rows(DEMO / TASKS[task].file_name(split), split, TASKS[task].text_columns,
-                                       TASKS[task].label_column, TASKS[task].label_problem, task)]
+                                       TASKS[task].label_column, TASKS[task].data.label_problem, task)]
 
 
 def write_run_scores(run):
@@ -141,7 +141,7 @@ def test_the_script_calibrates_a_finished_runs_scores_and_writes_thresholded_csv
     assert set(fitted) == {"sst", "qqp"} and (run / reliability_file("qqp")).is_file()
     ids, scores = read_scores(scores_path(run, "qqp", "test"), "qqp")
     expected = tmp_path / "expected.csv"
-    TASKS["qqp"].write_predictions(expected, ids, decided(TASKS["qqp"], scores, fitted["qqp"]["threshold"]["logit"])[1])
+    TASKS["qqp"].outputs.write_predictions(expected, ids, decided(TASKS["qqp"], scores, fitted["qqp"]["threshold"]["logit"])[1])
     assert (tmp_path / "out" / "para-test-out.csv").read_bytes() == expected.read_bytes()
     assert not (tmp_path / "out" / "sst-dev-out.csv").exists()  # SST has no threshold
     assert main([str(tmp_path / "out"), "--data_dir", str(DEMO)]) == 2

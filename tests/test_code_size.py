@@ -1,6 +1,10 @@
 """Size limits that keep each piece readable in one sitting (issue 38): no class over 250 lines and no function over
 50, in the project's own code (the library, the course's files and the scripts; tests are exempt: a test reads top
-to bottom). A class that grows past the limit is doing two jobs; split it rather than raise the limit."""
+to bottom). A class that grows past the limit is doing two jobs; split it rather than raise the limit.
+
+The task interface's classes (minbert/tasks/) have a limit on their methods as well (issue 58): a new kind of task
+implements them, so each stays a small interface (a task's data, its model side, its outputs) rather than one class
+of every task behaviour."""
 import ast
 from pathlib import Path
 
@@ -8,6 +12,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 MAX_CLASS_LINES = 250
 MAX_FUNCTION_LINES = 50
+MAX_TASK_CLASS_METHODS = 20
 
 
 def project_sources() -> list[Path]:
@@ -36,3 +41,27 @@ def test_the_check_sees_an_oversized_function(tmp_path):
     module = tmp_path / "long.py"
     module.write_text(f"def long():\n{body}\n")
     assert oversized(module) == [f"long.py:1 long ({MAX_FUNCTION_LINES + 1} lines, limit {MAX_FUNCTION_LINES})"]
+
+
+def crowded(path: Path) -> list[str]:
+    """The classes of `path` defining more than MAX_TASK_CLASS_METHODS methods in their own body."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ClassDef):
+            methods = sum(isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) for item in node.body)
+            if methods > MAX_TASK_CLASS_METHODS:
+                found.append(f"{path.name}:{node.lineno} {node.name} ({methods} methods, "
+                             f"limit {MAX_TASK_CLASS_METHODS})")
+    return found
+
+
+def test_no_task_class_over_the_method_limit():
+    assert not [entry for path in sorted(ROOT.glob("minbert/tasks/*.py")) for entry in crowded(path)]
+
+
+def test_the_check_sees_a_crowded_class(tmp_path):
+    body = "\n".join(f"    def m{i}(self):\n        pass" for i in range(MAX_TASK_CLASS_METHODS + 1))
+    module = tmp_path / "crowded.py"
+    module.write_text(f"class Crowded:\n{body}\n")
+    assert crowded(module) == [f"crowded.py:1 Crowded ({MAX_TASK_CLASS_METHODS + 1} methods, "
+                               f"limit {MAX_TASK_CLASS_METHODS})"]

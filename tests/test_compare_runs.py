@@ -26,7 +26,7 @@ def demo_run(tmp_path, name: str, flip: float, seed: int):
             predicted = np.where(wrong, (gold + 1) % TASKS[task].num_classes, gold).astype(int)
         else:
             predicted = np.clip(gold + wrong * generator.normal(0, 2.5, len(gold)), 0, 5)
-        TASKS[task].write_predictions(folder / "predictions" / f"{TASKS[task].flag_prefix}-dev-out.csv",
+        TASKS[task].outputs.write_predictions(folder / "predictions" / f"{TASKS[task].flag_prefix}-dev-out.csv",
                                       [e.id for e in examples], predicted.tolist())
     return folder
 
@@ -52,12 +52,12 @@ def synthetic_run(generator, accuracy: float, n: int = 400) -> dict:
 def test_resampled_scores_are_the_tasks_own_metrics_row_by_row():
     generator = np.random.default_rng(0)
     predictions, gold = generator.integers(0, 5, (3, 50)), generator.integers(0, 5, (3, 50))
-    assert TASKS["sst"].resampled_scores(predictions, gold) == pytest.approx((predictions == gold).mean(axis=1))
+    assert TASKS["sst"].model.resampled_scores(predictions, gold) == pytest.approx((predictions == gold).mean(axis=1))
     x, y = generator.normal(size=(3, 50)), generator.normal(size=(3, 50))
-    assert TASKS["sts"].resampled_scores(x, y) == pytest.approx([stats.pearsonr(a, b)[0] for a, b in zip(x, y)])
-    assert TASKS["sts"].resampled_scores(np.ones((1, 5)), y[:1, :5]).tolist() == [0.0]  # constant: 0, as sts_metrics
+    assert TASKS["sts"].model.resampled_scores(x, y) == pytest.approx([stats.pearsonr(a, b)[0] for a, b in zip(x, y)])
+    assert TASKS["sts"].model.resampled_scores(np.ones((1, 5)), y[:1, :5]).tolist() == [0.0]  # constant: 0, as sts_metrics
     with pytest.raises(TypeError, match="qa: its score has no resampled form"):
-        TASKS["qa"].resampled_scores(x, y)
+        TASKS["qa"].model.resampled_scores(x, y)
 
 
 def test_the_overall_score_is_the_courses():
@@ -131,7 +131,7 @@ def part1_predictions(tmp_path, name: str, option: str, flip: float, seed: int):
         examples = load_split(DEMO, task, "dev")
         gold = np.array([e.label for e in examples])
         predicted = np.where(generator.random(len(gold)) < flip, (gold + 1) % TASKS[task].num_classes, gold)
-        TASKS[task].write_predictions(folder / f"{option}-{task}-dev-out.csv", [e.id for e in examples],
+        TASKS[task].outputs.write_predictions(folder / f"{option}-{task}-dev-out.csv", [e.id for e in examples],
                                       predicted.tolist())
     return folder
 
@@ -168,7 +168,7 @@ def write_best(run, tasks: str = "sst,qqp,sts", scored=None, **args) -> None:
     pairs = predictions_and_gold(scored or run, DEMO)
     scores = run_scores({task: (np.asarray(p, float), np.asarray(g, float)) for task, (p, g) in pairs.items()},
                         MULTITASK)
-    metrics = {TASKS[task].score_key: float(scores[task][0]) for task in MULTITASK if task in tasks.split(",")}
+    metrics = {TASKS[task].model.score_key: float(scores[task][0]) for task in MULTITASK if task in tasks.split(",")}
     (run / "best.json").write_text(json.dumps({"metrics": metrics, "args": {"tasks": tasks, **args}}))
 
 

@@ -50,7 +50,7 @@ AS_SCORED = SimpleNamespace(score=lambda outputs: outputs, unclamped_score=lambd
 
 def distillation_loss(task: str, student: torch.Tensor, teacher: torch.Tensor, temperature: float = 1.0):
     """The task's distillation loss of a student's scores against a teacher's (looked up by no id here)."""
-    return TASKS[task].distillation_loss(AS_SCORED, student, SimpleNamespace(of=lambda ids, like: teacher), [],
+    return TASKS[task].model.distillation_loss(AS_SCORED, student, SimpleNamespace(of=lambda ids, like: teacher), [],
                                          temperature)
 
 

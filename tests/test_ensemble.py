@@ -51,7 +51,7 @@ def test_qqp_votes_and_mean_probability():
     assert combine("qqp", members, "vote").tolist() == [1, 0, 0]
     mean = np.mean([1 / (1 + np.exp(-m)) for m in members], axis=0) > 0.5
     assert combine("qqp", members, "mean").tolist() == mean.astype(int).tolist()
-    assert TASKS["qqp"].probabilities(np.array([0.0])).tolist() == [[0.5, 0.5]]
+    assert TASKS["qqp"].outputs.probabilities(np.array([0.0])).tolist() == [[0.5, 0.5]]
 
 
 def test_sts_mean_and_dev_weighted_mean():
@@ -92,7 +92,7 @@ def stacked_combine(task, members, method, weights=None):
     if task == "sts":
         stacked = np.stack(members)
         return stacked.mean(axis=0) if method == "mean" else np.average(stacked, axis=0, weights=weights)
-    probabilities = np.mean([TASKS[task].probabilities(m) for m in members], axis=0)
+    probabilities = np.mean([TASKS[task].outputs.probabilities(m) for m in members], axis=0)
     if method == "mean":
         return probabilities.argmax(axis=-1)
     votes = np.zeros_like(probabilities)

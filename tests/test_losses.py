@@ -17,7 +17,7 @@ def task_objectives(pair_encoders: dict[str, str], similarity_objective: str = "
     """Each trainable task's objective under these head options, as MultitaskBERT builds them."""
     options = {"pair_encoder": pair_encoders, "similarity_objective": similarity_objective,
                "sentiment_ordinal_weight": ordinal_weight, "sts_cosine_dropout": False}
-    return {task: TASKS[task].objective(options) for task in RUN_TASKS}
+    return {task: TASKS[task].model.objective(options) for task in RUN_TASKS}
 
 
 def cosent_by_hand(cosine, labels, scale):

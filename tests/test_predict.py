@@ -86,7 +86,7 @@ def test_json_lines_keep_their_ids_and_match_the_course_files_predictions(run, t
     records = {r["id"]: r for r in map(json.loads, out.read_text().splitlines())}
     course = dict(line.split(",") for line in (run / "predictions" / "sts-dev-out.csv").read_text().splitlines()[1:])
     # The same examples, so the same batches: the labels are the CSV's cells.
-    assert {i: TASKS["sts"].format_prediction(r["label"]) for i, r in records.items()} == course
+    assert {i: TASKS["sts"].outputs.format_prediction(r["label"]) for i, r in records.items()} == course
     assert all(list(r) == ["id", "label", "score"] and 0 <= r["label"] <= 5 for r in records.values())
 
 
@@ -207,7 +207,7 @@ def test_calibrated_probabilities_divide_the_logits_by_the_runs_temperature(run,
         before, after = ([json.loads(line) for line in path.read_text().splitlines()] for path in (plain, calibrated))
         score = score_name(TASKS[task])
         assert [(r["label"], r[score]) for r in before] == [(r["label"], r[score]) for r in after]
-        expected = TASKS[task].probabilities(np.array([r[score] for r in after]) / fitted[task]["temperature"])
+        expected = TASKS[task].outputs.probabilities(np.array([r[score] for r in after]) / fitted[task]["temperature"])
         assert np.array([list(r["probabilities"].values()) for r in after]) == pytest.approx(expected, abs=1e-6)
 
 
@@ -274,7 +274,7 @@ def test_the_python_api_predicts_what_predict_py_writes_and_the_runs_dev_csv(run
     assert predictions.label_names == [r["label"] for r in written]
     csv_cells = [line.split(",")[1] for line in
                  (run / "predictions" / f"{TASKS[task].flag_prefix}-dev-out.csv").read_text().splitlines()[1:]]
-    assert [TASKS[task].format_prediction(label) for label in predictions.labels] == csv_cells
+    assert [TASKS[task].outputs.format_prediction(label) for label in predictions.labels] == csv_cells
 
 
 def test_the_python_api_applies_the_runs_temperature_and_threshold_as_predict_py_does(run, loaded, tmp_path):

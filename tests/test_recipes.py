@@ -65,7 +65,7 @@ def recipe_runs(tmp_path_factory, tiny_checkpoint) -> dict:
     teacher = runs / "teacher"  # cpu_distill.sh's: scores of every demo training example
     for task in MULTITASK:
         ids = [e.id for e in load_examples(DEMO / course_file_name(task, "train"), task, "train")]
-        columns = len(TASKS[task].score_columns)
+        columns = len(TASKS[task].outputs.score_columns)
         write_scores(scores_path(teacher, task, "train"), ids, np.linspace(0, 4, len(ids) * columns), task)
 
     def run(recipe: str):

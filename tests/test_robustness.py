@@ -154,7 +154,7 @@ def test_course_files_written_read_back_as_they_were(tmp_path):
     for task, examples in (("sst", demo_examples("sst", "dev")), ("qqp", demo_examples("qqp", "dev") + quoted)):
         path = tmp_path / course_file_name(task, "dev")
         write_examples(path, examples, TASKS[task].text_columns, TASKS[task].label_column)
-        assert TASKS[task].load(path, "dev") == examples
+        assert TASKS[task].data.load(path, "dev") == examples
         # As predict.py reads it: the texts, without the labels it does not need.
         assert read_examples(TASKS[task], str(path), "course") == [replace(e, label=None) for e in examples]
     with pytest.raises(ValueError, match="line break"):

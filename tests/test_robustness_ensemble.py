@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from conftest import MAX_LENGTH, deterministic_tiny_model, demo_examples
+from minbert.data.batches import TokenizedSplits
 from minbert.prediction.ensemble_scores import teacher_scores
-from minbert.prediction.inference import PredictionSettings, Predictor, TokenizedSplits
+from minbert.prediction.inference import PredictionSettings, Predictor
 from minbert.robustness import ensemble_predictor
 from minbert.robustness.embedding_attack import EmbeddingAttack, attack_examples
 from minbert.robustness.ensemble_predictor import EnsemblePredictor, RunPredictor
@@ -88,7 +89,7 @@ def test_an_ensemble_of_two_scores_the_mean_of_its_members_probabilities(tokeniz
     assert np.allclose(ensemble.predict(task, variant)[1], decided, rtol=1e-6)  # classes: equal
     gold = np.array([example.label for example in variant])
     row = next(row for row in noise_rows(ensemble, sets, task, "char", 100, 0) if row.variant == "char_swap-0.3")
-    assert row.perturbed.value == pytest.approx(TASKS[task].metrics(decided, gold)[TASKS[task].score_key])
+    assert row.perturbed.value == pytest.approx(TASKS[task].model.metrics(decided, gold)[TASKS[task].model.score_key])
 
 
 @pytest.mark.parametrize("task", MULTITASK)

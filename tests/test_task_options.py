@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch.nn.functional as F
 
 from minbert.tasks.base import TaskOption
-from minbert.tasks.classification import SentenceClassification
+from minbert.tasks.classification import SentenceClassification, SentenceClassifierModel
 from minbert.tasks.losses import ClassificationObjective
 
 
@@ -37,17 +37,21 @@ class SmoothedObjective(ClassificationObjective):
         return F.cross_entropy(logits.float(), labels, label_smoothing=self.label_smoothing)
 
 
+class ToyModel(SentenceClassifierModel):
+    def objective(self, options):
+        return SmoothedObjective(label_smoothing=options["toy_label_smoothing"])
+
+
 @dataclass(frozen=True, kw_only=True, eq=False)
 class Toy(SentenceClassification):
+    model_part = ToyModel
+
     def check_settings(self, settings, pair_encoders):
         if not 0 <= self.own_settings(settings)["toy_label_smoothing"] < 1:
             raise ValueError("--toy_label_smoothing must be in [0, 1)")
 
     def head_options(self, settings):
         return self.own_settings(settings)
-
-    def objective(self, options):
-        return SmoothedObjective(label_smoothing=options["toy_label_smoothing"])
 
 
 TASK = Toy(name="toy", order=10, trainable=True, title="Toy", file_prefix="toy", flag_prefix="toy",

@@ -16,9 +16,9 @@ def bench_dev_eval(settings: BenchmarkSettings, device) -> dict:
     pairs) scoring the dev sets of --data_dir through the run's Evaluator, tokenised once beforehand as a run's cache
     holds them, in batches of --batch_size (a run's --eval_batch_size) at --precision; every dev example against
     --max_eval_examples DEV_SUBSET, alternating for --rounds rounds (median seconds)."""
-    from minbert.data.batches import load_task_data, standard_paths, subsample
+    from minbert.data.batches import TokenizedSplits, load_task_data, standard_paths, subsample
     from minbert.model.multitask_bert import MultitaskBERT
-    from minbert.prediction.inference import PredictionSettings, Predictor, TokenizedSplits
+    from minbert.prediction.inference import PredictionSettings, Predictor
     from minbert.prediction.run_evaluation import Evaluator
     model = MultitaskBERT(build_minbert(settings)).to(device).eval()
     data = load_task_data(standard_paths(settings.data_dir), MULTITASK, set())

@@ -119,7 +119,7 @@ def bench_data_parallel(settings: BenchmarkSettings, device) -> dict:
 def scores_shape(task: str, rows: int) -> tuple[int, ...]:
     """The shape of a run's saved scores of `rows` examples, as read_scores gives them: (rows, columns), or (rows,)
     for one column."""
-    columns = len(TASKS[task].score_columns)
+    columns = len(TASKS[task].outputs.score_columns)
     return (rows, columns) if columns > 1 else (rows,)
 
 

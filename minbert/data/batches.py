@@ -14,7 +14,7 @@ import itertools
 import math
 import random
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -50,7 +50,7 @@ def load_sentence_examples(path: str | Path, task: str, split: str) -> list[Sent
 def load_examples(path: str | Path, task: str,
                   split: str) -> list[SentenceExample] | list[PairExample] | list[QAExample]:
     """Read a data file of any task: sentences for sst / cfimdb, pairs for qqp / sts, SQuAD questions for qa."""
-    return TASKS[task].load(path, split)
+    return TASKS[task].data.load(path, split)
 
 
 def load_split(data_dir: str | Path, task: str, split: str) -> list[SentenceExample] | list[PairExample]:
@@ -305,6 +305,25 @@ class TokenizationCache:
         if windows is None:
             windows = self._tokenized[key] = QAWindows.build(examples, self.tokenizer, max_length, doc_stride)
         return windows
+
+
+class TokenizedSplits:
+    """Each split ready to batch, made on its first use only and kept for the run (training and prediction share
+    them): tokenised examples at the run's max_length and the task's pair encoding, or SQuAD's windows, as the
+    tasks' own options (`task_settings`: tasks.task_settings) say. `model`: the run's
+    MultitaskBERT, which says how it reads each task's pairs (reads_pairs_jointly)."""
+
+    def __init__(self, tokenizer, model, max_length: int, task_settings: Mapping[str, object]):
+        self.cache = TokenizationCache(tokenizer)
+        self.model, self.max_length, self.task_settings = model, max_length, task_settings
+
+    @property
+    def tokenizer(self):
+        return self.cache.tokenizer
+
+    def get(self, task: str, examples: list) -> TokenizedExamples | QAWindows:
+        joint_pairs = self.model.reads_pairs_jointly(task)
+        return TASKS[task].data.tokenize(self.cache, examples, self.max_length, joint_pairs, self.task_settings)
 
 
 class LengthBucketSampler(Sampler[list[int]]):

@@ -33,11 +33,11 @@ from minbert.tasks.score_files import ScoresFileError, scores_path  # noqa: F401
 
 def write_scores(path: str | os.PathLike, ids: Sequence[str], scores: np.ndarray, task: str) -> None:
     """One row per id, in the order given; written to a temporary sibling and moved into place."""
-    TASKS[task].write_scores(path, ids, scores)
+    TASKS[task].outputs.write_scores(path, ids, scores)
 
 
 def read_scores(path: str | os.PathLike, task: str) -> tuple[list[str], np.ndarray]:
     """(ids, scores): scores (N, 5) for sst, (N,) for qqp and sts. Raises ScoresFileError on a missing or unreadable
     file, one that is not a UTF-8 CSV, a wrong header, a short row, a value that is not a finite number or not the
     task's, or a repeated id."""
-    return TASKS[task].read_scores(path)
+    return TASKS[task].outputs.read_scores(path)

@@ -137,8 +137,8 @@ class MultitaskBERT(nn.Module):
         self.task_options = defaults | task_options
         options = {"pair_encoder": self.pair_encoders, **self.task_options}
         for task in RUN_TASKS:
-            TASKS[task].check_options(options)
-        self.objectives = {task: TASKS[task].objective(options) for task in RUN_TASKS}
+            TASKS[task].model.check_options(options)
+        self.objectives = {task: TASKS[task].model.objective(options) for task in RUN_TASKS}
         self.dropout = nn.Dropout(dropout)
         self.add_heads(hidden, dropout)
         self.adapter = AdapterConfig(**adapter) if isinstance(adapter, dict) else adapter
@@ -152,7 +152,7 @@ class MultitaskBERT(nn.Module):
     def add_heads(self, hidden: int, dropout: float) -> None:
         """Each task's dense layer (head_hidden > 0) and linear head, created (and their weights drawn) in the
         tasks' order: the dense layers, then the heads."""
-        features = {task: TASKS[task].feature_size(self.pair_encoders, hidden) for task in self.tasks}
+        features = {task: TASKS[task].model.feature_size(self.pair_encoders, hidden) for task in self.tasks}
         features = {task: size for task, size in features.items() if size is not None}
         if self.head_hidden:
             self.dense_heads = nn.ModuleDict({
@@ -166,7 +166,7 @@ class MultitaskBERT(nn.Module):
                 if hasattr(self, name):  # setattr would silently replace the model's own module or method
                     raise ValueError(f"task {task!r}: its head_name {name!r} is already an attribute of "
                                      "MultitaskBERT; name the head something else in its task module")
-                setattr(self, name, TASKS[task].build_head(features.get(task, hidden)))
+                setattr(self, name, TASKS[task].model.build_head(features.get(task, hidden)))
 
     def head_options(self) -> dict:
         """What rebuilds the model's heads (a checkpoint's "heads": MultitaskBERT(bert, **head_options())), the tasks'
@@ -183,7 +183,7 @@ class MultitaskBERT(nn.Module):
     def has_linear_head(self, task: str) -> bool:
         """Whether the task's output comes from a linear head (the task says: every task's but an SBERT or hybrid STS,
         whose output is the cosine of u and v)."""
-        return TASKS[task].has_head(self.pair_encoders)
+        return TASKS[task].model.has_head(self.pair_encoders)
 
     def trains_with_frozen_encoder(self, task: str) -> bool:
         """Whether the task has weights beside BERT's own (adapters, a dense head, a linear head): with BERT frozen
@@ -264,7 +264,7 @@ class MultitaskBERT(nn.Module):
         if self.has_task_adapters() and self.adapter_task != task:
             raise RuntimeError(f"{task}'s head on an encoding made with {self.adapter_task or 'no task'}'s adapters: "
                                f"call set_adapter({task!r}) before running {task} in parts")
-        return TASKS[task].outputs(self, hidden, inputs)
+        return TASKS[task].model.outputs(self, hidden, inputs)
 
     def forward(self, task: str, batch: dict) -> torch.Tensor:
         self.set_adapter(task)  # a whole pass (predictions, SMART's anchor) always runs its task's adapters

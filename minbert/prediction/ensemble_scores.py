@@ -16,12 +16,13 @@ from minbert.data.batches import DataError, load_split
 from minbert.data.scores import ScoresFileError, read_scores, scores_path
 from minbert.prediction.leaderboard import kept_model_score, overall_of, task_metrics
 from minbert.tasks import MULTITASK, RUN_TASKS, TASKS
+from minbert.tasks.base import check_weights
 from minbert.tasks.calibration import calibration_path, read_calibration
 
 SPLITS = ("dev", "test")
 # The tasks a run saves scores of that ensembles combine, and how (each task's first method is the default).
 METHODS = {task: TASKS[task].ensemble_methods for task in RUN_TASKS if TASKS[task].ensemble_methods}
-PRIMARY_METRIC = {task: TASKS[task].score_key for task in METHODS}  # what selection maximises
+PRIMARY_METRIC = {task: TASKS[task].model.score_key for task in METHODS}  # what selection maximises
 HELD_OUT_REPEATS = 5  # random halvings of dev averaged into the held-out figure
 
 
@@ -111,7 +112,7 @@ def member_tasks(members: list[Member]) -> list[str]:
 
 def member_predictions(task: str, scores: np.ndarray) -> np.ndarray:
     """One member's predictions, exactly as its own CSV has them: the run's own rule (the task's decide)."""
-    return TASKS[task].decide(torch.from_numpy(scores)).numpy()
+    return TASKS[task].model.decide(torch.from_numpy(scores)).numpy()
 
 
 class _RunningCombination:
@@ -128,7 +129,7 @@ class _RunningCombination:
     def terms(self, scores: np.ndarray, weight: float = 1.0) -> np.ndarray:
         """What one member adds to the sum (the task's ensemble_terms: e.g. its STS scores times its weight, or its
         SST / QQP class probabilities followed, for a vote, by one vote for its own class)."""
-        return TASKS[self.task].ensemble_terms(scores, weight, self.method)
+        return TASKS[self.task].outputs.ensemble_terms(scores, weight, self.method)
 
     def add(self, terms: np.ndarray, weight: float = 1.0) -> None:
         self.total = terms if self.total is None else self.total + terms
@@ -142,14 +143,14 @@ class _RunningCombination:
         total, weights = self.total, self.weights
         if terms is not None:
             total, weights = (terms if total is None else total + terms), weights + [weight]
-        return TASKS[self.task].ensemble_predictions(total, weights, self.method)
+        return TASKS[self.task].outputs.ensemble_predictions(total, weights, self.method)
 
 
 def combine(task: str, members: list[np.ndarray], method: str, weights: list[float] | None = None) -> np.ndarray:
     """The ensemble's predictions from its members' scores (one array per member, repeats allowed)."""
     ensemble = _RunningCombination(task, method)
-    if TASKS[task].weighs_members(method):
-        TASKS[task].check_weights(weights, len(members))
+    if TASKS[task].outputs.weighs_members(method):
+        check_weights(TASKS[task].title, weights, len(members))
     for scores, weight in zip(members, weights or [1.0] * len(members)):
         ensemble.add(ensemble.terms(scores, weight), weight)
     return ensemble.predictions()
@@ -208,7 +209,7 @@ def member_metrics(task: str, members: list[np.ndarray], gold: np.ndarray) -> li
 def member_weights(task: str, method: str, chosen: list[int], metrics: list[float]) -> list[float] | None:
     """The weights of the chosen members (e.g. dev-weighted STS: each one's dev Pearson r, 0 if negative); None for
     methods of equal weights."""
-    return TASKS[task].member_weights(method, chosen, metrics)
+    return TASKS[task].outputs.member_weights(method, chosen, metrics)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -246,7 +247,7 @@ def build_ensemble(members: list[Member], gold: dict[str, np.ndarray], methods: 
     for task in tasks:
         dev = [m.scores[(task, "dev")][1] for m in members]
         single = member_metrics(task, dev, gold[task])
-        problem = TASKS[task].ensemble_problem(methods[task], single)
+        problem = TASKS[task].outputs.ensemble_problem(methods[task], single)
         if problem:
             raise EnsembleError(problem)
         chosen = greedy_selection(task, dev, gold[task], methods[task]) if select else list(range(len(members)))
@@ -285,9 +286,9 @@ def teacher_scores(task: str, members: list[np.ndarray], weights: list[float] | 
     (weighted) mean score. A teacher gives its mean probabilities whichever way the ensemble decides (a vote has no
     probability)."""
     if weights is not None:
-        TASKS[task].check_weights(weights, len(members))
+        check_weights(TASKS[task].title, weights, len(members))
     share = np.asarray(weights if weights is not None else [1.0] * len(members), dtype=np.float64)
-    return TASKS[task].teacher_scores(members, share / share.sum())
+    return TASKS[task].outputs.teacher_scores(members, share / share.sum())
 
 
 def ensemble_train_scores(report: dict) -> dict[str, tuple[list[str], np.ndarray]]:

@@ -1,21 +1,21 @@
 """A MultitaskBERT's predictions of whole splits: each task's predictions or the scores they are decided from, and
 SQuAD's answers and window logits, batched for evaluation and, under torchrun, shared out over the ranks.
 
-    splits = TokenizedSplits(tokenizer, model, max_length, task_settings)  # each split tokenised once per run
+    splits = TokenizedSplits(tokenizer, model, max_length, task_settings)  # data.batches: each split tokenised once
     predictor = Predictor(model, splits, device, PredictionSettings(batch_size, max_length, precision, quiet))
     ids, scores = predictor.predict("sst", examples, scores=True)
     answers = predictor.answer("qa", questions)                        # SQuAD: squad.Answer by question id
 """
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 from tqdm import tqdm
 
-from minbert.data.batches import TokenizationCache, TokenizedExamples, predict_in_file_order, tokenized_dataloader
+from minbert.data.batches import TokenizedExamples, TokenizedSplits, predict_in_file_order, tokenized_dataloader
 from minbert.distributed import SINGLE_PROCESS, Distributed
 from minbert.model.multitask_bert import MultitaskBERT
 from minbert.runtime import autocast, pad_to_multiple_of, to_device
@@ -96,24 +96,6 @@ def predict_answers(model: MultitaskBERT, task: str, windows: QAWindows, device:
 def decide(model: MultitaskBERT, task: str, scores: np.ndarray) -> np.ndarray:
     """The predictions of saved scores (losses.py's decide): SST classes, QQP 0/1, STS scores as they are."""
     return model.objectives[task].decide(torch.from_numpy(scores)).numpy()
-
-
-class TokenizedSplits:
-    """Each split ready to batch, made on its first use only and kept for the run (training and prediction share
-    them): tokenised examples at the run's max_length and the task's pair encoding, or SQuAD's windows, as the
-    tasks' own options (`task_settings`: tasks.task_settings) say."""
-
-    def __init__(self, tokenizer, model: MultitaskBERT, max_length: int, task_settings: Mapping[str, object]):
-        self.cache = TokenizationCache(tokenizer)
-        self.model, self.max_length, self.task_settings = model, max_length, task_settings
-
-    @property
-    def tokenizer(self):
-        return self.cache.tokenizer
-
-    def get(self, task: str, examples: list) -> TokenizedExamples | QAWindows:
-        joint_pairs = self.model.reads_pairs_jointly(task)
-        return TASKS[task].tokenize(self.cache, examples, self.max_length, joint_pairs, self.task_settings)
 
 
 @dataclass(frozen=True)

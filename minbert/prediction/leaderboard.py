@@ -38,7 +38,7 @@ def task_metrics(task: str, predictions, labels) -> dict[str, float]:
     qqp_f1_weighted; sts_pearson, sts_spearman."""
     if task not in TASKS:
         raise ValueError(f"unknown task {task!r}")
-    return TASKS[task].metrics(predictions, labels)
+    return TASKS[task].model.metrics(predictions, labels)
 
 
 def overall_score(sst_acc: float, paraphrase_acc: float, sts_pearson: float) -> float:
@@ -47,7 +47,7 @@ def overall_score(sst_acc: float, paraphrase_acc: float, sts_pearson: float) -> 
 
 def overall_of(metrics: Mapping[str, float]) -> float:
     """The overall score of metrics that hold the score of every default task (the course's three)."""
-    return overall_score(*(metrics[TASKS[task].score_key] for task in MULTITASK))
+    return overall_score(*(metrics[TASKS[task].model.score_key] for task in MULTITASK))
 
 
 def kept_model_score(metrics: Mapping[str, float], trained_tasks: Iterable[str]) -> float:
@@ -55,7 +55,7 @@ def kept_model_score(metrics: Mapping[str, float], trained_tasks: Iterable[str])
     (STS r + 1) / 2, SQuAD F1), so that a run training one task keeps that task's best model rather than the one
     whose untrained heads happen to score best. With the three tasks (or none) it is the overall score."""
     tasks = set(trained_tasks) or set(MULTITASK)
-    scores = [TASKS[task].kept_score(metrics) for task in TASKS if task in tasks]
+    scores = [TASKS[task].model.kept_score(metrics) for task in TASKS if task in tasks]
     return sum(scores) / len(scores)
 
 
@@ -81,10 +81,10 @@ def _column(task: str) -> str:
 
 
 def write_predictions(path: str | os.PathLike, ids: Sequence, predictions: Sequence, task: str) -> None:
-    """Write a leaderboard CSV `id,<column>` with one row per id, in the order given (Task.write_predictions: moved
-    into place whole)."""
+    """Write a leaderboard CSV `id,<column>` with one row per id, in the order given (TaskOutputs.write_predictions:
+    moved into place whole)."""
     _column(task)  # an unknown task is refused as read_predictions refuses it
-    TASKS[task].write_predictions(Path(path), ids, predictions)
+    TASKS[task].outputs.write_predictions(Path(path), ids, predictions)
 
 
 def read_predictions(path: str | os.PathLike, task: str) -> dict[str, int | float]:
@@ -113,7 +113,7 @@ def read_predictions(path: str | os.PathLike, task: str) -> dict[str, int | floa
             if row_id in predictions:
                 raise PredictionsFileError(f"{path}:{line_number}: duplicate id {row_id}")
             try:
-                predictions[row_id] = TASKS[task].parse_prediction(text)
+                predictions[row_id] = TASKS[task].outputs.parse_prediction(text)
             except ValueError:
                 raise PredictionsFileError(f"{path}:{line_number}: invalid {column} value {text!r}") from None
     if not predictions:

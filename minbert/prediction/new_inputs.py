@@ -58,7 +58,7 @@ def read_examples(task: Task, source: str, fmt: str, stdin: TextIO | None = None
     """The examples of `source` (a path, or "-" for `stdin`) in `fmt`; a DataError naming the file and line for
     anything the task cannot read."""
     if fmt == "course":
-        return task.load(source, "test")  # the text columns alone: every row is predicted, labelled or not
+        return task.data.load(source, "test")  # the text columns alone: every row is predicted, labelled or not
     name = "<stdin>" if source == STANDARD_STREAM else source
     text = (stdin or sys.stdin).read() if source == STANDARD_STREAM else read_input_text(source)
     rows = _json_rows(task, name, text) if fmt == "jsonl" else _plain_rows(task, name, text)
@@ -145,8 +145,8 @@ class Predictions:
     @property
     def label_names(self) -> list[str | float]:
         if isinstance(self.task, Classification):
-            return [self.task.class_name(int(label)) for label in self.labels]
-        return [self.task.parse_prediction(self.task.format_prediction(label)) for label in self.labels]
+            return [self.task.outputs.class_name(int(label)) for label in self.labels]
+        return [self.task.outputs.parse_prediction(self.task.outputs.format_prediction(label)) for label in self.labels]
 
     def records(self) -> list[dict]:
         """predict.py's JSON lines: each example's id, label (a class's name, or STS's score), for a classification
@@ -157,7 +157,7 @@ class Predictions:
             record = {"id": example_id, "label": name}
             if self.probabilities is not None:
                 record["class"] = int(self.labels[index])
-                record["probabilities"] = {self.task.class_name(c): round(float(p), 6)
+                record["probabilities"] = {self.task.outputs.class_name(c): round(float(p), 6)
                                            for c, p in enumerate(np.atleast_1d(self.probabilities[index]))}
             record[score_name(self.task)] = self.scores[index].tolist()
             records.append(record)
@@ -167,7 +167,7 @@ class Predictions:
 def score_name(task: Task) -> str:
     """What the JSON lines call the score a prediction is decided from: the task's one scores-file column (QQP's
     'logit', STS's 'score'), or 'logits' for several (SST's)."""
-    return task.score_columns[0] if len(task.score_columns) == 1 else "logits"
+    return task.outputs.score_columns[0] if len(task.outputs.score_columns) == 1 else "logits"
 
 
 def predictions_of(task: Task, ids: Sequence[str], scores: np.ndarray, temperature: float = 1.0,
@@ -176,5 +176,5 @@ def predictions_of(task: Task, ids: Sequence[str], scores: np.ndarray, temperatu
     decision `threshold` if given) and class probabilities of the logits divided by `temperature` (one fitted on
     dev: calibrated ones)."""
     values, labels = decided(task, scores, threshold)
-    probabilities = task.probabilities(values / temperature) if isinstance(task, Classification) else None
+    probabilities = task.outputs.probabilities(values / temperature) if isinstance(task, Classification) else None
     return Predictions(task, list(ids), labels, probabilities, values)

@@ -21,8 +21,8 @@ from minbert.tasks import MULTITASK, RUN_TASKS, TASKS
 # The console's line of a stage: its place, then each default task's metrics (tables' columns), the overall score
 # and each other task's.
 SUMMARY_KEYS = ("index", "stage", "train_loss", "seconds", "eval_seconds",
-                *(key for task in MULTITASK for key, _ in TASKS[task].history_columns), "overall",
-                *(key for task in RUN_TASKS if task not in MULTITASK for key, _ in TASKS[task].history_columns))
+                *(key for task in MULTITASK for key, _ in TASKS[task].model.history_columns), "overall",
+                *(key for task in RUN_TASKS if task not in MULTITASK for key, _ in TASKS[task].model.history_columns))
 # A record holding this key, with N (--max_eval_examples N), has the dev metrics of a fixed subset of at most N dev
 # examples per task (drawn from --seed, the same every stage); a record without it, those of every dev example.
 SUBSET_KEY = "dev_subset"
@@ -58,10 +58,10 @@ class Evaluator:
             examples = getattr(data, split)
             if examples is None:
                 continue
-            evaluation = TASKS[task].evaluate(self.predictor, subsample(examples, limit, self.seed), reused)
+            evaluation = TASKS[task].model.evaluate(self.predictor, subsample(examples, limit, self.seed), reused)
             metrics.update(evaluation.metrics)
             predictions[task], scores[task] = evaluation.predictions, evaluation.scores
-        if all(TASKS[task].score_key in metrics for task in MULTITASK):
+        if all(TASKS[task].model.score_key in metrics for task in MULTITASK):
             metrics["overall"] = overall_of(metrics)
         if split == "dev" or chosen is not None:  # settings chosen now, or the kept model's: they hold from now on
             self.chosen = metrics

@@ -78,9 +78,9 @@ def run_scores(run: dict[str, tuple[np.ndarray, np.ndarray]], tasks: Sequence[st
     for task in tasks:
         predictions, gold = run[task]
         index = rows[task] if rows is not None else np.arange(len(gold))[None, :]
-        scores[task] = TASKS[task].resampled_scores(predictions[index], gold[index])
+        scores[task] = TASKS[task].model.resampled_scores(predictions[index], gold[index])
     if tuple(tasks) == MULTITASK:  # the course's overall score: the mean of the tasks' shares (STS: (r + 1) / 2)
-        scores[OVERALL] = sum(TASKS[task].kept_score({TASKS[task].score_key: scores[task]}) for task in tasks) / 3
+        scores[OVERALL] = sum(TASKS[task].model.kept_score({TASKS[task].model.score_key: scores[task]}) for task in tasks) / 3
     return scores
 
 

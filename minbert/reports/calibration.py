@@ -37,25 +37,25 @@ def reliability_file(task: str) -> str:
 def temperature_figures(task: Task, scores: np.ndarray, gold: np.ndarray, bins: int) -> tuple[dict, list]:
     """Its ECE and NLL before and after temperature scaling, the temperature, and the cross-fitted probabilities of
     each halving of dev (what the diagram draws after)."""
-    temperature = fit_temperature(task.probabilities, scores, gold)
-    crossed = out_of_fold(lambda rows: fit_temperature(task.probabilities, scores[rows], gold[rows]),
-                          lambda t, rows: task.probabilities(scores[rows] / t), len(gold))
-    before = calibration_gaps(task.probabilities(scores), gold, bins)
+    temperature = fit_temperature(task.outputs.probabilities, scores, gold)
+    crossed = out_of_fold(lambda rows: fit_temperature(task.outputs.probabilities, scores[rows], gold[rows]),
+                          lambda t, rows: task.outputs.probabilities(scores[rows] / t), len(gold))
+    before = calibration_gaps(task.outputs.probabilities(scores), gold, bins)
     after = [calibration_gaps(probabilities, gold, bins) for probabilities in crossed]
     every = np.arange(len(gold))[None]
 
     def removed(rows: np.ndarray) -> np.ndarray:  # the ECE that cross-fitted temperature scaling removes
         return resampled_ece(before, rows, bins) - np.mean([resampled_ece(gaps, rows, bins) for gaps in after], axis=0)
 
-    accuracy = confidence_and_correct(task.probabilities(scores), gold)[1].mean()
+    accuracy = confidence_and_correct(task.outputs.probabilities(scores), gold)[1].mean()
     return {"temperature": temperature, "accuracy": float(accuracy),
             "ece": float(resampled_ece(before, every, bins)[0]),
-            "ece_temperature_in_sample": expected_calibration_error(task.probabilities(scores / temperature), gold,
+            "ece_temperature_in_sample": expected_calibration_error(task.outputs.probabilities(scores / temperature), gold,
                                                                     bins),
             "ece_temperature_cross_fitted": float(np.mean([resampled_ece(gaps, every, bins) for gaps in after])),
             "ece_removed_interval": bootstrap_interval(removed, len(gold)),
-            "nll": negative_log_likelihood(task.probabilities, scores, gold),
-            "nll_temperature": negative_log_likelihood(task.probabilities, scores, gold, temperature)}, crossed
+            "nll": negative_log_likelihood(task.outputs.probabilities, scores, gold),
+            "nll_temperature": negative_log_likelihood(task.outputs.probabilities, scores, gold, temperature)}, crossed
 
 
 def threshold_figures(task: Task, logits: np.ndarray, gold: np.ndarray) -> dict:
@@ -64,13 +64,13 @@ def threshold_figures(task: Task, logits: np.ndarray, gold: np.ndarray) -> dict:
     threshold = best_logit_threshold(logits, gold)
 
     def right(t: float, rows: np.ndarray) -> np.ndarray:
-        return task.decide_at(torch.from_numpy(logits[rows]), t).numpy() == gold[rows]
+        return task.model.decide_at(torch.from_numpy(logits[rows]), t).numpy() == gold[rows]
 
     at_zero = right(0.0, np.arange(len(gold)))
     crossed = np.mean(out_of_fold(lambda rows: best_logit_threshold(logits[rows], gold[rows]), right, len(gold)),
                       axis=0)
     gain = crossed - at_zero
-    return {"logit": threshold, "probability": float(task.probabilities(np.array([threshold]))[0, 1]),
+    return {"logit": threshold, "probability": float(task.outputs.probabilities(np.array([threshold]))[0, 1]),
             "accuracy_at_0": float(at_zero.mean()),
             "accuracy_in_sample": float(right(threshold, np.arange(len(gold))).mean()),
             "accuracy_cross_fitted": float(crossed.mean()),
@@ -123,7 +123,7 @@ def write_calibration(run_dir: str | os.PathLike, dev: Mapping[str, tuple[np.nda
             continue
         entry, crossed = task_calibration(task, scores, gold, bins)
         report["tasks"][name] = entry
-        plot_reliability(task.title, task.probabilities(scores), crossed[0], np.asarray(gold).astype(int), entry,
+        plot_reliability(task.title, task.outputs.probabilities(scores), crossed[0], np.asarray(gold).astype(int), entry,
                          bins, Path(run_dir) / reliability_file(name))
     if not report["tasks"]:
         return {}

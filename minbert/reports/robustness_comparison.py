@@ -181,9 +181,9 @@ def _statistic(parts: dict[tuple[str, str], str]):
             for family, record in families.items():
                 index = rows[parts[task, family]]
                 gold = record.gold[index]
-                clean = found[task, family, "", "clean"] = TASKS[task].resampled_scores(record.clean[index], gold)
+                clean = found[task, family, "", "clean"] = TASKS[task].model.resampled_scores(record.clean[index], gold)
                 for variant, predicted in record.variants.items():
-                    perturbed = TASKS[task].resampled_scores(predicted[index], gold)
+                    perturbed = TASKS[task].model.resampled_scores(predicted[index], gold)
                     found[task, family, variant, "perturbed"] = perturbed
                     found[task, family, variant, "drop"] = clean - perturbed
         return found

@@ -15,15 +15,15 @@ from minbert.tasks.metrics import paired_arrays, paraphrase_metrics
 
 # (history key, human label) for the columns of forgetting tables and plots: each default task's own score, then
 # the overall score.
-HISTORY_METRICS = (*(TASKS[task].history_columns[0] for task in MULTITASK), ("overall", "overall"))
+HISTORY_METRICS = (*(TASKS[task].model.history_columns[0] for task in MULTITASK), ("overall", "overall"))
 # Columns of their own when every entry has them: the default tasks' other metrics (the thesis' weighted F1s and
 # STS's Spearman; histories written before they were computed lack them), then the score of each other task a run
 # may train (SQuAD's F1, --tasks ...,qa).
-OPTIONAL_HISTORY_METRICS = (*(column for task in MULTITASK for column in TASKS[task].history_columns[1:]),
-                            *(TASKS[task].history_columns[0] for task in RUN_TASKS if task not in MULTITASK))
+OPTIONAL_HISTORY_METRICS = (*(column for task in MULTITASK for column in TASKS[task].model.history_columns[1:]),
+                            *(TASKS[task].model.history_columns[0] for task in RUN_TASKS if task not in MULTITASK))
 # The score of each task in the continual-learning figures (forgetting_measures): its own dev metric on its own
 # scale, accuracy for SST and QQP, Pearson r for STS (not the overall score's (r + 1) / 2), F1 for SQuAD.
-TASK_SCORES = {task: TASKS[task].score_key for task in RUN_TASKS}
+TASK_SCORES = {task: TASKS[task].model.score_key for task in RUN_TASKS}
 # The stage label of the history's first record: the model before any training (minbert/training/trainer.py).
 BEFORE_TRAINING = "pretrained"
 # The label of a multi-task epoch's stage, 'multitask-2' (schedules.Stage.label writes the labels a history holds;

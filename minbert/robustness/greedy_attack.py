@@ -74,7 +74,7 @@ class Budget:
 def harm(task: Task, scores: np.ndarray, gold: float) -> np.ndarray:
     """How wrong each of the scores is: one minus the gold class's probability, or a regression's absolute error."""
     if isinstance(task, Classification):
-        return 1 - task.probabilities(np.asarray(scores))[:, int(gold)]
+        return 1 - task.outputs.probabilities(np.asarray(scores))[:, int(gold)]
     return np.abs(np.asarray(scores, dtype=np.float64).reshape(len(scores)) - gold)
 
 
@@ -82,7 +82,7 @@ def wrong(task: Task, scores: np.ndarray, gold: float) -> bool:
     """Whether a classification's decided class is not the gold one (a regression: never wrong by itself)."""
     if not isinstance(task, Classification):
         return False
-    return int(task.decide(torch.from_numpy(np.asarray(scores)[None])).item()) != int(gold)
+    return int(task.model.decide(torch.from_numpy(np.asarray(scores)[None])).item()) != int(gold)
 
 
 def _variant(example, column: str, words: Words, index: int, replacement: str | None, number: int):

@@ -101,13 +101,13 @@ def read_sets(folder: Path, tasks: Sequence[str]) -> PerturbedSets:
         raise DataError(folder / MANIFEST, f"holds no {', '.join(lacking)} sets (it has "
                                            f"{', '.join(manifest['tasks']) or 'none'}); make them in another folder")
     name = {task: course_file_name(task, "dev") for task in tasks}
-    clean = {task: TASKS[task].load(folder / CLEAN / name[task], "dev") for task in tasks}
+    clean = {task: TASKS[task].data.load(folder / CLEAN / name[task], "dev") for task in tasks}
     variants = {}
     for variant in manifest["variants"]:
         variants[variant] = {}
         for task in tasks:
             path = folder / variant / name[task]
-            examples = TASKS[task].load(path, "dev")
+            examples = TASKS[task].data.load(path, "dev")
             if [(e.id, e.label) for e in examples] != [(e.id, e.label) for e in clean[task]]:
                 raise DataError(path, f"its ids or labels differ from {folder / CLEAN / name[task]}'s")
             variants[variant][task] = examples

@@ -52,7 +52,7 @@ class Row:
         row = asdict(replace(self, predictions=None))
         del row["predictions"]
         row["drop"]["separable"] = self.drop.separable
-        row["metric"] = TASKS[self.task].score_key
+        row["metric"] = TASKS[self.task].model.score_key
         return row
 
 
@@ -99,7 +99,7 @@ def markdown_table(rows: list[Row]) -> list[str]:
              "|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
         verdict = "" if row.drop.separable else "not separable"
-        lines.append(f"| {TASKS[row.task].title} {TASKS[row.task].score_key.split('_')[-1]} | {row.family} | "
+        lines.append(f"| {TASKS[row.task].title} {TASKS[row.task].model.score_key.split('_')[-1]} | {row.family} | "
                      f"{row.variant} | {row.examples} | {row.clean.value:.4f} | {row.perturbed.value:.4f} | "
                      f"{row.drop.value:+.4f} [{row.drop.low:+.4f}, {row.drop.high:+.4f}] | {row.drop.p:.3f} | "
                      f"{'; '.join(filter(None, [verdict, _detail_text(row.details)]))} |")

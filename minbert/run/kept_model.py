@@ -12,8 +12,9 @@ from pathlib import Path
 import torch
 
 from base_bert import CheckpointError
+from minbert.data.batches import TokenizedSplits
 from minbert.model.multitask_bert import MultitaskBERT
-from minbert.prediction.inference import PredictionSettings, Predictor, TokenizedSplits
+from minbert.prediction.inference import PredictionSettings, Predictor
 from minbert.run.run_record import recorded_pretrained
 from minbert.runtime import resolve_precision
 from minbert.tasks import task_settings

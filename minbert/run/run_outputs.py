@@ -92,11 +92,11 @@ def checked_predictions_and_gold(run: Path, data_dir: Path) -> dict[str, tuple[l
 
 
 def _check_score(csv: Path, task: str, predictions: list, gold: list, record: RunRecord) -> None:
-    key = TASKS[task].score_key
+    key = TASKS[task].model.score_key
     recorded = record.metrics.get(key)
     if not isinstance(recorded, (int, float)):
         raise PredictionsFileError(f"{record.source}: records no {key} to check {csv} against")
-    scored = float(TASKS[task].resampled_scores(np.asarray(predictions, dtype=np.float64)[None, :],
+    scored = float(TASKS[task].model.resampled_scores(np.asarray(predictions, dtype=np.float64)[None, :],
                                                 np.asarray(gold, dtype=np.float64)[None, :])[0])
     if abs(scored - recorded) > METRIC_TOLERANCE:
         raise PredictionsFileError(f"{csv}: its {key} is {scored:.6f}, not the {recorded:.6f} that {record.source} "

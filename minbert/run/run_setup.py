@@ -168,7 +168,7 @@ def check_pretrained(args: TrainingArguments, data: dict) -> BertTokenizer:
         check_max_length(length, config.max_position_embeddings, args.pretrained, flag)
     try:
         for task, task_data in data.items():
-            TASKS[task].check_inputs(task_data, tokenizer, run_task_settings(args), check_length)
+            TASKS[task].data.check_inputs(task_data, tokenizer, run_task_settings(args), check_length)
         for kind in PENALTY_KINDS.values():
             kind.check_model(args, config)
         if args.adapter == "pals" and args.pal_size and args.pal_size % config.num_attention_heads:

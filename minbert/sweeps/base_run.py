@@ -21,7 +21,7 @@ def check_objective(objective: str, run: TrainingArguments) -> None:
         keys = metric_keys(task)
         if keys is None and objective.startswith(f"{task}_"):
             return  # its metrics cannot be listed before it answers: the first stage's record checks the name
-        known += keys or [key for key, _ in TASKS[task].history_columns]
+        known += keys or [key for key, _ in TASKS[task].model.history_columns]
     if objective in known:
         return
     close = difflib.get_close_matches(objective, known, 1)
@@ -34,7 +34,7 @@ def metric_keys(task: str) -> list[str] | None:
     come from its answers (SQuAD's)."""
     import numpy as np
     try:
-        return list(TASKS[task].metrics(np.array([0, 1]), np.array([0, 1])))
+        return list(TASKS[task].model.metrics(np.array([0, 1]), np.array([0, 1])))
     except ValueError:
         return None
 

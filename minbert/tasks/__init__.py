@@ -29,6 +29,7 @@ import pkgutil
 from collections.abc import Mapping
 
 from minbert.files import refused_at_import
+from minbert.tasks import classification
 from minbert.tasks.base import Task
 from minbert.tasks.course_files import SPLITS  # noqa: F401 (tasks.SPLITS: the splits of every task)
 from minbert.tasks.registry import TaskModuleError, check_task_modules
@@ -64,7 +65,7 @@ _BY_ANY_NAME = {alias: task.name for task in TASKS.values() for alias in (task.n
 
 def class_range(task: str) -> str:
     """The classes of a classification task in words: '0 or 1', 'an integer 0-4'."""
-    return TASKS[task].class_range()
+    return classification.class_range(TASKS[task].num_classes)
 
 
 def task_name(name: str, allowed: tuple[str, ...] = MULTITASK) -> str:

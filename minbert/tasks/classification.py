@@ -6,7 +6,6 @@ QQP's paraphrase (minbert/tasks/qqp.py) classifies a pair from one logit.
 from __future__ import annotations
 
 from abc import abstractmethod
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,50 +13,92 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from minbert.tasks.base import Task
+from minbert.tasks.base import Task, TaskData, TaskModel, TaskOutputs
 from minbert.tasks.course_files import SentenceExample, read_rows
 from minbert.tasks.losses import ClassificationObjective, argmax_class, softened_kl
 from minbert.tasks.metrics import sst_metrics
 
 
-@dataclass(frozen=True, kw_only=True, eq=False)
-class Classification(Task):
-    num_classes: int
-    ensemble_methods: tuple[str, ...] = ("vote", "mean")
-    label_names: tuple[str, ...] = ()  # each class's name in words, in class order (what predictions show a user)
+def class_range(num_classes: int) -> str:
+    """The classes 0 .. num_classes - 1 in words: '0 or 1', 'an integer 0-4'."""
+    return "0 or 1" if num_classes == 2 else f"an integer 0-{num_classes - 1}"
 
-    def class_name(self, value: int) -> str:
-        """A class in words ('somewhat positive'), or its number where the task names none."""
-        return self.label_names[value] if self.label_names else str(value)
 
-    @property
-    def history_columns(self) -> tuple[tuple[str, str], ...]:
-        return (f"{self.name}_acc", f"{self.title} acc"), (f"{self.name}_f1_weighted", f"{self.title} F1 (w)")
-
-    def class_range(self) -> str:
-        """Its classes in words: '0 or 1', 'an integer 0-4'."""
-        return "0 or 1" if self.num_classes == 2 else f"an integer 0-{self.num_classes - 1}"
+class ClassLabels:
+    """What the data part of a classification task requires of a label: one of its classes."""
 
     def label_problem(self, value: float) -> str | None:
         """What a label of its data files must be, when `value` is not one of its classes."""
-        return None if value in range(self.num_classes) else self.class_range()
+        return None if value in range(self.task.num_classes) else class_range(self.task.num_classes)
+
+
+class SentenceClassData(ClassLabels, TaskData):
+    def load(self, path: str | Path, split: str) -> list[SentenceExample]:
+        """Labels are ints, None for split="test"."""
+        task = self.task
+        return [SentenceExample(example_id, sentence, None if label is None else int(label))
+                for example_id, (sentence,), label in read_rows(path, split, task.text_columns, task.label_column,
+                                                                self.label_problem, task.name)]
+
+
+class ClassifierModel(TaskModel):
+    """The metrics of classes: accuracy (its score) and F1."""
+
+    @property
+    def history_columns(self) -> tuple[tuple[str, str], ...]:
+        name, title = self.task.name, self.task.title
+        return (f"{name}_acc", f"{title} acc"), (f"{name}_f1_weighted", f"{title} F1 (w)")
+
+    def resampled_scores(self, predictions: np.ndarray, gold: np.ndarray) -> np.ndarray:
+        return (predictions == gold).mean(axis=-1)  # accuracy, its score
+
+
+class SentenceClassifierModel(ClassifierModel):
+    """Dropout and a linear head on the pooled sentence (through the task's dense layer with --head_hidden), C
+    logits; cross entropy; distilled by the softened KL of the softmaxes."""
+
+    def build_head(self, in_features: int) -> nn.Module:
+        return nn.Linear(in_features, self.task.num_classes)
+
+    def outputs(self, model: nn.Module, hidden: Tensor, inputs) -> Tensor:
+        return self.head(model)(model.head_input(self.task.name, hidden, inputs))  # (B, C)
+
+    def objective(self, options) -> ClassificationObjective:
+        return ClassificationObjective()
+
+    def distillation_loss(self, objective, outputs: Tensor, teacher, ids: list[str], temperature: float) -> Tensor:
+        student = objective.score(outputs)
+        return softened_kl(student, teacher.of(ids, student), temperature)
+
+    def decide(self, scores: Tensor) -> Tensor:
+        return argmax_class(scores)
+
+    def metrics(self, predictions, gold) -> dict[str, float]:
+        m, name = sst_metrics(predictions, gold), self.task.name
+        return {f"{name}_acc": m["acc"], f"{name}_f1_macro": m["f1_macro"], f"{name}_f1_weighted": m["f1_weighted"]}
+
+
+class ClassOutputs(TaskOutputs):
+    """Integer classes in the leaderboard CSV; class probabilities of the saved scores, which ensembles vote with or
+    average."""
+
+    def class_name(self, value: int) -> str:
+        """A class in words ('somewhat positive'), or its number where the task names none."""
+        return self.task.label_names[value] if self.task.label_names else str(value)
 
     def format_prediction(self, value) -> str:
-        number = float(value)
+        number, task = float(value), self.task
         if not number.is_integer():
-            raise ValueError(f"{self.name} prediction {value!r} is not an integer class")
-        if int(number) not in range(self.num_classes):
-            raise ValueError(f"{self.name} prediction {value!r} is not {self.class_range()}")
+            raise ValueError(f"{task.name} prediction {value!r} is not an integer class")
+        if int(number) not in range(task.num_classes):
+            raise ValueError(f"{task.name} prediction {value!r} is not {class_range(task.num_classes)}")
         return str(int(number))
 
     def parse_prediction(self, text: str) -> int:
         number = float(text)  # ValueError on junk
-        if not (number.is_integer() and int(number) in range(self.num_classes)):
-            raise ValueError(f"{text!r} is not {self.class_range()}")
+        if not (number.is_integer() and int(number) in range(self.task.num_classes)):
+            raise ValueError(f"{text!r} is not {class_range(self.task.num_classes)}")
         return int(number)
-
-    def resampled_scores(self, predictions: np.ndarray, gold: np.ndarray) -> np.ndarray:
-        return (predictions == gold).mean(axis=-1)  # accuracy, its score
 
     @abstractmethod
     def probabilities(self, scores: np.ndarray) -> np.ndarray:
@@ -73,7 +114,7 @@ class Classification(Task):
         if method == "mean":
             return probabilities
         votes = np.zeros_like(probabilities)
-        votes[np.arange(len(scores)), self.decide(torch.from_numpy(scores)).numpy()] = 1
+        votes[np.arange(len(scores)), self.task.model.decide(torch.from_numpy(scores)).numpy()] = 1
         return np.concatenate([probabilities, votes], axis=-1)
 
     def ensemble_predictions(self, total: np.ndarray, weights: list[float], method: str) -> np.ndarray:
@@ -93,46 +134,12 @@ class Classification(Task):
         return self.scores_of(np.clip(mean, 1e-12, 1.0))  # a logit of a probability of 0 or 1 would be infinite
 
 
-def softmax(logits: np.ndarray) -> np.ndarray:
-    shifted = logits - logits.max(axis=-1, keepdims=True)
-    exponentials = np.exp(shifted)
-    return exponentials / exponentials.sum(axis=-1, keepdims=True)
-
-
-@dataclass(frozen=True, kw_only=True, eq=False)
-class SentenceClassification(Classification):
-    """One sentence, C logits: dropout and a linear head on the pooled sentence (through the task's dense layer
-    with --head_hidden); cross entropy; saved scores are the C logits; distilled by the softened KL of the
-    softmaxes."""
-    text_columns: tuple[str, ...] = ("sentence",)
-    softens: bool = True
+class LogitsOutputs(ClassOutputs):
+    """Saved scores are the C logits."""
 
     @property
     def score_columns(self) -> tuple[str, ...]:
-        return tuple(f"logit_{c}" for c in range(self.num_classes))
-
-    def load(self, path: str | Path, split: str) -> list[SentenceExample]:
-        """Labels are ints, None for split="test"."""
-        return [SentenceExample(example_id, sentence, None if label is None else int(label))
-                for example_id, (sentence,), label in read_rows(path, split, self.text_columns, self.label_column,
-                                                                self.label_problem, self.name)]
-
-    def build_head(self, in_features: int) -> nn.Module:
-        return nn.Linear(in_features, self.num_classes)
-
-    def outputs(self, model: nn.Module, hidden: Tensor, inputs) -> Tensor:
-        return self.head(model)(model.head_input(self.name, hidden, inputs))  # (B, C)
-
-    def objective(self, options: Mapping[str, object]) -> ClassificationObjective:
-        return ClassificationObjective()
-
-    def decide(self, scores: Tensor) -> Tensor:
-        return argmax_class(scores)
-
-    def metrics(self, predictions, gold) -> dict[str, float]:
-        m = sst_metrics(predictions, gold)
-        return {f"{self.name}_acc": m["acc"], f"{self.name}_f1_macro": m["f1_macro"],
-                f"{self.name}_f1_weighted": m["f1_weighted"]}
+        return tuple(f"logit_{c}" for c in range(self.task.num_classes))
 
     def probabilities(self, scores: np.ndarray) -> np.ndarray:
         return softmax(scores)
@@ -140,6 +147,25 @@ class SentenceClassification(Classification):
     def scores_of(self, probabilities: np.ndarray) -> np.ndarray:
         return np.log(probabilities)  # (N, C): logits whose softmax is these probabilities
 
-    def distillation_loss(self, objective, outputs: Tensor, teacher, ids: list[str], temperature: float) -> Tensor:
-        student = objective.score(outputs)
-        return softened_kl(student, teacher.of(ids, student), temperature)
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    shifted = logits - logits.max(axis=-1, keepdims=True)
+    exponentials = np.exp(shifted)
+    return exponentials / exponentials.sum(axis=-1, keepdims=True)
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class Classification(Task):
+    num_classes: int
+    ensemble_methods: tuple[str, ...] = ("vote", "mean")
+    label_names: tuple[str, ...] = ()  # each class's name in words, in class order (what predictions show a user)
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class SentenceClassification(Classification):
+    """One sentence, C logits (SentenceClassData, SentenceClassifierModel, LogitsOutputs)."""
+    data_part = SentenceClassData
+    model_part = SentenceClassifierModel
+    outputs_part = LogitsOutputs
+    text_columns: tuple[str, ...] = ("sentence",)
+    softens: bool = True

@@ -23,7 +23,7 @@ from safetensors.numpy import save
 from torch import Tensor, nn
 
 from minbert.files import atomic_write_bytes, atomic_write_csv
-from minbert.tasks.base import Task, TaskEvaluation, TaskOption
+from minbert.tasks.base import Task, TaskData, TaskEvaluation, TaskModel, TaskOption, TaskOutputs
 from minbert.tasks.losses import SpanObjective, softened_span_kl
 from minbert.tasks.score_files import MAX_LOGIT, ScoresFileError, fingerprint, score_text
 from minbert.tasks.squad import (Answer, QAExample, QASettings, QAWindows, best_threshold, check_window_room,
@@ -42,13 +42,129 @@ OPTIONS = (
 )
 
 
-@dataclass(frozen=True, kw_only=True, eq=False)
-class QuestionAnswering(Task):
-    score_columns = ("no_answer_margin", "answer")
+class SquadData(TaskData):
+    """The official JSON files, each question cut into windows."""
+
+    def load(self, path: str | Path, split: str) -> list[QAExample]:
+        return load_squad(path, split)
+
+    def tokenize(self, cache, examples: Sequence[QAExample], max_length: int, joint_pairs: bool,
+                 settings: Mapping[str, object]):
+        """Its questions cut into windows (windowing), once per run."""
+        windowing = self.task.windowing(settings)
+        return cache.windows(examples, windowing.max_length, windowing.doc_stride)
+
+    def check_inputs(self, data, tokenizer, settings: Mapping[str, object],
+                     check_length: Callable[[int, str], None]) -> None:
+        """Its windows (--qa_max_length) fit the model's positions, and leave more than --qa_doc_stride context
+        tokens beside the longest question of each split: what cutting the windows would find only mid-run."""
+        windowing = self.task.windowing(settings)
+        check_length(windowing.max_length, "--qa_max_length")
+        for split in (data.train, data.dev, data.test):
+            if split is not None:
+                check_window_room(split, tokenizer, windowing.max_length, windowing.doc_stride)
+
+
+class SpanModel(TaskModel):
+    """A start and an end logit of every token; answers decoded per question over its windows (squad.decode_answers,
+    best_threshold, qa_metrics)."""
 
     @property
     def history_columns(self) -> tuple[tuple[str, str], ...]:
-        return ((f"{self.name}_f1", f"{self.title} F1"),)
+        return ((f"{self.task.name}_f1", f"{self.task.title} F1"),)
+
+    def feature_size(self, pair_encoders: Mapping[str, str], hidden: int) -> None:
+        return None  # every token's hidden state, as it is
+
+    def build_head(self, in_features: int) -> nn.Module:
+        return nn.Linear(in_features, 2)  # start and end logit of every token (Devlin et al. 2019's span head)
+
+    def outputs(self, model: nn.Module, hidden: Tensor, inputs) -> Tensor:
+        logits = self.head(model)(hidden).float()  # (B, T, 2)
+        # Padding can be neither start nor end; a finite floor keeps SMART's KL free of 0 * inf.
+        return logits.masked_fill(~inputs.attention_mask.bool().unsqueeze(-1), PADDING_LOGIT)
+
+    def objective(self, options: Mapping[str, object]) -> SpanObjective:
+        return SpanObjective()
+
+    def distillation_loss(self, objective, outputs: Tensor, teacher, ids: list[str], temperature: float) -> Tensor:
+        student = objective.score(outputs)
+        return softened_span_kl(student, teacher.of(ids, student), temperature)
+
+    def decide(self, scores: Tensor) -> Tensor:
+        raise ValueError(f"{self.task.name!r} has no per-example decision (SQuAD's answers are decoded per question: "
+                         "squad.py)")
+
+    def metrics(self, predictions, gold) -> dict[str, float]:
+        raise ValueError(f"{self.task.name!r}'s metrics are those of its answers at a no-answer threshold: "
+                         "squad.qa_metrics")
+
+    def evaluate(self, predictor, examples: list[QAExample], chosen: Mapping[str, float] | None) -> TaskEvaluation:
+        """Its answers' metrics at the no-answer threshold `chosen` on dev, or on a dev evaluation (`chosen` None) at
+        the threshold that maximises their F1 (squad.best_threshold), recorded among the metrics."""
+        answers = predictor.answer(self.task.name, examples)
+        threshold = best_threshold(answers, examples) if chosen is None else self.task.threshold(chosen)
+        return TaskEvaluation(qa_metrics(answers, examples, threshold), answers, answers)
+
+
+class AnswerOutputs(TaskOutputs):
+    """Per question, its answers (the official JSON, qa-SPLIT.csv); --score_train: per window, its logits."""
+    score_columns = ("no_answer_margin", "answer")
+
+    def format_prediction(self, value) -> str:
+        raise ValueError(f"{self.task.name!r} predictions are the official JSON file (squad.write_squad_predictions)")
+
+    def parse_prediction(self, text: str) -> str:
+        raise ValueError(f"{self.task.name!r} predictions are the official JSON file (squad.write_squad_predictions)")
+
+    def predict_scores(self, predictor, examples: list[QAExample]) -> dict[str, Answer]:
+        return predictor.answer(self.task.name, examples)
+
+    def write_outputs(self, scores: dict[str, Answer], predictions_path: Path, scores_file: Path,
+                      chosen: Mapping[str, float]) -> str:
+        """The official predictions JSON of the answers at the no-answer threshold chosen on dev, and their
+        scores."""
+        threshold = self.task.threshold(chosen)
+        write_squad_predictions(predictions_path, predictions(scores, threshold))
+        write_qa_scores(scores_file, scores)
+        return f"{len(scores)} questions, no-answer threshold {threshold:.4f}"
+
+    def train_scores(self, predictor, examples: list[QAExample]) -> tuple[list[str], list[np.ndarray]]:
+        return predictor.span_logits(self.task.name, examples)
+
+    def write_train_scores(self, run_dir: str | os.PathLike, scores, settings: Mapping[str, object]) -> str:
+        ids, logits = scores
+        path, windowing = span_logits_path(run_dir), self.task.windowing(settings)
+        write_span_logits(path, ids, logits, windowing.max_length, windowing.doc_stride)
+        return f"{path} ({len(ids)} windows)"
+
+    def load_teacher(self, run_dir: str | os.PathLike, ids: list[str],
+                     settings: Mapping[str, object] | None) -> TeacherSpans:
+        """The teacher's window logits of the questions `ids`; refused when its windows are cut otherwise than the
+        student's (`settings`; None: not checked)."""
+        path = span_logits_path(run_dir)
+        if not path.is_file():
+            raise ScoresFileError(f"{path}: no SQuAD train logits for --distill; write them with --score_train")
+        spans = read_span_logits(path)
+        student = None if settings is None else self.task.windowing(settings)
+        if student is not None and (spans.max_length, spans.doc_stride) != (student.max_length, student.doc_stride):
+            raise ScoresFileError(f"{path}: windows of {spans.max_length} tokens with stride {spans.doc_stride}, this "
+                                  f"run cuts {student.max_length} with stride {student.doc_stride} (--qa_max_length, "
+                                  "--qa_doc_stride)")
+        scored = {i.rpartition("#")[0] for i in spans.ids}
+        missing = [i for i in ids if i not in scored]
+        if missing:
+            raise ScoresFileError(f"{path}: no teacher logits for {len(missing)} of the {len(ids)} {self.task.name} "
+                                  f"training questions (e.g. id {missing[0]}); the teacher must have scored this "
+                                  "training set")
+        return TeacherSpans(dict(zip(spans.ids, spans.logits)), path)
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class QuestionAnswering(Task):
+    data_part = SquadData
+    model_part = SpanModel
+    outputs_part = AnswerOutputs
 
     def windowing(self, settings: Mapping[str, object]) -> QASettings:
         """How its questions are cut into windows and answered, by its options in `settings`."""
@@ -64,113 +180,10 @@ class QuestionAnswering(Task):
         if settings["qa_doc_stride"] >= settings["qa_max_length"]:
             raise ValueError("--qa_doc_stride must be below --qa_max_length")
 
-    def load(self, path: str | Path, split: str) -> list[QAExample]:
-        return load_squad(path, split)
-
-    def tokenize(self, cache, examples: Sequence[QAExample], max_length: int, joint_pairs: bool,
-                 settings: Mapping[str, object]):
-        """Its questions cut into windows (windowing), once per run."""
-        windowing = self.windowing(settings)
-        return cache.windows(examples, windowing.max_length, windowing.doc_stride)
-
-    def check_inputs(self, data, tokenizer, settings: Mapping[str, object],
-                     check_length: Callable[[int, str], None]) -> None:
-        """Its windows (--qa_max_length) fit the model's positions, and leave more than --qa_doc_stride context
-        tokens beside the longest question of each split: what cutting the windows would find only mid-run."""
-        windowing = self.windowing(settings)
-        check_length(windowing.max_length, "--qa_max_length")
-        for split in (data.train, data.dev, data.test):
-            if split is not None:
-                check_window_room(split, tokenizer, windowing.max_length, windowing.doc_stride)
-
-    # -- the model ---------------------------------------------------------------------------------
-    def feature_size(self, pair_encoders: Mapping[str, str], hidden: int) -> None:
-        return None  # every token's hidden state, as it is
-
-    def build_head(self, in_features: int) -> nn.Module:
-        return nn.Linear(in_features, 2)  # start and end logit of every token (Devlin et al. 2019's span head)
-
-    def outputs(self, model: nn.Module, hidden: Tensor, inputs) -> Tensor:
-        logits = self.head(model)(hidden).float()  # (B, T, 2)
-        # Padding can be neither start nor end; a finite floor keeps SMART's KL free of 0 * inf.
-        return logits.masked_fill(~inputs.attention_mask.bool().unsqueeze(-1), PADDING_LOGIT)
-
-    def objective(self, options: Mapping[str, object]) -> SpanObjective:
-        return SpanObjective()
-
-    # -- predictions: per question, over its windows (squad.decode_answers, best_threshold, qa_metrics) ---
-    def decide(self, scores: Tensor) -> Tensor:
-        raise ValueError(f"{self.name!r} has no per-example decision (SQuAD's answers are decoded per question: "
-                         "squad.py)")
-
-    def metrics(self, predictions, gold) -> dict[str, float]:
-        raise ValueError(f"{self.name!r}'s metrics are those of its answers at a no-answer threshold: squad.qa_metrics")
-
-    def evaluate(self, predictor, examples: list[QAExample], chosen: Mapping[str, float] | None) -> TaskEvaluation:
-        """Its answers' metrics at the no-answer threshold `chosen` on dev, or on a dev evaluation (`chosen` None) at
-        the threshold that maximises their F1 (squad.best_threshold), recorded among the metrics."""
-        answers = predictor.answer(self.name, examples)
-        threshold = best_threshold(answers, examples) if chosen is None else self.threshold(chosen)
-        return TaskEvaluation(qa_metrics(answers, examples, threshold), answers, answers)
-
     def threshold(self, chosen: Mapping[str, float]) -> float:
         """The no-answer threshold of dev metrics (qa_metrics' qa_threshold); 0 before any dev evaluation chose one:
         answer where the best span scores above no answer."""
         return chosen.get(f"{self.name}_threshold", 0.0)
-
-    def format_prediction(self, value) -> str:
-        raise ValueError(f"{self.name!r} predictions are the official JSON file (squad.write_squad_predictions)")
-
-    def parse_prediction(self, text: str) -> str:
-        raise ValueError(f"{self.name!r} predictions are the official JSON file (squad.write_squad_predictions)")
-
-    # -- a run's files: per question, its answers; --score_train: per window, its logits ---------------
-    def predict_scores(self, predictor, examples: list[QAExample]) -> dict[str, Answer]:
-        return predictor.answer(self.name, examples)
-
-    def write_outputs(self, scores: dict[str, Answer], predictions_path: Path, scores_file: Path,
-                      chosen: Mapping[str, float]) -> str:
-        """The official predictions JSON of the answers at the no-answer threshold chosen on dev, and their
-        scores."""
-        threshold = self.threshold(chosen)
-        write_squad_predictions(predictions_path, predictions(scores, threshold))
-        write_qa_scores(scores_file, scores)
-        return f"{len(scores)} questions, no-answer threshold {threshold:.4f}"
-
-    def train_scores(self, predictor, examples: list[QAExample]) -> tuple[list[str], list[np.ndarray]]:
-        return predictor.span_logits(self.name, examples)
-
-    def write_train_scores(self, run_dir: str | os.PathLike, scores, settings: Mapping[str, object]) -> str:
-        ids, logits = scores
-        path, windowing = span_logits_path(run_dir), self.windowing(settings)
-        write_span_logits(path, ids, logits, windowing.max_length, windowing.doc_stride)
-        return f"{path} ({len(ids)} windows)"
-
-    # -- distillation ------------------------------------------------------------------------------
-    def load_teacher(self, run_dir: str | os.PathLike, ids: list[str],
-                     settings: Mapping[str, object] | None) -> TeacherSpans:
-        """The teacher's window logits of the questions `ids`; refused when its windows are cut otherwise than the
-        student's (`settings`; None: not checked)."""
-        path = span_logits_path(run_dir)
-        if not path.is_file():
-            raise ScoresFileError(f"{path}: no SQuAD train logits for --distill; write them with --score_train")
-        spans = read_span_logits(path)
-        student = None if settings is None else self.windowing(settings)
-        if student is not None and (spans.max_length, spans.doc_stride) != (student.max_length, student.doc_stride):
-            raise ScoresFileError(f"{path}: windows of {spans.max_length} tokens with stride {spans.doc_stride}, this "
-                                  f"run cuts {student.max_length} with stride {student.doc_stride} (--qa_max_length, "
-                                  "--qa_doc_stride)")
-        scored = {i.rpartition("#")[0] for i in spans.ids}
-        missing = [i for i in ids if i not in scored]
-        if missing:
-            raise ScoresFileError(f"{path}: no teacher logits for {len(missing)} of the {len(ids)} {self.name} "
-                                  f"training questions (e.g. id {missing[0]}); the teacher must have scored this "
-                                  "training set")
-        return TeacherSpans(dict(zip(spans.ids, spans.logits)), path)
-
-    def distillation_loss(self, objective, outputs: Tensor, teacher, ids: list[str], temperature: float) -> Tensor:
-        student = objective.score(outputs)
-        return softened_span_kl(student, teacher.of(ids, student), temperature)
 
 
 TASK = QuestionAnswering(name="qa", order=4, trainable=True, aliases=("squad",), title="SQuAD", file_prefix="squad",
@@ -182,7 +195,7 @@ TASK = QuestionAnswering(name="qa", order=4, trainable=True, aliases=("squad",),
 def write_qa_scores(path: str | os.PathLike, answers: dict[str, Answer]) -> None:
     """Its dev and test scores: per question (in the order given) the no-answer margin, what a threshold or an
     ensemble decides answerability from, and the best non-empty span it would otherwise answer."""
-    atomic_write_csv(path, [["id", *TASK.score_columns],
+    atomic_write_csv(path, [["id", *TASK.outputs.score_columns],
                             *([qid, score_text(answer.margin), answer.text] for qid, answer in answers.items())])
 
 

@@ -13,28 +13,31 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from minbert.tasks.classification import Classification
+from minbert.tasks.classification import ClassifierModel, ClassLabels, ClassOutputs, Classification
 from minbert.tasks.losses import BinaryObjective, bernoulli_kl, positive_logit
 from minbert.tasks.metrics import paraphrase_metrics
-from minbert.tasks.pairs import PAIR_COLUMNS, SentencePairs
+from minbert.tasks.pairs import PAIR_COLUMNS, PairData, PairModel, is_cross_encoded
 
 
-@dataclass(frozen=True, kw_only=True, eq=False)
-class Paraphrase(SentencePairs, Classification):
-    text_columns: tuple[str, ...] = PAIR_COLUMNS
-    num_classes: int = 2
-    has_threshold: bool = True  # the logit's, 0 unless chosen on dev
-    score_columns = ("logit",)  # the duplicate logit: its sign is the prediction
+class ParaphraseData(ClassLabels, PairData):
+    """Two questions and whether they are paraphrases: a class, 0 or 1."""
 
+
+class ParaphraseModel(PairModel, ClassifierModel):
     def feature_size(self, pair_encoders: Mapping[str, str], hidden: int) -> int:
-        return hidden if self.is_cross_encoded(pair_encoders) else 3 * hidden  # [u, v, |u - v|] unless cross
+        cross = is_cross_encoded(self.task.name, pair_encoders)
+        return hidden if cross else 3 * hidden  # [u, v, |u - v|] unless cross
 
     def outputs_of_embeddings(self, model: nn.Module, u: Tensor, v: Tensor) -> Tensor:
-        features = model.features(self.name, torch.cat([u, v, (u - v).abs()], dim=-1))  # (B, 3H) or (B, head_hidden)
+        features = model.features(self.task.name, torch.cat([u, v, (u - v).abs()], dim=-1))  # (B, 3H) or head_hidden
         return self.head(model)(model.dropout(features)).squeeze(-1)  # (B,)
 
     def objective(self, options: Mapping[str, object]) -> BinaryObjective:
         return BinaryObjective()
+
+    def distillation_loss(self, objective, outputs: Tensor, teacher, ids: list[str], temperature: float) -> Tensor:
+        student = objective.score(outputs)
+        return bernoulli_kl(student, teacher.of(ids, student))
 
     def decide(self, scores: Tensor) -> Tensor:
         return positive_logit(scores)
@@ -43,8 +46,12 @@ class Paraphrase(SentencePairs, Classification):
         return (scores > threshold).long()  # at 0: decide's
 
     def metrics(self, predictions, gold) -> dict[str, float]:
-        m = paraphrase_metrics(predictions, gold)
-        return {f"{self.name}_acc": m["acc"], f"{self.name}_f1": m["f1"], f"{self.name}_f1_weighted": m["f1_weighted"]}
+        m, name = paraphrase_metrics(predictions, gold), self.task.name
+        return {f"{name}_acc": m["acc"], f"{name}_f1": m["f1"], f"{name}_f1_weighted": m["f1_weighted"]}
+
+
+class ParaphraseOutputs(ClassOutputs):
+    score_columns = ("logit",)  # the duplicate logit: its sign is the prediction
 
     def probabilities(self, scores: np.ndarray) -> np.ndarray:
         duplicate = 1 / (1 + np.exp(-scores))
@@ -53,9 +60,15 @@ class Paraphrase(SentencePairs, Classification):
     def scores_of(self, probabilities: np.ndarray) -> np.ndarray:
         return np.log(probabilities[:, 1]) - np.log(probabilities[:, 0])  # (N,): the duplicate's log-odds
 
-    def distillation_loss(self, objective, outputs: Tensor, teacher, ids: list[str], temperature: float) -> Tensor:
-        student = objective.score(outputs)
-        return bernoulli_kl(student, teacher.of(ids, student))
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class Paraphrase(Classification):
+    data_part = ParaphraseData
+    model_part = ParaphraseModel
+    outputs_part = ParaphraseOutputs
+    text_columns: tuple[str, ...] = PAIR_COLUMNS
+    num_classes: int = 2
+    has_threshold: bool = True  # the logit's, 0 unless chosen on dev
 
 
 TASK = Paraphrase(name="qqp", order=1, default=True, trainable=True, aliases=("quora", "para"), title="QQP",

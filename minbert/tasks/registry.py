@@ -37,7 +37,7 @@ def claims(task: Task) -> list[tuple[str, object]]:
             *(("leaderboard file", Path(task.default_output(split)).name.lower()) for split in PREDICTED_SPLITS),
             ("head", task.head_name),
             *(("model option", key) for key in task.head_options(task.own_settings({}))),
-            *(("metric key", key) for key, _ in task.history_columns)]
+            *(("metric key", key) for key, _ in task.model.history_columns)]
 
 
 def check_task_modules(modules: Mapping[str, object]) -> dict[str, Task]:
@@ -48,9 +48,9 @@ def check_task_modules(modules: Mapping[str, object]) -> dict[str, Task]:
         if not isinstance(task, Task):
             raise TaskModuleError(f"{file}: its TASK is a {type(task).__name__}, not a task "
                                   "(minbert.tasks.base.Task); a module of shared code defines no TASK")
-        if task.calibrated and not callable(getattr(task, "probabilities", None)):
+        if task.calibrated and not callable(getattr(task.outputs, "probabilities", None)):
             raise TaskModuleError(f"{file}: its task is calibrated but has no class probabilities (a "
-                                  "minbert.tasks.classification.Classification's)")
+                                  "minbert.tasks.classification.ClassOutputs')")
         names = getattr(task, "label_names", ())
         if names and len(names) != task.num_classes:
             raise TaskModuleError(f"{file}: its task names {len(names)} classes (label_names) but has "

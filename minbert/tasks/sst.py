@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from minbert.tasks.base import TaskOption
-from minbert.tasks.classification import SentenceClassification
+from minbert.tasks.classification import SentenceClassification, SentenceClassifierModel
 from minbert.tasks.losses import SENTIMENT_OBJECTIVES, ClassificationObjective
 
 OPTIONS = (
@@ -19,8 +19,15 @@ OPTIONS = (
 )
 
 
+class SentimentModel(SentenceClassifierModel):
+    def objective(self, options: Mapping[str, object]) -> ClassificationObjective:
+        return ClassificationObjective(options["sentiment_ordinal_weight"])
+
+
 @dataclass(frozen=True, kw_only=True, eq=False)
 class Sentiment(SentenceClassification):
+    model_part = SentimentModel
+
     def check_settings(self, settings: Mapping[str, object], pair_encoders: Mapping[str, str]) -> None:
         settings = self.own_settings(settings)
         if settings["sst_objective"] not in SENTIMENT_OBJECTIVES:
@@ -34,9 +41,6 @@ class Sentiment(SentenceClassification):
         settings = self.own_settings(settings)
         ordinal = settings["sst_objective"] == "ordinal"
         return {"sentiment_ordinal_weight": settings["ordinal_weight"] if ordinal else 0.0}
-
-    def objective(self, options: Mapping[str, object]) -> ClassificationObjective:
-        return ClassificationObjective(options["sentiment_ordinal_weight"])
 
 
 TASK = Sentiment(name="sst", order=0, default=True, trainable=True, part1=True, title="SST", file_prefix="ids-sst",

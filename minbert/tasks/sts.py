@@ -17,11 +17,11 @@ import numpy as np
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from minbert.tasks.base import Task, TaskOption
+from minbert.tasks.base import Task, TaskOption, TaskOutputs, check_weights
 from minbert.tasks.losses import (SIMILARITY_OBJECTIVES, CosineSimilarityObjective, CrossSimilarityObjective,
                                   scaled_squared_error)
 from minbert.tasks.metrics import sts_metrics
-from minbert.tasks.pairs import PAIR_COLUMNS, SentencePairs
+from minbert.tasks.pairs import PAIR_COLUMNS, PairData, PairModel, is_cross_encoded
 
 SCORE_RANGE = (0.0, 5.0)
 # A saved score may be the range's bound give or take float32's rounding of a cosine.
@@ -36,69 +36,59 @@ OPTIONS = (
 )
 
 
-@dataclass(frozen=True, kw_only=True, eq=False)
-class Similarity(SentencePairs, Task):
-    text_columns: tuple[str, ...] = PAIR_COLUMNS
-    ensemble_methods: tuple[str, ...] = ("mean", "weighted")
-    headless_output: str = "cosine"
-    score_columns = ("score",)  # the 0-5 similarity the leaderboard CSV reports
-
-    @property
-    def history_columns(self) -> tuple[tuple[str, str], ...]:
-        return (f"{self.name}_pearson", f"{self.title} r"), (f"{self.name}_spearman", f"{self.title} rho")
-
+class SimilarityData(PairData):
     def label_problem(self, value: float) -> str | None:
         low, high = SCORE_RANGE
         return None if low <= value <= high else f"a number in [{low:g}, {high:g}]"  # NaN fails both comparisons
 
-    # -- the model ---------------------------------------------------------------------------------
+
+class SimilarityModel(PairModel):
+    @property
+    def history_columns(self) -> tuple[tuple[str, str], ...]:
+        name, title = self.task.name, self.task.title
+        return (f"{name}_pearson", f"{title} r"), (f"{name}_spearman", f"{title} rho")
+
     def has_head(self, pair_encoders: Mapping[str, str]) -> bool:
         """Only a cross-encoded STS has a linear head: the others' output is the cosine of u and v."""
-        return self.is_cross_encoded(pair_encoders)
+        return is_cross_encoded(self.task.name, pair_encoders)
 
     def outputs_of_embeddings(self, model: nn.Module, u: Tensor, v: Tensor) -> Tensor:
-        u, v = model.features(self.name, u), model.features(self.name, v)  # a dense layer projects each side
+        name = self.task.name
+        u, v = model.features(name, u), model.features(name, v)  # a dense layer projects each side
         if model.task_options["sts_cosine_dropout"]:
             u, v = model.dropout(u), model.dropout(v)
         return F.cosine_similarity(u.float(), v.float(), dim=-1)  # (B,)
-
-    def check_settings(self, settings: Mapping[str, object], pair_encoders: Mapping[str, str]) -> None:
-        settings = self.own_settings(settings)
-        if self.is_cross_encoded(pair_encoders) and settings["similarity_objective"] != "cosine":
-            raise ValueError("--similarity_objective applies to a cosine; a cross-encoded STS is trained as "
-                             "MSE(sigmoid, label/5)")
-        if self.is_cross_encoded(pair_encoders) and settings["sts_cosine_dropout"]:
-            raise ValueError("--sts_cosine_dropout applies to the STS cosine (sbert, hybrid); a cross-encoded STS has "
-                             "none")
-
-    def head_options(self, settings: Mapping[str, object]) -> dict[str, object]:
-        return self.own_settings(settings)
 
     def check_options(self, options: Mapping[str, object]) -> None:
         if options["similarity_objective"] not in SIMILARITY_OBJECTIVES:
             raise ValueError(f"similarity_objective must be one of {SIMILARITY_OBJECTIVES}, "
                              f"got {options['similarity_objective']!r}")
-        if options["sts_cosine_dropout"] and self.is_cross_encoded(options["pair_encoder"]):
+        if options["sts_cosine_dropout"] and is_cross_encoded(self.task.name, options["pair_encoder"]):
             raise ValueError("sts_cosine_dropout applies to the STS cosine (sbert, hybrid); a cross-encoded STS has "
                              "none")
 
     def objective(self, options: Mapping[str, object]) -> CosineSimilarityObjective | CrossSimilarityObjective:
         """A cosine trained by the similarity objective, unless cross-encoded into one logit."""
         similarity_objective = options["similarity_objective"]
-        if not self.is_cross_encoded(options["pair_encoder"]):
+        if not is_cross_encoded(self.task.name, options["pair_encoder"]):
             return CosineSimilarityObjective(similarity_objective)
         if similarity_objective != "cosine":
             raise ValueError(f"similarity objective {similarity_objective!r} applies to a cosine (sbert, hybrid); "
                              "the STS cross-encoder is trained as MSE(sigmoid(logit), label / 5)")
         return CrossSimilarityObjective()
 
-    # -- predictions and files ---------------------------------------------------------------------
+    def distillation_loss(self, objective, outputs: Tensor, teacher, ids: list[str], temperature: float) -> Tensor:
+        """The squared error of the unclamped score (a student whose cosine is below 0 is still pulled towards the
+        teacher) on the gold loss's scale, whichever similarity objective the run trains."""
+        student = objective.unclamped_score(outputs)
+        return scaled_squared_error(student, teacher.of(ids, student), objective.score_scale)
+
     def decide(self, scores: Tensor) -> Tensor:
         return scores  # the 0-5 similarity is its own prediction
 
     def metrics(self, predictions, gold) -> dict[str, float]:
-        m = sts_metrics(predictions, gold)
-        return {f"{self.name}_pearson": m["pearson"], f"{self.name}_spearman": m["spearman"]}
+        m, name = sts_metrics(predictions, gold), self.task.name
+        return {f"{name}_pearson": m["pearson"], f"{name}_spearman": m["spearman"]}
 
     def resampled_scores(self, predictions: np.ndarray, gold: np.ndarray) -> np.ndarray:
         """Pearson's r of each row (0 where a row is constant, as sts_metrics reports it)."""
@@ -109,6 +99,10 @@ class Similarity(SentencePairs, Task):
 
     def kept_score(self, metrics: Mapping[str, float]) -> float:
         return (metrics[self.score_key] + 1) / 2  # Pearson's r mapped onto [0, 1], as the overall score does
+
+
+class SimilarityOutputs(TaskOutputs):
+    score_columns = ("score",)  # the 0-5 similarity the leaderboard CSV reports
 
     def format_prediction(self, value) -> str:
         number = float(value)
@@ -128,7 +122,6 @@ class Similarity(SentencePairs, Task):
             return f"STS score {numbers[0]:g} is outside {low:g}-{high:g}"
         return None
 
-    # -- ensembles and distillation ----------------------------------------------------------------
     def ensemble_terms(self, scores: np.ndarray, weight: float, method: str) -> np.ndarray:
         """The member's scores, times its weight (in float64, as np.average has it) for `weighted`."""
         return scores * np.float64(weight) if self.weighs_members(method) else scores
@@ -137,7 +130,7 @@ class Similarity(SentencePairs, Task):
         """The mean score, or the weighted mean (summed afresh, pairwise as np.average sums the weights)."""
         if not self.weighs_members(method):
             return total / len(weights)
-        self.check_weights(weights, len(weights))
+        check_weights(self.task.title, weights, len(weights))
         return total / np.sum(weights)
 
     def weighs_members(self, method: str) -> bool:
@@ -148,19 +141,36 @@ class Similarity(SentencePairs, Task):
         return [max(metrics[i], 0.0) for i in chosen] if self.weighs_members(method) else None
 
     def ensemble_problem(self, method: str, metrics: list[float]) -> str | None:
+        name = self.task.name
         if self.weighs_members(method) and not any(r > 0 for r in metrics):
-            return (f"--{self.name} weighted: every member's dev Pearson r is <= 0 "
-                    f"({', '.join(f'{r:.4f}' for r in metrics)}), so none has a weight; use --{self.name} mean")
+            return (f"--{name} weighted: every member's dev Pearson r is <= 0 "
+                    f"({', '.join(f'{r:.4f}' for r in metrics)}), so none has a weight; use --{name} mean")
         return None
 
     def teacher_scores(self, members: list[np.ndarray], shares: np.ndarray) -> np.ndarray:
         return sum(w * scores for w, scores in zip(shares, members))
 
-    def distillation_loss(self, objective, outputs: Tensor, teacher, ids: list[str], temperature: float) -> Tensor:
-        """The squared error of the unclamped score (a student whose cosine is below 0 is still pulled towards the
-        teacher) on the gold loss's scale, whichever similarity objective the run trains."""
-        student = objective.unclamped_score(outputs)
-        return scaled_squared_error(student, teacher.of(ids, student), objective.score_scale)
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class Similarity(Task):
+    data_part = SimilarityData
+    model_part = SimilarityModel
+    outputs_part = SimilarityOutputs
+    text_columns: tuple[str, ...] = PAIR_COLUMNS
+    ensemble_methods: tuple[str, ...] = ("mean", "weighted")
+    headless_output: str = "cosine"
+
+    def check_settings(self, settings: Mapping[str, object], pair_encoders: Mapping[str, str]) -> None:
+        settings = self.own_settings(settings)
+        if is_cross_encoded(self.name, pair_encoders) and settings["similarity_objective"] != "cosine":
+            raise ValueError("--similarity_objective applies to a cosine; a cross-encoded STS is trained as "
+                             "MSE(sigmoid, label/5)")
+        if is_cross_encoded(self.name, pair_encoders) and settings["sts_cosine_dropout"]:
+            raise ValueError("--sts_cosine_dropout applies to the STS cosine (sbert, hybrid); a cross-encoded STS has "
+                             "none")
+
+    def head_options(self, settings: Mapping[str, object]) -> dict[str, object]:
+        return self.own_settings(settings)
 
 
 TASK = Similarity(name="sts", order=2, default=True, trainable=True, title="STS", file_prefix="sts", flag_prefix="sts",

@@ -42,7 +42,7 @@ def load_teacher(run_dir: str | Path, train_ids: dict[str, list[str]],
     if not Path(run_dir).is_dir():
         raise ScoresFileError(f"{run_dir}: not a folder; --distill names a teacher's folder (a run written with "
                               "--score_train, or scripts/ensemble.py --score_train's output)")
-    return {task: TASKS[task].load_teacher(run_dir, ids, task_settings) for task, ids in train_ids.items()}
+    return {task: TASKS[task].outputs.load_teacher(run_dir, ids, task_settings) for task, ids in train_ids.items()}
 
 
 @dataclass(frozen=True)
@@ -84,5 +84,5 @@ class Distillation(Penalty):
         if task not in self.teacher:
             return gold_loss
         weight, temperature = self.setting(task)
-        soft = TASKS[task].distillation_loss(objective, outputs, self.teacher[task], ids, temperature)
+        soft = TASKS[task].model.distillation_loss(objective, outputs, self.teacher[task], ids, temperature)
         return (1 - weight) * gold_loss + weight * soft

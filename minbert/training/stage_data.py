@@ -12,9 +12,8 @@ from functools import cached_property
 
 import torch
 
-from minbert.data.batches import TaskData, subsample, subsample_indices, tokenized_dataloader
+from minbert.data.batches import TaskData, TokenizedSplits, subsample, subsample_indices, tokenized_dataloader
 from minbert.distributed import SINGLE_PROCESS, Distributed, global_batch_count
-from minbert.prediction.inference import TokenizedSplits
 from minbert.training.mlm import mlm_batches, task_sentences
 from minbert.training.schedules import Stage, StageKind
 from minbert.training.simcse import triplet_batches

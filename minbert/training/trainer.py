@@ -23,11 +23,11 @@ from typing import Callable
 
 import torch
 
-from minbert.data.batches import TaskData
+from minbert.data.batches import TaskData, TokenizedSplits
 from minbert.distributed import SINGLE_PROCESS, Distributed
 from minbert.model.checkpoint import read_checkpoint
 from minbert.model.multitask_bert import MultitaskBERT, load_trained_tensors, save_multitask_model, trained_tensors
-from minbert.prediction.inference import PredictionSettings, Predictor, TokenizedSplits
+from minbert.prediction.inference import PredictionSettings, Predictor
 from minbert.prediction.leaderboard import kept_model_score
 from minbert.prediction.run_evaluation import SUBSET_KEY, Evaluator, MetricsLog, stage_record
 from minbert.runtime import to_device, use_tf32
