@@ -31,7 +31,7 @@ def train_steps(trainer, tasks=("sst",), batches: int = 5, record=None) -> list[
     losses = []
 
     def recorded(loss):
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
         if record is not None:
             record(loss)
     for task in tasks:
