@@ -13,6 +13,10 @@ ROOT = Path(__file__).resolve().parents[1]
 MAX_CLASS_LINES = 250
 MAX_FUNCTION_LINES = 50
 MAX_TASK_CLASS_METHODS = 20
+# Named exemptions, each a function that is meant to be read in one piece. StepLoop.run_steps is the training step
+# top to bottom (issue 58): the batch, the forward, the task's loss and its penalties, the backward, the update, the
+# log line and the checkpoint, as nanoGPT's train.py shows them; cut to 50 lines it fell into fragments again.
+EXEMPT_FUNCTIONS = {("minbert/training/loop.py", "run_steps"): 70}
 
 
 def project_sources() -> list[Path]:
@@ -20,12 +24,13 @@ def project_sources() -> list[Path]:
     return sorted(path for path in sources if path.is_file())
 
 
-def oversized(path: Path) -> list[str]:
-    name = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path.name
+def oversized(path: Path, root: Path = ROOT) -> list[str]:
+    name = path.relative_to(root).as_posix() if path.is_relative_to(root) else path.name
     found = []
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         limit = (MAX_CLASS_LINES if isinstance(node, ast.ClassDef)
-                 else MAX_FUNCTION_LINES if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) else None)
+                 else EXEMPT_FUNCTIONS.get((name, node.name), MAX_FUNCTION_LINES)
+                 if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) else None)
         if limit is not None and node.end_lineno - node.lineno + 1 > limit:
             found.append(f"{name}:{node.lineno} {node.name} "
                          f"({node.end_lineno - node.lineno + 1} lines, limit {limit})")
@@ -65,3 +70,11 @@ def test_the_check_sees_a_crowded_class(tmp_path):
     module.write_text(f"class Crowded:\n{body}\n")
     assert crowded(module) == [f"crowded.py:1 Crowded ({MAX_TASK_CLASS_METHODS + 1} methods, "
                                f"limit {MAX_TASK_CLASS_METHODS})"]
+
+
+def test_an_exemption_holds_for_its_own_function_only(tmp_path):
+    body = "\n".join(f"    x{i} = {i}" for i in range(60))
+    module = tmp_path / "minbert" / "training" / "loop.py"
+    module.parent.mkdir(parents=True)
+    module.write_text(f"def run_steps():\n{body}\n\n\ndef other():\n{body}\n")
+    assert [entry.split(" ")[1] for entry in oversized(module, tmp_path)] == ["other"]

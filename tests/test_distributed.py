@@ -127,21 +127,20 @@ def _one_step(trainer, task: str, batches: dict) -> dict[str, torch.Tensor]:
         step()
     trainer.optimizer.step = recording_step
     if task in ("cagrad", "pcgrad"):
-        trainer.steps.gradient_surgery = GradientSurgery(task)
-        surgery = partial(trainer.steps.surgery_step, rng=random.Random(0))
-        trainer.loop.run_steps([(surgery, list(batches.items()))], 1, "test", gradients_reduced=True)
+        trainer.parts.gradient_surgery = GradientSurgery(task)
+        trainer.loop.run_steps([list(batches.items())], 1, "test", surgery_rng=random.Random(0))
     elif task == "distilled":  # each rank looks its own examples' teacher scores up by id
         examples = demo_examples("sst", "train", 7)
         logits = np.random.default_rng(0).normal(size=(len(examples), 5))
         # a penalty of the step's objective, built at the task's first step
-        trainer.steps.penalties.append(Distillation({"sst": TeacherScores({e.id: i for i, e in enumerate(examples)},
+        trainer.parts.penalties.append(Distillation({"sst": TeacherScores({e.id: i for i, e in enumerate(examples)},
                                                                           logits)}))
-        trainer.loop.run_steps([(partial(trainer.steps.task_step, "sst"), batches["sst"])], 1, "test")
+        trainer.loop.run_steps([[("sst", batches["sst"])]], 1, "test")
     elif task == "accumulated":
         trainer.loop.config = dataclasses.replace(trainer.config, grad_accumulation_steps=2)
-        trainer.loop.run_steps([(partial(trainer.steps.task_step, t), batches[t]) for t in ("sst", "sts")], 2, "test")
+        trainer.loop.run_steps([[(t, batches[t])] for t in ("sst", "sts")], 2, "test")
     else:
-        trainer.loop.run_steps([(partial(trainer.steps.task_step, task), batches[task])], 1, "test")
+        trainer.loop.run_steps([[(task, batches[task])]], 1, "test")
     return seen
 
 

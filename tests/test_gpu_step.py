@@ -2,6 +2,7 @@
 SMART step (the layout comes from the collate's host lengths, losses stay on the device), packed and padded layouts
 that agree, length buckets, a compiled encoder equal to the eager one without graph breaks, and a run that stops at
 its first non-finite loss."""
+import dataclasses
 import math
 
 import numpy as np
@@ -42,6 +43,34 @@ def count_syncs(fn) -> list[str]:
     with HostSyncs() as syncs:
         fn()
     return syncs.seen
+
+
+class RecordedObjective:
+    """A task's objective as the step loop calls it, that also hands each batch's loss to `record`."""
+
+    def __init__(self, objective, record):
+        self.objective, self.record = objective, record
+
+    def __call__(self, model, batch):
+        loss, terms = self.objective(model, batch)
+        self.record(loss)
+        return loss, terms
+
+    def local_items(self, batch):
+        return self.objective.local_items(batch)
+
+
+def syncs_per_step(trainer, name: str, batch: dict) -> list[str]:
+    """The host syncs one more training step adds to a stage as run_steps takes it (forward, backward, the update):
+    a stage of two steps' less a stage of one's (the stage's end reads its losses back), after a stage that makes
+    the optimizer's state."""
+    def stage(steps: int) -> list[str]:
+        return count_syncs(lambda: trainer.loop.run_steps([[(name, batch)]] * steps, steps, "test"))
+    stage(1)
+    one, two = stage(1), stage(2)
+    for sync in one:
+        two.remove(sync)
+    return two
 
 
 def batch_of(tokenizer, task: str, n: int = 6, pad_to_multiple_of: int | None = None, cross: bool = False) -> dict:
@@ -140,31 +169,20 @@ def first_batch(trainer, task: str) -> dict:
 def test_a_plain_training_step_waits_for_the_device_nowhere(tmp_path, tokenizer, task):
     trainer = make_trainer(tmp_path, tokenizer, max_grad_norm=1.0, weight_decay=0.01)
     batch = first_batch(trainer, task)
-    trainer.model.train()
-    trainer.steps.task_step(task, batch, 1)
-    trainer.loop.optimizer_step()  # the optimizer's state exists from here on
-
-    def step():
-        loss = trainer.steps.task_step(task, batch, 1)
-        trainer.loop.optimizer_step()
-        assert torch.is_tensor(loss) and loss.requires_grad is False
-    assert count_syncs(step) == []
+    assert syncs_per_step(trainer, task, batch) == []
 
 
 def test_a_smart_step_reads_one_flag_back(tmp_path, tokenizer):
     trainer = make_trainer(tmp_path, tokenizer, smart=True, smart_adv_weight=1.0, smart_bregman_weight=1.0)
     batch = first_batch(trainer, "sst")
-    trainer.model.train()
-    trainer.steps.task_step("sst", batch, 1)
-    trainer.loop.optimizer_step()
-    syncs = count_syncs(lambda: (trainer.steps.task_step("sst", batch, 1), trainer.loop.optimizer_step()))
+    syncs = syncs_per_step(trainer, "sst", batch)
     assert syncs == ["aten::is_nonzero"] or syncs == ["aten::_local_scalar_dense"]
 
 
 def test_losses_are_read_back_every_logging_steps_updates_and_at_the_stage_end(tmp_path, tokenizer, monkeypatch):
     trainer = make_trainer(tmp_path, tokenizer, logging_steps=2)
     batch = first_batch(trainer, "sst")
-    steps = [(lambda b, g: trainer.steps.task_step("sst", b, g), batch)] * 5
+    steps = [[("sst", batch)]] * 5
     transfers = []  # one stacked read (tolist, which the dispatch counter does not see) per line of steps.jsonl
 
     original = step_log.read_back
@@ -247,11 +265,12 @@ def test_an_inductor_compiled_training_step_equals_the_eager_one(tmp_path, token
         if compiled:
             trainer.model.bert.encoder.compile_layers()
         batch = first_batch(trainer, "sts")
-        trainer.model.train()
+        losses.append([])
+        trainer.loop.objectives["sts"] = RecordedObjective(trainer.loop.objective("sts"),
+                                                           lambda loss: losses[-1].append(loss.item()))
+        trainer.loop.config = dataclasses.replace(trainer.config, grad_accumulation_steps=2)
         torch.manual_seed(0)
-        losses.append([trainer.steps.task_step("sts", batch, 1).item() for _ in range(2)])
-        trainer.loop.optimizer_step()
-        losses[-1].append(trainer.steps.task_step("sts", batch, 1).item())
+        trainer.loop.run_steps([[("sts", batch)]] * 3, 3, "test")  # two batches, the update, then one
     np.testing.assert_allclose(losses[1], losses[0], rtol=1e-4)
 
 
@@ -271,12 +290,9 @@ def test_a_ranks_share_of_the_global_batch_stays_on_the_device(monkeypatch):
 def test_an_mlm_step_reads_nothing_back_and_equals_finding_the_masked_positions_on_the_device(tmp_path, tokenizer):
     from minbert.training.mlm import MaskedLanguageModelHead, mlm_batches, mlm_loss
     trainer = make_trainer(tmp_path, tokenizer, mlm_epochs=1)
-    trainer.steps.mlm_head = MaskedLanguageModelHead(trainer.model.bert.config)  # what the command line builds beside it
+    trainer.parts.mlm_head = MaskedLanguageModelHead(trainer.model.bert.config)  # what the command line builds beside it
     batch = next(mlm_batches([e.sentence for e in demo_examples("sst", "train", 8)], tokenizer, 8, 0, MAX_LENGTH))
-    trainer.model.train()
-    trainer.steps.mlm_step(batch, 1)
-    trainer.loop.optimizer_step()
-    assert count_syncs(lambda: (trainer.steps.mlm_step(batch, 1), trainer.loop.optimizer_step())) == []
+    assert syncs_per_step(trainer, "mlm", batch) == []
     bert = tiny_bert(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     head = MaskedLanguageModelHead(bert.config)
     on_the_device = {k: v for k, v in batch.items() if k not in ("lengths", "masked")}

@@ -139,14 +139,14 @@ def test_gradient_surgery_resumes_its_random_draws(tiny_checkpoint, tmp_path, mo
     """PCGrad shuffles the tasks with the epoch's generator at every step (which changes the step only where
     several gradients conflict): the checkpoint keeps where the generator stood."""
     flags = [*ANNEALED, "--epochs", "1", "--max_train_examples", "24", "--gradient_surgery", "pcgrad"]
-    draws = {"whole": {}, "resumed": {}}  # by run: the generator's state at each update
+    draws = {"whole": [], "resumed": []}  # by run: the generator's state at each update's combination
     run = ["whole"]  # the run under way
-    original = loop.BatchSteps.surgery_step
+    original = loop.SeparateTaskGradients.combine
 
-    def surgery_step(self, batches, group_size, rng):
-        draws[run[0]][self.state().updates] = rng.getstate()
-        return original(self, batches, group_size, rng)
-    monkeypatch.setattr(loop.BatchSteps, "surgery_step", surgery_step)
+    def combine(self, rng):
+        draws[run[0]].append(rng.getstate())
+        return original(self, rng)
+    monkeypatch.setattr(loop.SeparateTaskGradients, "combine", combine)
     optimizer_step = loop.StepLoop.optimizer_step
     assert mc.main(run_flags(tiny_checkpoint, tmp_path / "whole", *flags)) == 0
     run[0] = "resumed"
@@ -157,7 +157,8 @@ def test_gradient_surgery_resumes_its_random_draws(tiny_checkpoint, tmp_path, mo
     monkeypatch.setattr(loop.StepLoop, "optimizer_step", optimizer_step)
     assert mc.main(run_flags(tiny_checkpoint, tmp_path, *flags, "--resume")) == 0
     assert outputs(tmp_path) == outputs(tmp_path / "whole")
-    assert draws["resumed"] == draws["whole"]
+    # the stopped run combined updates 0-3 (it died as update 3 stepped), the resumed one 3 and after
+    assert draws["resumed"] == draws["whole"][:4] + draws["whole"][3:]
 
 
 def test_the_resumed_stage_logs_its_loss_as_the_uninterrupted_one(tiny_checkpoint, tmp_path, monkeypatch):

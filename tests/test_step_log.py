@@ -5,10 +5,9 @@ back with TensorBoard's own reader, and a resumed run's lines and events those o
 import json
 import math
 import sys
-from functools import partial
 
 import pytest
-from test_gpu_step import count_syncs, first_batch
+from test_gpu_step import RecordedObjective, count_syncs, first_batch
 from test_trainer import make_trainer
 
 import minbert.step_log as step_log
@@ -25,17 +24,20 @@ def lines_of(run) -> list[dict]:
     return [json.loads(text) for text in (run / "steps.jsonl").read_text().splitlines()]
 
 
-def train_steps(trainer, tasks=("sst",), batches: int = 5) -> list[float]:
-    """`batches` micro-steps cycling through `tasks` (one fixed batch each), as one stage; returns their losses."""
+def train_steps(trainer, tasks=("sst",), batches: int = 5, record=None) -> list[float]:
+    """`batches` micro-steps cycling through `tasks` (one fixed batch each), as one stage; returns their losses.
+    `record(loss)` is also called after each batch's forward."""
     fixed = {task: first_batch(trainer, task) for task in tasks}
     losses = []
 
-    def step(task, batch, group_size):
-        loss = trainer.steps.task_step(task, batch, group_size)
-        losses.append(float(loss))
-        return loss
-    pairs = [(partial(step, tasks[i % len(tasks)]), fixed[tasks[i % len(tasks)]]) for i in range(batches)]
-    trainer.loop.run_steps(iter(pairs), batches, "stage 1 " + "+".join(tasks))
+    def recorded(loss):
+        losses.append(float(loss.detach()))
+        if record is not None:
+            record(loss)
+    for task in tasks:
+        trainer.loop.objectives[task] = RecordedObjective(trainer.loop.objective(task), recorded)
+    steps = [[(tasks[i % len(tasks)], fixed[tasks[i % len(tasks)]])] for i in range(batches)]
+    trainer.loop.run_steps(iter(steps), batches, "stage 1 " + "+".join(tasks))
     return losses
 
 
@@ -86,7 +88,7 @@ def test_only_the_lines_read_the_device_back_one_transfer_each(tmp_path, tokeniz
         transfers.append(trainer.state.updates)
         return original(values)
     monkeypatch.setattr(step_log, "read_back", read_back)
-    steps = [(partial(trainer.steps.task_step, "sst"), first_batch(trainer, "sst"))] * 7
+    steps = [[("sst", first_batch(trainer, "sst"))]] * 7
     syncs = count_syncs(lambda: trainer.loop.run_steps(iter(steps), 7, "stage 1 sst"))
     assert transfers == [3, 6, 7] and len(syncs) == 2, syncs  # the stage's end: its mean and divergence flag
 
@@ -106,14 +108,8 @@ def test_smart_lnsr_and_fp16_add_their_terms(tmp_path, tokenizer):
                            lnsr_tasks="sst", lnsr_layer=0, precision="fp16")
     regularizer = trainer.penalty("smart").regularizers["sst"]
     terms = []
-    task_step = trainer.steps.task_step
-
-    def recording_step(*args):
-        loss = task_step(*args)
-        terms.append({name: float(value) for name, value in regularizer.terms.items()})
-        return loss
-    trainer.steps.task_step = recording_step
-    train_steps(trainer, batches=3)
+    train_steps(trainer, batches=3, record=lambda loss: terms.append(
+        {name: float(value) for name, value in regularizer.terms.items()}))
     lines = lines_of(tmp_path / "run")
     added = {"smart_adversarial", "smart_bregman", "smart_skipped_steps", "lnsr", "fp16_scale", "fp16_skipped_updates"}
     assert [line["update"] for line in lines] == [2, 3]
@@ -122,7 +118,7 @@ def test_smart_lnsr_and_fp16_add_their_terms(tmp_path, tokenizer):
         assert [line[f"smart_{name}"] for line in lines] == pytest.approx(
             [(terms[0][name] + terms[1][name]) / 2, terms[2][name]])
     assert all(line["lnsr"] > 0 and math.isfinite(line["lnsr"]) for line in lines)
-    assert all(line["fp16_scale"] == trainer.steps.scaler.get_scale() for line in lines)
+    assert all(line["fp16_scale"] == trainer.parts.scaler.get_scale() for line in lines)
     assert lines[-1]["fp16_skipped_updates"] == trainer.state.skipped_updates
     assert lines[-1]["smart_skipped_steps"] == regularizer.skipped_steps
 

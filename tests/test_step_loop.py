@@ -2,7 +2,6 @@
 saves and --resume restores whole, what follows an update is decided in TrainerControl flags the loop reads, the loop
 saves its checkpoints itself, and the trainer writes none of the loop's fields."""
 import ast
-from functools import partial
 
 import pytest
 import torch
@@ -69,8 +68,7 @@ def test_the_loop_decides_when_to_log_save_and_end_the_stage(tmp_path, tokenizer
         (state.updates, position["steps_done"])))
     batches = trainer.stage_data.task_batches(Stage(StageKind.TASK, "sst"), 0, 0)
     progress = trainer.loop.stage_progress(0, Stage(StageKind.TASK, "sst"), 6, 1e-3)
-    step = partial(trainer.steps.task_step, "sst")
-    trainer.loop.run_steps(((step, b) for b in batches), 6, "stage 1 sst", stage=progress)
+    trainer.loop.run_steps(([("sst", b)] for b in batches), 6, "stage 1 sst", stage=progress)
     assert [d[1] for d in decided] == [False, True, False, True, False, True]
     assert [d[2] for d in decided] == [False, False, True, False, False, False]
     assert [d[3] for d in decided] == [False] * 5 + [True]
@@ -80,14 +78,14 @@ def test_the_loop_decides_when_to_log_save_and_end_the_stage(tmp_path, tokenizer
 def test_steps_outside_a_schedule_never_save_inside_and_stop_after_stages_stops(tmp_path, tokenizer):
     trainer = make_trainer(tmp_path, tokenizer, save_steps=1, stop_after_stages=2)
     batches = list(trainer.stage_data.task_batches(Stage(StageKind.TASK, "sst"), 0, 0))[:3]
-    trainer.loop.run_steps(((partial(trainer.steps.task_step, "sst"), b) for b in batches), 3, "test")
+    trainer.loop.run_steps(([("sst", b)] for b in batches), 3, "test")
     assert trainer.state.updates == 3 and not (tmp_path / "run" / "last.json").exists()
     assert [trainer.loop.decide_stage(index).should_stop for index in range(4)] == [False, False, True, True]
     assert trainer.loop.control.should_stop  # the flag the trainer reads
 
 
 def loop_fields_written(source: str) -> list[str]:
-    """Assignments in `source` to a field of the trainer's step loop or its batch steps (self.loop.X, self.steps.X)."""
+    """Assignments in `source` to a field of the trainer's step loop or the parts it shares (self.loop.X, self.parts.X)."""
     written = []
     for node in ast.walk(ast.parse(source)):
         targets = node.targets if isinstance(node, ast.Assign) else \
@@ -95,15 +93,15 @@ def loop_fields_written(source: str) -> list[str]:
         for target in targets:
             for element in target.elts if isinstance(target, ast.Tuple) else [target]:
                 text = ast.unparse(element)
-                if text.startswith(("self.loop.", "self.steps.")):
+                if text.startswith(("self.loop.", "self.parts.")):
                     written.append(text)
     return written
 
 
 def test_the_trainer_writes_no_field_of_its_step_loop():
     assert loop_fields_written((ROOT / "minbert" / "training" / "trainer.py").read_text()) == []
-    assert loop_fields_written("self.loop.stage_lr = 1\nself.loop.state, x = 1, 2\nself.steps.n += 1\n") == [
-        "self.loop.stage_lr", "self.loop.state", "self.steps.n"]
+    assert loop_fields_written("self.loop.stage_lr = 1\nself.loop.state, x = 1, 2\nself.parts.n += 1\n") == [
+        "self.loop.stage_lr", "self.loop.state", "self.parts.n"]
 
 
 def test_the_step_loop_takes_no_callback_from_its_caller():
@@ -113,3 +111,11 @@ def test_the_step_loop_takes_no_callback_from_its_caller():
     init = next(node for node in init if isinstance(node, ast.FunctionDef) and node.name == "__init__")
     assert not [arg.arg for arg in init.args.args if arg.annotation is not None
                 and "Callable" in ast.unparse(arg.annotation)]
+
+
+def test_no_function_hands_state_between_the_trainer_and_its_loop():
+    """The step reads the loop's own state: neither the trainer nor the loop builds a lambda (the trainer once handed
+    `lambda: self.loop.state` to the batch steps, which read the state through it)."""
+    for name in ("trainer.py", "loop.py"):
+        source = ast.parse((ROOT / "minbert" / "training" / name).read_text())
+        assert not [node.lineno for node in ast.walk(source) if isinstance(node, ast.Lambda)], name

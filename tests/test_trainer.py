@@ -2,7 +2,6 @@
 momentum schedules across a run, restarting loaders, weight-decay groups and evaluation."""
 import math
 import random
-from functools import partial
 
 import numpy as np
 import pytest
@@ -15,6 +14,7 @@ from minbert.prediction.inference import predict_examples
 from minbert.run.run_setup import build_trainer
 from minbert.run.training_args import TrainingArguments
 from minbert.training.gradient_surgery import cagrad_combine, pcgrad_combine
+from minbert.training.loop import tasks_together
 from minbert.training.schedules import Stage, StageKind, learning_rate_factor
 from minbert.training.stage_data import RestartingLoaders
 from minbert.training.trainer import Trainer
@@ -39,6 +39,17 @@ def make_trainer(tmp_path, tokenizer, model=None, data=None, **settings) -> Trai
 
 def gradients(model) -> dict[str, torch.Tensor]:
     return {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+
+def surgery_gradients(trainer, steps: list[list[tuple[str, dict]]]) -> dict[str, torch.Tensor]:
+    """The gradients gradient surgery leaves for the update after `steps` (one accumulation group), through the
+    step loop (PCGrad's draws from random.Random(0)); the update itself is not taken."""
+    captured = []
+    # the gradient norm the stage's last line reports: none measured, the update not taken
+    trainer.loop.optimizer_step = lambda *args, **kwargs: captured.append(gradients(trainer.model)) or torch.zeros(())
+    trainer.loop.run_steps(iter(steps), len(steps), "test", surgery_rng=random.Random(0))
+    (combined,) = captured
+    return combined
 
 
 def loss_gradient(model, task, batch, scale: float = 1.0) -> dict[str, torch.Tensor]:
@@ -98,8 +109,7 @@ def test_pcgrad_step_leaves_each_head_exactly_its_own_task_gradient(tmp_path, to
                "sts": pair_batch(tokenizer, "sts", 6)}
     own = {task: loss_gradient(model, task, batch) for task, batch in batches.items()}  # each task alone
 
-    trainer.steps.surgery_step(list(batches.items()), 1, random.Random(0))
-    combined = gradients(model)
+    combined = surgery_gradients(trainer, [list(batches.items())])
     for name in ("sentiment_head.weight", "sentiment_head.bias"):
         assert torch.equal(combined[name], own["sst"][name]), name
     for name in ("paraphrase_head.weight", "paraphrase_head.bias"):
@@ -130,8 +140,7 @@ def test_cagrad_step_leaves_heads_their_own_gradient_and_combines_the_encoder_by
     own = {"sst": loss_gradient(model, "sst", batches[1][1])}
     first, second = loss_gradient(model, "qqp", batches[0][1]), loss_gradient(model, "qqp", batches[2][1])
     own["qqp"] = {name: first[name] + second[name] for name in first}
-    trainer.steps.surgery_step(batches, 1, random.Random(0))
-    combined = gradients(model)
+    combined = surgery_gradients(trainer, [tasks_together(batches)])
     torch.testing.assert_close(combined["sentiment_head.weight"], own["sst"]["sentiment_head.weight"])
     torch.testing.assert_close(combined["paraphrase_head.weight"], own["qqp"]["paraphrase_head.weight"])
     names = [name for name, _ in model.named_parameters()]
@@ -143,15 +152,15 @@ def test_cagrad_step_leaves_heads_their_own_gradient_and_combines_the_encoder_by
 
 
 def test_surgery_step_adds_to_gradients_accumulated_before(tmp_path, tokenizer):
-    trainer = make_trainer(tmp_path, tokenizer, schedule="round_robin", gradient_surgery="pcgrad")
+    """Two surgery steps in one accumulation group: each halved, their sum is one step's whole gradient."""
     batches = [("sst", sentence_batch(tokenizer, 4)), ("qqp", pair_batch(tokenizer, "qqp", 4)),
                ("sts", pair_batch(tokenizer, "sts", 4))]
-    trainer.steps.surgery_step(batches, 2, random.Random(0))
-    once = gradients(trainer.model)
-    trainer.steps.surgery_step(batches, 2, random.Random(0))
-    twice = gradients(trainer.model)
+    once = surgery_gradients(make_trainer(tmp_path / "once", tokenizer, schedule="round_robin",
+                                          gradient_surgery="pcgrad"), [batches])
+    twice = surgery_gradients(make_trainer(tmp_path / "twice", tokenizer, schedule="round_robin",
+                                           gradient_surgery="pcgrad", grad_accumulation_steps=2), [batches, batches])
     for name in once:
-        torch.testing.assert_close(twice[name], 2 * once[name])
+        torch.testing.assert_close(twice[name], once[name])
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -170,7 +179,7 @@ def test_the_last_short_accumulation_group_is_divided_by_its_own_size(tmp_path, 
         trainer.optimizer.zero_grad(set_to_none=True)
         return torch.zeros(())  # the gradient norm steps.jsonl's line at the stage's end reports
     monkeypatch.setattr(trainer.loop, "optimizer_step", capture_instead_of_stepping)
-    trainer.loop.run_steps(((partial(trainer.steps.task_step, "sst"), b) for b in batches), 3, "test")
+    trainer.loop.run_steps(([("sst", b)] for b in batches), 3, "test")
 
     assert len(captured) == 2  # groups [1, 2] and [3]
     g1, g2, g3 = (loss_gradient(model, "sst", b) for b in batches)
@@ -182,7 +191,7 @@ def test_the_last_short_accumulation_group_is_divided_by_its_own_size(tmp_path, 
 def test_accumulation_takes_one_update_per_group(tmp_path, tokenizer):
     trainer = make_trainer(tmp_path, tokenizer, grad_accumulation_steps=3)
     batches = [sentence_batch(tokenizer, 2) for _ in range(7)]
-    trainer.loop.run_steps(((partial(trainer.steps.task_step, "sst"), b) for b in batches), 7, "test")
+    trainer.loop.run_steps(([("sst", b)] for b in batches), 7, "test")
     assert trainer.state.updates == 3  # 3 + 3 + 1
 
 
@@ -220,9 +229,7 @@ def test_constant_schedule_keeps_the_stage_learning_rate(tmp_path, tokenizer, mo
     trainer = make_trainer(tmp_path, tokenizer)
     rates = record_learning_rates(trainer, monkeypatch)
     trainer.state.total_updates = 5
-    for _ in range(3):
-        trainer.steps.task_step("sst", sentence_batch(tokenizer, 2), 1)
-        trainer.loop.optimizer_step()
+    trainer.loop.run_steps(([("sst", sentence_batch(tokenizer, 2))] for _ in range(3)), 3, "test")
     assert rates == [[1e-3] * len(trainer.optimizer.param_groups)] * 3
     assert all(group["lr"] == 1e-3 for group in trainer.optimizer.param_groups)
 
@@ -446,7 +453,7 @@ def test_trainer_decays_matrices_only_and_skips_frozen_parameters(tmp_path, toke
 
 def scaled_backward(trainer, tokenizer):
     batch = sentence_batch(tokenizer, 4)
-    trainer.steps.backward(compute_task_loss(trainer.model, "sst", batch)[0], 4, 1)
+    trainer.parts.scaler.scale(compute_task_loss(trainer.model, "sst", batch)[0]).backward()
 
 
 def test_an_fp16_step_with_inf_gradients_moves_nothing(tmp_path, tokenizer):
@@ -457,9 +464,9 @@ def test_an_fp16_step_with_inf_gradients_moves_nothing(tmp_path, tokenizer):
     next(p for p in trainer.model.parameters() if p.grad is not None).grad[0] = math.inf
     weights = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     anchor = {n: t.clone() for n, t in trainer.penalty("smart").anchor.params.items()}
-    scale = trainer.steps.scaler.get_scale()
+    scale = trainer.parts.scaler.get_scale()
     trainer.loop.optimizer_step()
-    assert (trainer.state.updates, trainer.state.skipped_updates, trainer.steps.scaler.get_scale()) == (0, 1, scale / 2)
+    assert (trainer.state.updates, trainer.state.skipped_updates, trainer.parts.scaler.get_scale()) == (0, 1, scale / 2)
     assert all(torch.equal(p, weights[n]) for n, p in trainer.model.named_parameters())
     assert all(torch.equal(t, anchor[n]) for n, t in trainer.penalty("smart").anchor.params.items())
     assert not trainer.optimizer.state
@@ -482,4 +489,4 @@ def test_fp16_gradients_are_unscaled_before_clipping(tmp_path, tokenizer, monkey
     clip = torch.nn.utils.clip_grad_norm_
     monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", lambda params, max_norm: norms.append(clip(params, max_norm)))
     trainer.loop.optimizer_step()
-    assert trainer.steps.scaler.get_scale() == 65536.0 and norms[0].item() == pytest.approx(expected, rel=1e-5)
+    assert trainer.parts.scaler.get_scale() == 65536.0 and norms[0].item() == pytest.approx(expected, rel=1e-5)

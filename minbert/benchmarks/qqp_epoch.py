@@ -32,16 +32,11 @@ def bench_qqp_epoch(settings: BenchmarkSettings, device) -> dict:
         loader = trainer.stage_data.train_loader("qqp", trainer.config.seed)
         needed = settings.warmup + settings.steps * settings.rounds
         batches = [batch for _, batch in zip(range(needed), itertools.cycle(loader))]
-        trainer.model.train()
-        steps, loop = trainer.steps, trainer.loop
-        for batch in batches[:settings.warmup]:
-            steps.task_step("qqp", batch, 1)
-            loop.optimizer_step()
+        measured = batches[settings.warmup:]
+        trainer.loop.run_steps(([("qqp", batch)] for batch in batches[:settings.warmup]), settings.warmup, "warm-up")
         synchronize(device)
         start = time.perf_counter()
-        for batch in batches[settings.warmup:]:
-            steps.task_step("qqp", batch, 1)
-            loop.optimizer_step()
+        trainer.loop.run_steps(([("qqp", batch)] for batch in measured), len(measured), "qqp")
         synchronize(device)
         step_s = (time.perf_counter() - start) / (needed - settings.warmup)
     epoch_steps = math.ceil(COURSE_QQP_TRAIN_PAIRS / settings.batch_size)

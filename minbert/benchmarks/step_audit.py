@@ -33,17 +33,18 @@ def first_training_batches(trainer, stages, settings: BenchmarkSettings) -> tupl
 
 
 def audited_step(trainer, task: str, warm_up: dict, counted: dict) -> StepCount:
-    """One training step as run_steps takes it (task_step, then optimizer_step), counted after an uncounted one on
-    `warm_up` (the optimizer's state, SMART's anchor). task_step's loss, a float or a tensor on the device, is not
-    read here: reading it is the training loop's affair, once per step or once per log line."""
-    trainer.model.train()
-    steps, loop = trainer.steps, trainer.loop
-    steps.task_step(task, warm_up, 1)
-    loop.optimizer_step()
-    with counting(trainer.device) as count:
-        steps.task_step(task, counted, 1)
-        loop.optimizer_step()
-    return count
+    """One training step as run_steps takes it (the forward, the loss and its penalties, the backward, the update),
+    counted after an uncounted one on `warm_up` (the optimizer's state, SMART's anchor), inside a stage of three
+    steps that never reaches its end: the losses, on the device, are read by the loop once per log line."""
+    counts = []
+
+    def steps():
+        yield [(task, warm_up)]
+        with counting(trainer.device) as count:
+            yield [(task, counted)]  # counted until the loop asks for the next step: its update done
+        counts.append(count)
+    trainer.loop.run_steps(steps(), 3, "audit")
+    return counts[0]
 
 
 def graph_breaks(function) -> dict:
@@ -70,13 +71,13 @@ def plain_step_graph_breaks(trainer, task: str, batch: dict) -> dict:
     batch = to_device(batch, trainer.device)
 
     def loss():
-        with trainer.steps.amp:
+        with trainer.parts.amp:
             return compute_task_loss(model, task, batch, trainer.penalties)[0]
     model.set_adapter(task)
     inputs = model.encoder_inputs(task, batch)
 
     def forward():
-        with trainer.steps.amp:
+        with trainer.parts.amp:
             return model.outputs_from_embeddings(task, model.embed(inputs), inputs)
     return {"model forward": graph_breaks(forward), "loss computation": graph_breaks(loss)}
 

@@ -14,6 +14,7 @@ import random
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 from torch import Tensor
 
 SURGERIES = ("pcgrad", "cagrad")
@@ -137,3 +138,35 @@ class GradientSurgery:
         if self.method == "pcgrad":
             return pcgrad_combine(task_gradients, shared, rng)
         return cagrad_combine(task_gradients, shared, self.cagrad_c)
+
+
+class SeparateTaskGradients:
+    """Gradient surgery's step: the gradients of each task's batches kept apart (averaged over ranks: the surgery
+    sees global gradients), then combined by `surgery` into .grad, added to what the accumulation group had before.
+    A task's batches come together: `start(task)` before each batch begins the task's gradient when it is new."""
+
+    def __init__(self, model, surgery: GradientSurgery, distributed):
+        self.named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+        self.model, self.surgery, self.distributed = model, surgery, distributed
+        self.accumulated = [p.grad for _, p in self.named]
+        self.task, self.task_gradients = None, []
+
+    def start(self, task: str) -> None:
+        if task == self.task:
+            return
+        self.keep_task_gradient()
+        self.task = task
+        for _, p in self.named:
+            p.grad = None
+
+    def keep_task_gradient(self) -> None:
+        if self.task is not None:
+            gradients = [p.grad if p.grad is not None else torch.zeros_like(p) for _, p in self.named]
+            self.task_gradients.append(self.distributed.average_tensors(gradients))
+
+    def combine(self, rng: random.Random) -> None:
+        self.keep_task_gradient()
+        combined = self.surgery.combine(self.task_gradients, [self.model.is_shared(name) for name, _ in self.named],
+                                        rng)
+        for (_, p), previous, gradient in zip(self.named, self.accumulated, combined):
+            p.grad = gradient if previous is None else previous + gradient

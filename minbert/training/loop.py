@@ -15,7 +15,6 @@ import math
 import random
 import time
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Callable
 
@@ -29,11 +28,12 @@ from minbert.model.multitask_bert import MultitaskBERT, load_trained_tensors, mo
 from minbert.runtime import autocast, to_device
 from minbert.step_log import RunLog, StageLosses, read_line
 from minbert.training.checkpoint_files import LAST, keep_earlier_checkpoint
-from minbert.training.gradient_surgery import GradientSurgery
-from minbert.training.mlm import MaskedLanguageModelHead, mlm_loss
+from minbert.training.gradient_surgery import GradientSurgery, SeparateTaskGradients
+from minbert.training.mlm import MaskedLanguageModelHead, MaskedLanguageModelObjective
 from minbert.training.objective import Penalty, TaskObjective, UpdatePlace, penalties_state
 from minbert.training.optimization import update_weights
 from minbert.training.schedules import Stage, StageKind, learning_rate_factor, multitask_order
+from minbert.training.simcse import SimcseObjective
 from minbert.training.stage_data import StageData
 from minbert.training.stage_transitions import StageTransitions, TransitionSettings
 from minbert.training.training_state import StageProgress, TrainingState, save_training_state
@@ -92,19 +92,16 @@ class TrainerControl:
     should_stop: bool = False
 
 
-class BatchSteps:
-    """The forward and backward of one batch of each kind, under the run's autocast and fp16's loss scale: a task's
-    objective with its penalties, a SimCSE triplet batch, a masked-LM batch, gradient surgery's batch of every task.
-    Each adds its losses to the state's sums for steps.jsonl and returns its loss, a 0-dim device tensor."""
+class StepParts:
+    """What a step works with besides the optimizer, shared by the step loop and its checkpoint: the model on its
+    device, the run's autocast and fp16's loss scale, the penalties every task's objective adds, and what some runs
+    add (SimCSE's loss, gradient surgery, the MLM head), with this process's place under torchrun."""
 
-    def __init__(self, model: MultitaskBERT, device: torch.device, precision: str, state: Callable[[], TrainingState],
-                 penalties: list[Penalty],
+    def __init__(self, model: MultitaskBERT, device: torch.device, precision: str, penalties: list[Penalty],
                  simcse_loss: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
                  gradient_surgery: GradientSurgery | None = None, mlm_head: MaskedLanguageModelHead | None = None,
                  distributed: Distributed = SINGLE_PROCESS):
-        """`state`: the run's state as it is now (the loop's: a resume replaces it)."""
-        self.model, self.device, self.state, self.penalties = model, device, state, penalties
-        self.objectives: dict[str, TaskObjective] = {}  # each task's, built at its first step
+        self.model, self.device, self.penalties = model, device, penalties
         self.simcse_loss, self.gradient_surgery, self.mlm_head = simcse_loss, gradient_surgery, mlm_head
         self.distributed = distributed
         self.amp = autocast(device, precision)
@@ -112,64 +109,11 @@ class BatchSteps:
         # and the gradients unscaled before clipping and the step; a step with inf / NaN gradients is skipped.
         self.scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
 
-    def backward(self, loss: torch.Tensor, count: int | torch.Tensor, group_size: int) -> None:
-        """Backward of a mean loss over `count` local items (examples, masked tokens), divided by its
-        accumulation group's size; under torchrun weighted by this rank's share of the global batch."""
-        if self.distributed.enabled:
-            loss = loss * self.distributed.share(count, self.device)
-        self.scaler.scale(loss / group_size).backward()
 
-    def task_step(self, task: str, batch: dict, group_size: int) -> torch.Tensor:
-        batch = to_device(batch, self.device)
-        if task not in self.objectives:
-            self.objectives[task] = TaskObjective(task, self.penalties)
-        with self.amp:
-            loss, penalties = self.objectives[task](self.model, batch)
-        if loss.requires_grad:  # not so for the SBERT cosine with --option pretrain: it has no trainable weight
-            self.backward(loss, len(batch["labels"]), group_size)
-        state = self.state()
-        state.task_losses.add(task, loss)
-        for name, value in penalties.items():
-            state.penalty_terms.add(name, value)
-        return loss.detach()
-
-    def simcse_step(self, batch: dict, group_size: int) -> torch.Tensor:
-        batch = to_device(batch, self.device)
-        with self.amp:
-            embeddings = self.model.encode_sentences(batch["input_ids"], batch["attention_mask"])
-            # Under torchrun every rank's triplets are in-batch negatives (gradients reach the local slice).
-            anchor, positive, negative = (self.distributed.gather_with_grad(e) for e in embeddings.chunk(3))
-            loss = self.simcse_loss(anchor, positive, negative)
-        # The loss is already the global batch's; the gradient average over ranks would divide it.
-        self.scaler.scale(loss * self.distributed.world_size / group_size).backward()
-        self.state().task_losses.add("simcse", loss)
-        return loss.detach()
-
-    def mlm_step(self, batch: dict, group_size: int) -> torch.Tensor:
-        batch = to_device(batch, self.device)
-        with self.amp:
-            loss = mlm_loss(self.model.bert, self.mlm_head, batch)
-        self.backward(loss, len(batch["masked"]), group_size)  # mlm_batches' masked positions, on the host
-        self.state().task_losses.add("mlm", loss)
-        return loss.detach()
-
-    def surgery_step(self, batches: list[tuple[str, dict]], group_size: int, rng: random.Random) -> torch.Tensor:
-        """One backward per task (a task's batches summed), then the tasks' gradients combined by the gradient
-        surgery into .grad."""
-        named = [(name, p) for name, p in self.model.named_parameters() if p.requires_grad]
-        params = [p for _, p in named]
-        accumulated = [p.grad for p in params]
-        task_gradients, losses = [], []
-        for task in dict.fromkeys(task for task, _ in batches):
-            for p in params:
-                p.grad = None
-            losses += [self.task_step(task, batch, group_size) for name, batch in batches if name == task]
-            gradients = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-            task_gradients.append(self.distributed.average_tensors(gradients))  # the surgery sees global gradients
-        combined = self.gradient_surgery.combine(task_gradients, [self.model.is_shared(name) for name, _ in named], rng)
-        for p, previous, gradient in zip(params, accumulated, combined):
-            p.grad = gradient if previous is None else previous + gradient
-        return torch.stack(losses).mean()
+def tasks_together(pairs: list[tuple[str, dict]]) -> list[tuple[str, dict]]:
+    """A gradient surgery step's (task, batch) pairs with each task's batches side by side (its gradient is kept
+    apart from the others'), the tasks in the order they first come."""
+    return [pair for task in dict.fromkeys(name for name, _ in pairs) for pair in pairs if pair[0] == task]
 
 
 class StepLoop:
@@ -177,15 +121,28 @@ class StepLoop:
     checkpoints inside the stage; owns the run's TrainingState, which its RunCheckpoint saves (save) and restores
     (resume). The trainer reads the state and records its stages in it."""
 
-    def __init__(self, steps: BatchSteps, stage_data: StageData, config: LoopConfig, optimizer: AdamW,
-                 checkpoint: RunCheckpoint, run_log: RunLog, penalties: list[Penalty], simcse_lr: float | None = None):
+    def __init__(self, parts: StepParts, stage_data: StageData, config: LoopConfig, optimizer: AdamW,
+                 checkpoint: RunCheckpoint, run_log: RunLog, simcse_lr: float | None = None):
         """`simcse_lr`: the base learning rate of SimCSE stages (config.lr: the others')."""
-        self.steps, self.stage_data, self.config, self.optimizer = steps, stage_data, config, optimizer
-        self.checkpoint, self.run_log, self.penalties, self.simcse_lr = checkpoint, run_log, penalties, simcse_lr
-        self.model, self.device, self.distributed = steps.model, steps.device, steps.distributed
+        self.parts, self.stage_data, self.config, self.optimizer = parts, stage_data, config, optimizer
+        self.checkpoint, self.run_log, self.simcse_lr = checkpoint, run_log, simcse_lr
+        self.model, self.device, self.distributed = parts.model, parts.device, parts.distributed
+        self.penalties = parts.penalties
         self.quiet = config.quiet or not self.distributed.is_main
         self.state = TrainingState(learning_rate=config.lr)
         self.control = TrainerControl()
+        self.objectives: dict[str, object] = {}  # by the name of what a batch trains: objective()
+
+    def objective(self, name: str) -> TaskObjective | MaskedLanguageModelObjective | SimcseObjective:
+        """What a batch of `name` trains: "mlm", "simcse", or a task's loss with the penalties that apply to it
+        (SMART, distillation, LNSR, EWC, L2-SP), built at its first batch. Each is called as objective(model, batch)
+        and returns the loss and its terms."""
+        if name not in self.objectives:
+            parts = self.parts
+            self.objectives[name] = (MaskedLanguageModelObjective(parts.mlm_head) if name == "mlm"
+                                     else SimcseObjective(parts.simcse_loss, self.distributed) if name == "simcse"
+                                     else TaskObjective(name, self.penalties))
+        return self.objectives[name]
 
     # -- a stage: its batches, from where it stands ------------------------------------------------------
     def run_stage(self, index: int, stage: Stage) -> float:
@@ -197,16 +154,16 @@ class StepLoop:
         if stage.kind is StageKind.MULTITASK:
             return self.run_multitask_epoch(index, stage, seed, description)
         if stage.kind is StageKind.TASK:
-            batches = self.stage_data.task_batches(stage, seed, done)
-            step, total = partial(self.steps.task_step, stage.task), len(batches)
+            name, batches = stage.task, self.stage_data.task_batches(stage, seed, done)
+            total = len(batches)
         elif stage.kind is StageKind.SIMCSE:
-            batches, step = self.stage_data.simcse_batches(seed, done), self.steps.simcse_step
+            name, batches = "simcse", self.stage_data.simcse_batches(seed, done)
             total = self.stage_data.stage_batches(stage)
         else:
-            batches, step = self.stage_data.mlm_batches(stage, seed, done), self.steps.mlm_step
+            name, batches = "mlm", self.stage_data.mlm_batches(stage, seed, done)
             total = self.stage_data.stage_batches(stage)
         lr = self.simcse_lr if stage.kind is StageKind.SIMCSE else self.config.lr
-        return self.run_steps(((step, b) for b in batches), total, description, stage=self.stage_progress(
+        return self.run_steps(([(name, b)] for b in batches), total, description, stage=self.stage_progress(
             index, stage, total, lr))
 
     def run_multitask_epoch(self, index: int, stage: Stage, seed: int, description: str) -> float:
@@ -214,7 +171,7 @@ class StepLoop:
         batches = self.stage_data.multitask_loaders(seed, progress.saved.get("loaders"))
         rng = random.Random(seed)
         sizes = {t: self.stage_data.train_items(t) for t in self.stage_data.tasks}
-        surgery = self.steps.gradient_surgery
+        surgery = self.parts.gradient_surgery
         per_step = len(sizes) if surgery else 1  # surgery: a batch of every task a step (round_robin: in turn)
         order = multitask_order(self.config.schedule, sizes, stage.epoch, self.config.epochs,
                                 progress.steps * per_step, rng)
@@ -227,14 +184,11 @@ class StepLoop:
             return {"loaders": batches.position(), "rng": [version, list(state), gauss]}
         progress.where, done, steps = where, progress.steps_done, progress.steps
         if surgery:
-            step = partial(self.steps.surgery_step, rng=rng)
             groups = (order[i * per_step:(i + 1) * per_step] for i in range(done, steps))
-            pairs = ((step, [(t, batches.next(t)) for t in group]) for group in groups)
-            return self.run_steps(pairs, steps, f"{description} {surgery.method}", gradients_reduced=True,
+            pairs = (tasks_together([(t, batches.next(t)) for t in group]) for group in groups)  # drawn in turn
+            return self.run_steps(pairs, steps, f"{description} {surgery.method}", surgery_rng=rng,
                                   batches_per_step=per_step, stage=progress)
-        step = self.steps.task_step
-        return self.run_steps(((partial(step, t), batches.next(t)) for t in order[done:]), steps, description,
-                              stage=progress)
+        return self.run_steps(([(t, batches.next(t))] for t in order[done:]), steps, description, stage=progress)
 
     def stage_progress(self, index: int, stage: Stage, steps: int, lr: float) -> StageProgress:
         """Stage `index`'s progress: the resumed one's, or a fresh one."""
@@ -242,19 +196,20 @@ class StepLoop:
         progress.updates, progress.lr = math.ceil(steps / self.config.grad_accumulation_steps), lr
         return progress
 
-    # -- the steps: forward, loss, backward; at an update's end: rate, clip, step, log, save ----------------
-    def run_steps(self, steps, total: int, description: str, gradients_reduced: bool = False,
+    # -- a training step, top to bottom ---------------------------------------------------------------
+    def run_steps(self, steps, total: int, description: str, surgery_rng: random.Random | None = None,
                   batches_per_step: int = 1, stage: StageProgress | None = None) -> float:
-        """Drive (step_fn, batch) pairs with gradient accumulation; returns the stage's mean loss. Each loss is
-        divided by the size of its accumulation group, the last (possibly shorter) one included. Under torchrun
-        gradients are averaged over ranks once per optimizer step, unless the step functions did it themselves
-        (`gradients_reduced`: gradient surgery, `batches_per_step` batches a step).
+        """Train `steps`, each a list of (name, batch) pairs: one batch (a task's, "mlm" or "simcse": objective()),
+        or under gradient surgery `batches_per_step` batches, one of every task, whose gradients are kept apart and
+        combined (`surgery_rng`: its draws). Gradients accumulate over grad_accumulation_steps steps, each loss
+        divided by the size of its accumulation group (the last, possibly shorter, one included), and are averaged
+        over torchrun's ranks once per update (gradient surgery averages each task's itself). Returns the mean loss.
 
         The losses stay on the device, and so does what steps.jsonl reports: the host reads them every
         logging_steps updates (those skipped by fp16's scaler count) and at the end of the stage, so no other step
-        waits for the device. `stage`: where the stage stands (a resumed one: `steps` holds the pairs after those
+        waits for the device. `stage`: where the stage stands (a resumed one: `steps` holds those after the ones
         it had done); without one, steps outside a schedule, never checkpointed inside."""
-        state, accumulation = self.state, self.config.grad_accumulation_steps
+        state, parts, accumulation = self.state, self.parts, self.config.grad_accumulation_steps
         stage = stage or StageProgress(None, description, total, math.ceil(total / accumulation),
                                        StageLosses(self.device), self.config.lr)
         self.begin_steps(stage)
@@ -263,16 +218,34 @@ class StepLoop:
         bar = tqdm(steps, total=total, initial=stage.steps_done, desc=description, leave=False, disable=self.quiet,
                    unit="ex", unit_scale=step_examples)  # tqdm's rate and time left, in examples
         start, examples = time.time(), 0
-        for index, (step_fn, batch) in enumerate(bar, start=stage.steps_done):
+        for index, step_batches in enumerate(bar, start=stage.steps_done):
             group_size = min(accumulation, total - (index - index % accumulation))
-            stage.losses.add(step_fn(batch, group_size), state.updates)  # forward, loss terms, backward
+            separate = (None if surgery_rng is None
+                        else SeparateTaskGradients(self.model, parts.gradient_surgery, self.distributed))
+            losses = []
+            for name, batch in step_batches:
+                if separate is not None:
+                    separate.start(name)
+                objective, batch = self.objective(name), to_device(batch, self.device)
+                with parts.amp:  # the forward, the task's loss and its penalties (SMART, distillation...)
+                    loss, terms = objective(self.model, batch)
+                if loss.requires_grad:  # not so for the SBERT cosine with --option pretrain: no trainable weight
+                    parts.scaler.scale(self.rank_share(objective, batch, loss) / group_size).backward()
+                state.task_losses.add(name, loss)
+                for term, value in terms.items():
+                    state.penalty_terms.add(term, value)
+                losses.append(loss.detach())
+            if separate is not None:
+                separate.combine(surgery_rng)
+            stage.losses.add(losses[0] if len(losses) == 1 else torch.stack(losses).mean(), state.updates)
             examples += step_examples
             stage.steps_done = index + 1
             if stage.steps_done % accumulation and stage.steps_done < total:
                 continue  # the accumulation group goes on
             stage.update = index // accumulation
-            control = self.decide_update(stage)
-            norm = self.optimizer_step(gradients_reduced, measure_norm=control.should_log)  # rate, clip, step
+            control = self.decide_update(stage)  # should_log, should_evaluate (the stage's end)
+            # the learning rate, clipping and the optimizer's step, then the penalties' (SMART's anchor)
+            norm = self.optimizer_step(surgery_rng is not None, measure_norm=control.should_log)
             if control.should_log:
                 bar.set_postfix(loss=f"{self.log_steps(stage, description, norm, time.time() - start, examples):.4f}")
                 start, examples = time.time(), 0
@@ -280,6 +253,14 @@ class StepLoop:
                 self.save(stage, description)
         self.state.stage = None  # the stage's own checkpoint, after its dev pass, is not inside it
         return stage.losses.read_mean(description)
+
+    def rank_share(self, objective, batch: dict, loss: torch.Tensor) -> torch.Tensor:
+        """The loss as this rank's part of the global batch's under torchrun (its share of the objective's
+        local_items; SimCSE's, None, is the global batch's already, which the average over ranks would divide)."""
+        if not self.distributed.enabled:
+            return loss
+        items = objective.local_items(batch)
+        return loss * (self.distributed.world_size if items is None else self.distributed.share(items, self.device))
 
     def begin_steps(self, stage: StageProgress) -> None:
         """Make `stage` the state's stage under way. A resumed one gets back its RNG states (now that its loaders
@@ -333,13 +314,13 @@ class StepLoop:
         computes it or `measure_norm` asks for it (a step that logs it); else None."""
         if not gradients_reduced:
             self.distributed.average_gradients(self.model.parameters())
-            if self.steps.mlm_head is not None:
-                self.distributed.average_gradients(self.steps.mlm_head.parameters())
+            if self.parts.mlm_head is not None:
+                self.distributed.average_gradients(self.parts.mlm_head.parameters())
         state, config, stage = self.state, self.config, self.state.stage
         base = stage.lr if stage is not None else config.lr
         state.learning_rate = base * learning_rate_factor(state.updates, state.total_updates, config.lr_schedule,
                                                           config.warmup_ratio)
-        norm, stepped = update_weights(self.optimizer, self.steps.scaler, state.learning_rate, config.max_grad_norm,
+        norm, stepped = update_weights(self.optimizer, self.parts.scaler, state.learning_rate, config.max_grad_norm,
                                        measure_norm)
         if not stepped:
             # Nothing moved: neither SMART's anchor nor the schedules (learning rate, SMART's momentum) advance.
@@ -361,8 +342,8 @@ class StepLoop:
             stage.losses, description, state.task_losses, state.penalty_terms, state.learning_rate, grad_norm)}
         for penalty in self.penalties:  # their counters so far in the run (SMART's adversarial terms dropped)
             line |= penalty.log_values()
-        if self.steps.scaler.is_enabled():
-            line |= {"fp16_scale": self.steps.scaler.get_scale(), "fp16_skipped_updates": state.skipped_updates}
+        if self.parts.scaler.is_enabled():
+            line |= {"fp16_scale": self.parts.scaler.get_scale(), "fp16_skipped_updates": state.skipped_updates}
         line |= {"seconds": seconds, "examples_per_second": examples / max(seconds, 1e-9)}
         self.run_log.step(line)
         return line["loss"]
@@ -389,12 +370,12 @@ class RunCheckpoint:
     tensors and values, the MLM head, fp16's gradient scaler, the block's best stage, every rank's RNG states, the
     TrainingState, the data's fingerprints and the run's settings."""
 
-    def __init__(self, steps: BatchSteps, optimizer: AdamW, transitions: StageTransitions, output_dir: Path,
+    def __init__(self, parts: StepParts, optimizer: AdamW, transitions: StageTransitions, output_dir: Path,
                  settings: dict, data_sha256: dict[str, str], total_limit: int = 1):
         """`total_limit`: how many checkpoints stay (LoopConfig.save_total_limit)."""
-        self.steps, self.optimizer, self.transitions, self.output_dir = steps, optimizer, transitions, output_dir
+        self.parts, self.optimizer, self.transitions, self.output_dir = parts, optimizer, transitions, output_dir
         self.settings, self.data_sha256 = settings, data_sha256
-        self.model, self.distributed, self.penalties = steps.model, steps.distributed, steps.penalties
+        self.model, self.distributed, self.penalties = parts.model, parts.distributed, parts.penalties
         self.total_limit = total_limit
         self.seconds = 0.0  # spent saving, in this process: the run's summary reports it
 
@@ -421,14 +402,14 @@ class RunCheckpoint:
         block_tensors, block_best = self.transitions.state()
         penalty_tensors, penalty_values = penalties_state(self.penalties)
         tensors |= optimizer_tensors | rank_tensors | penalty_tensors | block_tensors
-        if self.steps.mlm_head is not None:
-            tensors |= {f"mlm_head.{k}": v.detach().contiguous() for k, v in self.steps.mlm_head.state_dict().items()}
+        if self.parts.mlm_head is not None:
+            tensors |= {f"mlm_head.{k}": v.detach().contiguous() for k, v in self.parts.mlm_head.state_dict().items()}
         return tensors, {
             **model_metadata(self.model), "args": self.settings, **state.saved_values(),
             "data_sha256": self.data_sha256, "world_size": self.distributed.world_size,
             "optimizer": optimizer_info, "rng": rng_info, **penalty_values,
             # The fp16 gradient scaler's scale and growth counter (plain numbers; {} without fp16).
-            "grad_scaler": self.steps.scaler.state_dict(), "skipped_updates": state.skipped_updates,
+            "grad_scaler": self.parts.scaler.state_dict(), "skipped_updates": state.skipped_updates,
             # The block's best stage so far (stage_transitions), its tensors under block_best.; None outside a block.
             "block_best": block_best, "skipped_stages": list(state.skipped_stages),
             **({"position": position} if position is not None else {})}
@@ -437,18 +418,18 @@ class RunCheckpoint:
              saved_schedule_length: int | None = None) -> TrainingState:
         """Put back what state_dict saved, in a schedule of `saved_schedule_length` stages (None: this run's; the
         trainer extends a finished shorter one); returns the run's state as it was saved."""
-        device = self.steps.device
+        device = self.parts.device
         load_trained_tensors(self.model, {k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
         restore_optimizer(self.optimizer, tensors, metadata["optimizer"])
         for penalty in self.penalties:
             penalty.load_state(tensors, metadata, device)
-        if self.steps.mlm_head is not None:
-            self.steps.mlm_head.load_state_dict({k[9:]: v for k, v in tensors.items() if k.startswith("mlm_head.")})
+        if self.parts.mlm_head is not None:
+            self.parts.mlm_head.load_state_dict({k[9:]: v for k, v in tensors.items() if k.startswith("mlm_head.")})
         self.transitions.load_state(tensors, metadata.get("block_best"), saved_schedule_length)
         # A run saved before these fields existed, or in another precision (a resume on another GPU kind),
         # starts a fresh scaler, as a run does.
-        if self.steps.scaler.is_enabled() and metadata.get("grad_scaler"):
-            self.steps.scaler.load_state_dict(metadata["grad_scaler"])
+        if self.parts.scaler.is_enabled() and metadata.get("grad_scaler"):
+            self.parts.scaler.load_state_dict(metadata["grad_scaler"])
         own = rank_states(tensors, self.distributed.rank)  # this rank's RNG states and sums
         restore_rng(own, metadata["rng"])
         # Inside a stage, its RNG states go back again when it continues (StepLoop.begin_steps); only what that

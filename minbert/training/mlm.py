@@ -130,3 +130,18 @@ def mlm_loss(bert, head: MaskedLanguageModelHead, batch: dict) -> torch.Tensor:
     tokens = hidden.reshape(-1, hidden.shape[-1]).index_select(0, masked)  # (M, H)
     logits = head(tokens, bert.embeddings.word_embeddings.weight)  # (M, V)
     return F.cross_entropy(logits.float(), batch["labels"].reshape(-1).index_select(0, masked))
+
+
+class MaskedLanguageModelObjective:
+    """An mlm stage's objective, called as a task's (objective.TaskObjective): a batch's loss and its terms (none);
+    `local_items`, what the loss is a mean over on this rank (the masked positions, mlm_batches' on the host)."""
+    name = "mlm"
+
+    def __init__(self, head: MaskedLanguageModelHead):
+        self.head = head
+
+    def __call__(self, model, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        return mlm_loss(model.bert, self.head, batch), {}
+
+    def local_items(self, batch: dict) -> int:
+        return len(batch["masked"])

@@ -129,7 +129,7 @@ class TaskObjective:
     to the task, in their order."""
 
     def __init__(self, task: str, penalties: Sequence[Penalty] = ()):
-        self.task = task
+        self.task = self.name = task
         self.penalties = [penalty for penalty in penalties if penalty.applies_to(task)]
         encoders = [penalty.name for penalty in self.penalties if type(penalty).encode is not Penalty.encode]
         if len(encoders) > 1:
@@ -140,6 +140,10 @@ class TaskObjective:
         exact = any(penalty.computes_exactly(self.task, device_type) for penalty in self.penalties)
         with float32_exact() if exact else nullcontext():
             return self.loss(model, batch)
+
+    def local_items(self, batch: dict) -> int:
+        """What the loss is a mean over on this rank: the batch's examples."""
+        return len(batch["labels"])
 
     def loss(self, model: MultitaskBERT, batch: dict) -> tuple[Tensor, dict[str, Tensor]]:
         model.set_adapter(self.task)  # the passes below run the encoder in parts, not through forward()

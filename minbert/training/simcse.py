@@ -9,7 +9,7 @@ The triplets themselves are read by minbert/data/nli.py; simcse.py gives the cou
 """
 
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -77,3 +77,21 @@ def triplet_batches(triplets: Sequence[NLITriplet], tokenizer, batch_size: int, 
 
 # --simcse_objective: the SimCSE stage's loss of (anchor, positive, negative) embeddings, by name.
 SIMCSE_OBJECTIVES = {"supervised": supervised_simcse_loss, "pairwise": pairwise_contrastive_loss}
+
+
+class SimcseObjective:
+    """A SimCSE stage's objective, called as a task's (objective.TaskObjective): the `loss` of a triplet batch's
+    (anchor, positive, negative) embeddings, and its terms (none). Under torchrun every rank's triplets are in-batch
+    negatives (gradients reach the local slice), so the loss is already the global batch's: `local_items` is None."""
+    name = "simcse"
+
+    def __init__(self, loss: Callable[[Tensor, Tensor, Tensor], Tensor], distributed):
+        self.loss, self.distributed = loss, distributed
+
+    def __call__(self, model, batch: dict) -> tuple[Tensor, dict[str, Tensor]]:
+        embeddings = model.encode_sentences(batch["input_ids"], batch["attention_mask"])
+        anchor, positive, negative = (self.distributed.gather_with_grad(e) for e in embeddings.chunk(3))
+        return self.loss(anchor, positive, negative), {}
+
+    def local_items(self, batch: dict) -> None:
+        return None

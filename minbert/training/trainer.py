@@ -33,7 +33,7 @@ from minbert.prediction.run_evaluation import SUBSET_KEY, Evaluator, MetricsLog,
 from minbert.runtime import to_device, use_tf32
 from minbert.step_log import RunLog
 from minbert.training.gradient_surgery import GradientSurgery
-from minbert.training.loop import BatchSteps, LoopConfig, RunCheckpoint, StepLoop
+from minbert.training.loop import LoopConfig, RunCheckpoint, StepLoop, StepParts
 from minbert.training.mlm import MaskedLanguageModelHead
 from minbert.training.objective import FinishedBlock, Penalty, compute_task_loss
 from minbert.training.schedules import Stage, trained_heads
@@ -112,11 +112,11 @@ class Trainer:
                                     config.pad_to_multiple_of, device, distributed, gradient_surgery is not None)
         self.transitions = StageTransitions(model, device, self.tasks, config.transitions, self.penalties,
                                             self.finished_block, distributed)
-        self.steps = BatchSteps(model, device, config.precision, lambda: self.loop.state, self.penalties,
-                                simcse.loss if simcse is not None else None, gradient_surgery, mlm_head, distributed)
-        checkpoint = RunCheckpoint(self.steps, optimizer, self.transitions, self.output_dir, self.settings,
+        self.parts = StepParts(model, device, config.precision, self.penalties,
+                               simcse.loss if simcse is not None else None, gradient_surgery, mlm_head, distributed)
+        checkpoint = RunCheckpoint(self.parts, optimizer, self.transitions, self.output_dir, self.settings,
                                    self.data_sha256, config.save_total_limit)
-        self.loop = StepLoop(self.steps, self.stage_data, config, optimizer, checkpoint, self.run_log, self.penalties,
+        self.loop = StepLoop(self.parts, self.stage_data, config, optimizer, checkpoint, self.run_log,
                              simcse.lr if simcse is not None else None)
         self.kept: KeptModel | None = None  # the best model of this process's stages (a resumed run may have none)
         self.spent = TimeSpent()  # where this process's time went, for the run's summary
@@ -142,7 +142,7 @@ class Trainer:
             loader = self.stage_data.train_loader(stage.task, self.config.seed + 1000 * index,
                                                   self.stage_data.stage_size(stage))
             for batch in itertools.islice(loader, count):
-                with self.steps.amp:  # the loss only: what consumes it runs outside the autocast
+                with self.parts.amp:  # the loss only: what consumes it runs outside the autocast
                     loss, _ = compute_task_loss(self.model, stage.task, to_device(batch, self.device))
                 yield loss
         distributed = self.distributed
@@ -185,7 +185,7 @@ class Trainer:
             evaluation = time.time() - trained
             self.spent.evaluation += evaluation
             record = stage_record(stages[index].label, index + 1, train_loss, trained - start, dev[0],
-                                  state.skipped_updates if self.steps.scaler.is_enabled() else None, train,
+                                  state.skipped_updates if self.parts.scaler.is_enabled() else None, train,
                                   eval_seconds=evaluation)
             self.log(record)
             self.keep(record, dev, kept_on, index)
