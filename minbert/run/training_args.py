@@ -35,7 +35,8 @@ from minbert.files import DataError, read_input_bytes, unwritable_folder
 from minbert.model.adapters import ADAPTERS as ADAPTER_KINDS
 from minbert.model.adapters import SHARINGS, TARGETS
 from minbert.model.checkpoint import check_resume_settings
-from minbert.model.multitask_bert import HEAD_ACTIVATIONS, POOLINGS, parse_pair_encoders
+from minbert.model.multitask_bert import HEAD_ACTIVATIONS, parse_pair_encoders
+from minbert.model.readout import POOLINGS
 from minbert.run.run_record import RECORD_FILE, RECORD_KEYS
 from minbert.run.run_settings import CUDA_SAVE_MINUTES, adapter_config, run_schedule, run_task_settings, run_tasks
 from minbert.runtime import COMPILE_MODES, PRECISIONS, import_problem, requested_precision
