@@ -82,8 +82,8 @@ def export(checkpoint: Path, out: Path, task: str | None = None, pretrained: str
             {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
             {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]) + "\n")
         atomic_write_text(out / "1_Pooling" / "config.json", json.dumps({
-            "word_embedding_dimension": bert.config.hidden_size, "pooling_mode_cls_token": model.pooling == "cls",
-            "pooling_mode_mean_tokens": model.pooling == "mean", "pooling_mode_max_tokens": False,
+            "word_embedding_dimension": bert.config.hidden_size, "pooling_mode_cls_token": model.readout.pooling == "cls",
+            "pooling_mode_mean_tokens": model.readout.pooling == "mean", "pooling_mode_max_tokens": False,
             "pooling_mode_mean_sqrt_len_tokens": False}) + "\n")
         heads = {k: v.detach().contiguous() for k, v in model.state_dict().items()
                  if not k.startswith(("bert.", "pals."))}

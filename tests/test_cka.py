@@ -15,7 +15,8 @@ from test_trainer import make_trainer
 import multitask_classifier
 from conftest import DEMO, demo_examples, prediction_flags, tiny_bert
 from minbert.data.batches import collate_sentences
-from minbert.model.multitask_bert import MultitaskBERT, mean_pool, trained_tensors
+from minbert.model.multitask_bert import MultitaskBERT, trained_tensors
+from minbert.model.readout import mean_pool
 from minbert.reports.cka import (cka_by_layer, cka_matrices, dev_sentences, layer_representations, linear_cka,
                                  sentence_spans, with_start)
 from minbert.training.schedules import Stage, StageKind

@@ -2,9 +2,8 @@
 50, in the project's own code (the library, the course's files and the scripts; tests are exempt: a test reads top
 to bottom). A class that grows past the limit is doing two jobs; split it rather than raise the limit.
 
-The task interface's classes (minbert/tasks/) have a limit on their methods as well (issue 58): a new kind of task
-implements them, so each stays a small interface (a task's data, its model side, its outputs) rather than one class
-of every task behaviour."""
+Classes have a limit on their methods as well (issue 58), in the same code: a class of more methods does several
+jobs (the task interface's parts: a task's data, its model side, its outputs; MultitaskBERT and its readout)."""
 import ast
 from pathlib import Path
 
@@ -12,7 +11,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 MAX_CLASS_LINES = 250
 MAX_FUNCTION_LINES = 50
-MAX_TASK_CLASS_METHODS = 20
+MAX_CLASS_METHODS = 20
 # Named exemptions, each a function that is meant to be read in one piece. StepLoop.run_steps is the training step
 # top to bottom (issue 58): the batch, the forward, the task's loss and its penalties, the backward, the update, the
 # log line and the checkpoint, as nanoGPT's train.py shows them; cut to 50 lines it fell into fragments again.
@@ -24,8 +23,12 @@ def project_sources() -> list[Path]:
     return sorted(path for path in sources if path.is_file())
 
 
+def shown_name(path: Path, root: Path) -> str:
+    return path.relative_to(root).as_posix() if path.is_relative_to(root) else path.name
+
+
 def oversized(path: Path, root: Path = ROOT) -> list[str]:
-    name = path.relative_to(root).as_posix() if path.is_relative_to(root) else path.name
+    name = shown_name(path, root)
     found = []
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         limit = (MAX_CLASS_LINES if isinstance(node, ast.ClassDef)
@@ -48,28 +51,29 @@ def test_the_check_sees_an_oversized_function(tmp_path):
     assert oversized(module) == [f"long.py:1 long ({MAX_FUNCTION_LINES + 1} lines, limit {MAX_FUNCTION_LINES})"]
 
 
-def crowded(path: Path) -> list[str]:
-    """The classes of `path` defining more than MAX_TASK_CLASS_METHODS methods in their own body."""
+def crowded(path: Path, root: Path = ROOT) -> list[str]:
+    """The classes of `path` defining more than MAX_CLASS_METHODS methods in their own body."""
+    name = shown_name(path, root)
     found = []
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.ClassDef):
             methods = sum(isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) for item in node.body)
-            if methods > MAX_TASK_CLASS_METHODS:
-                found.append(f"{path.name}:{node.lineno} {node.name} ({methods} methods, "
-                             f"limit {MAX_TASK_CLASS_METHODS})")
+            if methods > MAX_CLASS_METHODS:
+                found.append(f"{name}:{node.lineno} {node.name} ({methods} methods, "
+                             f"limit {MAX_CLASS_METHODS})")
     return found
 
 
-def test_no_task_class_over_the_method_limit():
-    assert not [entry for path in sorted(ROOT.glob("minbert/tasks/*.py")) for entry in crowded(path)]
+def test_no_class_over_the_method_limit():
+    assert not [entry for path in project_sources() for entry in crowded(path)]
 
 
 def test_the_check_sees_a_crowded_class(tmp_path):
-    body = "\n".join(f"    def m{i}(self):\n        pass" for i in range(MAX_TASK_CLASS_METHODS + 1))
+    body = "\n".join(f"    def m{i}(self):\n        pass" for i in range(MAX_CLASS_METHODS + 1))
     module = tmp_path / "crowded.py"
     module.write_text(f"class Crowded:\n{body}\n")
-    assert crowded(module) == [f"crowded.py:1 Crowded ({MAX_TASK_CLASS_METHODS + 1} methods, "
-                               f"limit {MAX_TASK_CLASS_METHODS})"]
+    assert crowded(module) == [f"crowded.py:1 Crowded ({MAX_CLASS_METHODS + 1} methods, "
+                               f"limit {MAX_CLASS_METHODS})"]
 
 
 def test_an_exemption_holds_for_its_own_function_only(tmp_path):

@@ -9,8 +9,7 @@ from test_trainer import demo_data, make_trainer
 
 from conftest import deterministic_tiny_model, pair_batch, sentence_batch
 from minbert.model.multitask_bert import freeze_encoder, trained_tensors
-from minbert.run.training_args import TrainingArguments
-from minbert.run.run_settings import adapter_config
+from minbert.run.training_args import TrainingArguments, adapter_config
 from minbert.training.continual import ElasticWeightConsolidation
 from minbert.training.schedules import Stage, StageKind
 from minbert.training.objective import compute_task_loss

@@ -214,7 +214,8 @@ def test_the_minutes_decide_when_to_save_never_what_is_trained(never_stopped, ti
 def test_save_every_minutes_is_on_for_cuda_only_by_default():
     import torch
 
-    from minbert.run.run_settings import CUDA_SAVE_MINUTES, save_minutes
+    from minbert.run.run_settings import save_minutes
+    from minbert.run.training_args import CUDA_SAVE_MINUTES
     assert save_minutes(None, torch.device("cuda")) == CUDA_SAVE_MINUTES == 20
     assert save_minutes(None, torch.device("cpu")) == 0
     assert save_minutes(0.0, torch.device("cuda")) == 0 and save_minutes(5.0, torch.device("cpu")) == 5

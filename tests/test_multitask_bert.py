@@ -6,8 +6,9 @@ import torch.nn.functional as F
 from base_bert import CheckpointError
 from conftest import MAX_LENGTH, TINY, demo_examples, pair_batch, sentence_batch, tiny_model
 from minbert.data.batches import collate_pairs, collate_sentences
-from minbert.model.multitask_bert import (join_pairs, load_multitask_model, mean_pool, model_metadata,
-                                          parse_pair_encoders, save_multitask_model)
+from minbert.model.multitask_bert import (join_pairs, load_multitask_model, model_metadata, parse_pair_encoders,
+                                          save_multitask_model)
+from minbert.model.readout import mean_pool
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -179,7 +180,7 @@ def test_head_options_round_trip_through_a_checkpoint(tmp_path, tokenizer):
 
 def test_cls_pooling_reads_the_first_token():
     hidden, mask = torch.randn(3, 4, 32), torch.ones(3, 4, dtype=torch.long)
-    torch.testing.assert_close(tiny_model(pooling="cls").pool(hidden, mask), hidden[:, 0])
+    torch.testing.assert_close(tiny_model(pooling="cls").readout.pool(hidden, mask), hidden[:, 0])
 
 
 @pytest.mark.parametrize("option, problem", [(dict(pooling="max"), "pooling"), (dict(pair_encoder="bi"), "pair encoder"),

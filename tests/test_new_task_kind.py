@@ -57,7 +57,7 @@ class OverlapModel(PairModel):
         return hidden if pair_encoders[self.task.name] == "cross" else 2 * hidden
 
     def outputs_of_embeddings(self, model, u, v):
-        features = model.features(self.task.name, torch.cat([u * v, (u - v).abs()], dim=-1))
+        features = model.readout.features(self.task.name, torch.cat([u * v, (u - v).abs()], dim=-1))
         return self.head(model)(model.dropout(features)).squeeze(-1)
 
     def objective(self, options):

@@ -135,7 +135,7 @@ class TransformersSbertQQP(torch.nn.Module):
         self.head = torch.nn.Linear(3 * bert.config.hidden_size, 1)
 
     def outputs_from_word_embeddings(self, word_embeddings, mask):
-        from minbert.model.multitask_bert import mean_pool
+        from minbert.model.readout import mean_pool
         hidden = self.bert(inputs_embeds=word_embeddings, attention_mask=mask).last_hidden_state  # (2B, T, H)
         u, v = mean_pool(hidden, mask).chunk(2)  # (B, H) each
         return self.head(torch.cat([u, v, (u - v).abs()], dim=-1)).squeeze(-1)  # (B,)

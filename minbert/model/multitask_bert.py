@@ -13,10 +13,11 @@ computes its outputs from the encoder's hidden states; this module holds what th
     task options  what a task's own options set of the model (Task.head_options: STS's similarity_objective, ...),
                   which the task reads: the model holds them (task_options) and saves them with its own options
 
-The heads as the tasks build them: sst dropout + linear on the pooled sentence -> 5 logits; qqp a linear head on
-[u, v, |u - v|] (cross: on the pooled pair) -> 1 logit; sts cos(u, v) (cross: a linear head -> 1 logit); qa a
-linear head on every token's last hidden state -> start and end logits (B, T, 2), padding masked. Losses,
-scores and decisions are the tasks' objectives (losses.py).
+What a head reads (the pooled sequence, u and v, through the dense layer and dropout) is model.readout's
+(readout.py), which the tasks call. The heads as the tasks build them: sst dropout + linear on the pooled
+sentence -> 5 logits; qqp a linear head on [u, v, |u - v|] (cross: on the pooled pair) -> 1 logit; sts cos(u, v)
+(cross: a linear head -> 1 logit); qa a linear head on every token's last hidden state -> start and end logits
+(B, T, 2), padding masked. Losses, scores and decisions are the tasks' objectives (losses.py).
 
 SMART perturbs the embedding output (and LNSR the encoder's layers), so the forward pass also comes in parts:
 
@@ -45,9 +46,9 @@ from base_bert import BertConfig, CheckpointError
 from bert import BertModel, TokenLayout
 from minbert.model.adapters import SHARED_SET, AdapterConfig, activate, add_adapters
 from minbert.model.checkpoint import atomic_save, check_fields, read_checkpoint
+from minbert.model.readout import POOLINGS, Readout
 from minbert.tasks import MULTITASK, PAIR_TASKS, RUN_TASKS, TASKS, head_options, task_name
 
-POOLINGS = ("mean", "cls")
 PAIR_ENCODERS = ("sbert", "cross", "hybrid")
 HEAD_ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "gelu": nn.GELU}
 
@@ -73,12 +74,6 @@ def parse_pair_encoders(choice: str | dict) -> dict[str, str]:
         raise ValueError(f"pair encoder must be one of {PAIR_ENCODERS}, for all pair tasks or per task "
                          f"(e.g. qqp:cross,sts:hybrid), got {choice!r}")
     return encoders
-
-
-def mean_pool(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """Average of the non-padding token states."""
-    mask = attention_mask.unsqueeze(-1).to(hidden.dtype)  # (B, T, 1)
-    return (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)  # (B, H)
 
 
 def pad_to(ids: torch.Tensor, length: int) -> torch.Tensor:
@@ -131,7 +126,6 @@ class MultitaskBERT(nn.Module):
             raise ValueError(f"no task has the option {unknown[0]!r} (the tasks' are {', '.join(defaults)})")
         hidden = bert.config.hidden_size
         self.bert = bert
-        self.pooling = pooling
         self.pair_encoders = parse_pair_encoders(pair_encoder)
         self.head_hidden, self.head_activation = head_hidden, head_activation
         self.task_options = defaults | task_options
@@ -141,6 +135,8 @@ class MultitaskBERT(nn.Module):
         self.objectives = {task: TASKS[task].model.objective(options) for task in RUN_TASKS}
         self.dropout = nn.Dropout(dropout)
         self.add_heads(hidden, dropout)
+        dense_heads = self.dense_heads if self.head_hidden else None
+        self.readout = Readout(pooling, self.pair_encoders, dense_heads, self.dropout)  # applies, holds no weights
         self.adapter = AdapterConfig(**adapter) if isinstance(adapter, dict) else adapter
         self.adapter_task: str | None = None  # whose per-task adapters run (set_adapter); None: the base model's
         if self.adapter is not None:
@@ -171,7 +167,7 @@ class MultitaskBERT(nn.Module):
     def head_options(self) -> dict:
         """What rebuilds the model's heads (a checkpoint's "heads": MultitaskBERT(bert, **head_options())), the tasks'
         options under the keys they have always been saved under."""
-        return {"pooling": self.pooling, "dropout": self.dropout.p, "pair_encoder": self.pair_encoders,
+        return {"pooling": self.readout.pooling, "dropout": self.dropout.p, "pair_encoder": self.pair_encoders,
                 "head_hidden": self.head_hidden, "head_activation": self.head_activation,
                 "adapter": None if self.adapter is None else dataclasses.asdict(self.adapter),
                 "tasks": list(self.tasks), **self.task_options}
@@ -201,12 +197,9 @@ class MultitaskBERT(nn.Module):
             return f".{SHARED_SET}." in parameter_name
         return parameter_name.startswith("bert.")
 
-    def pool(self, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        return mean_pool(hidden, attention_mask) if self.pooling == "mean" else hidden[:, 0]  # (B, H)
-
     def encode_sentences(self, input_ids, attention_mask, token_type_ids=None) -> torch.Tensor:
         hidden = self.bert.encode(self.bert.embed(input_ids, token_type_ids), attention_mask)
-        return self.pool(hidden, attention_mask)  # (B, H)
+        return self.readout.pool(hidden, attention_mask)  # (B, H)
 
     def set_adapter(self, task: str) -> None:
         """Run the next encoder passes through the task's own adapters, as peft's set_adapter does (nothing to do
@@ -240,24 +233,6 @@ class MultitaskBERT(nn.Module):
     def outputs_from_embeddings(self, task: str, embeddings: torch.Tensor, inputs: EncoderInputs) -> torch.Tensor:
         return self.outputs_from_hidden(task, self.bert.encode(embeddings, inputs.attention_mask, inputs.layout),
                                         inputs)
-
-    def features(self, task: str, features: torch.Tensor) -> torch.Tensor:
-        """The task's own dense layer (head_hidden > 0), else the features as they are."""
-        return self.dense_heads[task](features) if self.head_hidden else features
-
-    def head_input(self, task: str, hidden: torch.Tensor, inputs: EncoderInputs) -> torch.Tensor:
-        """What a linear head on the pooled sequence reads: the pooled (B, H), through the task's dense layer and
-        the heads' dropout."""
-        return self.dropout(self.features(task, self.pool(hidden, inputs.attention_mask)))
-
-    def pair_embeddings(self, task: str, hidden: torch.Tensor, inputs: EncoderInputs) -> tuple[torch.Tensor, ...]:
-        """u and v (B, H) each of a pair task read by SBERT (hidden: both sides, (2B, T, H)) or hybrid (one joint
-        encoding, [CLS] s1 [SEP] segment 0 and s2 [SEP] segment 1)."""
-        mask = inputs.attention_mask
-        if self.pair_encoders[task] == "sbert":
-            return self.pool(hidden, mask).chunk(2)
-        second = inputs.token_type_ids.bool() & mask.bool()  # (B, T)
-        return mean_pool(hidden, mask.bool() & ~second), mean_pool(hidden, second)
 
     def outputs_from_hidden(self, task: str, hidden: torch.Tensor, inputs: EncoderInputs) -> torch.Tensor:
         """The task's outputs from the encoder's last hidden states (B, T, H) or (2B, T, H)."""

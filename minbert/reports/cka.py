@@ -20,7 +20,8 @@ import numpy as np
 import torch
 
 from minbert.data.batches import in_file_order, load_split, make_dataloader
-from minbert.model.multitask_bert import MultitaskBERT, mean_pool
+from minbert.model.multitask_bert import MultitaskBERT
+from minbert.model.readout import mean_pool
 from minbert.reports.plots import pyplot, save_figure
 from minbert.runtime import to_device
 from minbert.tasks.course_files import PairExample, SentenceExample

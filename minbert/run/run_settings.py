@@ -1,34 +1,27 @@
-"""What the run's flags resolve to: the settings derived from several flags (the run's tasks, its schedule, the
-adapters; each penalty's are its file's, minbert/training/penalties/), and `resolve_run_settings`, which turns
-every flag the training objects read into the dataclasses they are built from, in one pass:
+"""What the run's flags resolve to: `resolve_run_settings` turns every flag the training objects read into the
+dataclasses they are built from (each penalty's settings are its file's, minbert/training/penalties/), in one pass:
 
     settings = resolve_run_settings(args, num_layers, device)     # plain values, nothing built yet
     settings.loop, settings.optimizer, settings.penalties, ...    # what run_setup.build_trainer builds from
 
-training_args.py defines, parses and validates the flags (its validation calls the functions here, so a bad
-combination is refused before anything is read); run_setup.py builds the run from what they resolve to.
+training_args.py defines, parses and validates the flags, and holds what its validation reads of several of them
+(the run's tasks, its schedule, the adapters: a bad combination is refused before anything is read); this module
+builds on it, and run_setup.py builds the run from what the flags resolve to.
 """
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import SimpleNamespace
-from typing import TYPE_CHECKING
 
 import torch
 
-from minbert.model.adapters import AdapterConfig
+from minbert.run.training_args import CUDA_SAVE_MINUTES, TrainingArguments
 from minbert.runtime import pad_to_multiple_of, resolve_precision
 from minbert.tasks import task_settings
 from minbert.training.loop import LoopConfig
 from minbert.training.penalties import PENALTY_KINDS, PenaltySettings
-from minbert.training.schedules import Stage, build_schedule
 from minbert.training.stage_transitions import TransitionSettings
-
-if TYPE_CHECKING:
-    from minbert.run.training_args import TrainingArguments
-
-CUDA_SAVE_MINUTES = 20.0  # --save_every_minutes' default on a GPU: what a Colab disconnect can lose at most
 
 
 @dataclass(frozen=True)
@@ -105,32 +98,3 @@ def save_minutes(requested: float | None, device: torch.device) -> float:
     if requested is not None:
         return requested
     return CUDA_SAVE_MINUTES if device.type == "cuda" else 0.0
-
-
-def run_tasks(args: TrainingArguments) -> tuple[str, ...]:
-    """The run's tasks (--tasks), in RUN_TASKS' order."""
-    return tuple(args.tasks.split(","))
-
-
-def run_task_settings(args: TrainingArguments) -> dict[str, object]:
-    """The tasks' own options as the run sets them (tasks.task_settings): what each task reads its own from."""
-    return task_settings(vars(args))
-
-
-def run_schedule(args: TrainingArguments) -> list[Stage]:
-    """The run's stages: schedules.build_schedule of --schedule, --first_stages, --cycle, --cycles, --epochs and the
-    SimCSE and mlm epochs."""
-    return build_schedule(args.schedule, args.first_stages, args.cycle, args.cycles, args.epochs,
-                          args.simcse_epochs if args.simcse_data else 0, args.mlm_epochs, run_tasks(args))
-
-
-def adapter_config(args: TrainingArguments) -> AdapterConfig | None:
-    """The adapters of --adapter (None for none)."""
-    if args.adapter == "none":
-        return None
-    targets = tuple(t.strip() for t in args.adapter_targets.split(",") if t.strip())
-    try:
-        return AdapterConfig(args.adapter, args.adapter_rank, args.adapter_alpha, args.adapter_dropout, targets,
-                             args.adapter_sharing, args.pal_size)
-    except ValueError as err:
-        raise ValueError(f"--adapter {args.adapter}: {err}") from None

@@ -24,10 +24,9 @@ from minbert.data.scores import ScoresFileError
 from minbert.files import forbidden_output
 from minbert.distributed import SINGLE_PROCESS, Distributed
 from minbert.model.multitask_bert import MultitaskBERT, freeze_encoder
-from minbert.run.run_settings import (adapter_config, resolve_run_settings, run_schedule, run_task_settings,
-                                      run_tasks)
-from minbert.run.training_args import (TrainingArguments, UsageError, check_max_length, check_writable, data_paths,
-                                       prediction_paths)
+from minbert.run.run_settings import resolve_run_settings
+from minbert.run.training_args import (TrainingArguments, UsageError, adapter_config, check_max_length, check_writable,
+                                       data_paths, prediction_paths, run_schedule, run_task_settings, run_tasks)
 from minbert.runtime import place_encoder, seed_everything
 from minbert.tasks import TASKS, data_flag, head_options, output_flag
 from minbert.training.checkpoint_files import LAST, NUMBERED, finished_stages, numbered_checkpoints

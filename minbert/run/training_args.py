@@ -8,8 +8,9 @@ stopped run and its --resume) and the `args` saved in checkpoints all read these
     args = from_namespace(TrainingArguments, parser.parse_args(argv))   # validated in __post_init__ (validate)
 
 Every flag is validated in one pass (validate) when the settings are made, before anything is read, and the flags
-that name tasks are rewritten in the internal names (name_tasks). The settings derived from several flags (the
-schedule, the adapters...) are run_settings.py's, and building a run from them is run_setup.py's. The course's
+that name tasks are rewritten in the internal names (name_tasks). What several flags say together (the run's tasks, its
+schedule, the adapters: run_tasks, run_schedule, adapter_config) is here too, as validation reads it; the settings
+the flags resolve to are run_settings.py's, and building a run from them is run_setup.py's. The course's
 per-file flags (--sst_train ... --sts_test_out) are generated from the task table, and each task's own options
 (--similarity_objective, --qa_max_length, ...) from its declaration (Task.options), which the task checks
 (Task.check_settings) and reads (tasks.task_settings). Each penalty's flags (SMART's, LNSR's, distillation's,
@@ -33,20 +34,21 @@ from minbert.data.batches import standard_paths
 from minbert.data.nli import PAIRINGS
 from minbert.files import DataError, read_input_bytes, unwritable_folder
 from minbert.model.adapters import ADAPTERS as ADAPTER_KINDS
-from minbert.model.adapters import SHARINGS, TARGETS
+from minbert.model.adapters import SHARINGS, TARGETS, AdapterConfig
 from minbert.model.checkpoint import check_resume_settings
-from minbert.model.multitask_bert import HEAD_ACTIVATIONS, POOLINGS, parse_pair_encoders
+from minbert.model.multitask_bert import HEAD_ACTIVATIONS, parse_pair_encoders
+from minbert.model.readout import POOLINGS
 from minbert.run.run_record import RECORD_FILE, RECORD_KEYS
-from minbert.run.run_settings import CUDA_SAVE_MINUTES, adapter_config, run_schedule, run_task_settings, run_tasks
 from minbert.runtime import COMPILE_MODES, PRECISIONS, import_problem, requested_precision
 from minbert.step_log import REPORT_TO
 from minbert.tasks import (MULTITASK, PART1_TASKS, RUN_TASKS, SIMCSE_TASKS, SPLITS, TASK_FILES, TASKS, course_file_name,
-                           data_flag, default_output, output_flag, task_name)
+                           data_flag, default_output, output_flag, task_name, task_settings)
 from minbert.tasks.base import HEADS_GROUP
 from minbert.training.gradient_surgery import GRADIENT_SURGERIES, GradientSurgery
 from minbert.training.objective import PenaltyKind
 from minbert.training.penalties import PENALTY_FILES, PENALTY_KINDS
-from minbert.training.schedules import LR_SCHEDULES, SCHEDULES, STAGE_STARTS, Stage, StageKind, trained_heads
+from minbert.training.schedules import (LR_SCHEDULES, SCHEDULES, STAGE_STARTS, Stage, StageKind, build_schedule,
+                                        trained_heads)
 from minbert.training.simcse import SIMCSE_OBJECTIVES
 from tokenizer import shortest_max_length
 
@@ -61,6 +63,7 @@ SIMCSE = "SimCSE stage (before the tasks)"
 ADAPTERS = "adapters (parameter-efficient; with --option pretrain only adapters and heads train)"
 OPTIONS = ("pretrain", "finetune")  # --option: BERT frozen or trained
 THREE_TASK_STAGES = ("qqp", "sts,sst,qqp:0.03")  # --first_stages, --cycle of the three tasks: the thesis's order
+CUDA_SAVE_MINUTES = 20.0  # --save_every_minutes' default on a GPU: what a Colab disconnect can lose at most
 DEMO_STAGES = ("qqp", "sts,sst,qqp:0.25")  # --demo's shorter schedule; 3% of its 160 QQP pairs is under a batch
 
 
@@ -459,6 +462,35 @@ def _named_override(flag: str, override: str, tasks: tuple[str, ...]) -> str:
 
 
 # -- validation: every flag, alone and against the others, in one pass before anything is read ------------------
+
+def run_tasks(args: TrainingArguments) -> tuple[str, ...]:
+    """The run's tasks (--tasks), in RUN_TASKS' order."""
+    return tuple(args.tasks.split(","))
+
+
+def run_task_settings(args: TrainingArguments) -> dict[str, object]:
+    """The tasks' own options as the run sets them (tasks.task_settings): what each task reads its own from."""
+    return task_settings(vars(args))
+
+
+def run_schedule(args: TrainingArguments) -> list[Stage]:
+    """The run's stages: schedules.build_schedule of --schedule, --first_stages, --cycle, --cycles, --epochs and the
+    SimCSE and mlm epochs."""
+    return build_schedule(args.schedule, args.first_stages, args.cycle, args.cycles, args.epochs,
+                          args.simcse_epochs if args.simcse_data else 0, args.mlm_epochs, run_tasks(args))
+
+
+def adapter_config(args: TrainingArguments) -> AdapterConfig | None:
+    """The adapters of --adapter (None for none)."""
+    if args.adapter == "none":
+        return None
+    targets = tuple(t.strip() for t in args.adapter_targets.split(",") if t.strip())
+    try:
+        return AdapterConfig(args.adapter, args.adapter_rank, args.adapter_alpha, args.adapter_dropout, targets,
+                             args.adapter_sharing, args.pal_size)
+    except ValueError as err:
+        raise ValueError(f"--adapter {args.adapter}: {err}") from None
+
 
 def validate(args: TrainingArguments) -> None:
     """Every setting of multitask_classifier.py checked: each feature's flags, then the schedule they make against

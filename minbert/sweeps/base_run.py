@@ -5,8 +5,7 @@ from __future__ import annotations
 import difflib
 from pathlib import Path
 
-from minbert.run.run_settings import run_schedule, run_tasks
-from minbert.run.training_args import TrainingArguments, data_paths
+from minbert.run.training_args import TrainingArguments, data_paths, run_schedule, run_tasks
 from minbert.sweeps.settings import SWEEP_FLAGS, SweepError
 from minbert.tasks import MULTITASK, TASKS, data_flag
 from minbert.training.schedules import train_tasks

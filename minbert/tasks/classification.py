@@ -61,7 +61,7 @@ class SentenceClassifierModel(ClassifierModel):
         return nn.Linear(in_features, self.task.num_classes)
 
     def outputs(self, model: nn.Module, hidden: Tensor, inputs) -> Tensor:
-        return self.head(model)(model.head_input(self.task.name, hidden, inputs))  # (B, C)
+        return self.head(model)(model.readout.head_input(self.task.name, hidden, inputs.attention_mask))  # (B, C)
 
     def objective(self, options) -> ClassificationObjective:
         return ClassificationObjective()

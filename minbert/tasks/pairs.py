@@ -51,8 +51,9 @@ class PairModel(TaskModel):
         the task makes of the two sentence embeddings."""
         name = self.task.name
         if is_cross_encoded(name, model.pair_encoders):
-            return self.head(model)(model.head_input(name, hidden, inputs)).squeeze(-1)  # (B,)
-        u, v = model.pair_embeddings(name, hidden, inputs)  # (B, H) each
+            pooled = model.readout.head_input(name, hidden, inputs.attention_mask)
+            return self.head(model)(pooled).squeeze(-1)  # (B,)
+        u, v = model.readout.pair_embeddings(name, hidden, inputs.attention_mask, inputs.token_type_ids)  # (B, H) each
         return self.outputs_of_embeddings(model, u, v)
 
     @abstractmethod

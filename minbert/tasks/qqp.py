@@ -29,7 +29,8 @@ class ParaphraseModel(PairModel, ClassifierModel):
         return hidden if cross else 3 * hidden  # [u, v, |u - v|] unless cross
 
     def outputs_of_embeddings(self, model: nn.Module, u: Tensor, v: Tensor) -> Tensor:
-        features = model.features(self.task.name, torch.cat([u, v, (u - v).abs()], dim=-1))  # (B, 3H) or head_hidden
+        features = torch.cat([u, v, (u - v).abs()], dim=-1)  # (B, 3H)
+        features = model.readout.features(self.task.name, features)  # (B, 3H) or (B, head_hidden)
         return self.head(model)(model.dropout(features)).squeeze(-1)  # (B,)
 
     def objective(self, options: Mapping[str, object]) -> BinaryObjective:

@@ -54,7 +54,7 @@ class SimilarityModel(PairModel):
 
     def outputs_of_embeddings(self, model: nn.Module, u: Tensor, v: Tensor) -> Tensor:
         name = self.task.name
-        u, v = model.features(name, u), model.features(name, v)  # a dense layer projects each side
+        u, v = model.readout.features(name, u), model.readout.features(name, v)  # a dense layer projects each side
         if model.task_options["sts_cosine_dropout"]:
             u, v = model.dropout(u), model.dropout(v)
         return F.cosine_similarity(u.float(), v.float(), dim=-1)  # (B,)
