@@ -279,8 +279,9 @@ def time_summary(trainer: Trainer, seconds: float) -> str:
     spent = trainer.spent
     parts = {"training": spent.training, "evaluation": spent.evaluation, "checkpoints": trainer.seconds_saving}
     other = seconds - sum(parts.values())
-    return (f"time: {seconds:.1f} s, " + ", ".join(f"{name} {value:.1f} s" for name, value in parts.items())
-            + f", other {other:.1f} s (loading, predictions, reports)")
+    # Two decimals: a tiny run's checkpoints take a few hundredths of a second, which one decimal shows as 0.0.
+    return (f"time: {seconds:.2f} s, " + ", ".join(f"{name} {value:.2f} s" for name, value in parts.items())
+            + f", other {other:.2f} s (loading, predictions, reports)")
 
 
 def main(argv=None) -> int:
