@@ -300,8 +300,9 @@ def test_step_audit_ends_with_its_two_summary_lines(tmp_path, tiny_config_for_te
     optimizer_step = StepLoop.optimizer_step
 
     def optimizer_step_with_a_sync(self, *args, **kwargs):
-        optimizer_step(self, *args, **kwargs)
+        result = optimizer_step(self, *args, **kwargs)
         deliberate_sync()
+        return result
     monkeypatch.setattr(StepLoop, "optimizer_step", optimizer_step_with_a_sync)
     out = tmp_path / "audit.jsonl"
     assert benchmark.main(["step_audit", "--config", tiny_config_for_text, "--batch_size", "4", "--seq_len", "16",

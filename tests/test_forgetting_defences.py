@@ -60,7 +60,7 @@ def test_a_training_step_trains_on_the_penalties(tmp_path, tokenizer):
     trainer = make_trainer(tmp_path, tokenizer, l2sp_weight=2.0)
     pretrained = moved(trainer)
     batch = pair_batch(tokenizer, "sts", 4)
-    trainer.loop.optimizer_step = lambda *args, **kwargs: torch.zeros(())  # the weights stay where the loss was
+    trainer.loop.optimizer_step = lambda *args, **kwargs: (torch.zeros(()), True)  # the weights stay where the loss was
     loss = trainer.loop.run_steps([[("sts", batch)]], 1, "test")
     trainer.model.eval()
     live = dict(trainer.model.named_parameters())

@@ -46,7 +46,7 @@ def surgery_gradients(trainer, steps: list[list[tuple[str, dict]]]) -> dict[str,
     step loop (PCGrad's draws from random.Random(0)); the update itself is not taken."""
     captured = []
     # the gradient norm the stage's last line reports: none measured, the update not taken
-    trainer.loop.optimizer_step = lambda *args, **kwargs: captured.append(gradients(trainer.model)) or torch.zeros(())
+    trainer.loop.optimizer_step = lambda *args, **kwargs: (captured.append(gradients(trainer.model)), (torch.zeros(()), False))[1]
     trainer.loop.run_steps(iter(steps), len(steps), "test", surgery_rng=random.Random(0))
     (combined,) = captured
     return combined
@@ -177,7 +177,7 @@ def test_the_last_short_accumulation_group_is_divided_by_its_own_size(tmp_path, 
     def capture_instead_of_stepping(gradients_reduced=False, measure_norm=False):  # the weights stay put, so every gradient below is at the same point
         captured.append(gradients(model))
         trainer.optimizer.zero_grad(set_to_none=True)
-        return torch.zeros(())  # the gradient norm steps.jsonl's line at the stage's end reports
+        return torch.zeros(()), False  # the gradient norm steps.jsonl's line at the stage's end reports; not stepped
     monkeypatch.setattr(trainer.loop, "optimizer_step", capture_instead_of_stepping)
     trainer.loop.run_steps(([("sst", b)] for b in batches), 3, "test")
 
@@ -458,20 +458,21 @@ def scaled_backward(trainer, tokenizer):
 
 def test_an_fp16_step_with_inf_gradients_moves_nothing(tmp_path, tokenizer):
     """A skipped step (inf / NaN gradients) leaves weights, anchor, optimizer state and the schedules' position
-    alone, and halves the scale; the next finite step updates all of them."""
+    alone, and halves the scale; the next finite step updates all of them. Both go through the step loop."""
     trainer = make_trainer(tmp_path, tokenizer, precision="fp16", smart=True)
-    scaled_backward(trainer, tokenizer)
-    next(p for p in trainer.model.parameters() if p.grad is not None).grad[0] = math.inf
+    batch = sentence_batch(tokenizer, 4)
     weights = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     anchor = {n: t.clone() for n, t in trainer.penalty("smart").anchor.params.items()}
     scale = trainer.parts.scaler.get_scale()
-    trainer.loop.optimizer_step()
+    poisoned = next(p for p in trainer.model.parameters() if p.requires_grad)
+    hook = poisoned.register_hook(lambda grad: torch.full_like(grad, math.inf))
+    trainer.loop.run_steps([[("sst", batch)]], 1, "test")
+    hook.remove()
     assert (trainer.state.updates, trainer.state.skipped_updates, trainer.parts.scaler.get_scale()) == (0, 1, scale / 2)
     assert all(torch.equal(p, weights[n]) for n, p in trainer.model.named_parameters())
     assert all(torch.equal(t, anchor[n]) for n, t in trainer.penalty("smart").anchor.params.items())
     assert not trainer.optimizer.state
-    scaled_backward(trainer, tokenizer)
-    trainer.loop.optimizer_step()
+    trainer.loop.run_steps([[("sst", batch)]], 1, "test")
     assert (trainer.state.updates, trainer.state.skipped_updates) == (1, 1)
     assert not all(torch.equal(t, anchor[n]) for n, t in trainer.penalty("smart").anchor.params.items())
 

@@ -244,8 +244,16 @@ class StepLoop:
                 continue  # the accumulation group goes on
             stage.update = index // accumulation
             control = self.decide_update(stage)  # should_log, should_evaluate (the stage's end)
-            # the learning rate, clipping and the optimizer's step, then the penalties' (SMART's anchor)
-            norm = self.optimizer_step(surgery_rng is not None, measure_norm=control.should_log)
+            state.learning_rate = self.learning_rate(stage)
+            # the gradients averaged over ranks, clipped, the optimizer's step (fp16's scaler may skip it)
+            norm, stepped = self.optimizer_step(surgery_rng is not None, measure_norm=control.should_log)
+            if stepped:  # the penalties follow the weights (SMART's anchor), and the schedules advance
+                place = UpdatePlace(stage.update, stage.updates, state.updates, state.total_updates)
+                for penalty in self.penalties:
+                    penalty.after_update(self.model, place)
+                state.updates += 1
+            else:  # nothing moved: neither the penalties nor the schedules (learning rate, SMART's momentum)
+                state.skipped_updates += 1
             if control.should_log:
                 bar.set_postfix(loss=f"{self.log_steps(stage, description, norm, time.time() - start, examples):.4f}")
                 start, examples = time.time(), 0
@@ -308,30 +316,25 @@ class StepLoop:
                 time.monotonic() - self.state.last_save >= 60 * config.save_every_minutes)
         return control
 
-    def optimizer_step(self, gradients_reduced: bool = False, measure_norm: bool = False) -> torch.Tensor | None:
-        """Average the gradients over ranks (unless `gradients_reduced`), clip them and step at the schedule's
+    def learning_rate(self, stage: StageProgress) -> float:
+        """The schedule's learning rate for the update about to be taken: the stage's base rate (its own under
+        the schedule's per-stage rates) times the warm-up / decay factor at the run's count of updates."""
+        state, config = self.state, self.config
+        return stage.lr * learning_rate_factor(state.updates, state.total_updates, config.lr_schedule,
+                                               config.warmup_ratio)
+
+    def optimizer_step(self, gradients_reduced: bool = False,
+                       measure_norm: bool = False) -> tuple[torch.Tensor | None, bool]:
+        """Average the gradients over ranks (unless `gradients_reduced`), clip them and step at the state's
         learning rate. Returns the gradients' total norm before clipping, a 0-dim device tensor, when clipping
-        computes it or `measure_norm` asks for it (a step that logs it); else None."""
+        computes it or `measure_norm` asks for it (a step that logs it), else None; and whether the step was
+        taken (fp16's scaler skips one with inf / NaN gradients)."""
         if not gradients_reduced:
             self.distributed.average_gradients(self.model.parameters())
             if self.parts.mlm_head is not None:
                 self.distributed.average_gradients(self.parts.mlm_head.parameters())
-        state, config, stage = self.state, self.config, self.state.stage
-        base = stage.lr if stage is not None else config.lr
-        state.learning_rate = base * learning_rate_factor(state.updates, state.total_updates, config.lr_schedule,
-                                                          config.warmup_ratio)
-        norm, stepped = update_weights(self.optimizer, self.parts.scaler, state.learning_rate, config.max_grad_norm,
-                                       measure_norm)
-        if not stepped:
-            # Nothing moved: neither SMART's anchor nor the schedules (learning rate, SMART's momentum) advance.
-            state.skipped_updates += 1
-            return norm
-        place = UpdatePlace(stage.update if stage else 0, stage.updates if stage else 1, state.updates,
-                            state.total_updates)
-        for penalty in self.penalties:
-            penalty.after_update(self.model, place)
-        state.updates += 1
-        return norm
+        return update_weights(self.optimizer, self.parts.scaler, self.state.learning_rate, self.config.max_grad_norm,
+                              measure_norm)
 
     def log_steps(self, stage: StageProgress, description: str, grad_norm: torch.Tensor, seconds: float,
                   examples: int) -> float:
