@@ -32,9 +32,13 @@ nothing) per second, over the device's peak in the step's precision: the publish
 
 step_audit builds the Trainer as the training command line does (the recipes' flags, scripts/_common.sh: CPU_FLAGS on
 the CPU, GPU_FLAGS on CUDA, with SMART_FLAGS for the SMART step) on --data_dir's real batches (default data/demo), and
-counts one plain and one SMART step after a warm-up step. Its last two lines:
-    plain step: host syncs N, ops M, graph breaks G
-    smart step: host syncs N, ops M
+counts one plain and one SMART step after a warm-up step (where the plain step runs bf16, the plain step again with
+--bf16_weights: bf16 copies of the weights kept between steps, so that autocast casts none). Its last three lines:
+    plain step with --bf16_weights: host syncs N, ops M (views V), weight casts W   (or why it was not counted)
+    plain step: host syncs N, ops M (views V), weight casts W, graph breaks G
+    smart step: host syncs N, ops M (views V), weight casts W
+(views: operators that launch no kernel on a GPU; weight casts: dtype casts of the model's parameters; graph breaks:
+torch._dynamo.explain's in the model's forward, its line above also gives them for the forward and loss).
 A flag the benchmarks cannot use is refused before anything loads, in one line naming it (exit code 2).
 """
 from __future__ import annotations

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One command to verify a CUDA machine, offline (random bert-base config and the bundled minilm-l6), in minutes:
 # the course checks, the tests marked gpu, the encoder and SMART benchmarks against transformers, float32 against
-# 16-bit autocast, the host syncs and graph breaks of one training step (step_audit), and a short gpu_ss.sh /
-# gpu_best.sh run on the demo data. Prints one summary table; logs go to runs/gpu_check/.
+# 16-bit autocast, the host syncs, weight casts and graph breaks of one training step (step_audit), and a short
+# gpu_ss.sh / gpu_best.sh run on the demo data. Prints one summary table; logs go to runs/gpu_check/.
 #   bash scripts/gpu_check.sh                      every check, then the table
 #   bash scripts/gpu_check.sh gpu_tests qqp_epoch  only these checks (a failed one after a fix, say), then the table
 #                                                  of every check recorded in runs/gpu_check/, the earlier ones too
@@ -124,10 +124,16 @@ for kind in float32 bf16_autocast; do
     echo "| minBERT train step, $kind (ms; precision) | $(figure "bert-base-random/float32 vs" median_step_s.$kind 1000) | $(figure "minilm-l6/float32 vs" median_step_s.$kind 1000) | |"
 done
 echo "| 16-bit autocast step speed-up over float32 (TF32) | $(figure "bert-base-random/float32 vs" speedup_16bit_vs_float32) | $(figure "minilm-l6/float32 vs" speedup_16bit_vs_float32) | >= 1.3 |"
-for key in host_syncs ops graph_breaks; do
-    echo "| plain step $key (step_audit) | $(figure bert-base-random/step_audit plain_step.$key) | $(figure minilm-l6/step_audit plain_step.$key) | $([ $key = ops ] || echo 0) |"
+# views: operators that make no kernel on a GPU; weight casts: the bf16 casts of the weights (bf16 autocast only)
+for key in host_syncs ops views weight_casts graph_breaks graph_breaks_forward_and_loss; do
+    case $key in ops|views|weight_casts) goal= ;; *) goal=0 ;; esac
+    echo "| plain step $key (step_audit) | $(figure bert-base-random/step_audit plain_step.$key) | $(figure minilm-l6/step_audit plain_step.$key) | $goal |"
 done
-for key in host_syncs ops; do
-    echo "| SMART step $key (step_audit) | $(figure bert-base-random/step_audit smart_step.$key) | $(figure minilm-l6/step_audit smart_step.$key) | $([ $key = ops ] || echo '<= 1') |"
+for key in host_syncs ops views weight_casts; do
+    case $key in host_syncs|weight_casts) goal=0 ;; *) goal= ;; esac
+    echo "| plain step with --bf16_weights $key (step_audit; bf16 only) | $(figure bert-base-random/step_audit plain_step_bf16_weights.$key) | $(figure minilm-l6/step_audit plain_step_bf16_weights.$key) | $goal |"
+done
+for key in host_syncs ops views weight_casts; do
+    echo "| SMART step $key (step_audit) | $(figure bert-base-random/step_audit smart_step.$key) | $(figure minilm-l6/step_audit smart_step.$key) | $([ $key = host_syncs ] && echo '<= 1') |"
 done
 ! cat "$LOGS"/rows/* 2>/dev/null | grep -q FAIL

@@ -270,6 +270,12 @@ def test_the_step_counter_counts_every_operator_and_each_host_sync_where_it_is_c
         ("aten::index with a boolean mask (a nonzero inside)", where): 1,
         ("Tensor.tolist() (a device-to-host copy on a GPU)", where): 1}
     assert count.host_syncs == 5 and count.ops == count.operators.total() >= 7
+    weight = torch.nn.Parameter(torch.ones(2, 3))
+    with counting(torch.device("cpu"), [weight]) as casts:
+        weight.to(torch.bfloat16), weight[0].to(torch.bfloat16)  # the weight and a view of it: cast
+        torch.empty(3, dtype=torch.bfloat16).copy_(weight[1])  # a copy into another dtype: cast
+        weight.to(torch.float32), weight.detach().clone(), (weight * 2).to(torch.bfloat16)  # none of them a cast
+    assert casts.weight_casts == 3 and casts.views >= 3  # weight[0], weight[1], detach
 
 
 def test_copies_and_reads_count_as_syncs_only_where_they_make_the_host_wait():
@@ -310,11 +316,17 @@ def test_step_audit_ends_with_its_two_summary_lines(tmp_path, tiny_config_for_te
     lines = capsys.readouterr().out.splitlines()
     result = json.loads(out.read_text())
     plain, smart = result["plain_step"], result["smart_step"]
-    assert lines[-2] == (f"plain step: host syncs {plain['host_syncs']}, ops {plain['ops']}, "
-                         f"graph breaks {plain['graph_breaks']}")
-    assert lines[-1] == f"smart step: host syncs {smart['host_syncs']}, ops {smart['ops']}"
-    assert re.fullmatch(r"plain step: host syncs \d+, ops \d+, graph breaks \d+", lines[-2])
-    assert re.fullmatch(r"smart step: host syncs \d+, ops \d+", lines[-1])
+    assert lines[-2] == (f"plain step: host syncs {plain['host_syncs']}, ops {plain['ops']} (views {plain['views']}), "
+                         f"weight casts {plain['weight_casts']}, graph breaks {plain['graph_breaks']}")
+    assert lines[-1] == (f"smart step: host syncs {smart['host_syncs']}, ops {smart['ops']} (views {smart['views']}), "
+                         f"weight casts {smart['weight_casts']}")
+    assert re.fullmatch(r"plain step: host syncs \d+, ops \d+ \(views \d+\), weight casts \d+, graph breaks \d+",
+                        lines[-2])
+    assert re.fullmatch(r"smart step: host syncs \d+, ops \d+ \(views \d+\), weight casts \d+", lines[-1])
+    # The run's precision is auto: bf16 where this CPU computes it natively, where --bf16_weights is counted too.
+    assert re.fullmatch(r"plain step with --bf16_weights: (host syncs \d+, ops \d+ \(views \d+\), weight casts \d+"
+                        r"|not counted \(the option needs bf16 autocast; the plain step's precision is fp32\))",
+                        lines[-3])
     assert plain["task"] == smart["task"] == "qqp" and plain["batch_shapes"]["input_ids_1"][0] == 4
     assert "--smart" in smart["training_argv"] and "--smart" not in plain["training_argv"]
     assert smart["ops"] > plain["ops"] > 0 and any(op.endswith("_backward") for op in plain["operators"])
@@ -327,6 +339,24 @@ def test_step_audit_ends_with_its_two_summary_lines(tmp_path, tiny_config_for_te
         assert len(listed) == len(step["host_syncs_by_site"])
     assert plain["graph_breaks"] >= 0 and plain["graph_breaks_loss_computation"] >= 0
     assert any(line.startswith("graph breaks (torch._dynamo.explain") for line in lines[:-2])
+
+
+def test_step_audit_under_bf16_counts_the_weight_casts_that_bf16_weights_removes(tmp_path, tiny_config_for_text):
+    """Under bf16 autocast the plain step casts every nn.Linear weight and bias to bf16; with --bf16_weights it
+    casts none and dispatches fewer operators that are not views (those launch kernels on a GPU). The model's
+    forward, and its forward and loss, trace as one graph each. bf16 autocast runs on any CPU (emulated without
+    native bf16)."""
+    result = run(tmp_path, "step_audit", "--config", tiny_config_for_text, "--precision", "bf16", "--batch_size", "4",
+                 "--seq_len", "16", "--threads", "1")["step_audit: host syncs, aten operators and graph breaks of one "
+                                                       "training step"]
+    plain, copies = result["plain_step"], result["plain_step_bf16_weights"]
+    assert plain["precision"] == copies["precision"] == "bf16" and "--bf16_weights" in copies["training_argv"]
+    assert plain["weight_casts"] > 0 and result["smart_step"]["weight_casts"] > 0
+    assert copies["weight_casts"] == 0
+    assert copies["ops"] - copies["views"] < plain["ops"] - plain["views"]
+    assert copies["operators"].get("aten::_to_copy", 0) < plain["operators"]["aten::_to_copy"]
+    assert plain["graph_breaks"] == 0, plain["graph_break_reasons"]
+    assert plain["graph_breaks_forward_and_loss"] == 0, plain["graph_break_reasons_forward_and_loss"]
 
 
 # -- bad flags: one line naming the flag, exit code 2, before anything loads -------------------------

@@ -1,10 +1,11 @@
 """Counting what a computation dispatches: every aten operator and each host sync (an operator or copy that makes the
-host wait for the device), by what and by the project line that asked for it.
+host wait for the device), by what and by the project line that asked for it, and the weight casts among them.
 """
 from __future__ import annotations
 
 import traceback
 from collections import Counter
+from collections.abc import Iterable
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,6 +16,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from minbert.benchmarks.settings import ROOT
+from minbert.training.precision import casts_a_parameter, parameter_storages
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -83,9 +85,14 @@ def project_frame(frames) -> str | None:
 
 @dataclass
 class StepCount:
-    """What counting() saw: every aten operator call by operator, and the host syncs by (what, where)."""
+    """What counting() saw: every aten operator call by operator, the host syncs by (what, where), the views among
+    the operators (a new tensor's metadata over the same memory: no kernel on a GPU) and the dtype conversions of
+    the weights (precision.casts_a_parameter: under bf16 autocast one per nn.Linear weight and bias, unless
+    --bf16_weights keeps their bf16 copies)."""
     operators: Counter = field(default_factory=Counter)
     syncs: Counter = field(default_factory=Counter)
+    views: int = 0
+    weight_casts: int = 0
 
     @property
     def host_syncs(self) -> int:
@@ -101,16 +108,19 @@ class StepCount:
 
 
 class OperatorCounter(TorchDispatchMode):
-    """Counts every aten operator dispatched while active, the backward pass's included, and its host syncs."""
+    """Counts every aten operator dispatched while active, the backward pass's included, its host syncs and its
+    casts of the weights (tensors on the storages of parameter_storages)."""
 
-    def __init__(self, count: StepCount, device: torch.device):
+    def __init__(self, count: StepCount, device: torch.device, weights: set[int]):
         super().__init__()
-        self.count, self.device = count, device
+        self.count, self.device, self.weights = count, device, weights
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         self.count.operators[f"aten::{func.overloadpacket.__name__}"] += 1
+        self.count.views += func.is_view
+        self.count.weight_casts += casts_a_parameter(func, args, kwargs, self.weights)
         what = host_sync(func, args, kwargs, out, self.device)
         if what is not None:
             self.count.add_sync(what)
@@ -135,8 +145,9 @@ class HostReadCounter(TorchFunctionMode):
 
 
 @contextmanager
-def counting(device: torch.device):
-    """A StepCount of what runs inside the block."""
+def counting(device: torch.device, weights: Iterable[torch.Tensor] = ()):
+    """A StepCount of what runs inside the block; its weight_casts, those of `weights` (the model's parameters)."""
     count = StepCount()
-    with HostReadCounter(count) if device.type == "cpu" else nullcontext(), OperatorCounter(count, device):
+    operators = OperatorCounter(count, device, parameter_storages(weights))
+    with HostReadCounter(count) if device.type == "cpu" else nullcontext(), operators:
         yield count

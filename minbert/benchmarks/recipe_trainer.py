@@ -24,17 +24,22 @@ def recipe_flags(array: str) -> list[str]:
     return subprocess.run(["bash", "-c", script], check=True, capture_output=True, text=True).stdout.split("\0")[:-1]
 
 
-def audit_training_argv(settings: BenchmarkSettings, smart: bool, pretrained: str, output_dir: str) -> list[str]:
+def audit_training_argv(settings: BenchmarkSettings, smart: bool, pretrained: str, output_dir: str,
+                        bf16_weights: bool = False) -> list[str]:
     """The training command line of the recipes for --device (cpu_sbert.sh's flags on the CPU, gpu_sbert.sh's on
     CUDA; cpu_ss.sh's and gpu_ss.sh's with SMART) with this benchmark's model, data, batch size, --seq_len as
-    --max_length and precision; --train_flags come last, so they win."""
+    --max_length and precision (with `bf16_weights`: --precision bf16 --bf16_weights); --train_flags come last, so
+    they win."""
     argv = recipe_flags("GPU_FLAGS" if torch.device(settings.device).type == "cuda" else "CPU_FLAGS")
     if smart:
         argv += recipe_flags("SMART_FLAGS")
+    precision = "bf16" if bf16_weights else settings.requested_precision
     argv += ["--pretrained", pretrained, "--data_dir", settings.data_dir, "--batch_size", str(settings.batch_size),
-             "--max_length", str(settings.seq_len), "--precision", settings.requested_precision,
+             "--max_length", str(settings.seq_len), "--precision", precision,
              "--output_dir", output_dir,
              "--quiet"]
+    if bf16_weights:
+        argv.append("--bf16_weights")
     return argv + shlex.split(settings.train_flags)
 
 
@@ -52,13 +57,14 @@ def random_checkpoint(config: BertConfig, folder: Path) -> Path:
     return folder
 
 
-def audit_trainer(settings: BenchmarkSettings, device: torch.device, smart: bool, pretrained: str, output_dir: str):
+def audit_trainer(settings: BenchmarkSettings, device: torch.device, smart: bool, pretrained: str, output_dir: str,
+                  bf16_weights: bool = False):
     """The Trainer that multitask_classifier.py builds from the recipe's command line (audit_training_argv), through
     the same run_setup functions as its _run: flags parsed and checked, data loaded, the flags that depend on the
     model checked, the model built and placed on the device (packed or padded tokens, compiled layers), the
     Trainer; and the run's stages."""
     from minbert.run.run_setup import build_run, check_pretrained, load_inputs
-    settings = training_settings(audit_training_argv(settings, smart, pretrained, output_dir))
+    settings = training_settings(audit_training_argv(settings, smart, pretrained, output_dir, bf16_weights))
     stages, data, _, triplets, penalty_inputs = load_inputs(settings)
     return build_run(settings, stages, data, check_pretrained(settings, data), triplets, penalty_inputs,
                      device), stages

@@ -126,24 +126,32 @@ class DispatchCounter(TorchDispatchMode):
 
     def __init__(self, parameters: Iterable[torch.Tensor]):
         super().__init__()
-        self.storages = {p.untyped_storage().data_ptr() for p in parameters}
+        self.storages = parameter_storages(parameters)
         self.counts = DispatchCounts()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         self.counts.operators += 1
         self.counts.views += func.is_view
-        if func in CONVERSIONS and self.casts_a_parameter(func, args, kwargs):
-            self.counts.weight_casts += 1
+        self.counts.weight_casts += casts_a_parameter(func, args, kwargs, self.storages)
         return func(*args, **kwargs)
 
-    def casts_a_parameter(self, func, args, kwargs) -> bool:
-        source = args[1] if func is torch.ops.aten.copy_.default else args[0]
-        if not isinstance(source, torch.Tensor) or source.untyped_storage().data_ptr() not in self.storages:
-            return False
-        if func is torch.ops.aten.copy_.default:
-            return args[0].dtype != source.dtype
-        return kwargs.get("dtype") not in (None, source.dtype)
+
+def parameter_storages(parameters: Iterable[torch.Tensor]) -> set[int]:
+    """Where `parameters`' storages start: a tensor whose storage starts at one of them is a parameter or its view."""
+    return {p.untyped_storage().data_ptr() for p in parameters}
+
+
+def casts_a_parameter(func, args, kwargs, storages: set[int]) -> bool:
+    """Whether this operator call converts the dtype of a tensor on one of `storages` (parameter_storages)."""
+    if func not in CONVERSIONS:
+        return False
+    source = args[1] if func is torch.ops.aten.copy_.default else args[0]
+    if not isinstance(source, torch.Tensor) or source.untyped_storage().data_ptr() not in storages:
+        return False
+    if func is torch.ops.aten.copy_.default:
+        return args[0].dtype != source.dtype
+    return kwargs.get("dtype") not in (None, source.dtype)
 
 
 def count_dispatches(step: Callable[[], object], parameters: Iterable[torch.Tensor]) -> DispatchCounts:
