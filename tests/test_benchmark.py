@@ -104,7 +104,7 @@ def test_every_benchmark_runs_under_bf16_autocast_on_cpu(tmp_path, tiny_config_f
         figures = numbers({k: v for k, v in result.items() if k != "setup"})
         assert figures and all(math.isfinite(x) and x >= 0 for x in figures), kind
     ratios = [r[key] for r in results.values() for key in r if "ratio" in key or "speedup" in key]
-    assert len(ratios) == 9 and all(x > 0 for x in ratios)
+    assert len(ratios) == 10 and all(x > 0 for x in ratios)
     assert all(t > 0 for r in results.values() for t in numbers(r.get("median_step_s", {})))
     # On the CPU, training's attention dropout rules out the fused kernel: the math path runs.
     assert by_kind["encoder"]["minbert_attention_kernel"] == "math"
@@ -113,7 +113,9 @@ def test_every_benchmark_runs_under_bf16_autocast_on_cpu(tmp_path, tiny_config_f
         assert by_kind[kind]["mfu"].keys() <= by_kind[kind]["median_step_s"].keys()
         assert all(0 < mfu for mfu in by_kind[kind]["mfu"].values())
         assert all("measured" in source for source in by_kind[kind]["mfu_peak"].values())
-    assert set(by_kind["precision"]["median_step_s"]) == {"float32", "bf16_autocast"}
+    # under bf16 a third side: the step reading --bf16_weights' copies
+    assert set(by_kind["precision"]["median_step_s"]) == {"float32", "bf16_autocast", "bf16_weights"}
+    assert by_kind["precision"]["speedup_bf16_weights_vs_casts"] > 0
     smart = by_kind["smart"]
     assert len(smart["smart_phase_s"]) == 5 and all(t > 0 for t in smart["smart_phase_s"].values())
     assert smart["peak_step_memory_mib"]["smart"] > 0 and smart["peak_step_memory_mib"]["plain"] > 0

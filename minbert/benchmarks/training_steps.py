@@ -18,6 +18,7 @@ from minbert.benchmarks.settings import BenchmarkSettings, sixteen_bit
 from minbert.benchmarks.timing import Update, alternate, multitask_step_fn, train_step_fn, utilisation
 from minbert.data.batches import row_lengths
 from minbert.runtime import autocast, float32_exact
+from minbert.training.precision import keep_bf16_copies
 from optimizer import AdamW
 
 
@@ -70,7 +71,9 @@ def bench_encoder(settings: BenchmarkSettings, device) -> dict:
 
 def bench_precision(settings: BenchmarkSettings, device) -> dict:
     """minBERT train step in float32 against the same step under 16-bit autocast (same weights, batch); fp16
-    steps go through a gradient scaler, as training's do."""
+    steps go through a gradient scaler, as training's do. Under bf16 (not compiled: training refuses
+    --bf16_weights with --compile) a third side times the bf16 step with --bf16_weights' copies, which spare
+    autocast its cast of every weight each step."""
     half = sixteen_bit(settings, device)
     ours = place(build_minbert(settings), device, settings).train()
     ids, mask = make_batch(settings.batch_size, settings.seq_len, ours.config.vocab_size, device)
@@ -78,14 +81,26 @@ def bench_precision(settings: BenchmarkSettings, device) -> dict:
     optimizer = AdamW(ours.parameters(), lr=1e-5)
     steps = {"float32": train_step_fn(ours, optimizer, ids, mask, device, "fp32", hf=False, lengths=lengths),
              f"{half}_autocast": train_step_fn(ours, optimizer, ids, mask, device, half, hf=False, lengths=lengths)}
+    precisions = {"float32": "fp32", f"{half}_autocast": half}
+    if half == "bf16" and not settings.compile:
+        copied = place(build_minbert(settings), device, settings).train()
+        copied.load_state_dict(ours.state_dict())
+        copied_optimizer = AdamW(copied.parameters(), lr=1e-5)
+        keep_bf16_copies([copied], copied_optimizer)
+        steps["bf16_weights"] = train_step_fn(copied, copied_optimizer, ids, mask, device, "bf16", hf=False,
+                                              lengths=lengths)
+        precisions["bf16_weights"] = "bf16"
     medians = alternate(steps, settings, device)
-    return {
+    result = {
         "benchmark": f"minBERT train step, float32 vs {half} autocast",
         "sixteen_bit": half,
         "median_step_s": medians,
         "speedup_16bit_vs_float32": medians["float32"] / medians[f"{half}_autocast"],
-        **utilisation(medians, {"float32": "fp32", f"{half}_autocast": half}, ours.config, lengths, device, settings),
+        **utilisation(medians, precisions, ours.config, lengths, device, settings),
     }
+    if "bf16_weights" in medians:
+        result["speedup_bf16_weights_vs_casts"] = medians["bf16_autocast"] / medians["bf16_weights"]
+    return result
 
 
 def smart_phase_fns(model, regularizer, batch, device: torch.device, precision: str, task="qqp") -> dict:
