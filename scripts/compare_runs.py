@@ -17,7 +17,8 @@ When every run is a sequential one (its history.json has the continual-learning 
 the arms' backward transfer and mean forgetting: a figure each run has once, so the seeds are its only sample; the
 interval is a bootstrap over each arm's runs and p an exact permutation test (minbert/reports/seed_tests.py), which
 decides: "not separable" unless p < 0.05 (with a handful of runs the bootstrap's interval is too narrow). It needs
-two runs or more in every arm.
+two runs or more in every arm. Its last column says what each arm's stages were scored on, which those figures
+measure: every dev example, or a fixed subset (--max_eval_examples); an arm whose runs differ there is refused.
 
 --primary [ARM:]FIGURE declares the study's one primary comparison before its tables: FIGURE (bwt or forgetting for
 sequential runs, or a score: sst, qqp, sts, overall; sst, cfimdb with --part1) of ARM's runs (the second arm when not
@@ -47,7 +48,8 @@ from minbert.files import repeated_run
 from minbert.reports.bootstrap import OVERALL, Arm, Comparison, Difference, arms_problem, compare, run_scores
 from minbert.reports.decisions import ALPHA, holm, parse_primary, secondary_verdict
 from minbert.reports.seed_tests import seed_difference
-from minbert.reports.tables import history_forgetting_measures
+from minbert.prediction.run_evaluation import SUBSET_KEY
+from minbert.reports.tables import BEFORE_TRAINING, history_forgetting_measures
 from minbert.run.run_outputs import checked_predictions_and_gold, part1_predictions_and_gold, run_record
 from minbert.tasks import MULTITASK, PART1_TASKS, TASKS
 
@@ -168,20 +170,39 @@ def table(comparison: Comparison, arms: list[Arm], adjusted: dict, tasks: tuple[
 
 FORGETTING = (("backward_transfer", "BWT"), ("average_forgetting", "mean forgetting"))
 FIGURE_NAMES = {"backward_transfer": "bwt", "average_forgetting": "forgetting"}  # --primary's names of FORGETTING
+DEV_READ = "dev_read"  # a run's figures also say what its stages were scored on (dev_read)
 
 
 def forgetting_figures(runs: list[Path]) -> list[dict] | None:
-    """Each run's backward transfer and mean forgetting, or None unless every run is sequential."""
+    """Each run's backward transfer and mean forgetting, or None unless every run is sequential; with them, under
+    DEV_READ, the dev examples its stages were scored on (dev_read). PredictionsFileError for an arm whose runs
+    were not all scored on the same."""
     figures = []
     for run in runs:
         try:
-            measures = history_forgetting_measures(json.loads((run / "history.json").read_text()))
+            history = json.loads((run / "history.json").read_text())
+            measures = history_forgetting_measures(history)
         except (OSError, ValueError):
             return None
         if measures is None:
             return None
-        figures.append({key: getattr(measures, key) for key, _ in FORGETTING})
+        figures.append({**{key: getattr(measures, key) for key, _ in FORGETTING}, DEV_READ: dev_read(run, history)})
+    if len({figure[DEV_READ] for figure in figures}) > 1:
+        raise PredictionsFileError("an arm's runs must score their stages on the same dev examples, but "
+                                   + ", ".join(f"{run} on {figure[DEV_READ]}" for run, figure in zip(runs, figures)))
     return figures
+
+
+def dev_read(run: Path, history: list[dict]) -> str:
+    """What a sequential run's stages were scored on, which its forgetting figures measure: every dev example, or
+    (--max_eval_examples N) a fixed subset of at most N dev examples a task."""
+    read = {"every dev example" if record.get(SUBSET_KEY) is None else
+            f"at most {record[SUBSET_KEY]} dev examples a task"
+            for record in history if record.get("stage") != BEFORE_TRAINING}
+    if len(read) > 1:
+        raise PredictionsFileError(f"{run}/history.json: its stages were scored on different dev examples: "
+                                   + " and ".join(sorted(read)))
+    return read.pop()
 
 
 def forgetting_tests(arms: list[tuple[str, list[dict]]]) -> Tests:
@@ -194,11 +215,15 @@ def forgetting_tests(arms: list[tuple[str, list[dict]]]) -> Tests:
 def forgetting_table(arms: list[tuple[str, list[dict]]], tests: Tests, adjusted: dict) -> list[str]:
     """Each arm's mean +- std of the figures, then each later arm's difference from the first over the seeds."""
     lines = ["Forgetting over seeds (each run's own figure: bootstrap over the runs, exact permutation p):", "",
-             "| arm | runs | " + " | ".join(title for _, title in FORGETTING) + " |", "|---|---|---|---|"]
+             "| arm | runs | " + " | ".join(title for _, title in FORGETTING) + " | stages scored on |",
+             "|---|---|---|---|---|"]
     for name, figures in arms:
         cells = [f"{np.mean(values):+.4f} ± {np.std(values, ddof=1):.4f}"
                  for values in ([f[key] for f in figures] for key, _ in FORGETTING)]
-        lines.append(f"| {name} | {len(figures)} | " + " | ".join(cells) + " |")
+        lines.append(f"| {name} | {len(figures)} | " + " | ".join(cells) + f" | {figures[0][DEV_READ]} |")
+    if len({figures[0][DEV_READ] for _, figures in arms}) > 1:
+        lines += ["", "The arms' stages were scored on different dev examples (a subset: --max_eval_examples), so "
+                  "their forgetting figures measure the same quantity on different samples of dev."]
     lines += ["", f"| difference from {arms[0][0]} | score | difference [95% interval] | exact p | Holm p | |",
               "|---|---|---|---|---|---|"]
     # A bootstrap of three runs is too narrow (it never draws a value beyond them): the exact test's p decides.

@@ -154,11 +154,15 @@ def test_the_script_compares_part1_runs_by_their_accuracies(tmp_path, capsys):
     assert "expected one OPTION-sst-dev-out.csv (classifier.py's), found 2" in capsys.readouterr().err
 
 
-def write_history(run, qqp_after_sst: float) -> None:
-    """A sequential run's history: QQP then SST, QQP at 0.8 after its own stage and `qqp_after_sst` at the end."""
+def write_history(run, qqp_after_sst: float, dev_subset: int | None = None, first_subset: int | None = -1) -> None:
+    """A sequential run's history: QQP then SST, QQP at 0.8 after its own stage and `qqp_after_sst` at the end;
+    the stages scored on every dev example, or on --max_eval_examples' `dev_subset` (the first stage on
+    `first_subset` where given)."""
     stages = [("qqp", 0.2, 0.8, 0.8), ("sst", 0.5, qqp_after_sst, 0.8)]
-    history = [{"stage": stage, "index": i + 1, "sst_acc": sst, "qqp_acc": qqp, "sts_pearson": sts}
-               for i, (stage, sst, qqp, sts) in enumerate(stages)]
+    subsets = [dev_subset if first_subset == -1 else first_subset, dev_subset]
+    history = [{"stage": stage, "index": i + 1, "sst_acc": sst, "qqp_acc": qqp, "sts_pearson": sts,
+                **({"dev_subset": subset} if subset is not None else {})}
+               for i, ((stage, sst, qqp, sts), subset) in enumerate(zip(stages, subsets))]
     (run / "history.json").write_text(json.dumps(history))
 
 
@@ -270,6 +274,23 @@ def test_sequential_runs_get_their_forgetting_compared_over_the_seeds(tmp_path, 
     # the same p as a secondary comparison, one of a family of five (four kept-model scores): Holm p 5 * 2/70
     forgetting = next(line for line in out.splitlines() if line.startswith("| kept | mean forgetting |"))
     assert forgetting.endswith("| 0.029 | 0.143 | not separable |")
+    assert "The arms' stages were scored on different dev examples" not in out
+    assert out.count(" | every dev example |") == 2
+    for run in kept:  # scored between stages on --max_eval_examples' subsets: the table says so
+        write_history(run, 0.79, dev_subset=2000)
+    assert compare_runs.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "| kept | 4 | -0.0100 ± 0.0000 | +0.0100 ± 0.0000 | at most 2000 dev examples a task |" in out
+    assert "The arms' stages were scored on different dev examples" in out
+    write_history(kept[0], 0.79)  # an arm mixing the two is refused in one line
+    assert compare_runs.main(argv) == 2
+    assert "an arm's runs must score their stages on the same dev examples" in one_error_line(capsys)
+    write_history(kept[0], 0.79, dev_subset=2000, first_subset=None)  # and so is a run whose stages differ
+    assert compare_runs.main(argv) == 2
+    assert one_error_line(capsys).endswith("kept0/history.json: its stages were scored on different dev examples: "
+                                           "at most 2000 dev examples a task and every dev example")
+    for s, run in enumerate(kept):
+        write_history(run, 0.79 - 0.01 * s)
     (none[0] / "history.json").unlink()  # a run without a sequential history: no such table, no primary BWT
     assert compare_runs.main(argv) == 2
     assert "--primary bwt: none's runs are not all sequential ones" in one_error_line(capsys)
