@@ -103,6 +103,18 @@ class AdamW(torch.optim.Optimizer):
             if "step" in state:
                 state["step"] = torch.as_tensor(state["step"], dtype=torch.float64).to(param.device, copy=True)
 
+    def initial_state(self, param: torch.Tensor) -> dict:
+        """The parameter's state, created (step count 0, zero moments) if it has none yet. A step creates it at the
+        parameter's first gradient; a captured step (CUDA graphs) creates every one beforehand, so that its graph reads
+        tensors that stay where they are: the update is the same, the moments of a parameter that never had a gradient
+        stay zero and its count 0."""
+        state = self.state[param]
+        if not state:
+            state["step"] = torch.zeros((), dtype=torch.float64, device=param.device)
+            state["exp_avg"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+            state["exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+        return state
+
     @torch.no_grad()
     def step(self, closure: Callable[[], torch.Tensor] | None = None) -> torch.Tensor | None:
         loss = None
@@ -126,11 +138,7 @@ class AdamW(torch.optim.Optimizer):
             lists = passes.setdefault((beta1, beta2, group["eps"], group["correct_bias"]),
                                       {name: [] for name in UPDATE_LISTS})
             for p in params:
-                state = self.state[p]
-                if not state:
-                    state["step"] = torch.zeros((), dtype=torch.float64, device=p.device)
-                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                state = self.initial_state(p)
                 for name, value in zip(UPDATE_LISTS, (p, p.grad, state["exp_avg"], state["exp_avg_sq"],
                                                       state["step"], lr, group["weight_decay"],
                                                       self.copies.get(p))):

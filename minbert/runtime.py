@@ -195,11 +195,13 @@ def pad_to_multiple_of(device: torch.device, compiled: bool = False) -> int | No
     return PAD_TO_MULTIPLE_OF if device.type == "cuda" or compiled else None
 
 
-def place_encoder(encoder, device: torch.device, compile: bool = False, compile_mode: str = "default") -> None:
+def place_encoder(encoder, device: torch.device, compile: bool = False, compile_mode: str = "default",
+                  padded: bool = False) -> None:
     """How a BertEncoder computes on `device`: on the real tokens only (packed) on the CPU, where it measures
-    faster, and on the padded grid on CUDA, where shapes then depend on the batch's bucket alone and no kernel
-    waits for a token count (bert.TokenLayout); its layers compiled with torch.compile if asked."""
-    encoder.pack_tokens = device.type != "cuda"
+    faster, and on the padded grid on CUDA or where `padded` asks for it (--capture_step: a captured graph's shapes
+    cannot follow a token count), where shapes then depend on the batch's bucket alone and no kernel waits for a
+    token count (bert.TokenLayout); its layers compiled with torch.compile if asked."""
+    encoder.pack_tokens = device.type != "cuda" and not padded
     if compile:
         encoder.compile_layers(None if compile_mode == "default" else compile_mode)
 

@@ -14,6 +14,7 @@
     python scripts/benchmark.py padding    # padded tokens of the length buckets (CUDA, --compile) on the train files
     python scripts/benchmark.py qqp_epoch  # one QQP SMART epoch of the course's 141,506 pairs, from timed real steps
     python scripts/benchmark.py step_audit # host syncs, operators and graph breaks of one training step (no timing)
+    python scripts/benchmark.py captured_step  # the plain step eager vs captured whole (--capture_step; for CUDA)
     python scripts/benchmark.py qa_peer    # SQuAD 2.0: transformers' BertForQuestionAnswering peer (own flags, --help)
 
 Defaults: minilm-l6, batch 32 x 64 tokens, 2 CPU threads, `--precision auto` resolved per device as training
@@ -38,7 +39,8 @@ counts one plain and one SMART step after a warm-up step (where the plain step r
     plain step: host syncs N, ops M (views V), weight casts W, graph breaks G
     smart step: host syncs N, ops M (views V), weight casts W
 (views: operators that launch no kernel on a GPU; weight casts: dtype casts of the model's parameters; graph breaks:
-torch._dynamo.explain's in the model's forward, its line above also gives them for the forward and loss).
+torch._dynamo.explain's in the model's forward, its line above also gives them for the forward and loss, the whole
+loss computation and the whole step as --capture_step compiles it, backward and AdamW's update included).
 A flag the benchmarks cannot use is refused before anything loads, in one line naming it (exit code 2).
 """
 from __future__ import annotations

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One command to verify a CUDA machine, offline (random bert-base config and the bundled minilm-l6), in minutes:
 # the course checks, the tests marked gpu, the encoder and SMART benchmarks against transformers, float32 against
-# 16-bit autocast, the host syncs, weight casts and graph breaks of one training step (step_audit), and a short
+# 16-bit autocast, the host syncs, weight casts and graph breaks of one training step (step_audit), the whole step
+# captured as CUDA graphs against the eager one (captured_step), and a short
 # gpu_ss.sh / gpu_best.sh run on the demo data. Prints one summary table; logs go to runs/gpu_check/.
 #   bash scripts/gpu_check.sh                      every check, then the table
 #   bash scripts/gpu_check.sh gpu_tests qqp_epoch  only these checks (a failed one after a fix, say), then the table
@@ -14,7 +15,7 @@ LOGS="$RUNS_DIR/gpu_check"
 CHECKS=(sanity_check optimizer_test gpu_tests
         encoder_bert-base-random smart_bert-base-random precision_bert-base-random step_audit_bert-base-random
         encoder_minilm-l6 smart_minilm-l6 precision_minilm-l6 step_audit_minilm-l6
-        encoder_compiled encoder_cuda_graphs encoder_packed qqp_epoch smart_precision gpu_ss gpu_best)
+        encoder_compiled encoder_cuda_graphs encoder_packed captured_step qqp_epoch smart_precision gpu_ss gpu_best)
 if [[ "${1:-}" == --list ]]; then printf '%s\n' "${CHECKS[@]}"; exit 0; fi
 for name in "$@"; do
     [[ " ${CHECKS[*]} " == *" $name "* ]] || {
@@ -90,6 +91,10 @@ check encoder_cuda_graphs python scripts/benchmark.py encoder --device cuda --co
     --compile --compile_mode reduce-overhead --warmup 5 --json @FIGURES@
 check encoder_packed python scripts/benchmark.py encoder --device cuda --config bert-base-random --seq_len 128 \
     --token_layout packed --json @FIGURES@
+# The whole training step (forward, loss, backward, clipping, AdamW) captured as CUDA graphs (--capture_step) against
+# the eager step, bf16 at 32 x 128: whether --capture_step should become the GPU recipes' default.
+check captured_step python scripts/benchmark.py captured_step --device cuda --config bert-base-random --batch_size 32 \
+    --seq_len 128 --precision bf16 --warmup 5 --json @FIGURES@
 check qqp_epoch python scripts/benchmark.py qqp_epoch --device cuda --config bert-base-random --seq_len 128 \
     --data_dir "$QQP_DATA" --warmup 10 --steps 60 --rounds 1 --json @FIGURES@
 check smart_precision python scripts/smart_precision.py --device cuda --data_dir "$QQP_DATA"
@@ -114,6 +119,7 @@ echo "| minBERT train step (ms) | $(figure bert-base-random/encoder median_step_
 echo "| minBERT compiled: speed-up over transformers eager / compiled | $(figure "bert-base-random/minBERT compiled" speedup_minbert_vs_transformers) / $(figure "bert-base-random/minBERT compiled" speedup_minbert_vs_transformers_compiled) | | >= 1.5 / >= 1.1 |"
 echo "| minBERT compiled train step (ms; MFU) | $(figure "bert-base-random/minBERT compiled" median_step_s.minbert 1000); $(figure "bert-base-random/minBERT compiled" mfu.minbert) | | |"
 echo "| minBERT compiled with CUDA graphs (reduce-overhead): train step (ms); speed-up over transformers eager | $(figure "bert-base-random/reduce-overhead" median_step_s.minbert 1000); $(figure "bert-base-random/reduce-overhead" speedup_minbert_vs_transformers) | | <= 10 ms |"
+echo "| whole step captured (--capture_step, CUDA graphs; bf16, 32 x 128): eager / captured step (ms); speed-up | $(figure "bert-base-random/captured whole" median_step_s.eager 1000) / $(figure "bert-base-random/captured whole" median_step_s.captured 1000); $(figure "bert-base-random/captured whole" speedup_captured_vs_eager) | | > 1: the GPU recipes' default |"
 echo "| minBERT packed tokens train step (ms; CUDA's default is the padded grid) | $(figure "bert-base-random/tokens packed" median_step_s.minbert 1000) | | |"
 echo "| SMART step / plain step | $(figure bert-base-random/SMART smart_cost_ratio) | $(figure minilm-l6/SMART smart_cost_ratio) | <= 2.6 |"
 echo "| the same with --smart_precision exact | $(figure bert-base-random/SMART smart_exact_cost_ratio) | $(figure minilm-l6/SMART smart_exact_cost_ratio) | |"
@@ -127,7 +133,7 @@ done
 echo "| 16-bit autocast step speed-up over float32 (TF32) | $(figure "bert-base-random/float32 vs" speedup_16bit_vs_float32) | $(figure "minilm-l6/float32 vs" speedup_16bit_vs_float32) | >= 1.3 |"
 echo "| bf16 step reading --bf16_weights' copies (ms); speed-up over autocast's casts | $(figure "bert-base-random/float32 vs" median_step_s.bf16_weights 1000); $(figure "bert-base-random/float32 vs" speedup_bf16_weights_vs_casts) | $(figure "minilm-l6/float32 vs" median_step_s.bf16_weights 1000); $(figure "minilm-l6/float32 vs" speedup_bf16_weights_vs_casts) | > 1 |"
 # views: operators that make no kernel on a GPU; weight casts: the bf16 casts of the weights (bf16 autocast only)
-for key in host_syncs ops views weight_casts graph_breaks graph_breaks_forward_and_loss; do
+for key in host_syncs ops views weight_casts graph_breaks graph_breaks_forward_and_loss graph_breaks_whole_step; do
     case $key in ops|views|weight_casts) goal= ;; *) goal=0 ;; esac
     echo "| plain step $key (step_audit) | $(figure bert-base-random/step_audit plain_step.$key) | $(figure minilm-l6/step_audit plain_step.$key) | $goal |"
 done

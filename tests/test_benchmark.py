@@ -138,6 +138,16 @@ def test_every_benchmark_runs_under_bf16_autocast_on_cpu(tmp_path, tiny_config_f
     assert len(ensemble["per_split_s"]) == 6 and ensemble["one_model_inference_s"] > 0
 
 
+def test_the_captured_step_is_timed_against_the_eager_one(tmp_path, tiny_config, monkeypatch):
+    """captured_step (asked for by name: on the CPU inductor's C++ compile takes minutes, so the test compiles with
+    aot_eager; scripts/gpu_check.sh times CUDA graphs): both sides timed, the captured one's backend reported."""
+    import minbert.benchmarks.training_steps as training_steps
+    monkeypatch.setattr(training_steps, "capture_backend", lambda device: ("aot_eager", None))
+    (result,) = run(tmp_path, "captured_step", "--bf16", "--config", tiny_config, *TINY_STEPS).values()
+    assert set(result["median_step_s"]) == {"eager", "captured"} and result["capture"] == ["aot_eager", None]
+    assert all(t > 0 for t in result["median_step_s"].values()) and result["speedup_captured_vs_eager"] > 0
+
+
 def test_fp16_steps_go_through_a_gradient_scaler(tmp_path, tiny_config):
     """As training's do: the precision benchmark reports the scaler's skipped steps (emulated fp16 on the CPU)."""
     (precision,) = run(tmp_path, "precision", "--precision", "fp16", "--config", tiny_config, *TINY_STEPS).values()
@@ -340,7 +350,10 @@ def test_step_audit_ends_with_its_two_summary_lines(tmp_path, tiny_config_for_te
         listed = [line for line in lines if line.startswith(f"{name} step sync: ")]
         assert len(listed) == len(step["host_syncs_by_site"])
     assert plain["graph_breaks"] >= 0 and plain["graph_breaks_loss_computation"] >= 0
-    assert any(line.startswith("graph breaks (torch._dynamo.explain") for line in lines[:-2])
+    graph_line = next(line for line in lines[:-2] if line.startswith("graph breaks (torch._dynamo.explain"))
+    # the whole step, the backward and AdamW's update included, as --capture_step compiles it (issue 60, item 1)
+    assert plain["graph_breaks_whole_step"] == 0, plain["graph_break_reasons_whole_step"]
+    assert graph_line.endswith("the whole step as --capture_step compiles it (backward and AdamW's update included) 0")
 
 
 def test_step_audit_under_bf16_counts_the_weight_casts_that_bf16_weights_removes(tmp_path, tiny_config_for_text):
@@ -359,6 +372,7 @@ def test_step_audit_under_bf16_counts_the_weight_casts_that_bf16_weights_removes
     assert copies["operators"].get("aten::_to_copy", 0) < plain["operators"]["aten::_to_copy"]
     assert plain["graph_breaks"] == 0, plain["graph_break_reasons"]
     assert plain["graph_breaks_forward_and_loss"] == 0, plain["graph_break_reasons_forward_and_loss"]
+    assert plain["graph_breaks_whole_step"] == 0, plain["graph_break_reasons_whole_step"]  # under bf16 autocast
 
 
 # -- bad flags: one line naming the flag, exit code 2, before anything loads -------------------------
@@ -374,6 +388,7 @@ def refused(capsys, *argv) -> str:
 
 
 @pytest.mark.parametrize("argv, message", [
+    (["captured_step", "--precision", "fp16"], "--precision fp16 is fp16 here: --capture_step refuses fp16"),
     (["encoder", "--batch_size", "0"], "argument --batch_size: must be >= 1, got 0"),
     (["encoder", "--steps", "0"], "argument --steps: must be >= 1, got 0"),
     (["encoder", "--rounds", "0"], "argument --rounds: must be >= 1, got 0"),

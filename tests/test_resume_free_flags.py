@@ -108,7 +108,7 @@ def test_a_resume_refuses_a_flag_that_changes_the_result_in_one_line(tiny_checkp
     assert (tmp_path / "run" / "last.json").read_bytes() == before
 
 
-@pytest.mark.parametrize("flag", ["eval_batch_size", "use_gpu", "precision", "compile_mode"])
+@pytest.mark.parametrize("flag", ["eval_batch_size", "use_gpu", "precision", "compile_mode", "capture_step"])
 def test_flags_that_change_the_result_are_not_resume_free(flag):
     assert flag not in resume_free_fields(TrainingArguments)
 

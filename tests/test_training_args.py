@@ -232,7 +232,8 @@ def test_resume_free_fields_are_those_that_cannot_change_the_result():
     free = resume_free_fields(TrainingArguments)
     assert {"output_dir", "prediction_files", "resume", "stop_after_stages", "quiet", "num_workers", "demo",
             "cycles"} <= free  # each proven in test_resume_free_flags.py
-    assert not free & {"eval_batch_size", "use_gpu", "precision", "compile_mode", "lr", "seed", "smart", "smart_momentum", "lr_schedule", "warmup_ratio", "hidden_dropout_prob",
+    assert not free & {"eval_batch_size", "use_gpu", "precision", "compile_mode", "capture_step", "lr", "seed",
+                       "smart", "smart_momentum", "lr_schedule", "warmup_ratio", "hidden_dropout_prob",
                        "encoder_dropout", "weight_decay", "grad_accumulation_steps", "first_stages", "cycle",
                        "batch_size", "max_length", "pretrained", "schedule", "gradient_surgery", "option",
                        "pair_encoder", "sst_objective", "ordinal_weight", "head_hidden", "lnsr",

@@ -19,8 +19,8 @@ from minbert.benchmarks.settings import ROOT, BenchmarkSettings
 from minbert.benchmarks.step_audit import bench_step_audit, step_audit_lines
 from minbert.benchmarks.throughput import (bench_data_parallel, bench_ensemble, bench_padding, bench_pipeline,
                                            bench_predict)
-from minbert.benchmarks.training_steps import (bench_adapters, bench_checkpointing, bench_encoder, bench_precision,
-                                               bench_smart)
+from minbert.benchmarks.training_steps import (bench_adapters, bench_captured_step, bench_checkpointing,
+                                               bench_encoder, bench_precision, bench_smart)
 from minbert.data.batches import standard_paths
 from minbert.files import unwritable_folder
 from minbert.runtime import COMPILE_MODES, PRECISIONS, requested_precision, resolve_precision
@@ -31,9 +31,11 @@ from tokenizer import BertTokenizer, shortest_max_length
 BENCHMARKS = {"encoder": bench_encoder, "precision": bench_precision, "smart": bench_smart, "memory": bench_memory,
               "pipeline": bench_pipeline, "adapters": bench_adapters, "checkpointing": bench_checkpointing,
               "data_parallel": bench_data_parallel, "ensemble": bench_ensemble, "padding": bench_padding,
-              "qqp_epoch": bench_qqp_epoch, "predict": bench_predict, "dev_eval": bench_dev_eval}
-# Measurements of the data or of a whole epoch rather than of a step: asked for by name, outside `all`.
-ON_THEIR_OWN = {"padding", "qqp_epoch", "predict", "dev_eval"}
+              "qqp_epoch": bench_qqp_epoch, "predict": bench_predict, "dev_eval": bench_dev_eval,
+              "captured_step": bench_captured_step}
+# Measurements of the data or of a whole epoch rather than of a step, and captured_step (on the CPU inductor's compile
+# takes minutes): asked for by name, outside `all`.
+ON_THEIR_OWN = {"padding", "qqp_epoch", "predict", "dev_eval", "captured_step"}
 # Kinds that count rather than time, outside `all`; each prints lines of its own after its JSON, its summary last.
 AUDITS = {"step_audit": bench_step_audit}
 AUDIT_LINES = {"step_audit": step_audit_lines}
@@ -128,6 +130,9 @@ def check_arguments(parser: argparse.ArgumentParser, settings: BenchmarkSettings
         problem = "a folder, not a file" if settings.json.is_dir() else unwritable_folder(settings.json.parent)
         if problem:
             parser.error(f"--json {settings.json}: {problem}")
+    if settings.which == "captured_step" and settings.precision == "fp16":
+        parser.error(f"--precision {settings.requested_precision} is fp16 here: --capture_step refuses fp16 (its "
+                     "gradient scaler reads the gradients' finiteness back each step); use --precision bf16 or fp32")
     if settings.which == "step_audit":  # the training command line checks its own flags (one line, exit code 2)
         training = training_settings(audit_training_argv(settings, True, settings.config, "OUTPUT_DIR"))
         if training.compile:

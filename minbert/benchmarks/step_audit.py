@@ -1,6 +1,7 @@
 """step_audit: what one plain and one SMART training step make the host wait for, every operator they dispatch (the
 weights' dtype casts among them; under bf16 the plain step again with --bf16_weights, which should cast none), and
-where torch.compile breaks the plain step's graph; no timing.
+where torch.compile breaks the plain step's graph (its forward, its loss, and the whole step as --capture_step
+compiles it, the backward and the optimizer's update included); no timing.
 """
 from __future__ import annotations
 
@@ -99,6 +100,22 @@ def plain_step_graph_breaks(trainer, task: str, batch: dict) -> dict:
             "loss computation": graph_breaks(loss)}
 
 
+def whole_step_graph_breaks(trainer, task: str, batch: dict) -> dict:
+    """Graph breaks in the plain step whole, as --capture_step compiles it (captured_step.CapturedStep.step): the
+    forward, the loss, the backward, the clipping and AdamW's update, on the padded layout, with the host's part
+    (layout, learning rate) done beforehand as the captured step does it. It takes the step: the trainer's last use."""
+    from minbert.training.captured_step import CapturedStep, capturing
+    encoder = trainer.model.bert.encoder
+    packed, encoder.pack_tokens = encoder.pack_tokens, False
+    try:
+        captured = CapturedStep(trainer.model, trainer.optimizer, trainer.parts.amp, trainer.config.max_grad_norm)
+        arguments = captured.prepare(trainer.loop.objective(task), to_device(batch, trainer.device), trainer.config.lr)
+        with capturing():
+            return graph_breaks(lambda: captured.step(*arguments))
+    finally:
+        encoder.pack_tokens = packed
+
+
 def step_figures(count: StepCount, task: str, batch: dict, argv: list[str], precision: str) -> dict:
     return {"task": task, "batch_shapes": {k: list(v.shape) for k, v in batch.items() if torch.is_tensor(v)},
             "training_argv": argv, "precision": precision, "host_syncs": count.host_syncs, "ops": count.ops,
@@ -140,6 +157,9 @@ def bench_step_audit(settings: BenchmarkSettings, device) -> dict:
                     graph_break_reasons_forward_and_loss=breaks["forward and loss"]["reasons"],
                     graph_breaks_loss_computation=breaks["loss computation"]["count"],
                     graph_break_reasons_loss_computation=breaks["loss computation"]["reasons"])
+                whole = whole_step_graph_breaks(trainer, task, counted)
+                result["plain_step"].update(graph_breaks_whole_step=whole["count"],
+                                            graph_break_reasons_whole_step=whole["reasons"])
             del trainer
             gc.collect()
     return result
@@ -153,9 +173,12 @@ def step_audit_lines(result: dict) -> list[str]:
              for name, step in (("plain", plain), ("smart", smart)) for site in step["host_syncs_by_site"]]
     lines.append(f"graph breaks (torch._dynamo.explain: graphs - 1): the model's forward {plain['graph_breaks']}, "
                  f"its forward and loss {plain['graph_breaks_forward_and_loss']}, the plain step's whole loss "
-                 f"computation (the host-side layout included) {plain['graph_breaks_loss_computation']}")
+                 f"computation (the host-side layout included) {plain['graph_breaks_loss_computation']}, the whole "
+                 f"step as --capture_step compiles it (backward and AdamW's update included) "
+                 f"{plain['graph_breaks_whole_step']}")
     for part, key in (("forward", "graph_break_reasons"), ("forward and loss", "graph_break_reasons_forward_and_loss"),
-                      ("loss computation", "graph_break_reasons_loss_computation")):
+                      ("loss computation", "graph_break_reasons_loss_computation"),
+                      ("whole step", "graph_break_reasons_whole_step")):
         lines += [f"graph break in the {part}: {r['times']} x {r['reason']} at {r['where']}" for r in plain[key]]
     copies = result.get("plain_step_bf16_weights")
     lines.append("plain step with --bf16_weights: " + (

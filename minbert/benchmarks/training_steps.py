@@ -1,6 +1,7 @@
 """Train-step comparisons: minBERT against transformers.BertModel (`encoder`), float32 against 16-bit autocast
 (`precision`), SMART against a plain step and where its time goes (`smart`), full fine-tuning against adapters
-(`adapters`), and gradient checkpointing (`checkpointing`).
+(`adapters`), gradient checkpointing (`checkpointing`), and the whole step captured as one graph against the eager
+step (`captured_step`).
 """
 from __future__ import annotations
 
@@ -18,6 +19,9 @@ from minbert.benchmarks.settings import BenchmarkSettings, sixteen_bit
 from minbert.benchmarks.timing import Update, alternate, multitask_step_fn, train_step_fn, utilisation
 from minbert.data.batches import row_lengths
 from minbert.runtime import autocast, float32_exact
+from minbert.training.captured_step import CapturedStep, capture_backend
+from minbert.training.objective import TaskObjective
+from minbert.training.optimization import build_optimizer, update_weights
 from minbert.training.precision import keep_bf16_copies
 from optimizer import AdamW
 
@@ -257,3 +261,33 @@ def bench_checkpointing(settings: BenchmarkSettings, device) -> dict:
             "median_step_s": medians, "checkpointing_time_ratio": medians["checkpointed"] / medians["plain"],
             "peak_step_memory_mib": {k: round(v / 2**20, 1) for k, v in memory.items()},
             "checkpointing_memory_ratio": memory["checkpointed"] / max(memory["plain"], 1)}
+
+
+# The captured step's benchmark clips as the GPU recipes' SMART runs do (the SMART paper's 1): clipping is in the graph.
+CAPTURED_MAX_GRAD_NORM = 1.0
+
+
+def bench_captured_step(settings: BenchmarkSettings, device) -> dict:
+    """The plain training step of a task batch (an STS-like pair batch, padded to --seq_len) taken eagerly as the
+    loop takes it (forward, loss, backward, clipping, the run's AdamW: optimization.update_weights) against the same
+    step captured whole as --capture_step runs it (captured_step.CapturedStep: CUDA graphs on CUDA, inductor on the
+    CPU, whose C++ compile takes minutes there), on the same model, weights and batch, both on the padded layout the
+    captured step needs (CUDA's default). The sides alternate; the captured one compiles and records in its warm-up
+    steps (give CUDA graphs --warmup 5 or more)."""
+    model, _, _, batch = multitask_setup(settings, device, smart=False)
+    model.bert.encoder.pack_tokens = False
+    optimizer = build_optimizer(model, 1e-5)  # the run's: each group's rate a device tensor the step reads
+    objective, amp = TaskObjective("sts"), autocast(device, settings.precision)
+    scaler = torch.amp.GradScaler(device.type, enabled=False)  # fp16 is refused by the flags: no loss scale
+    captured = CapturedStep(model, optimizer, amp, CAPTURED_MAX_GRAD_NORM, *capture_backend(device))
+
+    def eager():
+        with amp:
+            loss, _ = objective(model, batch)
+        loss.backward()
+        update_weights(optimizer, scaler, 1e-5, CAPTURED_MAX_GRAD_NORM)
+    medians = alternate({"eager": eager, "captured": lambda: captured(objective, batch, 1e-5)}, settings, device)
+    return {"benchmark": "plain train step (sts pair batch: forward, loss, backward, clipping, AdamW), eager vs "
+                         "captured whole (--capture_step)",
+            "capture": list(capture_backend(device)), "median_step_s": medians,
+            "speedup_captured_vs_eager": medians["eager"] / medians["captured"]}

@@ -157,10 +157,13 @@ def check_fields(info: Path, metadata: dict, expected: dict[str, type | tuple[ty
 def optimizer_state(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict]:
     """AdamW's moments as tensors 'optimizer.<index>.exp_avg(_sq)', its steps and groups as JSON. Step counts (and
     a learning rate) that AdamW holds as device tensors are written as the numbers they hold, read back to the
-    host here at the save: the JSON reads as it did when they were Python numbers."""
+    host here at the save: the JSON reads as it did when they were Python numbers. A state that no step has moved
+    (AdamW.initial_state's, made ahead of the first gradient) is left out, as if it were not there yet."""
     state = optimizer.state_dict()
     tensors, steps = {}, {}
     for index, moments in state["state"].items():
+        if int(moments["step"]) == 0:  # created ahead of a step (captured_step.py): what no state starts from
+            continue
         tensors[f"optimizer.{index}.exp_avg"] = moments["exp_avg"].contiguous()
         tensors[f"optimizer.{index}.exp_avg_sq"] = moments["exp_avg_sq"].contiguous()
         steps[str(index)] = int(moments["step"])

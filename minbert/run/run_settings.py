@@ -19,6 +19,7 @@ import torch
 from minbert.run.training_args import CUDA_SAVE_MINUTES, TrainingArguments
 from minbert.runtime import pad_to_multiple_of, resolve_precision
 from minbert.tasks import task_settings
+from minbert.training.captured_step import capture_backend
 from minbert.training.loop import LoopConfig
 from minbert.training.penalties import PENALTY_KINDS, PenaltySettings
 from minbert.training.stage_transitions import TransitionSettings
@@ -63,7 +64,8 @@ def resolve_run_settings(args: TrainingArguments, num_layers: int, device: torch
     penalties = penalty_settings(args, num_layers)
     minutes = save_minutes(args.save_every_minutes, device)
     own_options = task_settings(vars(args))
-    precision, padding = resolve_precision(device, args.precision), pad_to_multiple_of(device, args.compile)
+    precision = resolve_precision(device, args.precision)
+    padding = pad_to_multiple_of(device, args.compile or args.capture_step)
     loop = LoopConfig(output_dir=Path(args.output_dir), lr=args.lr, seed=args.seed, batch_size=args.batch_size,
                       eval_batch_size=args.eval_batch_size, max_length=args.max_length, num_workers=args.num_workers,
                       grad_accumulation_steps=args.grad_accumulation_steps, max_grad_norm=args.max_grad_norm,
@@ -75,7 +77,8 @@ def resolve_run_settings(args: TrainingArguments, num_layers: int, device: torch
                       report_to=args.report_to, save_steps=args.save_steps, save_every_minutes=minutes,
                       save_total_limit=args.save_total_limit,
                       transitions=TransitionSettings(args.patience, args.stage_start, args.simcse_keep),
-                      pad_to_multiple_of=padding)
+                      pad_to_multiple_of=padding,
+                      capture_step=capture_backend(device) if args.capture_step else None)
     return RunSettings(loop=loop,
                        optimizer=OptimizerSettings(args.lr, args.weight_decay, args.layerwise_lr_decay, args.compile,
                                                            args.bf16_weights),

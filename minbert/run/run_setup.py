@@ -207,7 +207,7 @@ def build_run(args: TrainingArguments, stages: list[Stage], data: dict, tokenize
     Trainer that build_trainer builds around them."""
     seed_everything(args.seed)
     model = build_model(args, train_tasks(stages, run_tasks(args))).to(device)
-    place_encoder(model.bert.encoder, device, args.compile, args.compile_mode)
+    place_encoder(model.bert.encoder, device, args.compile, args.compile_mode, padded=args.capture_step)
     mlm_head = None
     if any(stage.kind is StageKind.MLM for stage in stages):
         mlm_head, found = load_mlm_head(args.pretrained, model.bert.config)
@@ -237,10 +237,15 @@ def build_trainer(args: TrainingArguments, model: MultitaskBERT, tokenizer, data
     objects built from them. Build it once the model is on its device and the same on every rank (SMART's anchor
     copies the model's weights). `penalty_inputs`: what the penalties read (load_penalty_inputs)."""
     settings = resolve_run_settings(args, model.bert.config.num_hidden_layers, device)
+    if args.capture_step:  # what training_args could not know before the device and the ranks
+        check_captured_step(settings.loop.precision, distributed)
     optimizer = build_optimizer(model, settings.optimizer.lr, settings.optimizer.weight_decay,
                                 settings.optimizer.layerwise_lr_decay, mlm_head, settings.optimizer.compiled,
                                 settings.optimizer.bf16_weights)
     penalties = build_penalties(settings.penalties, model, penalty_inputs)
+    if args.capture_step and penalties:  # a penalty that training_args' check does not name yet
+        raise UsageError(f"--capture_step does not combine with the {penalties[0].name} penalty: not checked inside "
+                         "the captured graph")
     simcse = None
     if triplets:
         loss = partial(SIMCSE_OBJECTIVES[settings.simcse.objective], temperature=settings.simcse.temperature)
@@ -250,3 +255,13 @@ def build_trainer(args: TrainingArguments, model: MultitaskBERT, tokenizer, data
         surgery = GradientSurgery(settings.gradient_surgery, settings.cagrad_c)
     return Trainer(model, tokenizer, data, device, settings.loop, optimizer, penalties, simcse, surgery,
                    settings.task_settings, mlm_head, distributed, settings.record)
+
+
+def check_captured_step(precision: str, distributed: Distributed) -> None:
+    """--capture_step against the precision the device resolved (--precision auto is fp16 on a T4) and torchrun."""
+    if precision == "fp16":
+        raise UsageError("--capture_step does not combine with fp16 (--precision auto on this GPU): its gradient "
+                         "scaler reads the gradients' finiteness back to decide each step; use --precision fp32")
+    if distributed.enabled:
+        raise UsageError("--capture_step does not combine with torchrun: the gradients' average over ranks is not "
+                         "captured")

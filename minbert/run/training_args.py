@@ -337,6 +337,12 @@ class TrainingArguments:
     # Not resume-free: each mode compiles other kernels (max-autotune picks them by timing them).
     compile_mode: str = flag("default", "torch.compile's mode: default, reduce-overhead (CUDA graphs) or "
                                "max-autotune", OPTIMISATION, choices=COMPILE_MODES)
+    # Not resume-free: on the CPU it pads batches to buckets of 8 tokens and runs the padded layout (other rounding).
+    capture_step: bool = flag(False, "each task batch's whole step (forward, loss, backward, clipping, AdamW's update) "
+                              "as one graph, compiled once per task and length bucket: CUDA graphs on CUDA, inductor "
+                              "on a CPU; batches padded to multiples of 8 tokens. Refused where it cannot capture "
+                              "the step (fp16, accumulation, gradient surgery, penalties, SimCSE and mlm stages...)",
+                              OPTIMISATION, action="store_true")
     # --precision auto resumes on another GPU kind (a Colab run started on an L4 in bf16 continues on a T4 in fp16),
     # but a changed flag is refused: it would change the result.
     precision: str = flag("auto", "auto: bf16 autocast where the device computes bf16 natively (L4, A100, H100; "
@@ -534,6 +540,34 @@ def _check_optimisation(args: TrainingArguments) -> None:
     # The copies' forward checks each parameter's version counter, which torch.compile's traced layers do not
     # see: a copy could go stale inside a compiled graph.
     _check(not (args.bf16_weights and args.compile), "--bf16_weights does not combine with --compile")
+    if args.capture_step:
+        _check_capture_step(args)
+
+
+def _check_capture_step(args: TrainingArguments) -> None:
+    """What --capture_step cannot serve as the eager step would: one line for the first such flag. The captured
+    graph is one batch and its update, which no value read back on the host may steer (captured_step.py); what
+    was never checked inside it is refused too."""
+    refused = (
+        (args.precision == "fp16", "--precision fp16: its gradient scaler reads the gradients' finiteness back to "
+                                   "decide each step"),
+        (args.grad_accumulation_steps > 1, "--grad_accumulation_steps > 1: an update of several batches"),
+        (args.gradient_surgery != "none", "--gradient_surgery: an update of every task's batch"),
+        (args.smart, "--smart: its step reads the adversarial term's finiteness back to decide whether to drop it "
+                     "(smart.adversarial_regularizer), a branch no graph can hold; on the device a NaN of the "
+                     "perturbed pass would still reach the weights through the backward"),
+        (args.lnsr or args.distill is not None or bool(args.distill_override) or args.ewc_weight > 0
+         or args.l2sp_weight > 0,
+         "--lnsr, --distill, --ewc_weight, --l2sp_weight: penalties not checked inside the captured graph"),
+        (bool(args.simcse_data) or args.mlm_epochs > 0, "--simcse_data, --mlm_epochs: their stages' steps are not "
+                                                         "captured"),
+        (args.compile, "--compile: the captured step compiles the layers itself"),
+        (args.bf16_weights, "--bf16_weights: its copies' forward checks version counters a graph does not see"),
+        (args.gradient_checkpointing, "--gradient_checkpointing: not checked inside the captured graph"),
+        (args.adapter != "none", "--adapter: adapters are not checked inside the captured graph"),
+    )
+    for condition, reason in refused:
+        _check(not condition, f"--capture_step does not combine with {reason}")
 
 
 def _check_schedule_flags(args: TrainingArguments) -> None:

@@ -27,6 +27,7 @@ from minbert.model.checkpoint import (gather_rank_states, optimizer_state, rank_
 from minbert.model.multitask_bert import MultitaskBERT, load_trained_tensors, model_metadata, trained_tensors
 from minbert.runtime import autocast, to_device
 from minbert.step_log import RunLog, StageLosses, read_line
+from minbert.training.captured_step import CapturedStep
 from minbert.training.checkpoint_files import LAST, keep_earlier_checkpoint
 from minbert.training.gradient_surgery import GradientSurgery, SeparateTaskGradients
 from minbert.training.mlm import MaskedLanguageModelHead, MaskedLanguageModelObjective
@@ -78,6 +79,9 @@ class LoopConfig:
     save_total_limit: int = 1  # checkpoints kept: last.* and the N-1 before it (checkpoint_files.py)
     # Between stages: early stopping and what the stage after a block of repeated stages starts from.
     transitions: TransitionSettings = TransitionSettings()
+    # --capture_step: torch.compile's (backend, mode) of each task batch's whole step (captured_step.py), or None:
+    # the eager step.
+    capture_step: tuple[str, str | None] | None = None
 
 
 @dataclass
@@ -116,6 +120,15 @@ def tasks_together(pairs: list[tuple[str, dict]]) -> list[tuple[str, dict]]:
     return [pair for task in dict.fromkeys(name for name, _ in pairs) for pair in pairs if pair[0] == task]
 
 
+def rank_share(distributed: Distributed, objective, batch: dict, loss: torch.Tensor) -> torch.Tensor:
+    """The loss as this rank's part of the global batch's under torchrun (its share of the objective's local_items;
+    SimCSE's, None, is the global batch's already, which the average over ranks would divide)."""
+    if not distributed.enabled:
+        return loss
+    items = objective.local_items(batch)
+    return loss * (distributed.world_size if items is None else distributed.share(items, loss.device))
+
+
 class StepLoop:
     """Trains each stage's steps and takes the optimizer's updates (run_stage, run_steps), logs them and saves the
     checkpoints inside the stage; owns the run's TrainingState, which its RunCheckpoint saves (save) and restores
@@ -132,6 +145,8 @@ class StepLoop:
         self.state = TrainingState(learning_rate=config.lr)
         self.control = TrainerControl()
         self.objectives: dict[str, object] = {}  # by the name of what a batch trains: objective()
+        self.captured = None if config.capture_step is None else CapturedStep(
+            self.model, optimizer, parts.amp, config.max_grad_norm, *config.capture_step)
 
     def objective(self, name: str) -> TaskObjective | MaskedLanguageModelObjective | SimcseObjective:
         """What a batch of `name` trains: "mlm", "simcse", or a task's loss with the penalties that apply to it
@@ -227,10 +242,13 @@ class StepLoop:
                 if separate is not None:
                     separate.start(name)
                 objective, batch = self.objective(name), to_device(batch, self.device)
-                with parts.amp:  # the forward, the task's loss and its penalties (SMART, distillation...)
-                    loss, terms = objective(self.model, batch)
-                if loss.requires_grad:  # not so for the SBERT cosine with --option pretrain: no trainable weight
-                    parts.scaler.scale(self.rank_share(objective, batch, loss) / group_size).backward()
+                if self.captured is not None:  # all of it in one graph, the update too (one batch per update)
+                    loss, terms, norm = self.captured(objective, batch, self.learning_rate(stage))
+                else:
+                    with parts.amp:  # the forward, the task's loss and its penalties (SMART, distillation...)
+                        loss, terms = objective(self.model, batch)
+                    if loss.requires_grad:  # not so for the SBERT cosine with --option pretrain: no trainable weight
+                        parts.scaler.scale(rank_share(self.distributed, objective, batch, loss) / group_size).backward()
                 state.task_losses.add(name, loss)
                 for term, value in terms.items():
                     state.penalty_terms.add(term, value)
@@ -245,8 +263,10 @@ class StepLoop:
             stage.update = index // accumulation
             control = self.decide_update(stage)  # should_log, should_evaluate (the stage's end)
             state.learning_rate = self.learning_rate(stage)
-            # the gradients averaged over ranks, clipped, the optimizer's step (fp16's scaler may skip it)
-            norm, stepped = self.optimizer_step(surgery_rng is not None, measure_norm=control.should_log)
+            # the gradients averaged over ranks, clipped, the optimizer's step (fp16's scaler may skip it); the
+            # captured step has taken it at the same rate (learning_rate reads the updates done, not the batch)
+            norm, stepped = ((norm, True) if self.captured is not None
+                             else self.optimizer_step(surgery_rng is not None, measure_norm=control.should_log))
             if stepped:  # the penalties follow the weights (SMART's anchor), and the schedules advance
                 place = UpdatePlace(stage.update, stage.updates, state.updates, state.total_updates)
                 for penalty in self.penalties:
@@ -261,14 +281,6 @@ class StepLoop:
                 self.save(stage, description)
         self.state.stage = None  # the stage's own checkpoint, after its dev pass, is not inside it
         return stage.losses.read_mean(description)
-
-    def rank_share(self, objective, batch: dict, loss: torch.Tensor) -> torch.Tensor:
-        """The loss as this rank's part of the global batch's under torchrun (its share of the objective's
-        local_items; SimCSE's, None, is the global batch's already, which the average over ranks would divide)."""
-        if not self.distributed.enabled:
-            return loss
-        items = objective.local_items(batch)
-        return loss * (self.distributed.world_size if items is None else self.distributed.share(items, self.device))
 
     def begin_steps(self, stage: StageProgress) -> None:
         """Make `stage` the state's stage under way. A resumed one gets back its RNG states (now that its loaders

@@ -135,19 +135,21 @@ class TaskObjective:
         if len(encoders) > 1:
             raise ValueError(f"{task}: {' and '.join(encoders)} would each run the encoder; one penalty may")
 
-    def __call__(self, model: MultitaskBERT, batch: dict) -> tuple[Tensor, dict[str, Tensor]]:
+    def __call__(self, model: MultitaskBERT, batch: dict, inputs=None) -> tuple[Tensor, dict[str, Tensor]]:
+        """`inputs`: model.encoder_inputs(task, batch) made beforehand (the captured step builds the token layout
+        on the host, outside the graph it captures), or None to make them here."""
         device_type = next(model.parameters()).device.type
         exact = any(penalty.computes_exactly(self.task, device_type) for penalty in self.penalties)
         with float32_exact() if exact else nullcontext():
-            return self.loss(model, batch)
+            return self.loss(model, batch, inputs)
 
     def local_items(self, batch: dict) -> int:
         """What the loss is a mean over on this rank: the batch's examples."""
         return len(batch["labels"])
 
-    def loss(self, model: MultitaskBERT, batch: dict) -> tuple[Tensor, dict[str, Tensor]]:
+    def loss(self, model: MultitaskBERT, batch: dict, inputs=None) -> tuple[Tensor, dict[str, Tensor]]:
         model.set_adapter(self.task)  # the passes below run the encoder in parts, not through forward()
-        inputs = model.encoder_inputs(self.task, batch)
+        inputs = model.encoder_inputs(self.task, batch) if inputs is None else inputs
         forward = TaskForward(model, self.task, batch, inputs, model.embed(inputs), model.objectives[self.task])
         hidden = None
         for penalty in self.penalties:
