@@ -138,6 +138,7 @@ def test_every_benchmark_runs_under_bf16_autocast_on_cpu(tmp_path, tiny_config_f
     assert len(ensemble["per_split_s"]) == 6 and ensemble["one_model_inference_s"] > 0
 
 
+@pytest.mark.slow  # compiles the whole step twice (about 15 s); step_audit's 0-break check stays in the fast tier
 def test_the_captured_step_is_timed_against_the_eager_one(tmp_path, tiny_config, monkeypatch):
     """captured_step (asked for by name: on the CPU inductor's C++ compile takes minutes, so the test compiles with
     aot_eager; scripts/gpu_check.sh times CUDA graphs): both sides timed, the captured one's backend reported."""

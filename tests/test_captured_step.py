@@ -91,6 +91,7 @@ class Killed(BaseException):
     """The process dying as an update begins: nothing after it runs."""
 
 
+@pytest.mark.slow  # three short runs (about 45 s on 2 cores): the eager path's resume is in the fast tier
 def test_a_captured_run_stopped_and_resumed_ends_as_one_never_stopped(tiny_checkpoint, tmp_path, monkeypatch):
     """Stopped between its stages (--stop_after_stages) and killed inside the second one (its checkpoint of
     --save_steps 2 kept), then resumed with --resume: the same bytes as the run never stopped. The dynamo-traced
