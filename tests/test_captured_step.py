@@ -155,9 +155,12 @@ def test_the_whole_step_traces_as_one_graph_where_the_eager_step_breaks(tmp_path
     (["--grad_accumulation_steps", "2"], "--capture_step does not combine with --grad_accumulation_steps > 1"),
     (["--schedule", "annealed", "--gradient_surgery", "pcgrad"], "--capture_step does not combine with "
                                                                  "--gradient_surgery"),
-    (["--smart"], "--capture_step does not combine with --smart: its step reads the adversarial term's finiteness"),
-    (["--lnsr"], "--capture_step does not combine with --lnsr, --distill"),
-    (["--ewc_weight", "1"], "--capture_step does not combine with --lnsr, --distill"),
+    (["--smart"], "--capture_step does not combine with --smart: the smart penalty is not captured"),
+    (["--lnsr"], "--capture_step does not combine with --lnsr: the lnsr penalty is not captured"),
+    (["--ewc_weight", "1"], "--capture_step does not combine with --ewc_weight: the ewc penalty is not captured"),
+    (["--l2sp_weight", "0.1"], "--capture_step does not combine with --l2sp_weight: the l2sp penalty is not captured"),
+    (["--distill", "teacher"], "--capture_step does not combine with --distill: the distillation penalty is not "
+                               "captured"),
     (["--mlm_epochs", "1"], "--capture_step does not combine with --simcse_data, --mlm_epochs"),
     (["--compile"], "--capture_step does not combine with --compile"),
     (["--precision", "bf16", "--bf16_weights"], "--capture_step does not combine with --bf16_weights"),
@@ -168,6 +171,26 @@ def test_what_it_cannot_capture_is_refused_in_one_line(tmp_path, capsys, model_m
     assert exit_code(["--data_dir", str(DEMO), "--output_dir", str(tmp_path / "run"), "--capture_step", *flags]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and problem in lines[0], lines
+
+
+def test_a_penalty_is_on_as_its_file_says_or_as_its_flags_are_set():
+    """PenaltyKind.is_on, which --capture_step's refusal asks of every penalty file before anything loads: the
+    file's own `on`, else its switch, else any flag of its set away from its default (a new file saying nothing)."""
+    from types import SimpleNamespace
+
+    from minbert.training.objective import PenaltyFlag, PenaltyKind
+    from minbert.training.penalties import PENALTY_KINDS
+    quiet = PenaltyKind(name="drift", flags={"drift_weight": PenaltyFlag(0.0, ""), "drift_every": PenaltyFlag(1, "")},
+                        build=lambda settings, model: None)
+    assert not quiet.is_on(SimpleNamespace(drift_weight=0.0, drift_every=1))
+    assert quiet.is_on(SimpleNamespace(drift_weight=0.5, drift_every=1))
+    assert quiet.is_on(SimpleNamespace(drift_weight=0.0, drift_every=2))
+    distillation = PENALTY_KINDS["distillation"]
+    off = SimpleNamespace(distill=None, distill_override=[], score_train=True)
+    assert not distillation.is_on(off)  # writing the train scores distils nothing
+    assert distillation.is_on(SimpleNamespace(distill=None, distill_override=["qqp:teacher=t"], score_train=False))
+    assert PENALTY_KINDS["smart"].is_on(SimpleNamespace(smart=True))
+    assert not PENALTY_KINDS["smart"].is_on(SimpleNamespace(smart=False))
 
 
 def test_fp16_resolved_on_the_device_is_refused_too():

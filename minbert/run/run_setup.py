@@ -243,9 +243,6 @@ def build_trainer(args: TrainingArguments, model: MultitaskBERT, tokenizer, data
                                 settings.optimizer.layerwise_lr_decay, mlm_head, settings.optimizer.compiled,
                                 settings.optimizer.bf16_weights)
     penalties = build_penalties(settings.penalties, model, penalty_inputs)
-    if args.capture_step and penalties:  # a penalty that training_args' check does not name yet
-        raise UsageError(f"--capture_step does not combine with the {penalties[0].name} penalty: not checked inside "
-                         "the captured graph")
     simcse = None
     if triplets:
         loss = partial(SIMCSE_OBJECTIVES[settings.simcse.objective], temperature=settings.simcse.temperature)

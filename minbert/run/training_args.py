@@ -553,12 +553,10 @@ def _check_capture_step(args: TrainingArguments) -> None:
                                    "decide each step"),
         (args.grad_accumulation_steps > 1, "--grad_accumulation_steps > 1: an update of several batches"),
         (args.gradient_surgery != "none", "--gradient_surgery: an update of every task's batch"),
-        (args.smart, "--smart: its step reads the adversarial term's finiteness back to decide whether to drop it "
-                     "(smart.adversarial_regularizer), a branch no graph can hold; on the device a NaN of the "
-                     "perturbed pass would still reach the weights through the backward"),
-        (args.lnsr or args.distill is not None or bool(args.distill_override) or args.ewc_weight > 0
-         or args.l2sp_weight > 0,
-         "--lnsr, --distill, --ewc_weight, --l2sp_weight: penalties not checked inside the captured graph"),
+        # every penalty file's, SMART's included (its step reads the adversarial term's finiteness back to decide
+        # whether to drop it: a branch no graph holds)
+        *((kind.is_on(args), f"{penalty_flags(kind, args)}: the {kind.name} penalty is not captured")
+          for kind in PENALTY_KINDS.values()),
         (bool(args.simcse_data) or args.mlm_epochs > 0, "--simcse_data, --mlm_epochs: their stages' steps are not "
                                                          "captured"),
         (args.compile, "--compile: the captured step compiles the layers itself"),
@@ -568,6 +566,14 @@ def _check_capture_step(args: TrainingArguments) -> None:
     )
     for condition, reason in refused:
         _check(not condition, f"--capture_step does not combine with {reason}")
+
+
+def penalty_flags(kind, args: TrainingArguments) -> str:
+    """The flags of the penalty `kind` that the run sets away from their defaults, as a command line names them
+    (its switch alone where it has one)."""
+    if kind.switch is not None:
+        return f"--{kind.switch}"
+    return ", ".join(f"--{name}" for name, flag in kind.flags.items() if getattr(args, name) != flag.default)
 
 
 def _check_schedule_flags(args: TrainingArguments) -> None:

@@ -211,7 +211,9 @@ class PenaltyKind:
     `check_stages(settings, stages)`, the flags against the run's schedule, still before anything is read
     (ValueError); `load(settings, stages, data, task_settings)`, files the penalty reads before the model loads (a
     teacher's scores; None: none), checked there (ValueError naming the file); `check_resume(saved, settings)`, a
-    resume's settings against the stopped run's saved args beyond each flag's own match (ValueError)."""
+    resume's settings against the stopped run's saved args beyond each flag's own match (ValueError); `on(settings)`,
+    whether the flags turn the penalty on, where its switch (or, without one, any flag away from its default) does
+    not say it (is_on)."""
     name: str
     flags: dict[str, PenaltyFlag]
     build: Callable[[object, MultitaskBERT], Penalty | None]
@@ -224,6 +226,17 @@ class PenaltyKind:
     check_stages: Callable[[object, list], None] = lambda settings, stages: None
     load: Callable[..., object] = lambda settings, stages, data, task_settings: None
     check_resume: Callable[[dict, object], None] = lambda saved, settings: None
+    on: Callable[[object], bool] | None = None
+
+    def is_on(self, settings) -> bool:
+        """Whether the run's flags (`settings`: all the run's, as `check` reads them) turn the penalty on, known
+        before the model is built: `on(settings)` where the file says, else its `switch`, else any of its flags set
+        away from its default (the cautious answer for a file that says nothing: a flag it would ignore counts)."""
+        if self.on is not None:
+            return self.on(settings)
+        if self.switch is not None:
+            return getattr(settings, self.switch) not in (False, None)
+        return any(getattr(settings, name) != flag.default for name, flag in self.flags.items())
 
 
 def penalties_state(penalties: Sequence[Penalty]) -> tuple[dict[str, Tensor], dict]:

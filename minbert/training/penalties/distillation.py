@@ -90,7 +90,9 @@ def build(settings, model) -> Distillation | None:
 
 PENALTY = PenaltyKind(
     name="distillation", title="distillation: a teacher's saved scores on the train splits as soft targets",
-    early=True, after="lnsr_noise_std", build=build, check=check, check_stages=check_stages, load=load, flags={
+    early=True, after="lnsr_noise_std", build=build, check=check, check_stages=check_stages, load=load,
+    # a teacher named, for every task or for one (--score_train alone writes scores, it distils nothing)
+    on=lambda settings: settings.distill is not None or bool(settings.distill_override), flags={
         "distill": PenaltyFlag(None, "a teacher folder (an scripts/ensemble.py output or a run) whose "
                                "scores/{sst,qqp,sts}-train.csv (SQuAD: scores/qa-train.safetensors) become soft "
                                "targets of the trained tasks", type=None),

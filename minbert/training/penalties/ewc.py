@@ -30,7 +30,7 @@ def build(settings, model):
 
 
 PENALTY = PenaltyKind(
-    name="ewc", title=DEFENCES_TITLE, build=build, check=check,
+    name="ewc", title=DEFENCES_TITLE, build=build, check=check, on=lambda settings: settings.ewc_weight > 0,
     flags={"ewc_weight": PenaltyFlag(0.0, "lambda of EWC (Kirkpatrick et al. 2017) on the trainable encoder "
                                           "parameters: lambda/2 sum F (theta - theta*)^2, the diagonal Fisher F "
                                           "consolidated, at the weights theta* the next stage starts from, whenever "

@@ -28,7 +28,7 @@ def build(settings, model):
 
 
 PENALTY = PenaltyKind(
-    name="l2sp", title=DEFENCES_TITLE, build=build, check=check,
+    name="l2sp", title=DEFENCES_TITLE, build=build, check=check, on=lambda settings: settings.l2sp_weight > 0,
     flags={"l2sp_weight": PenaltyFlag(0.0, "alpha of L2-SP (Li et al. 2018): alpha/2 sum (theta - "
                                            "theta_pretrained)^2 over the trainable weights that came from "
                                            "--pretrained")})
