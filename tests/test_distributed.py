@@ -348,7 +348,9 @@ def _launch(folder, processes: int, runs: list) -> dict[str, dict]:
     result = subprocess.run([sys.executable, *launcher, str(ROOT / "tests" / "runs_in_one_launch.py"), str(runs_file)],
                             cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
                             timeout=900)
-    assert result.returncode == 0, result.stderr[-3000:]
+    # which runs' results each rank wrote before it failed: where in the launch it stopped
+    written = sorted(path.name for path in folder.glob("*.rank*.json"))
+    assert result.returncode == 0, f"results written: {written}\n{result.stderr[-3000:]}"
     outcomes = {}
     for name, _, _ in runs:
         ranks = [json.loads((folder / f"{name}.rank{rank}.json").read_text()) for rank in range(processes)]
