@@ -338,7 +338,10 @@ def ascend(
         perturbation.requires_grad_()
         with torch.enable_grad():
             value = divergence_fn(forward_fn(_perturb(anchor, perturbation)), target)
-            (gradient,) = torch.autograd.grad(value, perturbation)
+            # Traced (--capture_step), dynamo counts every grad_fn reachable from value as consumed, autocast's
+            # casts of the weights too, which the step's backward then reaches again: it refuses unless the graph is
+            # kept (the compiled graph frees what it no longer needs either way); eagerly nothing changes.
+            (gradient,) = torch.autograd.grad(value, perturbation, retain_graph=torch.compiler.is_compiling())
         finite = finite & torch.isfinite(gradient).all()
         with torch.no_grad():
             delta = ascent_step(delta.detach(), gradient, config)
@@ -366,7 +369,7 @@ def adversarial_regularizer(
     divergence: str,
     config: SmartConfig,
     token_mask: Tensor | None = None,
-) -> tuple[Tensor, bool]:
+) -> tuple[Tensor, bool | Tensor]:
     """R_s = divergence(forward_fn(embeddings + delta*), clean_outputs) for the ascent's delta*, reduced over the
     classes as config.reduction says.
 
@@ -377,10 +380,19 @@ def adversarial_regularizer(
     the adversarial pass (a NaN in the perturbed pass would reach the weights through its backward even if
     R_s were replaced by a zero on the device). With epsilon 0 the perturbed forward is a second clean forward under
     its own dropout mask (ascend takes no step).
+
+    Inside a graph torch.compile captures (--capture_step), where nothing is read back, the decision stays on the
+    device: R_s where finite, else 0, and whether it was dropped as a 0-dim bool tensor. A non-finite ascent has
+    zeroed the perturbation already, so the perturbed pass is a clean one and its backward stays finite; only a
+    perturbed pass that overflows where the clean one did not would reach the weights, and the run then stops on
+    its non-finite loss (the loop's divergence check) rather than going on.
     """
     delta, finite = ascend(forward_fn, embeddings, clean_outputs, divergence, config, token_mask)
     value = reduced_divergence(divergence, forward_fn(_perturb(embeddings, delta)), clean_outputs, config.reduction)
-    if not bool(finite & torch.isfinite(value)):
+    kept = finite & torch.isfinite(value)
+    if torch.compiler.is_compiling():
+        return torch.where(kept, value, torch.zeros_like(value)), ~kept
+    if not bool(kept):
         return torch.zeros((), device=clean_outputs.device), True
     return value, False
 
@@ -484,7 +496,10 @@ class SmartRegularizer:
         elif anchor is None:
             anchor = BregmanAnchor(model, config.anchor_momentum)
         self.anchor = anchor
-        self.skipped_steps = 0
+        self.skipped_host = 0
+        # the adversarial terms a captured step dropped (adversarial_regularizer decides on the device there), in
+        # place: a tensor that stays where it is, as CUDA graphs need of what they update
+        self.skipped_on_device = torch.zeros((), dtype=torch.int64, device=next(model.parameters()).device)
         # The terms of the last penalty, weighted as added (lambda_s * R_s as "adversarial", mu * D_Breg as
         # "bregman"), detached on the device: a caller that logs them sums them there and reads them back rarely.
         self.terms: dict[str, Tensor] = {}
@@ -517,10 +532,30 @@ class SmartRegularizer:
             smoothness, skipped = adversarial_regularizer(
                 forward_fn, embeddings, clean_outputs, divergence, self.config, token_mask
             )
-            self.skipped_steps += skipped
+            if isinstance(skipped, Tensor):
+                self.skipped_on_device.add_(skipped)
+            else:
+                self.skipped_host += skipped
             terms["adversarial"] = self.config.adv_weight * smoothness
         if self.anchor is not None:
             anchor_outputs = self.anchor.outputs(self.model, anchor_args, anchor_kwargs, self.config.anchor_mode)
             terms["bregman"] = self.config.bregman_weight * divergence_fn(clean_outputs, anchor_outputs)
         self.terms = {name: term.detach() for name, term in terms.items()}
         return sum(terms.values(), torch.zeros((), device=clean_outputs.device))
+
+    @property
+    def skipped_steps(self) -> int:
+        """The adversarial terms dropped for a non-finite ascent or R_s so far (reading a captured step's count
+        waits for the device)."""
+        return self.skipped_host + int(self.skipped_on_device)
+
+    @skipped_steps.setter
+    def skipped_steps(self, count: int) -> None:  # a resume's saved count
+        self.skipped_host = count
+        self.skipped_on_device.zero_()
+
+    def device_tensors(self) -> list[Tensor]:
+        """What a captured step reads or updates in place from one step to the next: the anchor's weights and the
+        dropped terms' count."""
+        anchor = list(self.anchor.params.values()) if self.anchor is not None else []
+        return [*anchor, self.skipped_on_device]

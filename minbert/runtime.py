@@ -169,13 +169,22 @@ def use_tf32(device: torch.device) -> None:
 def float32_exact():
     """Autocast off on every device and float32 matmuls in full float32 (no TF32): for computations whose
     result is a difference of order 1e-5 relative (SMART's perturbed passes), which bf16's 8-bit, fp16's
-    11-bit and TF32's 11-bit mantissas round away."""
+    11-bit and TF32's 11-bit mantissas round away. Inside a graph torch.compile captures, autocast alone: the
+    matmul precision is global state, which the captured step sets around its whole graph instead
+    (captured_step.CapturedStep)."""
+    cuda = torch.autocast("cuda", enabled=False) if torch.cuda.is_available() else nullcontext()
+    matmuls = nullcontext() if torch.compiler.is_compiling() else full_float32_matmuls()
+    with matmuls, torch.autocast("cpu", enabled=False), cuda:
+        yield
+
+
+@contextmanager
+def full_float32_matmuls():
+    """float32 matmuls in full float32 (no TF32) inside the block."""
     previous = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision("highest")
     try:
-        with torch.autocast("cpu", enabled=False), (
-                torch.autocast("cuda", enabled=False) if torch.cuda.is_available() else nullcontext()):
-            yield
+        yield
     finally:
         torch.set_float32_matmul_precision(previous)
 

@@ -37,7 +37,8 @@ counts one plain and one SMART step after a warm-up step (where the plain step r
 --bf16_weights: bf16 copies of the weights kept between steps, so that autocast casts none). Its last three lines:
     plain step with --bf16_weights: host syncs N, ops M (views V), weight casts W   (or why it was not counted)
     plain step: host syncs N, ops M (views V), weight casts W, graph breaks G
-    smart step: host syncs N, ops M (views V), weight casts W
+    smart step: host syncs N, ops M (views V), weight casts W, graph breaks of the whole step as --capture_step
+        compiles it G
 (views: operators that launch no kernel on a GPU; weight casts: dtype casts of the model's parameters; graph breaks:
 torch._dynamo.explain's in the model's forward, its line above also gives them for the forward and loss, the whole
 loss computation and the whole step as --capture_step compiles it, backward and AdamW's update included).

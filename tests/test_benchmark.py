@@ -141,12 +141,15 @@ def test_every_benchmark_runs_under_bf16_autocast_on_cpu(tmp_path, tiny_config_f
 @pytest.mark.slow  # compiles the whole step twice (about 15 s); step_audit's 0-break check stays in the fast tier
 def test_the_captured_step_is_timed_against_the_eager_one(tmp_path, tiny_config, monkeypatch):
     """captured_step (asked for by name: on the CPU inductor's C++ compile takes minutes, so the test compiles with
-    aot_eager; scripts/gpu_check.sh times CUDA graphs): both sides timed, the captured one's backend reported."""
+    aot_eager; scripts/gpu_check.sh times CUDA graphs): both sides of the plain and of the SMART step timed, the
+    captured one's backend reported."""
     import minbert.benchmarks.training_steps as training_steps
     monkeypatch.setattr(training_steps, "capture_backend", lambda device: ("aot_eager", None))
     (result,) = run(tmp_path, "captured_step", "--bf16", "--config", tiny_config, *TINY_STEPS).values()
-    assert set(result["median_step_s"]) == {"eager", "captured"} and result["capture"] == ["aot_eager", None]
-    assert all(t > 0 for t in result["median_step_s"].values()) and result["speedup_captured_vs_eager"] > 0
+    assert set(result["median_step_s"]) == {"eager", "captured", "smart_eager", "smart_captured"}
+    assert result["capture"] == ["aot_eager", None] and all(t > 0 for t in result["median_step_s"].values())
+    assert result["speedup_captured_vs_eager"] > 0 and result["smart_speedup_captured_vs_eager"] > 0
+    assert result["smart_captured_cost_ratio"] > 1  # three passes or more against one
 
 
 def test_fp16_steps_go_through_a_gradient_scaler(tmp_path, tiny_config):
@@ -332,10 +335,12 @@ def test_step_audit_ends_with_its_two_summary_lines(tmp_path, tiny_config_for_te
     assert lines[-2] == (f"plain step: host syncs {plain['host_syncs']}, ops {plain['ops']} (views {plain['views']}), "
                          f"weight casts {plain['weight_casts']}, graph breaks {plain['graph_breaks']}")
     assert lines[-1] == (f"smart step: host syncs {smart['host_syncs']}, ops {smart['ops']} (views {smart['views']}), "
-                         f"weight casts {smart['weight_casts']}")
+                         f"weight casts {smart['weight_casts']}, graph breaks of the whole step as --capture_step "
+                         f"compiles it {smart['graph_breaks_whole_step']}")
     assert re.fullmatch(r"plain step: host syncs \d+, ops \d+ \(views \d+\), weight casts \d+, graph breaks \d+",
                         lines[-2])
-    assert re.fullmatch(r"smart step: host syncs \d+, ops \d+ \(views \d+\), weight casts \d+", lines[-1])
+    assert re.fullmatch(r"smart step: host syncs \d+, ops \d+ \(views \d+\), weight casts \d+, graph breaks of the "
+                        r"whole step as --capture_step compiles it \d+", lines[-1])
     # The run's precision is auto: bf16 where this CPU computes it natively, where --bf16_weights is counted too.
     assert re.fullmatch(r"plain step with --bf16_weights: (host syncs \d+, ops \d+ \(views \d+\), weight casts \d+"
                         r"|not counted \(the option needs bf16 autocast; the plain step's precision is fp32\))",
@@ -354,6 +359,8 @@ def test_step_audit_ends_with_its_two_summary_lines(tmp_path, tiny_config_for_te
     graph_line = next(line for line in lines[:-2] if line.startswith("graph breaks (torch._dynamo.explain"))
     # the whole step, the backward and AdamW's update included, as --capture_step compiles it (issue 60, item 1)
     assert plain["graph_breaks_whole_step"] == 0, plain["graph_break_reasons_whole_step"]
+    # SMART's too: its ascent, its perturbed and anchor passes and its finiteness decision on the device
+    assert smart["graph_breaks_whole_step"] == 0, smart["graph_break_reasons_whole_step"]
     assert graph_line.endswith("the whole step as --capture_step compiles it (backward and AdamW's update included) 0")
 
 

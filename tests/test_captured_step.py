@@ -7,6 +7,7 @@ graphs are scripts/gpu_check.sh's (its captured_step check), not a CPU test's: i
 minutes here, and CUDA graphs need CUDA."""
 import itertools
 import json
+import math
 
 import pytest
 import torch
@@ -15,7 +16,7 @@ import minbert.run.run_settings as run_settings
 import multitask_classifier as mc
 from conftest import DEMO, exit_code, prediction_flags, skip_figures, tiny_model
 from minbert.benchmarks.step_audit import graph_breaks, plain_step_graph_breaks, whole_step_graph_breaks
-from minbert.training.captured_step import CapturedStep
+from minbert.training.captured_step import CapturedStep, capturing
 from minbert.training.schedules import Stage, StageKind
 from minbert.training.training_state import read_training_state
 from test_trainer import make_trainer
@@ -28,30 +29,34 @@ def captured_with(monkeypatch, backend: str) -> None:
     monkeypatch.setattr(run_settings, "capture_backend", lambda device: (backend, None))
 
 
-def test_the_captured_step_is_the_eager_step_over_50_steps(tmp_path, tokenizer, monkeypatch):
-    """Weights, AdamW's moments and every step's loss and gradient norm, with dropout, clipping and weight decay:
-    the same to float32 rounding (on this CPU they agree bit for bit). Both sides on the padded layout that
-    --capture_step runs, on the same batches."""
-    captured_with(monkeypatch, "aot_eager")
-    settings = dict(max_grad_norm=0.5, weight_decay=0.01, max_length=16, logging_steps=1)
+def eager_and_captured(tmp_path, tokenizer, monkeypatch, tasks: list[str], steps: int, backend: str = "aot_eager",
+                       **settings) -> dict:
+    """Two trainers on the same tiny model, one stepping eagerly, one through --capture_step (torch.compile's
+    `backend`), over the same `steps` batches (cycling through each task's batches, padded to the captured run's
+    length bucket, on the padded layout both), the same dropout masks: by name, each's weights, AdamW's states,
+    steps.jsonl lines and trainer."""
+    captured_with(monkeypatch, backend)
+    settings = dict(max_grad_norm=0.5, weight_decay=0.01, max_length=16, logging_steps=1) | settings
     trainers = {name: make_trainer(tmp_path / name, tokenizer, model=tiny_model(), capture_step=capture, **settings)
                 for name, capture in (("eager", False), ("captured", True))}
     assert trainers["eager"].loop.captured is None and trainers["captured"].loop.captured is not None
-    # the captured run's batches, padded to its length bucket, for both
-    batches = list(trainers["captured"].stage_data.task_batches(Stage(StageKind.TASK, "sst"), 0, 0))
-    assert {tuple(batch["input_ids"].shape) for batch in batches} == {(4, 16)}  # one graph
+    data = trainers["captured"].stage_data
+    batches = [(task, batch) for task in tasks for batch in data.task_batches(Stage(StageKind.TASK, task), 0, 0)]
     runs = {}
     for name, trainer in trainers.items():
         trainer.model.bert.encoder.pack_tokens = False  # as run_setup places a --capture_step run's encoder
         lines = []
         trainer.run_log.step = lines.append
-        torch.manual_seed(0)  # the dropout masks
-        trainer.loop.run_steps(([("sst", batch)] for batch in itertools.islice(itertools.cycle(batches), 50)), 50,
-                               "test")
+        torch.manual_seed(0)  # the dropout masks (and SMART's random starts)
+        trainer.loop.run_steps(([step] for step in itertools.islice(itertools.cycle(batches), steps)), steps, "test")
         states = {name: trainer.optimizer.state[p] for name, p in trainer.model.named_parameters()}
-        runs[name] = (trainer.model.state_dict(), states, lines)
-    (eager, eager_states, eager_lines), (captured, captured_states, captured_lines) = runs["eager"], runs["captured"]
-    assert trainer.state.updates == 50 and len(captured_lines) == 50
+        runs[name] = (trainer.model.state_dict(), states, lines, trainer)
+    return runs
+
+
+def assert_the_same_steps(runs: dict, steps: int) -> None:
+    (eager, eager_states, eager_lines, _), (captured, captured_states, captured_lines, trainer) = runs.values()
+    assert trainer.state.updates == steps and len(captured_lines) == steps
     for name in eager:
         torch.testing.assert_close(captured[name], eager[name], rtol=1e-5, atol=1e-6, msg=name)
     for name, state in eager_states.items():
@@ -61,8 +66,83 @@ def test_the_captured_step_is_the_eager_step_over_50_steps(tmp_path, tokenizer, 
         else:
             assert captured_states[name]["step"] == 0 and not captured_states[name]["exp_avg"].any()
     for ours, theirs in zip(captured_lines, eager_lines):
-        assert ours["loss"] == pytest.approx(theirs["loss"], rel=1e-5)
-        assert ours["grad_norm"] == pytest.approx(theirs["grad_norm"], rel=1e-5)
+        assert set(ours) == set(theirs)
+        for key in ("loss", "grad_norm", *(key for key in theirs if key.startswith("smart_"))):
+            assert ours[key] == pytest.approx(theirs[key], rel=1e-5, abs=1e-9), key
+
+
+def test_the_captured_step_is_the_eager_step_over_50_steps(tmp_path, tokenizer, monkeypatch):
+    """Weights, AdamW's moments and every step's loss and gradient norm, with dropout, clipping and weight decay:
+    the same to float32 rounding (on this CPU they agree bit for bit). Both sides on the padded layout that
+    --capture_step runs, on the same batches."""
+    runs = eager_and_captured(tmp_path, tokenizer, monkeypatch, ["sst"], 50)
+    data = runs["captured"][3].stage_data
+    shapes = {tuple(batch["input_ids"].shape) for batch in data.task_batches(Stage(StageKind.TASK, "sst"), 0, 0)}
+    assert shapes == {(4, 16)}  # one graph
+    assert_the_same_steps(runs, 50)
+
+
+@pytest.mark.parametrize("anchor, precision, tasks, backend", [
+    ("moving_average", "exact", ["sst"], "eager"),
+    # AOT autograd's compile of the traced step takes about 20 s a graph on 2 cores
+    pytest.param("stage_start", "run", ["sst", "sts"], "aot_eager", marks=pytest.mark.slow)])
+def test_the_captured_smart_step_is_the_eager_step(tmp_path, tokenizer, monkeypatch, anchor, precision, tasks,
+                                                   backend):
+    """SMART's whole step in the graph (its ascent's autograd.grad, the perturbed and anchor passes, the finiteness
+    decision on the device), the moving-average anchor following each update outside the graph: weights, AdamW's
+    states, the anchor, each step's loss, gradient norm, SMART's two terms and its dropped-term count, as the eager
+    step's over 12 steps. The fast tier runs dynamo's graph with the eager backend; the slow tier compiles it with
+    AOT autograd (aot_eager, as the plain step's test), with the thesis' anchor, at the run's precision, on a
+    classification and a regression task (a graph each)."""
+    runs = eager_and_captured(tmp_path, tokenizer, monkeypatch, tasks, 12, backend, smart=True, smart_anchor=anchor,
+                              smart_precision=precision)
+    assert_the_same_steps(runs, 12)
+    penalties = {name: next(p for p in run[3].penalties if p.name == "smart") for name, run in runs.items()}
+    for name, value in penalties["eager"].anchor.params.items():
+        torch.testing.assert_close(penalties["captured"].anchor.params[name], value, rtol=1e-5, atol=1e-6, msg=name)
+    skipped = penalties["captured"].skipped_steps()
+    assert skipped == penalties["eager"].skipped_steps() and set(skipped.values()) == {0}
+    lines = runs["captured"][2]
+    assert all(line["smart_adversarial"] > 0 and line["smart_bregman"] >= 0 for line in lines)
+
+
+def test_a_non_finite_ascent_is_dropped_on_the_device_inside_a_graph():
+    """Inside a compiled graph nothing is read back: R_s of a non-finite ascent becomes 0 there, the drop is a
+    device flag the regularizer counts, and the weights' gradients are the task loss's alone, as the eager step's."""
+    from smart import SmartConfig, SmartRegularizer
+    from test_smart import make_batch, make_model, task_loss
+    model = make_model()
+    batch = make_batch("paraphrase")
+    regularizer = SmartRegularizer(model, SmartConfig(adv_weight=1.0, bregman_weight=0.0, ascent_steps=1))
+
+    def step():
+        embeddings = model.embed("paraphrase", batch)
+        outputs = model.outputs_from_embeddings("paraphrase", embeddings, batch)
+        calls = []
+
+        def poisoned_ascent(perturbed):  # the ascent's pass (the first) gives NaN gradients; the R_s pass does not
+            calls.append(None)
+            scores = model.outputs_from_embeddings("paraphrase", perturbed, batch)
+            return scores * math.nan if len(calls) == 1 else scores
+        penalty = regularizer.penalty(poisoned_ascent, embeddings, outputs, "bernoulli")
+        (task_loss("paraphrase", outputs, batch["labels"]) + penalty).backward()
+        return penalty.detach()
+
+    def gradients_of(taken) -> tuple[torch.Tensor, dict]:
+        model.zero_grad(set_to_none=True)
+        torch.manual_seed(0)  # the same dropout masks and random start
+        penalty = taken()
+        return penalty, {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+    with capturing():  # the ascent's autograd.grad and the backward traced, as --capture_step traces them
+        penalty, captured = gradients_of(torch.compile(step, fullgraph=True, backend="eager"))
+    assert penalty.item() == 0 and regularizer.skipped_steps == 1
+    assert regularizer.skipped_host == 0  # counted on the device
+    penalty, eager = gradients_of(step)  # R_s dropped on the host: a constant 0 added
+    assert penalty.item() == 0 and regularizer.skipped_steps == 2 and regularizer.skipped_host == 1
+    assert captured.keys() == eager.keys()
+    for name, gradient in eager.items():
+        assert torch.isfinite(captured[name]).all()
+        torch.testing.assert_close(captured[name], gradient, rtol=0, atol=0, msg=name)
 
 
 def run_flags(checkpoint, out, *extra) -> list[str]:
@@ -155,7 +235,6 @@ def test_the_whole_step_traces_as_one_graph_where_the_eager_step_breaks(tmp_path
     (["--grad_accumulation_steps", "2"], "--capture_step does not combine with --grad_accumulation_steps > 1"),
     (["--schedule", "annealed", "--gradient_surgery", "pcgrad"], "--capture_step does not combine with "
                                                                  "--gradient_surgery"),
-    (["--smart"], "--capture_step does not combine with --smart: the smart penalty is not captured"),
     (["--lnsr"], "--capture_step does not combine with --lnsr: the lnsr penalty is not captured"),
     (["--ewc_weight", "1"], "--capture_step does not combine with --ewc_weight: the ewc penalty is not captured"),
     (["--l2sp_weight", "0.1"], "--capture_step does not combine with --l2sp_weight: the l2sp penalty is not captured"),
@@ -191,6 +270,13 @@ def test_a_penalty_is_on_as_its_file_says_or_as_its_flags_are_set():
     assert distillation.is_on(SimpleNamespace(distill=None, distill_override=["qqp:teacher=t"], score_train=False))
     assert PENALTY_KINDS["smart"].is_on(SimpleNamespace(smart=True))
     assert not PENALTY_KINDS["smart"].is_on(SimpleNamespace(smart=False))
+
+
+def test_smart_is_captured_with_the_step():
+    """SMART is the one penalty --capture_step captures (PenaltyKind.captured): the flags go together."""
+    from minbert.run.training_args import parse_training_args
+    args = parse_training_args(["--data_dir", str(DEMO), "--capture_step", "--smart", "--smart_precision", "exact"], "")
+    assert args.capture_step and args.smart
 
 
 def test_fp16_resolved_on_the_device_is_refused_too():

@@ -339,6 +339,7 @@ def test_a_run_killed_with_sigkill_inside_a_stage_resumes_to_the_same_bytes(tiny
     assert outputs(tmp_path) == outputs(tmp_path / "whole")
 
 
+@pytest.mark.slow  # about 30 s; the fast tier resumes torchrun between stages (test_distributed) and one process here
 @pytest.mark.distributed
 def test_torchrun_killed_with_sigkill_inside_a_stage_resumes_to_the_same_bytes(tiny_checkpoint, tmp_path):
     """Two gloo processes: each rank's dropout stream and loss sums are kept, and the resumed ranks continue at the

@@ -603,6 +603,8 @@ def test_a_state_dict_with_integer_step_counts_loads_and_continues_the_run():
     assert_within_1_ulp(old_model.weight.detach(), uninterrupted_model.weight.detach())
 
 
+@pytest.mark.slow  # inductor's C++ compile, about 40 s on 2 cores; the fast tier traces AdamW's update with 0 breaks
+# inside the captured step (test_captured_step.py)
 def test_compiled_update_has_no_graph_break_and_no_recompile_when_the_rates_change():
     # compiled=True runs the pass through torch.compile(fullgraph=True), which raises on a graph break. One
     # group's rate is a tensor filled in place, the other's a Python float set anew: neither recompiles.

@@ -157,9 +157,10 @@ def bench_step_audit(settings: BenchmarkSettings, device) -> dict:
                     graph_break_reasons_forward_and_loss=breaks["forward and loss"]["reasons"],
                     graph_breaks_loss_computation=breaks["loss computation"]["count"],
                     graph_break_reasons_loss_computation=breaks["loss computation"]["reasons"])
+            if key in ("plain_step", "smart_step"):  # the two steps --capture_step captures
                 whole = whole_step_graph_breaks(trainer, task, counted)
-                result["plain_step"].update(graph_breaks_whole_step=whole["count"],
-                                            graph_break_reasons_whole_step=whole["reasons"])
+                result[key].update(graph_breaks_whole_step=whole["count"],
+                                   graph_break_reasons_whole_step=whole["reasons"])
             del trainer
             gc.collect()
     return result
@@ -187,6 +188,9 @@ def step_audit_lines(result: dict) -> list[str]:
         else f"not counted (the option needs bf16 autocast; the plain step's precision is {plain['precision']})"))
     lines.append(f"plain step: host syncs {plain['host_syncs']}, ops {plain['ops']} (views {plain['views']}), "
                  f"weight casts {plain['weight_casts']}, graph breaks {plain['graph_breaks']}")
+    lines += [f"graph break in the SMART step whole: {r['times']} x {r['reason']} at {r['where']}"
+              for r in smart["graph_break_reasons_whole_step"]]
     lines.append(f"smart step: host syncs {smart['host_syncs']}, ops {smart['ops']} (views {smart['views']}), "
-                 f"weight casts {smart['weight_casts']}")
+                 f"weight casts {smart['weight_casts']}, graph breaks of the whole step as --capture_step compiles "
+                 f"it {smart['graph_breaks_whole_step']}")
     return lines

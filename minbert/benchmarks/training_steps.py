@@ -20,8 +20,9 @@ from minbert.benchmarks.timing import Update, alternate, multitask_step_fn, trai
 from minbert.data.batches import row_lengths
 from minbert.runtime import autocast, float32_exact
 from minbert.training.captured_step import CapturedStep, capture_backend
-from minbert.training.objective import TaskObjective
+from minbert.training.objective import TaskObjective, UpdatePlace
 from minbert.training.optimization import build_optimizer, update_weights
+from minbert.training.penalties.smart import SmartPenalty
 from minbert.training.precision import keep_bf16_copies
 from optimizer import AdamW
 
@@ -268,26 +269,44 @@ CAPTURED_MAX_GRAD_NORM = 1.0
 
 
 def bench_captured_step(settings: BenchmarkSettings, device) -> dict:
-    """The plain training step of a task batch (an STS-like pair batch, padded to --seq_len) taken eagerly as the
-    loop takes it (forward, loss, backward, clipping, the run's AdamW: optimization.update_weights) against the same
-    step captured whole as --capture_step runs it (captured_step.CapturedStep: CUDA graphs on CUDA, inductor on the
-    CPU, whose C++ compile takes minutes there), on the same model, weights and batch, both on the padded layout the
-    captured step needs (CUDA's default). The sides alternate; the captured one compiles and records in its warm-up
-    steps (give CUDA graphs --warmup 5 or more)."""
-    model, _, _, batch = multitask_setup(settings, device, smart=False)
+    """The plain and the SMART training step of a task batch (an STS-like pair batch, padded to --seq_len), each
+    taken eagerly as the loop takes it (forward, loss and SMART's terms, backward, clipping, the run's AdamW:
+    optimization.update_weights, then SMART's anchor update) against the same step captured whole as --capture_step
+    runs it (captured_step.CapturedStep: CUDA graphs on CUDA, inductor on the CPU, whose C++ compile takes minutes
+    there), on the same model, weights and batch, all on the padded layout the captured step needs (CUDA's
+    default). SMART at the paper's settings, its passes at the run's precision. The sides alternate; the captured
+    ones compile and record in their warm-up steps (give CUDA graphs --warmup 5 or more)."""
+    model, _, regularizer, batch = multitask_setup(settings, device, smart=True)
     model.bert.encoder.pack_tokens = False
     optimizer = build_optimizer(model, 1e-5)  # the run's: each group's rate a device tensor the step reads
-    objective, amp = TaskObjective("sts"), autocast(device, settings.precision)
+    objectives = {"": TaskObjective("sts"), "smart_": TaskObjective("sts", [SmartPenalty({"sts": regularizer},
+                                                                                         regularizer.anchor)])}
+    amp = autocast(device, settings.precision)
     scaler = torch.amp.GradScaler(device.type, enabled=False)  # fp16 is refused by the flags: no loss scale
     captured = CapturedStep(model, optimizer, amp, CAPTURED_MAX_GRAD_NORM, *capture_backend(device))
+    place = UpdatePlace(0, 1, 0, 1)
 
-    def eager():
+    def eager(objective):
         with amp:
             loss, _ = objective(model, batch)
         loss.backward()
         update_weights(optimizer, scaler, 1e-5, CAPTURED_MAX_GRAD_NORM)
-    medians = alternate({"eager": eager, "captured": lambda: captured(objective, batch, 1e-5)}, settings, device)
-    return {"benchmark": "plain train step (sts pair batch: forward, loss, backward, clipping, AdamW), eager vs "
-                         "captured whole (--capture_step)",
+
+    def whole(objective):
+        captured(objective, batch, 1e-5)
+
+    def then_the_anchor(step, objective):  # SMART's moving average follows each update, outside the graph
+        def taken():
+            step(objective)
+            for penalty in objective.penalties:
+                penalty.after_update(model, place)
+        return taken
+    steps = {f"{prefix}{name}": then_the_anchor(step, objective) for prefix, objective in objectives.items()
+             for name, step in (("eager", eager), ("captured", whole))}
+    medians = alternate(steps, settings, device)
+    return {"benchmark": "plain and SMART train steps (sts pair batch: forward, loss and SMART's terms, backward, "
+                         "clipping, AdamW), eager vs captured whole (--capture_step)",
             "capture": list(capture_backend(device)), "median_step_s": medians,
-            "speedup_captured_vs_eager": medians["eager"] / medians["captured"]}
+            "speedup_captured_vs_eager": medians["eager"] / medians["captured"],
+            "smart_speedup_captured_vs_eager": medians["smart_eager"] / medians["smart_captured"],
+            "smart_captured_cost_ratio": medians["smart_captured"] / medians["captured"]}

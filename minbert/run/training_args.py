@@ -553,9 +553,9 @@ def _check_capture_step(args: TrainingArguments) -> None:
                                    "decide each step"),
         (args.grad_accumulation_steps > 1, "--grad_accumulation_steps > 1: an update of several batches"),
         (args.gradient_surgery != "none", "--gradient_surgery: an update of every task's batch"),
-        # every penalty file's, SMART's included (its step reads the adversarial term's finiteness back to decide
-        # whether to drop it: a branch no graph holds)
-        *((kind.is_on(args), f"{penalty_flags(kind, args)}: the {kind.name} penalty is not captured")
+        # every penalty file's that has not been checked inside the graph (PenaltyKind.captured)
+        *((kind.is_on(args) and not kind.captured, f"{penalty_flags(kind, args)}: the {kind.name} penalty is not "
+                                                   "captured")
           for kind in PENALTY_KINDS.values()),
         (bool(args.simcse_data) or args.mlm_epochs > 0, "--simcse_data, --mlm_epochs: their stages' steps are not "
                                                          "captured"),

@@ -10,15 +10,21 @@ buckets make repeat), and the learning rate, a tensor it fills in place (nothing
 
 torch 2.13's dynamo traces `loss.backward()` into the graph (as autograd.grad and the gradients' accumulation)
 under its `trace_autograd_ops` setting, which the call turns on for itself; AdamW's update reads only tensors
-(optimizer.py), so it traces too. What it cannot serve is refused with the flag (training_args): a step that reads
-a value back to decide (fp16's loss scale, SMART's finiteness check), several batches per update (accumulation,
-gradient surgery, torchrun's averaging), and what was never checked inside one graph.
+(optimizer.py), so it traces too. SMART's step is captured whole: its ascent (autograd.grad on the perturbation),
+its perturbed and anchor passes, and its finiteness decision, which stays on the device inside the graph
+(smart.adversarial_regularizer), its dropped terms counted there; the anchor's moving average follows each update
+outside the graph, as in the eager loop. What it cannot serve is refused with the flag (training_args): a step that
+reads a value back to decide (fp16's loss scale), several batches per update (accumulation, gradient surgery,
+torchrun's averaging), and what was never checked inside one graph (the other penalties: PenaltyKind.captured).
 """
 from __future__ import annotations
+
+from contextlib import nullcontext
 
 import torch
 
 from minbert.model.multitask_bert import MultitaskBERT
+from minbert.runtime import full_float32_matmuls
 from minbert.training.optimization import gradient_norm, set_learning_rate
 from optimizer import AdamW
 
@@ -47,6 +53,7 @@ class CapturedStep:
         self.params = [p for group in optimizer.param_groups for p in group["params"]]
         self.device = self.params[0].device
         self.cuda_graphs = mode == "reduce-overhead"
+        self.prepared_tasks: set[str] = set()
         # dynamic=False: a new length bucket is a graph of its own, never one graph of symbolic lengths (CUDA graphs
         # record one per shape anyway).
         self.compiled = torch.compile(self.step, fullgraph=True, dynamic=False, backend=backend, mode=mode)
@@ -55,7 +62,10 @@ class CapturedStep:
         arguments = self.prepare(objective, batch, learning_rate)
         if self.cuda_graphs:  # a new iteration: the last replay's outputs may be overwritten now
             torch.compiler.cudagraph_mark_step_begin()
-        with capturing():
+        # SMART's exact float32: its autocast is off inside the graph, the matmuls' precision (global state) here,
+        # for the whole step (the eager step's backward keeps the run's: TF32 on CUDA)
+        exact = objective.computes_exactly(self.device.type)
+        with capturing(), full_float32_matmuls() if exact else nullcontext():
             loss, terms, norm = self.compiled(*arguments)
         return loss.clone(), {name: term.clone() for name, term in terms.items()}, norm.clone()
 
@@ -64,6 +74,11 @@ class CapturedStep:
         token layout from the rows' lengths and the learning rate set in place; returns step()'s arguments."""
         if len(self.optimizer.state) < len(self.params):  # the first call, or a checkpoint loaded since
             self.prepare_states()
+        if objective.task not in self.prepared_tasks:  # its penalties' tensors (SMART's anchor and counter)
+            for penalty in objective.penalties:
+                for tensor in penalty.device_tensors():
+                    torch._dynamo.mark_static_address(tensor)
+            self.prepared_tasks.add(objective.task)
         self.model.set_adapter(objective.task)
         inputs = self.model.encoder_inputs(objective.task, batch)
         tensors = {key: value for key, value in batch.items() if torch.is_tensor(value)}  # not the host's lengths

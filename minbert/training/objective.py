@@ -119,6 +119,11 @@ class Penalty:
         """Values of a line of steps.jsonl (counters so far in the run)."""
         return {}
 
+    def device_tensors(self) -> list[Tensor]:
+        """The tensors the penalty reads or updates in place from one step to the next (a captured step keeps them
+        where they are, as CUDA graphs need: --capture_step)."""
+        return list(self.state_tensors().values())
+
     def fingerprints(self) -> dict[str, str]:
         """Hashes of inputs the penalty reads (a teacher's scores) that a resume must find unchanged."""
         return {}
@@ -138,10 +143,12 @@ class TaskObjective:
     def __call__(self, model: MultitaskBERT, batch: dict, inputs=None) -> tuple[Tensor, dict[str, Tensor]]:
         """`inputs`: model.encoder_inputs(task, batch) made beforehand (the captured step builds the token layout
         on the host, outside the graph it captures), or None to make them here."""
-        device_type = next(model.parameters()).device.type
-        exact = any(penalty.computes_exactly(self.task, device_type) for penalty in self.penalties)
-        with float32_exact() if exact else nullcontext():
+        with float32_exact() if self.computes_exactly(next(model.parameters()).device.type) else nullcontext():
             return self.loss(model, batch, inputs)
+
+    def computes_exactly(self, device_type: str) -> bool:
+        """Whether the task's whole loss runs in exact float32 (runtime.float32_exact), as a penalty asks."""
+        return any(penalty.computes_exactly(self.task, device_type) for penalty in self.penalties)
 
     def local_items(self, batch: dict) -> int:
         """What the loss is a mean over on this rank: the batch's examples."""
@@ -213,7 +220,8 @@ class PenaltyKind:
     teacher's scores; None: none), checked there (ValueError naming the file); `check_resume(saved, settings)`, a
     resume's settings against the stopped run's saved args beyond each flag's own match (ValueError); `on(settings)`,
     whether the flags turn the penalty on, where its switch (or, without one, any flag away from its default) does
-    not say it (is_on)."""
+    not say it (is_on); `captured`, whether --capture_step captures its step (its terms traced inside the one graph,
+    tests/test_captured_step.py), else a run with both is refused."""
     name: str
     flags: dict[str, PenaltyFlag]
     build: Callable[[object, MultitaskBERT], Penalty | None]
@@ -227,6 +235,7 @@ class PenaltyKind:
     load: Callable[..., object] = lambda settings, stages, data, task_settings: None
     check_resume: Callable[[dict, object], None] = lambda saved, settings: None
     on: Callable[[object], bool] | None = None
+    captured: bool = False
 
     def is_on(self, settings) -> bool:
         """Whether the run's flags (`settings`: all the run's, as `check` reads them) turn the penalty on, known

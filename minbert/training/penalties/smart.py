@@ -91,6 +91,11 @@ class SmartPenalty(Penalty):
     def log_values(self) -> dict:
         return {SKIPPED_KEY: sum(self.skipped_steps().values())}
 
+    def device_tensors(self) -> list[Tensor]:
+        """Every regularizer's (the anchor they share once)."""
+        tensors = {id(t): t for regularizer in self.regularizers.values() for t in regularizer.device_tensors()}
+        return list(tensors.values())
+
 
 def prefixed(tensors: dict[str, Tensor], prefix: str, device: torch.device) -> dict[str, Tensor]:
     """The tensors whose keys begin with `prefix`, without it, on `device`."""
@@ -163,7 +168,7 @@ def check_resume(saved: dict, settings) -> None:
 
 PENALTY = PenaltyKind(
     name="smart", title="SMART (Jiang et al. 2020); defaults are the paper's", switch="smart", early=True,
-    after="stage_start", build=build, check=check, check_resume=check_resume, flags={
+    after="stage_start", build=build, check=check, check_resume=check_resume, captured=True, flags={
         "smart": PenaltyFlag(False, "regularise the tasks in --smart_tasks (--no-smart: not, e.g. after a recipe's "
                              "--smart)", type=None, action=argparse.BooleanOptionalAction),
         "smart_tasks": PenaltyFlag(None, "default: every task of --tasks", type=None, tasks="list", every_task=True),
