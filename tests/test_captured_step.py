@@ -172,19 +172,21 @@ class Killed(BaseException):
 
 
 @pytest.mark.slow  # three short runs (about 45 s on 2 cores): the eager path's resume is in the fast tier
-def test_a_captured_run_stopped_and_resumed_ends_as_one_never_stopped(tiny_checkpoint, tmp_path, monkeypatch):
+@pytest.mark.parametrize("smart", [[], ["--smart"]], ids=["plain", "smart"])
+def test_a_captured_run_stopped_and_resumed_ends_as_one_never_stopped(tiny_checkpoint, tmp_path, monkeypatch, smart):
     """Stopped between its stages (--stop_after_stages) and killed inside the second one (its checkpoint of
-    --save_steps 2 kept), then resumed with --resume: the same bytes as the run never stopped. The dynamo-traced
-    graph run by the eager backend (the capture itself; aot_eager and inductor compile that same graph)."""
+    --save_steps 2 kept), then resumed with --resume: the same bytes as the run never stopped, with SMART too (its
+    anchor and dropped-term count in the checkpoint). The dynamo-traced graph run by the eager backend (the capture
+    itself; aot_eager and inductor compile that same graph)."""
     captured_with(monkeypatch, "eager")
     skip_figures(monkeypatch)
-    assert mc.main(run_flags(tiny_checkpoint, tmp_path / "whole")) == 0
+    assert mc.main(run_flags(tiny_checkpoint, tmp_path / "whole", *smart)) == 0
     whole = outputs(tmp_path / "whole")
     assert len(json.loads(whole["steps.jsonl"])) == 4  # updates 2 and 3 (the stage's end), 5 and 6
 
     stopped = tmp_path / "stopped"
-    assert mc.main(run_flags(tiny_checkpoint, stopped, "--stop_after_stages", "1")) == 0
-    assert mc.main(run_flags(tiny_checkpoint, stopped, "--resume")) == 0
+    assert mc.main(run_flags(tiny_checkpoint, stopped, *smart, "--stop_after_stages", "1")) == 0
+    assert mc.main(run_flags(tiny_checkpoint, stopped, *smart, "--resume")) == 0
     assert outputs(stopped) == whole
 
     killed, original, calls = tmp_path / "killed", CapturedStep.__call__, []
@@ -196,10 +198,10 @@ def test_a_captured_run_stopped_and_resumed_ends_as_one_never_stopped(tiny_check
         return original(self, *args)
     monkeypatch.setattr(CapturedStep, "__call__", dies_at_the_fifth_update)
     with pytest.raises(Killed):
-        mc.main(run_flags(tiny_checkpoint, killed, "--save_steps", "2"))
+        mc.main(run_flags(tiny_checkpoint, killed, *smart, "--save_steps", "2"))
     assert read_training_state(killed / "run" / "last")[1]["updates"] == 4  # inside stage 2
     monkeypatch.setattr(CapturedStep, "__call__", original)
-    assert mc.main(run_flags(tiny_checkpoint, killed, "--save_steps", "2", "--resume")) == 0
+    assert mc.main(run_flags(tiny_checkpoint, killed, *smart, "--save_steps", "2", "--resume")) == 0
     assert outputs(killed) == whole
 
 
