@@ -573,7 +573,7 @@ def penalty_flags(kind, args: TrainingArguments) -> str:
     (its switch alone where it has one)."""
     if kind.switch is not None:
         return f"--{kind.switch}"
-    return ", ".join(f"--{name}" for name, flag in kind.flags.items() if getattr(args, name) != flag.default)
+    return ", ".join(f"--{name}" for name in kind.flags_set(args))
 
 
 def _check_schedule_flags(args: TrainingArguments) -> None:

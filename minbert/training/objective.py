@@ -245,7 +245,11 @@ class PenaltyKind:
             return self.on(settings)
         if self.switch is not None:
             return getattr(settings, self.switch) not in (False, None)
-        return any(getattr(settings, name) != flag.default for name, flag in self.flags.items())
+        return bool(self.flags_set(settings))
+
+    def flags_set(self, settings) -> list[str]:
+        """Its flags whose values in `settings` are not their defaults."""
+        return [name for name, flag in self.flags.items() if getattr(settings, name) != flag.default]
 
 
 def penalties_state(penalties: Sequence[Penalty]) -> tuple[dict[str, Tensor], dict]:
