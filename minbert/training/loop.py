@@ -237,13 +237,14 @@ class StepLoop:
             group_size = min(accumulation, total - (index - index % accumulation))
             separate = (None if surgery_rng is None
                         else SeparateTaskGradients(self.model, parts.gradient_surgery, self.distributed))
+            rate = self.learning_rate(stage)  # from the updates done: the same for every batch of the update
             losses = []
             for name, batch in step_batches:
                 if separate is not None:
                     separate.start(name)
                 objective, batch = self.objective(name), to_device(batch, self.device)
                 if self.captured is not None:  # all of it in one graph, the update too (one batch per update)
-                    loss, terms, norm = self.captured(objective, batch, self.learning_rate(stage))
+                    loss, terms, norm = self.captured(objective, batch, rate)
                 else:
                     with parts.amp:  # the forward, the task's loss and its penalties (SMART, distillation...)
                         loss, terms = objective(self.model, batch)
@@ -262,9 +263,9 @@ class StepLoop:
                 continue  # the accumulation group goes on
             stage.update = index // accumulation
             control = self.decide_update(stage)  # should_log, should_evaluate (the stage's end)
-            state.learning_rate = self.learning_rate(stage)
+            state.learning_rate = rate
             # the gradients averaged over ranks, clipped, the optimizer's step (fp16's scaler may skip it); the
-            # captured step has taken it at the same rate (learning_rate reads the updates done, not the batch)
+            # captured step has taken it already
             norm, stepped = ((norm, True) if self.captured is not None
                              else self.optimizer_step(surgery_rng is not None, measure_norm=control.should_log))
             if stepped:  # the penalties follow the weights (SMART's anchor), and the schedules advance
