@@ -6,7 +6,8 @@ busy cores, three per torchrun launch), so the runs that used to take a launch e
     python tests/runs_in_one_launch.py RUNS.json
 
 RUNS.json: a list of [name, script, argv], script "multitask_classifier" or "classifier", run in that order. Each
-run's exit code and what this rank printed (stdout, stderr) go to NAME.rank<RANK>.json beside RUNS.json.
+run's exit code and what this rank printed (stdout, stderr) go to NAME.rank<RANK>.json beside RUNS.json. The tests
+call `launch`, which writes RUNS.json, runs the launch and reads the results back.
 
 Under torchrun the ranks keep one process group for all the runs (each run joins it as from_environment finds it
 already joined; it is left once, at the end): a group destroyed and made again in the same processes would
@@ -18,10 +19,31 @@ import importlib
 import io
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def launch(folder: Path, processes: int, runs: list, timeout: int = 900) -> dict[str, dict]:
+    """Runs ([name, script, argv]) one after another in one launch of `processes` processes (torchrun when more
+    than one); by name: every rank's exit code, and the ranks' stdout and stderr joined. A failed launch names the
+    results each rank had written before it: where in the launch it stopped."""
+    runs_file = folder / f"runs-{processes}.json"
+    runs_file.write_text(json.dumps(runs))
+    launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}"] if processes > 1 else []
+    result = subprocess.run([sys.executable, *launcher, __file__, str(runs_file)], cwd=ROOT,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
+                            timeout=timeout)
+    written = sorted(path.name for path in folder.glob("*.rank*.json"))
+    assert result.returncode == 0, f"results written: {written}\n{result.stderr[-3000:]}"
+    outcomes = {}
+    for name, _, _ in runs:
+        ranks = [json.loads((folder / f"{name}.rank{rank}.json").read_text()) for rank in range(processes)]
+        outcomes[name] = {"returncodes": [r["returncode"] for r in ranks],
+                          "stdout": "".join(r["stdout"] for r in ranks), "stderr": "".join(r["stderr"] for r in ranks)}
+    return outcomes
 
 
 def main(runs_file: str) -> int:

@@ -8,7 +8,6 @@ import os
 import random
 import shutil
 import socket
-import subprocess
 import sys
 from functools import partial
 from pathlib import Path
@@ -20,6 +19,7 @@ import torch.multiprocessing as mp
 from safetensors.torch import load_file, save_file
 
 from conftest import DEMO, MAX_LENGTH, ROOT, demo_examples, deterministic_tiny_model, prediction_flags
+from runs_in_one_launch import launch
 from minbert.data.batches import LengthBucketSampler, collate_pairs, collate_sentences
 from minbert.data.nli import NLITriplet
 from minbert.distributed import (SINGLE_PROCESS, Distributed, cut_global_batches, data_parallel, global_batch_count,
@@ -351,27 +351,6 @@ def _part_one_flags(checkpoint, out, batch_size: int) -> list[str]:
             "--option", "finetune", "--quiet", "--output_dir", str(out), "--predictions_dir", str(out / "predictions")]
 
 
-def _launch(folder, processes: int, runs: list) -> dict[str, dict]:
-    """Runs ([name, script, argv]) one after another in one launch of `processes` processes (torchrun when more
-    than one) through tests/runs_in_one_launch.py; by name: every rank's exit code, and the ranks' stdout and
-    stderr joined."""
-    runs_file = folder / f"runs-{processes}.json"
-    runs_file.write_text(json.dumps(runs))
-    launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}"] if processes > 1 else []
-    result = subprocess.run([sys.executable, *launcher, str(ROOT / "tests" / "runs_in_one_launch.py"), str(runs_file)],
-                            cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
-                            timeout=900)
-    # which runs' results each rank wrote before it failed: where in the launch it stopped
-    written = sorted(path.name for path in folder.glob("*.rank*.json"))
-    assert result.returncode == 0, f"results written: {written}\n{result.stderr[-3000:]}"
-    outcomes = {}
-    for name, _, _ in runs:
-        ranks = [json.loads((folder / f"{name}.rank{rank}.json").read_text()) for rank in range(processes)]
-        outcomes[name] = {"returncodes": [r["returncode"] for r in ranks],
-                          "stdout": "".join(r["stdout"] for r in ranks), "stderr": "".join(r["stderr"] for r in ranks)}
-    return outcomes
-
-
 @pytest.fixture(scope="module")
 def whole_runs(dropout_free_checkpoint, tmp_path_factory):
     """Every whole run that the tests below compare, in two launches (a launch each took 10-25 s of interpreter
@@ -392,7 +371,7 @@ def whole_runs(dropout_free_checkpoint, tmp_path_factory):
         ["part-one-one", "classifier", _part_one_flags(checkpoint, folder / "part-one-one", 8)],
         ["parts-resumed-by-one", "multitask_classifier",
          [*_multitask_flags(checkpoint, folder / "parts", 4), "--resume"]]]
-    return folder, {**_launch(folder, 2, two_processes), **_launch(folder, 1, one_process)}
+    return folder, {**launch(folder, 2, two_processes), **launch(folder, 1, one_process)}
 
 
 def _output(runs: dict, name: str, returncode: int = 0) -> tuple[str, str]:

@@ -16,6 +16,7 @@ import pytest
 import minbert.training.loop as loop
 import multitask_classifier as mc
 from conftest import DEMO, ROOT, exit_code, prediction_flags, skip_figures
+from runs_in_one_launch import launch
 from minbert.training.training_state import read_training_state
 
 pytestmark = pytest.mark.usefixtures("one_thread", "no_plots")
@@ -351,15 +352,8 @@ def test_torchrun_killed_with_sigkill_inside_a_stage_resumes_to_the_same_bytes(t
     assert position["stage"] == 1 and 0 < position["updates"] < position["stage_updates"]
     runs = [["resumed", "multitask_classifier", [*killed, "--resume"]],
             ["whole", "multitask_classifier", run_flags(tiny_checkpoint, tmp_path / "whole", *LONG[:-2])]]
-    (tmp_path / "runs.json").write_text(json.dumps(runs))
-    result = subprocess.run([*launcher, str(ROOT / "tests" / "runs_in_one_launch.py"), str(tmp_path / "runs.json")],
-                            cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
-                            timeout=600)
-    # which runs' results each rank wrote before it failed: where in the launch it stopped
-    written = sorted(path.name for path in tmp_path.glob("*.rank*.json"))
-    assert result.returncode == 0, f"results written: {written}\n{result.stderr[-3000:]}"
+    outcomes = launch(tmp_path, 2, runs, timeout=600)
     for name in ("resumed", "whole"):
-        for rank in range(2):
-            assert json.loads((tmp_path / f"{name}.rank{rank}.json").read_text())["returncode"] == 0, name
-    assert "resuming inside stage 2 of 2" in json.loads((tmp_path / "resumed.rank0.json").read_text())["stdout"]
+        assert outcomes[name]["returncodes"] == [0, 0], name
+    assert "resuming inside stage 2 of 2" in outcomes["resumed"]["stdout"]
     assert outputs(tmp_path / "killed") == outputs(tmp_path / "whole")
