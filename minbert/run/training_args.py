@@ -436,7 +436,7 @@ def name_tasks(args: TrainingArguments) -> None:
     with --lnsr (--distill_override, which may name a task's teacher itself, always)."""
     tasks = run_tasks(args)
     for kind in PENALTY_KINDS.values():
-        if kind.switch and getattr(args, kind.switch) in SWITCHED_OFF:
+        if kind.switch and not kind.is_on(args):  # its flags are read only when its switch is on
             continue
         for name, spec in kind.flags.items():
             if spec.tasks == "list":
