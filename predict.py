@@ -4,7 +4,7 @@ input (one sentence, or a pair's two sentences separated by a tab).
     python predict.py runs/demo --task sst --input data/demo/ids-sst-dev.csv --output sst-dev.csv   # the course CSV
     echo "A gripping, funny film." | python predict.py runs/demo --task sst                        # JSON lines
     printf 'How do I learn Python?\\tWhat is the best way to learn Python?\\n' | python predict.py runs/demo --task qqp
-    python predict.py runs/demo --task sts --input examples/pairs.jsonl --output scores.jsonl
+    python predict.py runs/demo --task sts --input examples/new-pairs.jsonl --output scores.jsonl
 
 RUN is a run's folder (its kept model, OUTPUT_DIR/best) or a checkpoint prefix (runs/demo/stage_3). The model
 predicts as its run did: the run's --max_length, --eval_batch_size and precision (resolved on this device), batches

@@ -347,7 +347,8 @@ class TrainingArguments:
     # but a changed flag is refused: it would change the result.
     precision: str = flag("auto", "auto: bf16 autocast where the device computes bf16 natively (L4, A100, H100; "
                             "CPUs with AVX512-BF16 or AMX), fp16 autocast with a gradient scaler on older GPUs (T4, "
-                            "V100), float32 elsewhere; SMART's passes always run in float32", OPTIMISATION,
+                            "V100), float32 elsewhere; SMART's passes follow --smart_precision (by default the "
+                            "run's precision; float32 under fp16)", OPTIMISATION,
                           choices=PRECISIONS)
     bf16: bool | None = flag(None, "alias: --bf16 is --precision bf16, --no-bf16 is --precision fp32", OPTIMISATION,
                              resume_free=True, action=argparse.BooleanOptionalAction)
@@ -691,7 +692,7 @@ def _refuse_task_flags_taking_own_flags(parser: argparse.ArgumentParser, cls) ->
                                f"{parser.prog}'s own\n")
 
 
-# --help's order of groups: the common flags first, the course's eighteen per-file paths last, the rest as declared.
+# --help's order of groups: the common flags first, the course's twenty per-file paths last, the rest as declared.
 FIRST_GROUPS, LAST_GROUPS = (COMMON,), (COURSE_PATHS,)
 
 
