@@ -96,13 +96,14 @@ def write(args: argparse.Namespace, predictions: Predictions) -> None:
 
 
 def check_output(args: argparse.Namespace) -> None:
-    """OutputError for an --output that cannot be written or would replace the input or a run's file."""
+    """OutputError for an --output that cannot be written, would replace the input, or lies in a run's folder (the
+    run it reads included: its kept model, records and leaderboard files are that run's)."""
     output = Path(args.output)
     problem = unwritable_folder(output.parent) or (f"{output}: a folder; name the file to write"
                                                    if output.is_dir() else None)
     if problem:
         raise OutputError(f"--output {problem}")
-    problem = forbidden_output("--output", output, [] if args.input == STANDARD_STREAM else [args.input], [args.run])
+    problem = forbidden_output("--output", output, [] if args.input == STANDARD_STREAM else [args.input])
     if problem:
         raise OutputError(problem)
 

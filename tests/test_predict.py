@@ -169,7 +169,8 @@ def test_a_bad_run_input_or_output_is_one_line_and_exit_2_before_the_model_loads
     assert line.startswith("error: ") and problem.format(**values) in line
 
 
-@pytest.mark.parametrize("where", ["its input", "its input spelled otherwise", "another run's folder"])
+@pytest.mark.parametrize("where", ["its input", "its input spelled otherwise", "another run's folder",
+                                   "the kept model's record", "the run's leaderboard file"])
 def test_the_output_never_replaces_the_input_or_another_runs_file(run, tmp_path, capsys, checkpoint_must_not_load,
                                                                    monkeypatch, where):
     monkeypatch.chdir(tmp_path)
@@ -179,10 +180,13 @@ def test_the_output_never_replaces_the_input_or_another_runs_file(run, tmp_path,
     other.mkdir()
     (other / "best.json").write_text("{}")
     out = {"its input": source, "its input spelled otherwise": "other/../in.csv",
-           "another run's folder": other / "sst-dev-out.csv"}[where]
+           "another run's folder": other / "sst-dev-out.csv", "the kept model's record": run / "best.json",
+           "the run's leaderboard file": run / "predictions" / "sst-dev-out.csv"}[where]
+    run_files = {path: path.read_bytes() for path in run.rglob("*") if path.is_file()}
     assert predict.main([str(run), "--task", "sst", "--input", str(source), "--output", str(out)]) == 2
     assert one_error_line(capsys).startswith(f"error: --output {out}: ")
     assert source.read_bytes() == (DEMO / "ids-sst-dev.csv").read_bytes() and not (other / "sst-dev-out.csv").exists()
+    assert {path: path.read_bytes() for path in run.rglob("*") if path.is_file()} == run_files
 
 
 @pytest.mark.parametrize("flags, problem", [
