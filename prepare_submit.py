@@ -23,7 +23,7 @@ from pathlib import Path
 from evaluation import DEFAULT_OUTPUTS, PredictionsFileError, check_predictions_file
 from minbert.arguments import OneLineErrorParser
 from minbert.data.batches import DataError, load_examples, show_data_warnings_on_one_line, standard_paths
-from minbert.files import atomic_write, describe_os_error, unwritable_folder
+from minbert.files import atomic_write, describe_os_error, forbidden_output, unwritable_folder
 from minbert.tasks import PART1_TASKS
 
 MINBERT_CODE_FILES = ("bert.py", "classifier.py", "optimizer.py")
@@ -58,6 +58,11 @@ def build_submission(predictions_dir: Path, out: Path, part: str, data_dir: Path
     returns the archive member names."""
     problem = unwritable_folder(out.parent) or (f"--out {out}: a folder; name the zip file to write" if out.is_dir()
                                                 else None)
+    # Not onto a file it reads (a CSV, a data file, the code it zips), nor into a run's folder: it writes for none.
+    reads = [predictions_dir / name for name, _, _ in submission_predictions(part)]
+    reads += list(standard_paths(data_dir).values()) if data_dir is not None else []
+    reads += list(MINBERT_CODE_FILES) if part == "minbert" else []
+    problem = problem or forbidden_output("--out", out, reads)
     if problem:  # known before any file is read
         raise SubmissionError(problem)
     members: list[tuple[Path, str]] = []
@@ -96,9 +101,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              "default), where a run writes them when its --*_out flags name them")
     parser.add_argument("--out", type=Path, default=Path("cs224n_default_final_project_submission.zip"))
     parser.add_argument("--part", choices=("multitask", "minbert"), default="multitask")
-    parser.add_argument("--data_dir", type=Path, default=Path("data"),
-                        help="the course's data files, to check that every id is answered once")
-    return parser.parse_args(argv)
+    parser.add_argument("--data_dir", type=Path,
+                        help="the course's data files, to check that every id is answered once (default: data, "
+                             "where it is a folder)")
+    args = parser.parse_args(argv)
+    if args.data_dir is not None and not args.data_dir.is_dir():  # named, so the ids are meant to be checked
+        parser.error(f"--data_dir {args.data_dir}: not a folder")
+    args.data_dir = args.data_dir or Path("data")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:

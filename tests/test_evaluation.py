@@ -211,6 +211,13 @@ def test_check_rejects_malformed_files(tmp_path, content, task, message):
         check_predictions_file(path, None, task)
 
 
+def test_check_refuses_a_file_that_is_not_utf8(tmp_path):
+    path = tmp_path / "sst.csv"
+    path.write_bytes(b"id,Predicted_Sentiment\n\xff\xfe,3\n")
+    with pytest.raises(PredictionsFileError, match="sst.csv: not UTF-8 text"):
+        check_predictions_file(path, None, "sst")
+
+
 def test_check_missing_file(tmp_path):
     with pytest.raises(PredictionsFileError, match="nope.csv: file not found"):
         check_predictions_file(tmp_path / "nope.csv", ["a"], "sts")

@@ -300,11 +300,12 @@ def test_predictions_checkpoints_and_submissions_are_readable_by_other_users(tmp
     try:
         predictions = tmp_path / "predictions"
         complete_predictions(predictions)
-        atomic_save(tmp_path / "best", {"w": torch.zeros(2)}, {})
+        atomic_save(tmp_path / "run" / "best", {"w": torch.zeros(2)}, {})
         assert prepare_submit.main(["--predictions_dir", str(predictions), "--out", str(tmp_path / "s.zip")]) == 0
     finally:
         os.umask(previous)
-    written = [*predictions.iterdir(), tmp_path / "best.safetensors", tmp_path / "best.json", tmp_path / "s.zip"]
+    written = [*predictions.iterdir(), tmp_path / "run" / "best.safetensors", tmp_path / "run" / "best.json",
+               tmp_path / "s.zip"]
     assert len(written) == 9 and all(path.stat().st_mode & 0o777 == 0o644 for path in written)
 
 
@@ -518,6 +519,33 @@ def test_a_full_disk_while_zipping_is_one_line_and_leaves_no_zip(tmp_path, capsy
                                     "--out", str(tmp_path / "s.zip")]) == 2
     assert f"{tmp_path / 's.zip'}: cannot write it (File too large)" in one_error_line(capsys)
     assert not (tmp_path / "s.zip").exists() and not list(tmp_path.glob(".s.zip.*"))
+
+
+@pytest.mark.parametrize("out, problem", [
+    ("predictions/sst-dev-out.csv", "would replace it, which this command reads"),
+    ("data/ids-sst-dev.csv", "would replace it, which this command reads"),
+    ("run/submission.zip", "inside the run folder"),
+])
+def test_prepare_submit_never_replaces_what_it_reads_or_writes_in_a_run(tmp_path, capsys, monkeypatch, out, problem):
+    monkeypatch.chdir(tmp_path)
+    complete_predictions(tmp_path / "predictions")
+    shutil.copytree(DEMO, tmp_path / "data")
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "best.json").write_text("{}")
+    before = {path: path.read_bytes() for path in tmp_path.rglob("*") if path.is_file()}
+    assert prepare_submit.main(["--out", out]) == 2
+    line = one_error_line(capsys)
+    assert line.startswith(f"error: --out {out}: ") and problem in line
+    assert {path: path.read_bytes() for path in tmp_path.rglob("*") if path.is_file()} == before
+
+
+@pytest.mark.parametrize("make", [lambda path: None, lambda path: path.write_text("")])
+def test_prepare_submit_refuses_a_named_data_dir_that_is_not_a_folder(tmp_path, capsys, make):
+    make(tmp_path / "data")
+    with pytest.raises(SystemExit) as exit_info:
+        prepare_submit.main(["--predictions_dir", str(tmp_path), "--data_dir", str(tmp_path / "data")])
+    assert exit_info.value.code == 2
+    assert f"--data_dir {tmp_path / 'data'}: not a folder" in one_error_line(capsys)
 
 
 def test_prepare_submit_out_that_is_a_folder_or_under_a_file_is_refused_first(tmp_path, capsys):

@@ -97,7 +97,14 @@ def read_predictions(path: str | os.PathLike, task: str) -> dict[str, int | floa
     column = _column(task)
     if not path.is_file():
         raise PredictionsFileError(f"{path}: file not found")
-    with path.open(newline="") as handle:
+    try:
+        return _read_predictions(path, task, column)
+    except UnicodeDecodeError:
+        raise PredictionsFileError(f"{path}: not UTF-8 text") from None
+
+
+def _read_predictions(path: Path, task: str, column: str) -> dict[str, int | float]:
+    with path.open(newline="", encoding="utf-8") as handle:
         header_line = handle.readline()
         header = [cell.strip() for cell in re.split(r"[,\t]", header_line.strip())]
         if header != ["id", column]:
