@@ -195,6 +195,16 @@ def test_a_leaderboard_file_never_replaces_a_data_file_or_another_runs(tmp_path,
     assert one_error_line(capsys).startswith(f"error: --sst_dev_out {target}: ")
 
 
+@pytest.mark.parametrize("second", ["--sst_test_out", "--sts_dev_out"])
+def test_two_leaderboard_flags_on_one_file_are_refused(tmp_path, capsys, model_must_not_load, second):
+    """The second file written would replace the first's rows."""
+    same = tmp_path / "same.csv"
+    assert mc.main(["--data_dir", str(DEMO), "--output_dir", str(tmp_path / "run"), "--sst_dev_out", str(same),
+                    second, str(tmp_path / "sub" / ".." / "same.csv")]) == 2
+    assert one_error_line(capsys).endswith("also the file of --sst_dev_out; give each its own file")
+    assert not same.exists()
+
+
 def test_ctrl_c_says_how_to_continue(tiny_checkpoint, tmp_path, capsys, monkeypatch):
     assert mc.main(quick_flags(tiny_checkpoint, tmp_path, "--stop_after_stages", "1")) == 0
 

@@ -55,15 +55,20 @@ def load_inputs(args: TrainingArguments) -> tuple[list[Stage], dict, list[str], 
 
 
 def check_outputs(args: TrainingArguments) -> None:
-    """The output folders can be written, no leaderboard file replaces a data file or another run's file, and
-    --resume has a checkpoint to continue."""
+    """The output folders can be written, no leaderboard file replaces a data file, another run's file or another
+    leaderboard file of this run, and --resume has a checkpoint to continue."""
     outputs = prediction_paths(args.prediction_files, args.output_dir, run_tasks(args))
     check_writable([args.output_dir, *(path.parent for path in outputs.values())])
     inputs = data_paths(args.data_dir, args.data_files, run_tasks(args)).values()
+    flag_of: dict[Path, str] = {}
     for (task, split), path in outputs.items():
-        problem = forbidden_output(f"--{output_flag(task, split)}", path, inputs, [args.output_dir])
+        flag = f"--{output_flag(task, split)}"
+        problem = forbidden_output(flag, path, inputs, [args.output_dir])
+        if path.resolve() in flag_of:  # the second file written would replace the first's rows
+            problem = f"{flag} {path}: also the file of {flag_of[path.resolve()]}; give each its own file"
         if problem:
             raise UsageError(problem)
+        flag_of[path.resolve()] = flag
     output_dir = Path(args.output_dir)
     if args.resume_from:
         resume_prefix(args)
