@@ -203,6 +203,35 @@ def test_a_run_whose_recorded_csvs_now_hold_another_runs_predictions_is_refused(
     assert f"that {ensemble / 'ensemble.json'} records: not this run's predictions" in one_error_line(capsys)
 
 
+def _sts_scores_barely_spread(run, recorded: float | None = None) -> None:
+    """The run's STS CSV rewritten with scores spread over 0.01 (its 6 significant digits then round r by more than
+    1e-6), and best.json recording r of the unrounded scores (or `recorded`)."""
+    examples = load_split(DEMO, "sts", "dev")
+    gold = np.array([e.label for e in examples], dtype=float)
+    unrounded = 2.5 + 0.002 * gold + np.random.default_rng(0).normal(0, 0.002, len(gold))
+    TASKS["sts"].outputs.write_predictions(run / "predictions" / "sts-dev-out.csv", [e.id for e in examples],
+                                           unrounded.tolist())
+    write_best(run)
+    record = json.loads((run / "best.json").read_text())
+    rounded = record["metrics"]["sts_pearson"]
+    record["metrics"]["sts_pearson"] = float(stats.pearsonr(unrounded, gold)[0]) if recorded is None else recorded
+    assert recorded is not None or abs(rounded - record["metrics"]["sts_pearson"]) > 1e-6  # what the test is about
+    (run / "best.json").write_text(json.dumps(record))
+
+
+def test_a_runs_own_csv_is_read_whatever_its_rounding_moved_the_score(tmp_path, capsys):
+    run = demo_run(tmp_path, "narrow", 0.1, 0)
+    _sts_scores_barely_spread(run)
+    assert compare_runs.main(["--data_dir", str(DEMO), "--replicates", "100", str(run)]) == 0, capsys.readouterr().err
+
+
+def test_a_recorded_score_that_is_not_a_number_matches_no_csv(tmp_path, capsys):
+    run = demo_run(tmp_path, "nan", 0.1, 0)
+    _sts_scores_barely_spread(run, recorded=float("nan"))
+    assert compare_runs.main(["--data_dir", str(DEMO), "--replicates", "100", str(run)]) == 2
+    assert "its sts_pearson is" in one_error_line(capsys)
+
+
 def test_a_run_is_not_credited_with_a_task_it_did_not_train(tmp_path, capsys):
     run = demo_run(tmp_path, "sst_alone", 0.1, 0)  # the other tasks' CSVs left over from elsewhere
     write_best(run, tasks="sst")

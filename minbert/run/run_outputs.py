@@ -24,8 +24,8 @@ from minbert.prediction.leaderboard import PredictionsFileError, check_predictio
 from minbert.run.run_record import recorded_path, working_dir_of
 from minbert.tasks import MULTITASK, PART1_TASKS, RUN_TASKS, TASKS, default_output, output_flag, task_name
 
-# How far a CSV's score may be from the recorded one: STS's r from a CSV's rounded scores moves in the eighth
-# digit, while one changed prediction of 40,000 QQP pairs moves the accuracy by 2.5e-5.
+# How far a CSV's score may be from the recorded one beyond what the CSV's rounding explains (TaskOutputs.
+# rounding_effect: STS's 6 significant digits): one changed prediction of 40,000 QQP pairs moves the accuracy by 2.5e-5.
 METRIC_TOLERANCE = 1e-6
 DEFAULT_TASKS = "sst,qqp,sts"  # what a run recorded before --tasks existed trained
 
@@ -98,7 +98,8 @@ def _check_score(csv: Path, task: str, predictions: list, gold: list, record: Ru
         raise PredictionsFileError(f"{record.source}: records no {key} to check {csv} against")
     scored = float(TASKS[task].model.resampled_scores(np.asarray(predictions, dtype=np.float64)[None, :],
                                                 np.asarray(gold, dtype=np.float64)[None, :])[0])
-    if abs(scored - recorded) > METRIC_TOLERANCE:
+    tolerance = METRIC_TOLERANCE + TASKS[task].outputs.rounding_effect(np.asarray(predictions, dtype=np.float64))
+    if not abs(scored - recorded) <= tolerance:  # a NaN recorded or scored is no match either
         raise PredictionsFileError(f"{csv}: its {key} is {scored:.6f}, not the {recorded:.6f} that {record.source} "
                                    "records: not this run's predictions")
 

@@ -219,6 +219,11 @@ class TaskOutputs(TaskPart, ABC):
     def parse_prediction(self, text: str) -> int | float:
         """A leaderboard CSV cell back into a prediction; ValueError on anything the grader would refuse."""
 
+    def rounding_effect(self, predictions: np.ndarray) -> float:
+        """How far the run's recorded score may be from the score of its CSV's `predictions` (parsed back), which
+        format_prediction rounded: 0 where it writes them exactly (class numbers)."""
+        return 0.0
+
     def write_predictions(self, path: str | os.PathLike, ids: Sequence, predictions: Sequence) -> None:
         """Its leaderboard CSV (prediction_rows), moved into place whole (a crash leaves no truncated file)."""
         atomic_write_csv(path, prediction_rows(self.task, path, ids, predictions))
