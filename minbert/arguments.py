@@ -18,3 +18,14 @@ def flags_given(parser: argparse.ArgumentParser, argv) -> set[str]:
     for action in given_only._actions:
         action.default = argparse.SUPPRESS
     return set(vars(given_only.parse_args(argv)))
+
+
+def rng_seed(text: str) -> int:
+    """argparse's type of a --seed: an integer numpy's and torch's generators both take, [0, 2**32)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if not 0 <= value < 2**32:
+        raise argparse.ArgumentTypeError(f"must be in [0, 2**32), got {value}")
+    return value

@@ -25,7 +25,7 @@ import json
 import sys
 from pathlib import Path
 
-from minbert.arguments import OneLineErrorParser
+from minbert.arguments import OneLineErrorParser, rng_seed
 from minbert.files import (DataError, OutputError, atomic_write_text, forbidden_output, read_input_text,
                            repeated_run, unwritable_folder)
 from minbert.reports.bootstrap import Difference, Estimate, arms_problem
@@ -54,7 +54,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser = OneLineErrorParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("arms", nargs="+", type=parse_arm, help="NAME=DIR[,DIR...]; the first is the baseline")
     parser.add_argument("--replicates", type=int, default=2000, help="bootstrap replicates of each interval")
-    parser.add_argument("--seed", type=int, default=0, help="of the bootstrap")
+    parser.add_argument("--seed", type=rng_seed, default=0, help="of the bootstrap")
     parser.add_argument("--output", type=Path, help="FILE.md: the tables there, every estimate in FILE.json")
     parser.add_argument("--primary", metavar="[ARM:]TASK/FAMILY/VARIANT",
                         help="the comparison that decides, over the seeds: that row's drop of ARM (the second arm "

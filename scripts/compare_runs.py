@@ -42,7 +42,7 @@ from pathlib import Path
 import numpy as np
 
 from evaluation import PredictionsFileError
-from minbert.arguments import OneLineErrorParser
+from minbert.arguments import OneLineErrorParser, rng_seed
 from minbert.data.batches import DataError, show_data_warnings_on_one_line
 from minbert.files import repeated_run
 from minbert.reports.bootstrap import OVERALL, Arm, Comparison, Difference, arms_problem, compare, run_scores
@@ -79,7 +79,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("arms", nargs="+", type=parse_arm, help="NAME=RUN[,RUN...] or RUN; the first is the baseline")
     parser.add_argument("--data_dir", required=True, help="the course's dev files the runs predicted")
     parser.add_argument("--replicates", type=int, default=2000)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=rng_seed, default=0)
     parser.add_argument("--part1", action="store_true", help="the runs are classifier.py's (SST, CFIMDB)")
     parser.add_argument("--primary", metavar="[ARM:]FIGURE",
                         help="the comparison that decides, over the seeds: bwt, forgetting or a score of ARM (the "

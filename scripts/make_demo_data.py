@@ -15,14 +15,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from minbert.arguments import OneLineErrorParser
+from minbert.arguments import OneLineErrorParser, rng_seed
 from minbert.data.demo import write_demo_data
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = OneLineErrorParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out_dir", type=Path, default=Path(__file__).resolve().parents[1] / "data" / "demo")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=rng_seed, default=0)
     args = parser.parse_args(argv)
     write_demo_data(args.out_dir, args.seed)
     print(f"wrote the demo data to {args.out_dir}")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from base_bert import CheckpointError
 from bert import BertModel
-from minbert.arguments import OneLineErrorParser
+from minbert.arguments import OneLineErrorParser, rng_seed
 from minbert.data.batches import DataError, load_split
 from minbert.files import forbidden_output, unwritable_folder
 from minbert.model.multitask_bert import MultitaskBERT, load_multitask_checkpoint
@@ -45,7 +45,7 @@ def main(argv=None) -> int:
     parser.add_argument("--output", required=True, help="the PNG to write")
     parser.add_argument("--max_length", type=int, default=128)
     parser.add_argument("--use_gpu", action="store_true")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=rng_seed, default=0)
     args = parser.parse_args(argv)
     device = resolve_device(args.use_gpu)
     output = Path(args.output)

@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 
 from base_bert import CheckpointError
-from minbert.arguments import OneLineErrorParser, flags_given
+from minbert.arguments import OneLineErrorParser, flags_given, rng_seed
 from minbert.data.batches import load_split
 from minbert.files import (DataError, OutputError, atomic_write_text, forbidden_output, locked_folder,
                            show_data_warnings_on_one_line, unwritable_folder)
@@ -90,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--neighbours", type=int, default=8, help="nearest words per word (noise and greedy attack)")
     parser.add_argument("--regression_margin", type=float, default=1.0,
                         help="a greedy attack on STS succeeds when its absolute error grows by this much")
-    parser.add_argument("--seed", type=int, default=0, help="of the subset and every variant's noise")
+    parser.add_argument("--seed", type=rng_seed, default=0, help="of the subset and every variant's noise")
     parser.add_argument("--replicates", type=int, default=1000, help="bootstrap replicates of each interval")
     parser.add_argument("--batch_size", type=int, help="default: the run's --eval_batch_size")
     parser.add_argument("--use_gpu", action="store_true", help="run on CUDA when there is a GPU")

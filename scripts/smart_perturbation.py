@@ -21,7 +21,7 @@ import torch
 
 from base_bert import CheckpointError
 from bert import BertModel
-from minbert.arguments import OneLineErrorParser
+from minbert.arguments import OneLineErrorParser, rng_seed
 from minbert.data.batches import DataError, collate_pairs, collate_sentences, load_split
 from minbert.model.multitask_bert import MultitaskBERT, load_multitask_model
 from minbert.runtime import autocast
@@ -71,7 +71,7 @@ def main(argv=None) -> int:
     parser.add_argument("--batches", type=int, default=4)
     parser.add_argument("--batch_size", type=int, default=32)
     parser.add_argument("--max_length", type=int, default=64)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=rng_seed, default=0)
     args = parser.parse_args(argv)
     torch.manual_seed(args.seed)
     try:

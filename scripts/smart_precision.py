@@ -34,7 +34,7 @@ import torch
 import smart
 from base_bert import CheckpointError
 from bert import BertModel
-from minbert.arguments import OneLineErrorParser
+from minbert.arguments import OneLineErrorParser, rng_seed
 from minbert.data.batches import DataError, TokenizedExamples, load_split
 from minbert.model.multitask_bert import MultitaskBERT, load_multitask_model
 from minbert.run.training_args import parse_training_args
@@ -121,7 +121,7 @@ def main(argv=None) -> int:
     parser.add_argument("--batch_size", type=int, default=32)
     parser.add_argument("--max_length", type=int, default=64)
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=rng_seed, default=0)
     args = parser.parse_args(argv)
     for name in ("batches", "batch_size", "max_length"):
         if getattr(args, name) < 1:

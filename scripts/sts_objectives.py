@@ -20,7 +20,7 @@ import torch
 
 from base_bert import CheckpointError
 from bert import BertModel
-from minbert.arguments import OneLineErrorParser
+from minbert.arguments import OneLineErrorParser, rng_seed
 from minbert.data.batches import DataError, TaskData, load_split
 from minbert.model.multitask_bert import MultitaskBERT
 from minbert.run.run_setup import build_trainer
@@ -39,7 +39,7 @@ def main(argv=None) -> int:
     parser.add_argument("--objectives", default="cosine,shifted,cosent")
     parser.add_argument("--lr", type=float, default=5e-5)
     parser.add_argument("--batch_size", type=int, default=32)
-    parser.add_argument("--seed", type=int, default=11711)
+    parser.add_argument("--seed", type=rng_seed, default=11711)
     options = parser.parse_args(argv)
     objectives = options.objectives.split(",")
     unknown = [o for o in objectives if o not in SIMILARITY_OBJECTIVES]

@@ -205,6 +205,24 @@ def test_two_leaderboard_flags_on_one_file_are_refused(tmp_path, capsys, model_m
     assert not same.exists()
 
 
+def test_every_seed_flag_is_refused_outside_the_generators_range_in_one_line(capsys):
+    """A --seed that numpy's or torch's generator would refuse with a traceback once the work began (-1, 2**32) is
+    the parser's one line. The scripts' --seed flags all parse with rng_seed (the training command lines check
+    theirs with the other settings)."""
+    import robustness
+    from minbert.arguments import rng_seed
+    assert rng_seed("0") == 0 and rng_seed(str(2**32 - 1)) == 2**32 - 1
+    for value in ("-1", str(2**32), "1.5"):
+        with pytest.raises(SystemExit) as exit_info:
+            robustness.main([str(DEMO), "--seed", value])
+        assert exit_info.value.code == 2 and "argument --seed: " in one_error_line(capsys)
+    sources = [*ROOT.glob("*.py"), *ROOT.glob("scripts/*.py"), *ROOT.glob("minbert/**/*.py")]
+    parsed_otherwise = [f"{path.relative_to(ROOT)}:{number}" for path in sources
+                        for number, line in enumerate(path.read_text().splitlines(), start=1)
+                        if 'add_argument("--seed"' in line and "type=rng_seed" not in line]
+    assert parsed_otherwise == []
+
+
 def test_ctrl_c_says_how_to_continue(tiny_checkpoint, tmp_path, capsys, monkeypatch):
     assert mc.main(quick_flags(tiny_checkpoint, tmp_path, "--stop_after_stages", "1")) == 0
 

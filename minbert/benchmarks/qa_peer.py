@@ -22,7 +22,7 @@ from torch import nn
 
 from base_bert import CheckpointError, pretrained_config, resolve_pretrained
 from bert import BertModel
-from minbert.arguments import OneLineErrorParser
+from minbert.arguments import OneLineErrorParser, rng_seed
 from minbert.benchmarks.settings import ROOT
 from minbert.files import DataError, unwritable_folder
 from minbert.tasks import squad
@@ -96,7 +96,7 @@ def qa_peer_parser() -> OneLineErrorParser:
     parser.add_argument("--batch_size", type=int, default=QAPeerSettings.batch_size)
     parser.add_argument("--lr", type=float, default=QAPeerSettings.lr)
     parser.add_argument("--epochs", type=int, default=QAPeerSettings.epochs)
-    parser.add_argument("--seed", type=int, default=QAPeerSettings.seed)
+    parser.add_argument("--seed", type=rng_seed, default=QAPeerSettings.seed)
     parser.add_argument("--max_train_examples", type=int, default=QAPeerSettings.max_train_examples,
                         help="train on a seeded random sample of this many questions (smoke tests)")
     parser.add_argument("--pad_to_max_length", action=argparse.BooleanOptionalAction,
