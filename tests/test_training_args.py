@@ -94,6 +94,16 @@ SWITCHED_OFF = [
     (["--simcse_epochs", "2"], "--simcse_epochs does nothing without --simcse_data FILES"),
     (["--lnsr_weight", "0.1"], "--lnsr_weight does nothing without --lnsr"),
     (["--adapter_rank", "4"], "--adapter_rank does nothing without --adapter lora / dora / pals"),
+    (["--compile_mode", "max-autotune"], "--compile_mode does nothing without --compile"),
+    (["--warmup_ratio", "0.2"], "--warmup_ratio does nothing without --lr_schedule linear"),
+    (["--cagrad_c", "0.3"], "--cagrad_c does nothing without --gradient_surgery cagrad"),
+    (["--head_activation", "relu"], "--head_activation does nothing without --head_hidden N"),
+    (["--ordinal_weight", "2"], "--ordinal_weight does nothing without --sst_objective ordinal"),
+    (["--distill_weight", "0.3"], "--distill_weight does nothing without --distill or --distill_override (the "
+                                  "distillation penalty is off)"),
+    (["--score_train", "--distill_temperature", "2"], "--distill_temperature does nothing without --distill or "
+                                                      "--distill_override (the distillation penalty is off)"),
+    (["--ewc_fisher_batches", "5"], "--ewc_fisher_batches does nothing without --ewc_weight (the ewc penalty is off)"),
 ]
 
 
@@ -108,7 +118,9 @@ def test_a_features_flag_without_its_switch_is_refused_in_one_line(capsys, flags
 @pytest.mark.parametrize("flags", [
     ["--smart", "--smart_reduction", "max"], ["--demo", "--smart_anchor_mode", "train"],
     ["--smart", "--smart_override", "sst:adv_weight=2", "--no-smart"], ["--adapter", "none", "--adapter_rank", "4"],
-    ["--lnsr", "--lnsr_weight", "0.1"],
+    ["--lnsr", "--lnsr_weight", "0.1"], ["--lr_schedule", "linear", "--warmup_ratio", "0.2"],
+    ["--head_hidden", "64", "--head_activation", "relu"], ["--option", "finetune", "--ewc_weight", "1", "--ewc_fisher_batches", "5"],
+    ["--distill", "teacher", "--distill_weight", "0.3"], ["--lr_schedule", "constant", "--warmup_ratio", "0.2"],
     ["--simcse_data", "nli.jsonl", "--option", "finetune", "--simcse_pairing", "product"]])
 def test_a_features_flag_is_accepted_with_its_switch_on_or_named_off(flags):
     """A switch named off says so knowingly: a recipe's SMART flags with --no-smart after them (table 4.11)."""

@@ -98,6 +98,12 @@ SWITCHES = {SIMCSE: ("simcse_data", "--simcse_data FILES"),
             **{penalty_group(kind): (kind.switch, f"--{kind.switch}") for kind in PENALTY_KINDS.values()
                if kind.switch}}
 SWITCHED_OFF = (False, [], "none")  # the values of a switch that leave its feature off
+# A flag that tunes what another flag's value turns on: {flag: (that flag, whether its value turns it on, in words)}.
+TUNES = {"compile_mode": ("compile", lambda args: args.compile, "--compile"),
+         "warmup_ratio": ("lr_schedule", lambda args: args.lr_schedule == "linear", "--lr_schedule linear"),
+         "cagrad_c": ("gradient_surgery", lambda args: args.gradient_surgery == "cagrad", "--gradient_surgery cagrad"),
+         "head_activation": ("head_hidden", lambda args: args.head_hidden > 0, "--head_hidden N"),
+         "ordinal_weight": ("sst_objective", lambda args: args.sst_objective == "ordinal", "--sst_objective ordinal")}
 
 
 def flag(default=None, help: str | None = None, group: str = RUN, resume_free: bool = False, task: str | None = None,
@@ -973,13 +979,26 @@ def parse_training_args(argv, description: str) -> TrainingArguments:
 
 def check_switched_flags(args: TrainingArguments, named: set[str]) -> None:
     """A feature's flag `named` (on the command line or in a --config) while its switch leaves the feature off does
-    nothing: refused (ValueError naming both). A switch named off as well says so knowingly and is accepted: a
-    recipe's --smart flags with --no-smart after them, a run record's "smart": false beside its SMART settings."""
+    nothing: refused (ValueError naming both). So for a group's switch (SWITCHES), the flag another one's value
+    turns on (TUNES) and a penalty's tuning flags (PenaltyFlag.tunes) while its file says it is off. A switch named
+    off as well says so knowingly and is accepted: a recipe's --smart flags with --no-smart after them, a run
+    record's "smart": false beside its SMART settings."""
     for f in dataclasses.fields(args):
         switch, turn_on = SWITCHES.get(f.metadata["group"], (None, None))
         if switch in (None, f.name) or f.name not in named or switch in named:
             continue
         _check(getattr(args, switch) not in SWITCHED_OFF, f"--{f.name} does nothing without {turn_on}")
+    for name, (switch, turns_on, turn_on) in TUNES.items():
+        if name in named and switch not in named:
+            _check(turns_on(args), f"--{name} does nothing without {turn_on}")
+    for kind in PENALTY_KINDS.values():
+        switches = [name for name, spec in kind.flags.items() if not spec.tunes and not spec.resume_free]
+        if kind.is_on(args) or any(name in named for name in switches):
+            continue
+        tuned = [name for name, spec in kind.flags.items() if spec.tunes and name in named]
+        if tuned:
+            raise ValueError(f"--{tuned[0]} does nothing without {' or '.join(f'--{s}' for s in switches)} (the "
+                             f"{kind.name} penalty is off)")
 
 
 def demo_settings(tasks: tuple[str, ...]) -> dict:

@@ -184,7 +184,8 @@ class PenaltyFlag:
     that cannot change what is trained). `tasks` says the flag names tasks, which the command line rewrites in their
     internal names and the run's order (training_args.name_tasks): "list", comma-separated tasks, or "overrides",
     TASK:key=value[,key=value] per task (a repeatable flag); `every_task`: its default (None) becomes every task of
-    --tasks."""
+    --tasks. `tunes`: a setting of the penalty once its other flags turn it on (a flag named while it is off does
+    nothing, and is refused)."""
     default: object
     help: str | None
     type: Callable | None = float
@@ -194,6 +195,7 @@ class PenaltyFlag:
     metavar: str | None = None
     tasks: str = ""
     every_task: bool = False
+    tunes: bool = False
 
     def argparse_kwargs(self) -> dict:
         """argparse's keywords of the flag, those it sets."""

@@ -97,8 +97,9 @@ PENALTY = PenaltyKind(
                                "scores/{sst,qqp,sts}-train.csv (SQuAD: scores/qa-train.safetensors) become soft "
                                "targets of the trained tasks", type=None),
         "distill_weight": PenaltyFlag(0.5, "w: each task step trains on (1 - w) x gold loss + w x distillation "
-                                      "loss"),
-        "distill_temperature": PenaltyFlag(1.0, "T of SST's and SQuAD's softened distributions (KL x T^2)"),
+                                      "loss", tunes=True),
+        "distill_temperature": PenaltyFlag(1.0, "T of SST's and SQuAD's softened distributions (KL x T^2)",
+                                           tunes=True),
         "distill_override": PenaltyFlag([], "per-task setting, e.g. sst:weight=1,temperature=2, sts:weight=0.3 or "
                                         "qqp:teacher=runs/qqp_ensemble (that task's teacher folder; repeatable)",
                                         type=None, action="append", metavar="TASK:key=value,...", tasks="overrides"),

@@ -37,4 +37,4 @@ PENALTY = PenaltyKind(
                                           "a block of stages of one task gives way to the next"),
            "ewc_fisher_batches": PenaltyFlag(100, "the Fisher's batches: the first of the finished block's last "
                                                   "stage, by its task's loss alone (no SMART, LNSR or distillation)",
-                                             type=int)})
+                                             type=int, tunes=True)})
