@@ -13,19 +13,24 @@ all per task (per-task adapters over a frozen encoder) could do.
 
 Each run is given once (the same folder twice, however spelled, would weigh it double in the mean), and the runs of
 a mean trained the same tasks (those whose scores their kept models record): a mean of overall scores over different
-task sets mixes figures that measure different things.
+task sets mixes figures that measure different things. A run's history.json must hold its best.json's record of the
+kept model (another run's history would give the row that run's final score, minutes and forgetting), and a damaged
+record (a score that is not a finite number) is refused, not printed or averaged.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 from evaluation import history_forgetting_measures, overall_of
 from minbert.arguments import OneLineErrorParser
 from minbert.files import repeated_run
+from minbert.prediction.run_evaluation import kept_record_mismatch
 from minbert.tasks import MULTITASK, RUN_TASKS, TASKS
 
 COLUMNS = [("SST acc", "sst_acc"), ("SST F1 (w)", "sst_f1_weighted"), ("QQP acc", "qqp_acc"),
@@ -40,6 +45,9 @@ QA_COLUMNS = [("SQuAD EM", "qa_em"), ("SQuAD F1", "qa_f1"), ("has-answer F1", "q
 # The score of the "final" column: the first of these a run's records have.
 FINAL = [("overall", "overall"), ("SQuAD F1", "qa_f1"), ("SST acc", "sst_acc"), ("QQP acc", "qqp_acc"),
          ("STS r", "sts_pearson")]
+# What the table reads of a record as a number (the forgetting figures read its task scores): a damaged record's
+# string or NaN there would be printed, or averaged, as a score.
+NUMBERS = [key for _, key in COLUMNS + QA_COLUMNS] + ["seconds"]
 
 
 def read_run(run: Path) -> dict:
@@ -47,27 +55,65 @@ def read_run(run: Path) -> dict:
     the continual-learning figures of its stages."""
     try:
         history = read_json(run / "history.json")
+        kept = read_json(run / "best.json") if (run / "best.json").exists() else None
+    except ValueError as err:
+        refuse(run, f"not a finished run ({err})")
+    problem = records_problem(history, kept)
+    if problem:
+        refuse(run, problem)
+    try:
         # Folders published without best.json hold runs made before runs kept the best score over the tasks
         # they train (evaluation.kept_model_score): those kept the first stage with the highest overall dev
         # score (never the pretrained row), which is what this reproduces.
-        best = (read_json(run / "best.json")["metrics"] if (run / "best.json").exists()
-                else max(history[1:], key=lambda record: record["overall"]))
+        best = kept["metrics"] if kept is not None else max(history[1:], key=lambda record: record["overall"])
         three_tasks = "overall" in history[-1]
         each_task = each_task_best(history[1:]) if three_tasks else "(not a three-task run)"
         values = {key: best[key] for _, key in run_columns(best)}
-    except (KeyError, ValueError) as err:
-        problem = f"its records lack {err}" if isinstance(err, KeyError) else err
-        print(f"error: {run}: not a finished run ({problem})", file=sys.stderr)
-        raise SystemExit(2) from None
-    final_key = final_metric(best)[1]
+        final = history[-1][final_metric(best)[1]]
+    except KeyError as err:
+        refuse(run, f"not a finished run (its records lack {err})")
     measures = history_forgetting_measures(history)
     forgetting = {} if measures is None else {key: getattr(measures, key) for _, key in FORGETTING_COLUMNS}
     tasks = tuple(task for task in RUN_TASKS if TASKS[task].model.score_key in best)
-    return {**values, "tasks": tasks, "best_after": f"stage {best['index']} ({best['stage']})",
-            "final": history[-1][final_key],
+    return {**values, "tasks": tasks, "best_after": f"stage {best['index']} ({best['stage']})", "final": final,
             "train_minutes": sum(record.get("seconds", 0.0) for record in history[1:]) / 60,
             "each_task_best": each_task, **forgetting,
             "forgetting": {} if measures is None else measures.forgetting}
+
+
+def refuse(run: Path, problem: str) -> NoReturn:
+    print(f"error: {run}: {problem}", file=sys.stderr)
+    raise SystemExit(2) from None
+
+
+def records_problem(history, kept) -> str | None:
+    """Why a run's history.json (`history`) and best.json (`kept`, None when the folder has none) cannot be
+    summarised, or None: a damaged record (the numbers the table shows, finite ones), or a history.json that is
+    not the history of best.json's kept model (another run's: its rows would mix the two runs)."""
+    if not (isinstance(history, list) and all(isinstance(record, dict) for record in history)):
+        return "history.json is not a list of stage records"
+    if len(history) < 2:
+        return "not a finished run (history.json has no trained stage)"
+    if kept is not None and not (isinstance(kept, dict) and isinstance(kept.get("metrics"), dict)):
+        return "best.json holds no metrics of a kept model"
+    records = [(f"history.json's record {position}", record) for position, record in enumerate(history)]
+    records += [("best.json's metrics", kept["metrics"])] if kept is not None else []
+    for name, record in records:
+        if not (isinstance(record.get("stage"), str) and type(record.get("index")) is int):
+            return f"{name}: no stage label and index"
+        damaged = next((key for key in NUMBERS if key in record and not finite_number(record[key])), None)
+        if damaged:
+            return f"{name}: {damaged} is {record[damaged]!r}, not a finite number (a damaged record)"
+    if kept is None:
+        return None
+    if not any(key in kept["metrics"] for _, key in FINAL):
+        return "best.json's metrics hold no task's score"
+    mismatch = kept_record_mismatch(kept["metrics"], history)
+    return None if mismatch is None else f"history.json is not the history of best.json's kept model ({mismatch})"
+
+
+def finite_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def read_rows(runs: list[Path]) -> dict[str, dict]:

@@ -148,8 +148,10 @@ def test_a_run_given_twice_is_refused_in_one_line(tmp_path, capsys):
 def test_runs_of_different_tasks_get_no_mean(tmp_path, capsys):
     three = make_run(tmp_path / "three", 0.40)
     four = make_run(tmp_path / "four", 0.45)
-    metrics = json.loads((four / "best.json").read_text())["metrics"]
-    (four / "best.json").write_text(json.dumps({"metrics": {**metrics, **qa_record(1, "qqp", 0.6, 60.0)}}))
+    history = [{**stage, **qa_record(stage["index"], stage["stage"], 0.6, stage["seconds"])}
+               for stage in json.loads((four / "history.json").read_text())]
+    (four / "history.json").write_text(json.dumps(history))
+    (four / "best.json").write_text(json.dumps({"metrics": history[1]}))
     assert summarize_runs.main([str(three), str(four)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["error: four trained sst,qqp,sts,qa, three sst,qqp,sts: a mean over runs of different tasks mixes "
@@ -164,3 +166,69 @@ def test_two_runs_of_the_same_folder_name_each_keep_their_row(tmp_path, capsys):
     lines = capsys.readouterr().out.splitlines()
     assert lines[2].startswith("| seed | 0.400 |") and lines[3].startswith(f"| {runs[1]} | 0.500 |")
     assert lines[4].startswith("| mean ± std (2 runs) | 0.450 ± 0.071 |")
+
+
+def with_metric(best: dict, key: str, value) -> dict:
+    return {**best, "metrics": {**best["metrics"], key: value}}
+
+
+@pytest.mark.parametrize("damage, problem", [
+    (lambda history, best: ([], best), "not a finished run (history.json has no trained stage)"),
+    (lambda history, best: ([*history[:2], [2, "sst"]], best), "history.json is not a list of stage records"),
+    (lambda history, best: ([*history[:2], {**history[2], "overall": float("inf")}], best),
+     "history.json's record 2: overall is inf, not a finite number (a damaged record)"),
+    (lambda history, best: (history, [1, 2]), "best.json holds no metrics of a kept model"),
+    (lambda history, best: (history, {"metrics": [1, 2]}), "best.json holds no metrics of a kept model"),
+    (lambda history, best: (history, with_metric(best, "sst_acc", "0.5")),
+     "best.json's metrics: sst_acc is '0.5', not a finite number (a damaged record)"),
+    (lambda history, best: (history, {"metrics": {k: v for k, v in best["metrics"].items() if k != "index"}}),
+     "best.json's metrics: no stage label and index"),
+    (lambda history, best: (history, with_metric(best, "sst_acc", float("nan"))),
+     "best.json's metrics: sst_acc is nan, not a finite number (a damaged record)"),
+    (lambda history, best: (history, with_metric(best, "index", 7)),
+     "history.json is not the history of best.json's kept model (history.json has no stage 7)"),
+])
+@pytest.mark.parametrize("runs", [1, 2])
+def test_a_damaged_record_is_one_line_naming_its_file_and_exit_2(tmp_path, capsys, damage, problem, runs):
+    """Not a traceback (IndexError, TypeError, a format code's ValueError, KeyError, statistics' AttributeError over
+    NaN), nor a NaN printed as a score; alone, or as one of the runs of a mean."""
+    run = make_run(tmp_path / "damaged", 0.40)
+    history, best = damage(json.loads((run / "history.json").read_text()), json.loads((run / "best.json").read_text()))
+    (run / "history.json").write_text(json.dumps(history))
+    (run / "best.json").write_text(json.dumps(best))
+    others = [str(make_run(tmp_path / "intact", 0.50))] if runs == 2 else []
+    with pytest.raises(SystemExit) as stopped:
+        summarize_runs.main([str(run), *others])
+    captured = capsys.readouterr()
+    assert stopped.value.code == 2 and captured.out == ""
+    assert captured.err.splitlines() == [f"error: {run}: {problem}"]
+
+
+def subset_run(folder: Path, seconds: float) -> Path:
+    """A run of --max_eval_examples 100: its stages scored on a dev subset, best.json's metrics the kept model's on
+    every dev example (Trainer.score_full_dev: its stage's record without dev_subset, with the full dev's scores)."""
+    stages = ((0, "pretrained", 0.5, 0.2), (1, "qqp", 0.7, 0.4), (2, "sst", 0.6, 0.3))
+    history = [{**record(*stage, seconds), "dev_subset": 100} for stage in stages]
+    folder.mkdir()
+    (folder / "history.json").write_text(json.dumps(history))
+    (folder / "best.json").write_text(json.dumps({"metrics": record(1, "qqp", 0.71, 0.42, seconds)}))
+    return folder
+
+
+@pytest.mark.parametrize("subset", [False, True])
+def test_another_runs_history_is_refused_naming_both_files(tmp_path, capsys, subset):
+    """X's history.json replaced by Y's: X's kept model beside Y's final score, minutes and forgetting in one row.
+    Under --max_eval_examples the kept model's dev scores are the full dev's, so its stage's other fields decide."""
+    if subset:
+        x, y = subset_run(tmp_path / "x", 60.0), subset_run(tmp_path / "y", 61.0)
+    else:
+        x, y = make_run(tmp_path / "x", 0.40), make_run(tmp_path / "y", 0.50)
+    assert summarize_runs.main([str(x), str(y)]) == 0
+    assert capsys.readouterr().out.splitlines()[2].startswith(f"| x | {'0.420' if subset else '0.400'} |")
+    (x / "history.json").write_text((y / "history.json").read_text())
+    with pytest.raises(SystemExit) as stopped:
+        summarize_runs.main([str(x)])
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"error: {x}: history.json is not the history of best.json's kept model (history.json's stage 1 differs "
+        f"in {'seconds' if subset else 'sst_acc'})"]

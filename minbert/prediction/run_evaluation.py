@@ -90,6 +90,24 @@ def stage_scalars(record: dict) -> dict:
             for name, value in record.items() if name not in ("stage", "index")}
 
 
+def kept_record_mismatch(kept: dict, history: list[dict]) -> str | None:
+    """Why `kept` (best.json's metrics: the kept model's stage record) is not the record of its stage in `history`
+    (the run's history.json), or None. Both files are written from one record, so every value agrees exactly; but a
+    stage scored on a dev subset (SUBSET_KEY) has the full dev's metrics in best.json (Trainer.score_full_dev), and
+    then only the fields that are no dev metric can."""
+    index = kept.get("index")
+    record = next((record for record in history if record.get("index") == index), None)
+    if record is None:
+        return f"history.json has no stage {index}"
+    if SUBSET_KEY in record:  # score_full_dev drops the subset's size too
+        keys = [key for key in record if (key in ("stage", "index", *STAGE_FIELDS) and key != SUBSET_KEY)
+                or key.startswith("train_")]
+    else:
+        keys = list({**record, **kept})
+    differing = next((key for key in keys if key not in kept or key not in record or kept[key] != record[key]), None)
+    return None if differing is None else f"history.json's stage {index} differs in {differing}"
+
+
 class MetricsLog:
     """Where the history's records go on the main process (`active`): a summary line on the console, a line of
     OUTPUT_DIR/metrics.jsonl, and the run log's stage scalars."""
