@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -48,7 +49,7 @@ from minbert.files import repeated_run
 from minbert.reports.bootstrap import OVERALL, Arm, Comparison, Difference, arms_problem, compare, run_scores
 from minbert.reports.decisions import ALPHA, holm, parse_primary, secondary_verdict
 from minbert.reports.seed_tests import seed_difference
-from minbert.prediction.run_evaluation import SUBSET_KEY
+from minbert.prediction.run_evaluation import SUBSET_KEY, kept_record_mismatch
 from minbert.reports.tables import BEFORE_TRAINING, history_forgetting_measures
 from minbert.run.run_outputs import checked_predictions_and_gold, part1_predictions_and_gold, run_record
 from minbert.tasks import MULTITASK, PART1_TASKS, TASKS
@@ -186,11 +187,25 @@ def forgetting_figures(runs: list[Path]) -> list[dict] | None:
             return None
         if measures is None:
             return None
+        check_history_is_the_runs(run, history, measures)
         figures.append({**{key: getattr(measures, key) for key, _ in FORGETTING}, DEV_READ: dev_read(run, history)})
     if len({figure[DEV_READ] for figure in figures}) > 1:
         raise PredictionsFileError("an arm's runs must score their stages on the same dev examples, but "
                                    + ", ".join(f"{run} on {figure[DEV_READ]}" for run, figure in zip(runs, figures)))
     return figures
+
+
+def check_history_is_the_runs(run: Path, history: list[dict], measures) -> None:
+    """PredictionsFileError unless history.json holds the record of the run's kept model (another run's history would
+    give this run that run's forgetting) and finite figures (a damaged record's NaN would be averaged)."""
+    record = run_record(run)
+    kept = record is not None and record.source.name == "best.json"  # an ensemble's folder has no history of its own
+    mismatch = kept_record_mismatch(record.metrics, history) if kept else None
+    if mismatch:
+        raise PredictionsFileError(f"{run}/history.json: not the history of best.json's kept model ({mismatch})")
+    damaged = next((name for key, name in FORGETTING if not math.isfinite(getattr(measures, key))), None)
+    if damaged:
+        raise PredictionsFileError(f"{run}/history.json: its {damaged} is not a finite number (a damaged record)")
 
 
 def dev_read(run: Path, history: list[dict]) -> str:

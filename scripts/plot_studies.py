@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import sys
 from pathlib import Path
 
 from minbert.arguments import OneLineErrorParser
+from minbert.prediction.run_evaluation import kept_record_mismatch
 from minbert.reports.plots import figure_problem
 from minbert.reports.study_plots import SeedPanel, plot_seed_panels, seed_panel_rows
 from minbert.reports.tables import history_forgetting_measures
@@ -69,10 +71,18 @@ def read_json(path: Path):
 
 def forgetting_figures(run: Path) -> tuple[float, float]:
     """A run's backward transfer (from its history) and its kept model's overall dev score (best.json)."""
-    measures = history_forgetting_measures(read_json(run / "history.json"))
-    kept = read_json(run / "best.json").get("metrics", {}).get("overall")
+    history = read_json(run / "history.json")
+    measures = history_forgetting_measures(history)
+    metrics = read_json(run / "best.json").get("metrics", {})
+    kept = metrics.get("overall")
     if measures is None or kept is None:
         raise StudyError(f"{run}: not a sequential run with a kept model (history.json, best.json)")
+    mismatch = kept_record_mismatch(metrics, history)  # another run's history would draw that run's figure here
+    if mismatch:
+        raise StudyError(f"{run}/history.json: not the history of best.json's kept model ({mismatch})")
+    if not all(math.isfinite(value) for value in (measures.backward_transfer, kept)):
+        raise StudyError(f"{run}: its backward transfer or kept overall score is not a finite number (a damaged "
+                         "record)")
     return measures.backward_transfer, kept
 
 

@@ -324,3 +324,25 @@ def test_sequential_runs_get_their_forgetting_compared_over_the_seeds(tmp_path, 
     assert compare_runs.main(argv) == 2
     assert "--primary bwt: none's runs are not all sequential ones" in one_error_line(capsys)
     assert compare_runs.main(argv[:-2]) == 0 and "Forgetting over seeds" not in capsys.readouterr().out
+
+
+def test_a_run_whose_history_is_another_runs_is_refused(tmp_path, capsys):
+    """Its forgetting figures would be the other run's: history.json must hold best.json's record of the kept model."""
+    arms = {name: [demo_run(tmp_path, f"{name}{s}", 0.3, 10 * i + s) for s in range(2)]
+            for i, name in enumerate(("none", "kept"))}
+    for runs in arms.values():
+        for s, run in enumerate(runs):
+            write_history(run, 0.7 - 0.05 * s)
+            write_best(run)  # the last stage kept: its record in both files
+            history, best = json.loads((run / "history.json").read_text()), json.loads((run / "best.json").read_text())
+            history[-1] = best["metrics"] = {**history[-1], **best["metrics"]}
+            (run / "history.json").write_text(json.dumps(history))
+            (run / "best.json").write_text(json.dumps(best))
+    argv = ["--data_dir", str(DEMO), "--replicates", "100", *(f"{name}=" + ",".join(map(str, runs))
+                                                              for name, runs in arms.items())]
+    assert compare_runs.main(argv) == 0 and "Forgetting over seeds" in capsys.readouterr().out
+    kept0 = arms["kept"][0]
+    (kept0 / "history.json").write_text((arms["kept"][1] / "history.json").read_text())
+    assert compare_runs.main(argv) == 2
+    assert one_error_line(capsys).endswith(f"{kept0}/history.json: not the history of best.json's kept model "
+                                           "(history.json's stage 2 differs in sst_acc)")

@@ -1,6 +1,7 @@
 """The front page's figure (minbert/reports/study_plots.py, scripts/plot_studies.py): per-seed points and each arm's
 interval, the exact permutation p deciding the verdict, on tiny hand-made values and run folders."""
 import json
+import shutil
 
 import pytest
 
@@ -43,10 +44,12 @@ def write_forgetting_run(folder, bwt_drop):
     history = [{"stage": "pretrained", "sst_acc": 0.2, "qqp_acc": 0.5, "sts_pearson": 0.8},
                {"stage": "qqp", "sst_acc": 0.2, "qqp_acc": 0.7, "sts_pearson": 0.8},
                {"stage": "sts", "sst_acc": 0.2, "qqp_acc": 0.7, "sts_pearson": 0.85},
-               {"stage": "sst", "sst_acc": 0.4, "qqp_acc": 0.7 - bwt_drop, "sts_pearson": 0.85}]
+               {"stage": "sst", "sst_acc": 0.4, "qqp_acc": 0.7 - bwt_drop, "sts_pearson": 0.85,
+                "overall": 0.6 - bwt_drop}]
+    history = [{**record, "index": index} for index, record in enumerate(history)]
     folder.mkdir(parents=True)
     (folder / "history.json").write_text(json.dumps(history))
-    (folder / "best.json").write_text(json.dumps({"metrics": {"overall": 0.6 - bwt_drop}}))
+    (folder / "best.json").write_text(json.dumps({"metrics": history[-1]}))  # the last stage kept
 
 
 def write_robustness_run(folder, drop):
@@ -95,3 +98,19 @@ def test_bad_input_is_one_line_and_exit_2(studies, tmp_path, capsys, flags, prob
     error = capsys.readouterr().err.strip()
     assert problem in error and "\n" not in error
     assert not (tmp_path / "f.png").exists()
+
+
+@pytest.mark.parametrize("damage, problem", [
+    (lambda run, other: shutil.copy(other / "history.json", run / "history.json"),
+     "history.json: not the history of best.json's kept model"),
+    (lambda run, other: [(run / name).write_text((run / name).read_text().replace("0.7", "NaN"))
+                         for name in ("history.json", "best.json")], "not a finite number (a damaged record)"),
+])
+def test_a_run_whose_history_is_not_its_own_is_refused(studies, tmp_path, capsys, damage, problem):
+    forgetting, robustness = studies
+    damage(forgetting / "smart", forgetting / "smart_seed1")
+    argv = ["--out", str(tmp_path / "f.png"), "--forgetting_dir", str(forgetting), "--robustness_dir",
+            str(robustness), "--arms", "none,smart", "--robustness_rows", "sts:eps=0.01"]
+    assert plot_studies.main(argv) == 2
+    error = capsys.readouterr().err.strip()
+    assert str(forgetting / "smart") in error and problem in error and "\n" not in error
