@@ -46,7 +46,17 @@ declare -A PREFIX=([none]=none [smart]=thesis_smart [lnsr]=lnsr [thesis_smart_fp
 SCORING_ORDER=(smart none lnsr thesis_smart_fp32 bregman_epoch rs_only rs_eps0 thesis_setting ensemble)
 SETS=(--data_dir "$DATA_DIR" --max_examples 500 --rates 0.2 --perturbed_dir "$STUDY_DIR/perturbed")
 SUITE=("${SETS[@]}" --epsilons 1e-2 3e-2 1e-1 "$@")
-SMALL_RADII=("${SETS[@]}" --families embedding --epsilons 1e-5 1e-4 1e-3 "$@")
+# The small radii score the embedding attack alone, which refuses the flags of the families it does not run (they
+# would do nothing): the extra flags of the greedy attack and the word noise go to the main suite only.
+EMBEDDING_FLAGS=()
+for ((i = 1; i <= $#; i++)); do
+    case ${!i} in
+        --budget | --regression_margin | --neighbours) i=$((i + 1)) ;;
+        --budget=* | --regression_margin=* | --neighbours=*) ;;
+        *) EMBEDDING_FLAGS+=("${!i}") ;;
+    esac
+done
+SMALL_RADII=("${SETS[@]}" --families embedding --epsilons 1e-5 1e-4 1e-3 "${EMBEDDING_FLAGS[@]}")
 runs_of() {  # runs_of ARM: the arm's runs, one a line
     local arm=$1 seed
     if [[ $arm == ensemble ]]; then printf '%s\n' "${ENSEMBLE[@]}"; return; fi

@@ -10,7 +10,8 @@ a near neighbour in the model's input-embedding space) noise at each of --rates,
 --max_examples dev examples per task; an embedding attack (projected gradient ascent on the gold loss in an
 eps-ball around the input embeddings, SMART's threat model) at each of --epsilons; a greedy word-substitution
 attack with --budget queries per example. The attacks run on the first --attack_examples of the subset. A pair
-task's two sentences are both perturbed.
+task's two sentences are both perturbed. A family's flags typed without the family (--families char --epsilons 0.1)
+would do nothing and are refused.
 
 The noisy sets are written once, in the course's format, with a manifest: to --perturbed_dir when it has none yet
 (else OUTPUT_DIR/perturbed), and read back from --perturbed_dir when it has one (its seed, rates and subset then
@@ -48,7 +49,7 @@ from minbert.robustness.perturbed_sets import (MANIFEST, PerturbedSets, SetOptio
 from minbert.robustness.report import markdown_table, predictions_json
 from minbert.robustness.suite import FAMILIES, FamilyRun, SuiteSettings, run_families
 from minbert.robustness.text_noise import CHAR_KINDS, WORD_KINDS, Noise
-from minbert.run.kept_ensemble import check_members, load_scored
+from minbert.run.kept_ensemble import check_members, checkpoint_json, load_scored
 from minbert.run.run_outputs import run_settings
 from minbert.run.run_record import recorded_path, working_dir_of
 from minbert.runtime import resolve_device, seed_everything, use_tf32
@@ -107,9 +108,14 @@ def parse_args(argv=None) -> argparse.Namespace:
                        "runs' files\n")
     args.tasks = names(args.tasks, TEXT_TASKS, "--tasks", parser) if args.tasks else None
     args.families = names(args.families, tuple(FAMILIES), "--families", parser)
-    for flag, value, low in (("--max_examples", args.max_examples, 0), ("--attack_examples", args.attack_examples, 1),
-                             ("--neighbours", args.neighbours, 1), ("--replicates", args.replicates, 100),
-                             ("--batch_size", args.batch_size or 1, 1)):
+    problem = flag_without_family(args)
+    if problem:
+        parser.error(problem)
+    bounds = [("--max_examples", args.max_examples, 0), ("--attack_examples", args.attack_examples, 1),
+              ("--neighbours", args.neighbours, 1), ("--replicates", args.replicates, 100)]
+    if args.batch_size is not None:  # None: the run's own --eval_batch_size
+        bounds.append(("--batch_size", args.batch_size, 1))
+    for flag, value, low in bounds:
         if value < low:
             parser.error(f"{flag} must be >= {low}, got {value}")
     try:
@@ -128,6 +134,18 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
+def flag_without_family(args: argparse.Namespace) -> str | None:
+    """Why a flag typed would do nothing, in one line, or None: a family's setting (Family.flags) that no family of
+    --families reads."""
+    for flag in dict.fromkeys(flag for family in FAMILIES.values() for flag in family.flags):
+        if flag in args.given and not any(flag in FAMILIES[name].flags for name in args.families):
+            users = [name for name, family in FAMILIES.items() if flag in family.flags]
+            which = f"the {users[0]} family uses" if len(users) == 1 else \
+                f"the {', '.join(users[:-1])} and {users[-1]} families use"
+            return f"--{flag} would do nothing with --families {','.join(args.families)}: only {which} it"
+    return None
+
+
 def check_inputs(args: argparse.Namespace) -> tuple[list[Path], list[str], Path, PerturbedSets | dict]:
     """Everything the flags name, before a model loads: the checkpoints (members of one ensemble, checked), the
     tasks, the sets' folder, and the sets read from it (checked), or when it has none yet the dev examples to make
@@ -140,20 +158,47 @@ def check_inputs(args: argparse.Namespace) -> tuple[list[Path], list[str], Path,
         problem = unwritable_folder(folder)
         if problem:
             raise OutputError(problem)
-    problem = forbidden_output("--output_dir", args.output_dir, own_runs=args.runs)
+    if sets_dir.resolve() == args.output_dir.resolve():
+        raise OutputError(f"--output_dir {args.output_dir}: the same folder as --perturbed_dir; the perturbed sets "
+                          "are read there by every run scored on them, the results are this run's: name another "
+                          "--output_dir (by default RUN/robustness)")
+    # The sets are read back from their folder (after making them, too): the results never go among them.
+    problem = forbidden_output("--output_dir", args.output_dir, reads=[sets_dir], own_runs=args.runs)
     if problem:
         raise OutputError(problem)
     manifest = read_manifest(sets_dir)
     if manifest is not None:
         check_set_flags_agree(args, manifest, sets_dir)
         return prefixes, tasks, sets_dir, read_sets(sets_dir, tasks)
-    problem = forbidden_output("--perturbed_dir", sets_dir, own_runs=args.runs)  # written now, from the dev files
-    if problem:
-        raise OutputError(problem)
+    check_attack_examples(args, args.max_examples or None, sets_dir, "--max_examples")
     settings = run_settings(run) if run.is_dir() else {}
     data_dir = args.data_dir or recorded_path(settings.get("data_dir") or "data", working_dir_of(run, settings))
     args.data_dir = str(data_dir)
+    for flag, folder in (("--output_dir", args.output_dir), ("--perturbed_dir", sets_dir)):  # sets written now
+        problem = forbidden_output(flag, folder, reads=[data_dir], own_runs=args.runs) or holds_data(
+            flag, folder, data_dir)
+        if problem:
+            raise OutputError(problem)
     return prefixes, tasks, sets_dir, {task: load_split(data_dir, task, "dev") for task in tasks}
+
+
+def holds_data(flag: str, folder: Path, data_dir: str | Path) -> str | None:
+    """Why `folder` must not be written, being above the data folder the sets are made from (forbidden_output refuses
+    it there and below): the data's tree is the user's input, and the fixed names written there (greedy/, perturbed/,
+    a variant's folder) could be that data's own folders, their course files the dev files it reads."""
+    data = Path(data_dir).resolve()
+    if data.is_relative_to(folder.resolve()):
+        return f"{flag} {folder}: holds {data_dir}, the data folder this command reads; write elsewhere"
+    return None
+
+
+def check_attack_examples(args: argparse.Namespace, subset: object, sets_dir: Path, source: str) -> None:
+    """--attack_examples typed above the sets' examples a task (`subset`, as `source` gives it; None: all) would do
+    nothing beyond them: the attacks run on the first of those. A DataError naming the sets' folder."""
+    if "attack_examples" in args.given and isinstance(subset, int) and args.attack_examples > subset:
+        raise DataError(sets_dir, f"--attack_examples {args.attack_examples} would do nothing: the attacks run on the "
+                                  f"first examples of the perturbed sets, {subset} a task here ({source}); name at "
+                                  f"most {subset}")
 
 
 def say(args: argparse.Namespace):
@@ -164,12 +209,16 @@ def say(args: argparse.Namespace):
 
 
 def scored(args: argparse.Namespace, prefixes: list[Path]) -> tuple[dict, str, str]:
-    """What was scored: the record's keys naming it, the report's title, and what an interval covers."""
+    """What was scored: the record's keys naming it (with each checkpoint's weights' SHA-256, which loading checked:
+    compare_robustness.py matches it with the run folder the results lie in, whose paths may have moved), the
+    report's title, and what an interval covers."""
+    digests = [checkpoint_json(prefix).get("sha256") for prefix in prefixes]
     if len(prefixes) == 1:
-        return ({"run": str(args.runs[0]), "checkpoint": str(prefixes[0])}, f"# Robustness of {args.runs[0]}",
-                "one run")
+        return ({"run": str(args.runs[0]), "checkpoint": str(prefixes[0]), "checkpoint_sha256": digests[0]},
+                f"# Robustness of {args.runs[0]}", "one run")
     return ({"members": [str(run) for run in args.runs], "checkpoints": [str(prefix) for prefix in prefixes],
-             "ensemble": "mean"}, f"# Robustness of an ensemble of {len(prefixes)} runs: {', '.join(args.runs)}",
+             "checkpoints_sha256": digests, "ensemble": "mean"},
+            f"# Robustness of an ensemble of {len(prefixes)} runs: {', '.join(args.runs)}",
             f"one ensemble of {len(prefixes)} runs, the mean of their class probabilities and STS scores")
 
 
@@ -207,6 +256,7 @@ def check_set_flags_agree(args: argparse.Namespace, manifest: dict, sets_dir: Pa
             raise DataError(sets_dir, f"--{name} would do nothing: these perturbed sets were made with --{name} "
                                       f"{_as_typed(made[name])} ({MANIFEST}); drop the flag, or name another "
                                       "--perturbed_dir to make new ones")
+    check_attack_examples(args, made["max_examples"], sets_dir, MANIFEST)
 
 
 def _as_typed(value) -> str:

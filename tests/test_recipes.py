@@ -239,9 +239,11 @@ def test_the_ensemble_recipe_combines_the_committed_scores(tmp_path):
     assert len(list(tmp_path.glob("*-out.csv"))) == 6
 
 
-def robustness_study(tmp_path, runs: list[str], **environment: str) -> tuple[subprocess.CompletedProcess, Path, Path]:
-    """cpu_robustness_study.sh with `python` standing in for the scripts (it records its arguments in calls.txt and
-    writes the suite's robustness.json), over a RUNS_DIR holding `runs`' folders: the result, RUNS_DIR, calls.txt."""
+def robustness_study(tmp_path, runs: list[str], flags: tuple[str, ...] = (),
+                     **environment: str) -> tuple[subprocess.CompletedProcess, Path, Path]:
+    """cpu_robustness_study.sh `flags` with `python` standing in for the scripts (it records its arguments in
+    calls.txt and writes the suite's robustness.json), over a RUNS_DIR holding `runs`' folders: the result, RUNS_DIR,
+    calls.txt."""
     stub = tmp_path / "bin" / "python"
     stub.parent.mkdir(exist_ok=True)
     stub.write_text("#!/usr/bin/env bash\nprintf '%s\\n' \"$*\" >> \"$CALLS\"\n"
@@ -253,7 +255,7 @@ def robustness_study(tmp_path, runs: list[str], **environment: str) -> tuple[sub
         (runs_dir / run).mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PATH": f"{stub.parent}:{os.environ['PATH']}", "CALLS": str(calls), "RUNS_DIR": str(runs_dir),
            "DATA_DIR": "protocol", **environment}
-    result = subprocess.run(["bash", str(ROOT / "scripts" / "cpu_robustness_study.sh")], env=env,
+    result = subprocess.run(["bash", str(ROOT / "scripts" / "cpu_robustness_study.sh"), *flags], env=env,
                             capture_output=True, text=True)
     return result, runs_dir, calls
 
@@ -292,6 +294,19 @@ def test_the_robustness_study_scores_every_run_on_one_set_of_inputs_once_then_co
     assert compare[-1] == str(study / "comparison.md") and compare_small[-1] == str(study / "comparison_small_radii.md")
     assert compare[5:7] == ["--primary", "smart:sts/embedding/eps=0.01"] and "--primary" not in compare_small
     assert compare_small[1] == "none=" + ",".join(str(study / "small_radii" / name) for name in five_seeds("none"))
+
+
+def test_the_robustness_studys_small_radii_take_the_extra_flags_the_embedding_attack_reads(tmp_path):
+    """Extra flags go to every suite, but those of the families the small radii do not run, which robustness.py
+    refuses there as doing nothing (it stopped the study after the main suite)."""
+    flags = ("--budget", "20", "--quiet", "--neighbours=3", "--attack_examples", "50", "--regression_margin", "0.5")
+    result, _, calls = robustness_study(tmp_path, five_seeds("none") + five_seeds("thesis_smart"),
+                                        flags, ARMS="none smart")
+    assert result.returncode == 0, result.stderr
+    suites = [line.split() for line in calls.read_text().splitlines() if "/scripts/robustness.py" in line.split()[0]]
+    assert len(suites) == 20
+    extra = [words[words.index("--epsilons") + 4:words.index("--output_dir")] for words in suites]
+    assert extra == [list(flags)] * 10 + [["--quiet", "--attack_examples", "50"]] * 10
 
 
 def test_the_robustness_study_scores_the_ablation_arms_at_the_seeds_asked_and_refuses_a_missing_run(tmp_path):

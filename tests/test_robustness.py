@@ -256,8 +256,9 @@ def test_the_greedy_attack_on_a_tiny_model_stays_in_budget_and_reports_its_outco
 # ---------------------------------------------------------------------------------------------------
 # scripts/robustness.py
 
-SCRIPT_FLAGS = ["--max_examples", "20", "--attack_examples", "4", "--rates", "0.2", "--epsilons", "0.01", "0.5",
-                "--attack_steps", "2", "--budget", "6", "--neighbours", "3", "--replicates", "100", "--quiet"]
+SET_FLAGS = ["--max_examples", "20", "--rates", "0.2", "--replicates", "100", "--quiet"]  # what every family takes
+SCRIPT_FLAGS = [*SET_FLAGS, "--attack_examples", "4", "--epsilons", "0.01", "0.5", "--attack_steps", "2", "--budget",
+                "6", "--neighbours", "3"]
 
 
 def tiny_run(folder, tiny_checkpoint, seed, max_length=MAX_LENGTH, **heads):
@@ -335,7 +336,7 @@ def write_toy(output_dir, task, ids):
 @pytest.fixture
 def toy_family():
     from minbert.robustness.suite import FAMILIES, Family, register_family
-    yield register_family(Family("toy", toy_rows, write_outcomes=write_toy))
+    yield register_family(Family("toy", toy_rows, write_outcomes=write_toy, flags=("attack_examples",)))
     del FAMILIES["toy"]
 
 
@@ -344,7 +345,7 @@ def test_a_registered_family_is_run_by_the_suite_and_the_script(tmp_path, tiny_c
     from minbert.robustness.suite import FAMILIES
     assert list(FAMILIES) == ["char", "word", "embedding", "greedy", "toy"]  # --families' choices, in this order
     run = tiny_run(tmp_path / "a", tiny_checkpoint, 1)
-    assert robustness.main([str(run), "--families", "toy", *SCRIPT_FLAGS]) == 0
+    assert robustness.main([str(run), "--families", "toy", *SET_FLAGS, "--attack_examples", "4"]) == 0
     report = json.loads((run / "robustness" / "robustness.json").read_text())
     assert [(row["task"], row["family"], row["variant"], row["examples"], row["drop"]["value"], row["details"])
             for row in report["rows"]] == [(task, "toy", "identity", 4, 0.0, {"toy detail": 1}) for task in MULTITASK]
@@ -366,6 +367,20 @@ def test_a_family_name_is_registered_once(toy_family):
     (["--budget", "0"], "--budget must be >= 1"),
     (["--families", "char,fonts"], "--families: 'fonts' is not one of"),
     (["--tasks", "qa"], "--tasks: 'qa' is not one of sst, qqp, sts"),
+    (["--batch_size", "0"], "--batch_size must be >= 1, got 0"),
+    # a family's flag typed while no family asked for reads it
+    (["--families", "char", "--epsilons", "0.1"], "--epsilons would do nothing with --families char: only the "
+                                                  "embedding family uses it"),
+    (["--families", "char", "--attack_steps", "3"], "--attack_steps would do nothing with --families char: only the "
+                                                    "embedding family uses it"),
+    (["--families", "char", "--budget", "10"], "--budget would do nothing with --families char: only the greedy "
+                                               "family uses it"),
+    (["--families", "char", "--regression_margin", "0.5"], "--regression_margin would do nothing with --families "
+                                                           "char: only the greedy family uses it"),
+    (["--families", "char", "--max_examples", "20", "--attack_examples", "50"],
+     "--attack_examples would do nothing with --families char: only the embedding and greedy families use it"),
+    (["--families", "char,embedding", "--neighbours", "3"], "--neighbours would do nothing with --families "
+                                                            "char,embedding: only the word and greedy families use it"),
 ])
 def test_bad_flags_are_one_line_and_exit_2(tmp_path, capsys, flags, problem):
     import robustness
@@ -381,8 +396,9 @@ def test_bad_inputs_are_one_line_and_exit_2_before_the_model_loads(tmp_path, tin
     bad_manifest = tmp_path / "sets"
     bad_manifest.mkdir()
     (bad_manifest / "manifest.json").write_text("{not json")
+    (tmp_path / "no_data").mkdir()
     cases = [([str(tmp_path / "missing")], "neither a run's folder nor a checkpoint"),
-             ([str(run), "--data_dir", str(tmp_path)], "ids-sst-dev.csv: file not found"),
+             ([str(run), "--data_dir", str(tmp_path / "no_data")], "ids-sst-dev.csv: file not found"),
              ([str(run), "--perturbed_dir", str(bad_manifest)], "manifest.json: not a manifest of perturbed sets")]
     for argv, problem in cases:
         assert robustness.main([*argv, "--quiet"]) == 2
@@ -428,3 +444,71 @@ def test_a_set_flag_that_existing_sets_would_ignore_is_refused_before_the_model_
     with pytest.raises(DataError, match="holds no sst, qqp, sts sets"):  # past the check, to reading the sets
         robustness.check_inputs(robustness.parse_args([str(run), "--perturbed_dir", str(sets), "--seed", "0",
                                                        "--rates", "0.2", "--max_examples", "20"]))
+
+
+def test_a_familys_flag_is_accepted_with_a_family_that_reads_it(tmp_path):
+    import robustness
+    for families, flags in (("embedding", ["--epsilons", "0.1", "--attack_steps", "3", "--attack_examples", "5"]),
+                            ("word", ["--neighbours", "3"]),
+                            ("greedy", ["--budget", "10", "--regression_margin", "0.5", "--neighbours", "3"])):
+        robustness.parse_args([str(tmp_path), "--families", families, *flags])
+
+
+@pytest.mark.parametrize("made", [True, False])
+def test_more_attack_examples_than_the_sets_hold_are_refused_before_the_model_loads(
+        tmp_path, tiny_checkpoint, capsys, checkpoint_must_not_load, made):
+    """The attacks run on the first examples of the sets' subset: more than it holds would do nothing, whether the
+    sets are to be made (--max_examples) or read (their manifest); as many is accepted."""
+    import robustness
+    from minbert.robustness.perturbed_sets import FORMAT, MANIFEST
+    run, sets = tiny_run(tmp_path / "run", tiny_checkpoint, 1), tmp_path / "sets"
+    if not made:
+        sets.mkdir()
+        (sets / MANIFEST).write_text(json.dumps({"format": FORMAT, "seed": 0, "max_examples": 20, "tasks": {},
+                                                 "variants": {"char_swap-0.2": {"rate": 0.2}}}))
+    subset = ["--max_examples", "20"] if made else []
+    assert robustness.main([str(run), "--perturbed_dir", str(sets), *subset, "--attack_examples", "50",
+                            "--quiet"]) == 2
+    source = "--max_examples" if made else MANIFEST
+    assert capsys.readouterr().err.splitlines() == [
+        f"error: {sets}: --attack_examples 50 would do nothing: the attacks run on the first examples of the perturbed "
+        f"sets, 20 a task here ({source}); name at most 20"]
+    if not made:  # past the check, to reading the sets
+        with pytest.raises(DataError, match="holds no sst, qqp, sts sets"):
+            robustness.check_inputs(robustness.parse_args([str(run), "--perturbed_dir", str(sets),
+                                                           "--attack_examples", "20"]))
+
+
+def test_the_results_and_the_perturbed_sets_are_refused_one_folder(tmp_path, tiny_checkpoint, capsys,
+                                                                     checkpoint_must_not_load):
+    """Making the sets in the results' own folder once said another process was writing there (the folder's lock,
+    taken twice); the sets are every run's inputs, the results one run's: two folders."""
+    import robustness
+    run, folder = tiny_run(tmp_path / "run", tiny_checkpoint, 1), tmp_path / "both"
+    assert robustness.main([str(run), "--output_dir", str(folder), "--perturbed_dir", str(tmp_path / "." / "both"),
+                            *SCRIPT_FLAGS]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"error: --output_dir {folder}: the same folder as --perturbed_dir; the perturbed sets are read there by every "
+        "run scored on them, the results are this run's: name another --output_dir (by default RUN/robustness)"]
+    assert not folder.exists()
+
+
+@pytest.mark.parametrize("flag, where", [("--output_dir", "data"), ("--output_dir", "data/results"),
+                                         ("--output_dir", "."), ("--perturbed_dir", "data"),
+                                         ("--perturbed_dir", "data/sets")])
+def test_the_data_folder_the_sets_are_made_from_is_never_written_into(tmp_path, tiny_checkpoint, capsys,
+                                                                      checkpoint_must_not_load, flag, where):
+    """The results or the sets in the data folder (or below it, or in a folder holding it) would land among the
+    user's dev files: refused in one line before the model loads, nothing written."""
+    import shutil
+    import robustness
+    run, data = tiny_run(tmp_path / "run", tiny_checkpoint, 1), tmp_path / "work" / "data"
+    shutil.copytree(DEMO, data)
+    def tree():  # new folders too
+        return {path: path.is_file() and path.read_bytes() for path in (tmp_path / "work").rglob("*")}
+    before = tree()
+    folder = tmp_path / "work" / where
+    assert robustness.main([str(run), "--data_dir", str(data), flag, str(folder), *SCRIPT_FLAGS]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {flag} {folder}: ") and str(data) in lines[0], lines
+    assert tree() == before

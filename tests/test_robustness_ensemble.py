@@ -140,6 +140,8 @@ def test_several_runs_are_scored_as_one_ensemble_on_the_same_sets(tmp_path, tiny
     report = json.loads((out / "robustness.json").read_text())
     assert report["settings"]["members"] == [str(first), str(second)] and report["settings"]["ensemble"] == "mean"
     assert report["settings"]["checkpoints"] == [str(first / "best"), str(second / "best")]
+    assert report["settings"]["checkpoints_sha256"] == [json.loads((run / "best.json").read_text())["sha256"]
+                                                        for run in (first, second)]
     assert Counter(row["family"] for row in report["rows"]) == {"char": 12, "word": 9, "embedding": 6, "greedy": 3}
     assert all(row["details"]["most queries"] <= 6 for row in report["rows"] if row["family"] == "greedy")
     assert (out / "robustness.md").read_text().startswith(f"# Robustness of an ensemble of 2 runs: {first}, {second}")

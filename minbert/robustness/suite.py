@@ -136,11 +136,13 @@ class Family:
     """A family of the suite. `rows`: its report rows on a FamilyRun's task, and the per-example outcomes it keeps
     (None: none); `write_outcomes(output_dir, task, outcomes)` writes those; `attacks_embeddings`: it takes the
     gradient of the gold loss in the input embeddings, so the models' pair reading is checked for it first
-    (kept_ensemble.load_scored)."""
+    (kept_ensemble.load_scored); `flags`: the settings of scripts/robustness.py it reads (their flags' names without
+    the dashes), so that one typed while no family asked for reads it, which would do nothing, is refused."""
     name: str
     rows: Callable[[FamilyRun], tuple[list[Row], list | None]]
     write_outcomes: Callable[[Path, str, list], None] | None = None
     attacks_embeddings: bool = False
+    flags: tuple[str, ...] = ()
 
 
 FAMILIES: dict[str, Family] = {}
@@ -183,11 +185,11 @@ def write_greedy(output_dir: Path, task: str, outcomes: list[Outcome]) -> None:
                    TASKS[task].text_columns, TASKS[task].label_column)
 
 
-def _noise(family: str) -> Family:
+def _noise(family: str, flags: tuple[str, ...] = ()) -> Family:
     def rows(run: FamilyRun) -> tuple[list[Row], None]:
         return noise_rows(run.predictor, run.sets, run.task, family, run.settings.replicates, run.settings.seed,
                           run.progress), None
-    return Family(family, rows)
+    return Family(family, rows, flags=flags)
 
 
 def _embedding(run: FamilyRun) -> tuple[list[Row], None]:
@@ -201,6 +203,8 @@ def _greedy(run: FamilyRun) -> tuple[list[Row], list[Outcome]]:
 
 
 register_family(_noise("char"))
-register_family(_noise("word"))
-register_family(Family("embedding", _embedding, attacks_embeddings=True))
-register_family(Family("greedy", _greedy, write_outcomes=write_greedy))
+register_family(_noise("word", ("neighbours",)))  # word_neighbour's nearest words
+register_family(Family("embedding", _embedding, attacks_embeddings=True,
+                       flags=("attack_examples", "epsilons", "attack_steps")))
+register_family(Family("greedy", _greedy, write_outcomes=write_greedy,
+                       flags=("attack_examples", "budget", "neighbours", "regression_margin")))
