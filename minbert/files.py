@@ -275,6 +275,18 @@ def repeated_run(folders) -> str | None:
     return None
 
 
+def repeated_arm(arms) -> str | None:
+    """'arms: B names the same runs as A; ...' for the first arm (name, folders) whose runs, however spelled and in
+    any order, are an earlier arm's, or None: an arm compared with itself differs by exactly 0, which says nothing."""
+    seen: dict[frozenset, str] = {}
+    for name, folders in arms:
+        runs = frozenset(Path(folder).resolve() for folder in folders)
+        if runs in seen:
+            return f"arms: {name} names the same runs as {seen[runs]}; an arm compared with itself differs by exactly 0"
+        seen[runs] = name
+    return None
+
+
 def forbidden_output(flag: str, path: str | os.PathLike, reads=(), own_runs=()) -> str | None:
     """Why the tool must not write `path` (a file or folder its `flag` names), in one line naming both, or None: it
     is, or lies in, a file or folder the tool `reads` (the user's input), or it lies in a run's folder other than the

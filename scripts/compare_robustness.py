@@ -8,8 +8,10 @@ configurations"; minbert/reports/robustness_comparison.py says how).
 
 An arm is NAME=DIR[,DIR...]: scripts/robustness.py's output folders (a run's folder stands for RUN/robustness);
 the first arm is the baseline. Every run must have been scored on the same inputs (the same --perturbed_dir and
-attack settings), and an arm names each run once. Prints the markdown tables; --output FILE.md writes them and
-FILE.json, every estimate.
+attack settings), an arm names each run once and no two arms the same runs. A folder's predictions must be numbers
+its tasks take and those its robustness.json scored; a folder inside a run's folder must hold that run's results (the
+checkpoint's SHA-256 it records). Prints the markdown tables; --output FILE.md writes them and FILE.json, every
+estimate.
 
 --primary [ARM:]TASK/FAMILY/VARIANT (e.g. smart:sts/embedding/eps=0.01) declares the study's one primary comparison
 before its tables: that row's drop of ARM's runs (the second arm when not named) against the first arm's, decided
@@ -27,14 +29,15 @@ from pathlib import Path
 
 from minbert.arguments import OneLineErrorParser, rng_seed
 from minbert.files import (DataError, OutputError, atomic_write_text, forbidden_output, read_input_text,
-                           repeated_run, unwritable_folder)
+                           repeated_arm, repeated_run, run_folder_of, unwritable_folder)
 from minbert.reports.bootstrap import Difference, Estimate, arms_problem
 from minbert.reports.decisions import ALPHA, holm, parse_primary, secondary_verdict
-from minbert.reports.robustness_comparison import (CleanResult, RobustnessComparison, ScoredRun, compare_arms, mismatch,
-                                                   scored_run, seed_test, variant_problem)
+from minbert.reports.robustness_comparison import (PREDICTIONS, CleanResult, RobustnessComparison, ScoredRun,
+                                                   compare_arms, mismatch, scored_run, seed_test, variant_problem)
+from minbert.run.kept_ensemble import checkpoint_json
 from minbert.tasks import TASKS
 
-PREDICTIONS, REPORT = "robustness_predictions.json", "robustness.json"
+REPORT = "robustness.json"
 
 
 def parse_arm(text: str) -> tuple[str, list[Path]]:
@@ -60,12 +63,12 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="the comparison that decides, over the seeds: that row's drop of ARM (the second arm "
                              "by default) against the first arm; every other one is secondary")
     args = parser.parse_args(argv)
-    problem = arms_problem([name for name, _ in args.arms], args.replicates) or (
+    problem = arms_problem([name for name, _ in args.arms], args.replicates) or repeated_arm(args.arms) or (
         primary_problem(args.primary, dict(args.arms)) if args.primary else None)
     if problem:
         parser.error(problem)
-    if args.output is not None and args.output.suffix == ".json":
-        parser.error(f"--output: {args.output} would be overwritten by the JSON; name a .md file")
+    if args.output is not None and args.output.suffix != ".md":  # FILE.json beside it holds the estimates
+        parser.error(f"--output: {args.output} is not a .md file; name FILE.md (every estimate goes to FILE.json)")
     return args
 
 
@@ -107,9 +110,30 @@ def read_run(folder: Path) -> ScoredRun:
         except json.JSONDecodeError as err:
             raise DataError(folder / file, f"not JSON ({err.msg})", err.lineno) from None
     try:
-        return scored_run(str(folder), found[PREDICTIONS], found[REPORT])
+        scored = scored_run(str(folder), found[PREDICTIONS], found[REPORT])
     except ValueError as err:
         raise DataError(folder, str(err)) from None
+    check_own_run(folder, found[REPORT]["settings"])
+    return scored
+
+
+def check_own_run(folder: Path, settings: dict) -> None:
+    """Results inside a run's folder are that run's (robustness.py writes none of another run's there, an ensemble's
+    only in a member's): one checkpoint they record scoring (each one's weights' SHA-256) is the run's checkpoint of
+    that name, else a DataError naming robustness.json. Results scored before the suite recorded the SHA-256 are
+    checked against their predictions alone (scored_run)."""
+    run = run_folder_of(folder)
+    digests = settings.get("checkpoints_sha256", [settings.get("checkpoint_sha256")])
+    if run is None or digests == [None]:
+        return
+    prefixes = settings.get("checkpoints", [settings.get("checkpoint")])
+    if not (isinstance(digests, list) and isinstance(prefixes, list) and len(digests) == len(prefixes)):
+        raise DataError(folder / REPORT, "its checkpoints and their SHA-256 are not as the suite writes them")
+    scored = [(Path(str(prefix)).name, digest) for prefix, digest in zip(prefixes, digests)]
+    if not any(checkpoint_json(run / name).get("sha256") == digest for name, digest in scored):
+        raise DataError(folder / REPORT, f"scored {', '.join(map(str, prefixes))}, not the run {run} it lies in "
+                                         f"(its {scored[0][0]}.json holds other weights, or none): another run's "
+                                         "results, or this run's before it was trained again; score it again")
 
 
 def interval(value: Estimate, sign: str = "+") -> str:

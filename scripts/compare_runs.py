@@ -30,7 +30,8 @@ without zero) or "not separable". Without --primary every comparison is secondar
 A run's CSVs must be its own (minbert/run/run_outputs.py, checked_predictions_and_gold): each scores the dev metric
 its best.json (or an ensemble's ensemble.json) records, and a run that did not train a task is refused, not
 credited with whatever CSV sits at its recorded path. An arm names each run once, and its runs trained the same
-tasks (their overall scores are averaged).
+tasks (their overall scores are averaged); two arms of the same runs are refused (their difference is 0 by
+construction).
 """
 from __future__ import annotations
 
@@ -45,7 +46,7 @@ import numpy as np
 from evaluation import PredictionsFileError
 from minbert.arguments import OneLineErrorParser, rng_seed
 from minbert.data.batches import DataError, show_data_warnings_on_one_line
-from minbert.files import repeated_run
+from minbert.files import repeated_arm, repeated_run
 from minbert.reports.bootstrap import OVERALL, Arm, Comparison, Difference, arms_problem, compare, run_scores
 from minbert.reports.decisions import ALPHA, holm, parse_primary, secondary_verdict
 from minbert.reports.seed_tests import seed_difference
@@ -87,7 +88,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                              "second arm by default) against the first arm; every other one is secondary")
     args = parser.parse_args(argv)
     names = [name for name, _ in args.arms]
-    problem = arms_problem(names, args.replicates) or (primary_problem(args) if args.primary else None)
+    problem = arms_problem(names, args.replicates) or repeated_arm(args.arms) or (
+        primary_problem(args) if args.primary else None)
     if problem:
         parser.error(problem)
     return args

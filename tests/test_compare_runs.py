@@ -251,6 +251,16 @@ def test_an_arm_gives_each_run_once_and_averages_runs_of_the_same_tasks(tmp_path
             in one_error_line(capsys))
 
 
+def test_two_arms_of_the_same_runs_are_refused(tmp_path, capsys):
+    """Each difference of an arm from itself is 0 by construction: the same runs, however spelled and ordered."""
+    first, second = demo_run(tmp_path, "first", 0.1, 0), demo_run(tmp_path, "second", 0.1, 1)
+    with pytest.raises(SystemExit) as exit_info:
+        compare_runs.main(["--data_dir", str(DEMO), f"a={first},{second}", f"b={second},{tmp_path / '.' / 'first'}"])
+    assert exit_info.value.code == 2
+    assert "arms: b names the same runs as a; an arm compared with itself differs by exactly 0" in \
+        capsys.readouterr().err
+
+
 def test_the_declared_primary_score_is_decided_over_the_seeds_and_the_rest_is_holm_corrected(tmp_path, capsys):
     good = ",".join(str(demo_run(tmp_path, f"good{s}", 0.1, s)) for s in range(2))
     bad = ",".join(str(demo_run(tmp_path, f"bad{s}", 0.6, s)) for s in range(2))

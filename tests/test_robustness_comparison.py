@@ -26,15 +26,23 @@ def with_accuracy(accuracy: float, seed: int) -> np.ndarray:
     return np.where(right, GOLD, (GOLD + 1) % 5)
 
 
+def suite_row(family, variant, clean, perturbed, gold):
+    """robustness.json's row of an SST variant as the suite writes it: the clean and perturbed accuracy."""
+    def accuracy(predicted):
+        return float(np.mean(np.asarray(predicted) == np.asarray(gold)))
+    return {"task": "sst", "family": family, "variant": variant, "clean": {"value": accuracy(clean)},
+            "perturbed": {"value": accuracy(perturbed)}}
+
+
 def files(clean, perturbed, ids=IDS, gold=GOLD, greedy=None):
     """A run's robustness_predictions.json and robustness.json, as parsed: SST's char family, one variant (and a
     greedy row whose details are `greedy`)."""
     family = {"ids": list(ids), "gold": np.asarray(gold).tolist(), "clean": np.asarray(clean).tolist(),
               "variants": {"char_swap-0.1": np.asarray(perturbed).tolist()}}
-    predictions, rows = {"sst": {"char": family}}, []
+    predictions, rows = {"sst": {"char": family}}, [suite_row("char", "char_swap-0.1", clean, perturbed, gold)]
     if greedy is not None:
         predictions["sst"]["greedy"] = {**family, "variants": {"budget=6": np.asarray(perturbed).tolist()}}
-        rows.append({"task": "sst", "family": "greedy", "variant": "budget=6", "details": greedy})
+        rows.append({**suite_row("greedy", "budget=6", clean, perturbed, gold), "details": greedy})
     return predictions, {"settings": {"sets": {"seed": 0}, "attack_steps": 2}, "rows": rows}
 
 
@@ -101,9 +109,9 @@ def test_runs_scored_on_other_inputs_are_found():
     base = run("a", GOLD, GOLD)
     cases = [(run("b", GOLD, GOLD, ids=IDS[::-1]), "b: sst char: its example ids differ (from a's)"),
              (run("b", GOLD, GOLD, gold=(GOLD + 1) % 5), "b: sst char: its gold labels differ (from a's)"),
-             (scored_run("b", files(GOLD, GOLD)[0], {"settings": {"sets": {"seed": 1}}, "rows": []}),
+             (scored_run("b", files(GOLD, GOLD)[0], {**files(GOLD, GOLD)[1], "settings": {"sets": {"seed": 1}}}),
               "b: its sets setting differs ({'seed': 1}, not {'seed': 0}) (from a's)"),
-             (scored_run("b", {}, files(GOLD, GOLD)[1]), "b: its tasks are none, not sst (from a's)"),
+             (scored_run("b", {}, {**files(GOLD, GOLD)[1], "rows": []}), "b: its tasks are none, not sst (from a's)"),
              (run("b", GOLD, GOLD, greedy=dict.fromkeys(("attacked", "success rate", "words per success"), 1)),
               "b: its sst families are char, greedy, not char (from a's)")]
     for other, problem in cases:
@@ -227,3 +235,79 @@ def test_an_impossible_primary_row_is_refused_in_one_line(tmp_path, capsys, prim
         assert refused.code == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and problem.format(first=runs[0]) in lines[0]
+
+
+def test_a_runs_results_must_be_its_own(tmp_path, tiny_checkpoint, capsys):
+    """A run's results record the weights they scored (the checkpoint's SHA-256), and their rows the scores of their
+    predictions: a predictions file copied from another run's results, or both files, are refused in one line; a copy
+    of the run's whole folder compares as the run."""
+    import shutil
+    import robustness
+    from test_robustness import SET_FLAGS, tiny_run
+    first, second = tiny_run(tmp_path / "a", tiny_checkpoint, 1), tiny_run(tmp_path / "b", tiny_checkpoint, 2)
+    flags = [*SET_FLAGS, "--tasks", "sst,sts", "--families", "char"]
+    assert robustness.main([str(first), *flags]) == 0
+    assert robustness.main([str(second), "--perturbed_dir", str(first / "robustness" / "perturbed"), *flags]) == 0
+    settings = json.loads((first / "robustness" / "robustness.json").read_text())["settings"]
+    assert settings["checkpoint_sha256"] == json.loads((first / "best.json").read_text())["sha256"]
+    copy = tmp_path / "copy"
+    shutil.copytree(first, copy)
+    capsys.readouterr()
+    assert compare_robustness.main([f"a={copy}", f"b={second}", "--replicates", "100"]) == 0
+    capsys.readouterr()
+    results, theirs = copy / "robustness", second / "robustness"
+    shutil.copy(theirs / "robustness_predictions.json", results)
+    assert compare_robustness.main([f"a={copy}", f"b={second}", "--replicates", "100"]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {results}: robustness_predictions.json: sst/char/")
+    assert "they are not the predictions that row was scored from (another run's?)" in lines[0]
+    shutil.copy(theirs / "robustness.json", results)
+    assert compare_robustness.main([f"a={copy}", f"b={second}", "--replicates", "100"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"error: {results / 'robustness.json'}: scored {second / 'best'}, not the run {copy} it lies in (its "
+        "best.json holds other weights, or none): another run's results, or this run's before it was trained again; "
+        "score it again"]
+
+
+def sts_files(clean, perturbed):
+    """robustness_predictions.json and robustness.json of STS's char family, one variant, GOLD as 0-5 scores."""
+    gold = GOLD.astype(float)
+    predictions = {"sts": {"char": {"ids": IDS, "gold": gold.tolist(), "clean": list(clean),
+                                    "variants": {"char_swap-0.1": list(perturbed)}}}}
+    row = {"task": "sts", "family": "char", "variant": "char_swap-0.1",
+           **{part: {"value": float(np.corrcoef(values, gold)[0, 1])} for part, values in (("clean", clean),
+                                                                                          ("perturbed", perturbed))}}
+    return predictions, {"settings": {}, "rows": [row]}
+
+
+@pytest.mark.parametrize("task, where, value, problem", [
+    ("sst", "clean", 7, "sst char clean: 7 is not an integer 0-4"),
+    ("sst", "char_swap-0.1", 2.5, "sst char char_swap-0.1: 2.5 is not an integer 0-4"),
+    ("sst", "gold", -1, "sst char gold: -1 is not an integer 0-4"),
+    ("sts", "clean", float("nan"), "sts char clean: nan is not a finite number"),
+    ("sts", "char_swap-0.1", float("inf"), "sts char char_swap-0.1: inf is not a finite number"),
+    ("sts", "char_swap-0.1", 1e300, "sts char char_swap-0.1: STS score 1e+300 is outside 0-5"),
+])
+def test_values_no_run_predicts_are_refused_in_one_line(tmp_path, capsys, task, where, value, problem):
+    """A class outside the task's, a score outside STS's 0-5, a NaN or an infinity (JSON as Python reads it takes
+    them) would be scored as any prediction: a NaN made STS's r 0."""
+    predictions, report = files(GOLD, GOLD) if task == "sst" else sts_files(GOLD * 0.9, GOLD * 0.8)
+    family = predictions[task]["char"]
+    (family["variants"][where] if where.startswith("char") else family[where])[0] = value
+    folder = write_folder(tmp_path / "a", predictions, report)
+    assert compare_robustness.main([f"none={folder}", "--replicates", "100"]) == 2
+    assert capsys.readouterr().err.splitlines() == [f"error: {folder}: robustness_predictions.json: {problem}"]
+
+
+def test_the_output_is_a_markdown_file_and_an_arm_is_not_compared_with_itself(tmp_path, capsys):
+    first = write_folder(tmp_path / "a", *files(GOLD, GOLD))
+    for argv, problem in (([f"none={first}", "--output", str(tmp_path / "study.txt")],
+                           f"--output: {tmp_path / 'study.txt'} is not a .md file; name FILE.md (every estimate goes "
+                           "to FILE.json)"),
+                          ([f"none={first}", f"same={tmp_path / '.' / 'a'}"],
+                           "arms: same names the same runs as none; an arm compared with itself differs by exactly 0")):
+        with pytest.raises(SystemExit) as exit_info:
+            compare_robustness.main(argv)
+        err = capsys.readouterr().err
+        assert exit_info.value.code == 2 and problem in err and err.count("\n") == 1
+    assert not (tmp_path / "study.txt").exists()

@@ -13,6 +13,7 @@ arm of one run carries the examples' spread alone. A difference whose interval h
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 
@@ -20,10 +21,14 @@ import numpy as np
 
 from minbert.reports.bootstrap import Difference, Estimate, difference, estimate, hierarchical_replicates
 from minbert.reports.seed_tests import seed_difference
-from minbert.tasks import TASKS
+from minbert.tasks import TASKS, TEXT_TASKS
 
 INPUT_SETTINGS = ("sets", "attack_steps", "neighbours", "regression_margin")  # robustness.json's, deciding inputs
 GREEDY = ("attacked", "success rate", "words per success")  # a greedy row's details, as the suite writes them
+PREDICTIONS = "robustness_predictions.json"
+# How far a row's recorded score may be from its predictions' score: the same sums in the same order give the same
+# float, so only a stray bit of another numpy's summation
+SCORE_TOLERANCE = 1e-9
 
 
 @dataclass(frozen=True)
@@ -49,37 +54,89 @@ def _array(values: object, count: int, where: str) -> np.ndarray:
     if not isinstance(values, list) or len(values) != count or not all(
             isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
         raise ValueError(f"{where}: expected {count} numbers")
-    return np.asarray(values, dtype=np.float64)
+    found = np.asarray(values, dtype=np.float64)
+    if not np.isfinite(found).all():  # JSON as Python reads it takes NaN and Infinity
+        raise ValueError(f"{where}: {found[~np.isfinite(found)][0]} is not a finite number")
+    return found
 
 
-def _family(data: object, where: str) -> FamilyRecord:
+def _check_values(task: str, values: np.ndarray, where: str, gold: bool = False) -> None:
+    """ValueError naming `where` for a value no run of the suite gives: a gold label outside the task's labels, a
+    class outside its classes (a class is predicted from the labels' set), a score outside the range a saved score
+    of the task's may take (STS's 0-5)."""
+    for value in values:
+        if gold or TASKS[task].num_classes:
+            problem = TASKS[task].data.label_problem(value)
+            problem = problem and f"{value:g} is not {problem}"
+        else:
+            problem = TASKS[task].outputs.score_problem([value])
+        if problem:
+            raise ValueError(f"{where}: {problem}")
+
+
+def _family(task: str, data: object, where: str) -> FamilyRecord:
     if not isinstance(data, dict) or not isinstance(data.get("ids"), list) or not isinstance(data.get("variants"),
                                                                                               dict):
         raise ValueError(f"{where}: expected ids, gold, clean and variants")
     count = len(data["ids"])
-    return FamilyRecord(tuple(map(str, data["ids"])), _array(data.get("gold"), count, f"{where} gold"),
-                        _array(data.get("clean"), count, f"{where} clean"),
-                        {name: _array(values, count, f"{where} {name}") for name, values in data["variants"].items()})
+    record = FamilyRecord(tuple(map(str, data["ids"])), _array(data.get("gold"), count, f"{where} gold"),
+                          _array(data.get("clean"), count, f"{where} clean"),
+                          {name: _array(values, count, f"{where} {name}")
+                           for name, values in data["variants"].items()})
+    _check_values(task, record.gold, f"{where} gold", gold=True)
+    for name, values in (("clean", record.clean), *record.variants.items()):
+        _check_values(task, values, f"{where} {name}")
+    return record
+
+
+def _report_problem(families: dict[str, dict[str, FamilyRecord]], rows: list[dict]) -> str | None:
+    """Why robustness.json's rows are not the scores of robustness_predictions.json's predictions, or None: the two
+    files are written together, a row per variant predicted, its clean and perturbed scores those of the predictions
+    (a predictions file copied from another run's folder scores otherwise)."""
+    predicted = {(task, family, variant) for task, found in families.items() for family, record in found.items()
+                 for variant in record.variants}
+    listed = set()
+    for row in rows:
+        key = (row.get("task"), row.get("family"), row.get("variant"))
+        if key not in predicted:
+            return f"robustness.json: its row {'/'.join(map(str, key))} has no predictions in {PREDICTIONS}"
+        listed.add(key)
+        record = families[key[0]][key[1]]
+        for part, values in (("clean", record.clean), ("perturbed", record.variants[key[2]])):
+            score = float(TASKS[key[0]].model.resampled_scores(values[None, :], record.gold[None, :])[0])
+            recorded = row[part].get("value") if isinstance(row.get(part), dict) else None
+            if not isinstance(recorded, (int, float)) or not abs(score - recorded) <= SCORE_TOLERANCE:
+                return (f"{PREDICTIONS}: {'/'.join(key)}'s {part} predictions score {score:.6f}, robustness.json's row "
+                        f"{recorded}: they are not the predictions that row was scored from (another run's?)")
+    missing = sorted(predicted - listed)
+    return f"{PREDICTIONS}: {'/'.join(missing[0])} has no row in robustness.json" if missing else None
 
 
 def scored_run(name: str, predictions: object, report: object) -> ScoredRun:
-    """A run from its robustness_predictions.json and robustness.json as parsed; ValueError saying what is wrong."""
+    """A run from its robustness_predictions.json and robustness.json as parsed, checked: numbers each task's
+    predictions and labels may be, and rows that score those predictions; ValueError saying what is wrong."""
     if not isinstance(predictions, dict) or not all(isinstance(f, dict) for f in predictions.values()):
-        raise ValueError("robustness_predictions.json: expected task -> family -> predictions")
-    unknown = [task for task in predictions if task not in TASKS]
+        raise ValueError(f"{PREDICTIONS}: expected task -> family -> predictions")
+    unknown = [task for task in predictions if task not in TEXT_TASKS]
     if unknown:
-        raise ValueError(f"robustness_predictions.json: {unknown[0]!r} is no task")
-    families = {task: {family: _family(data, f"robustness_predictions.json: {task} {family}")
+        raise ValueError(f"{PREDICTIONS}: {unknown[0]!r} is no task the suite scores")
+    families = {task: {family: _family(task, data, f"{PREDICTIONS}: {task} {family}")
                        for family, data in found.items()} for task, found in predictions.items()}
     if not isinstance(report, dict) or not isinstance(report.get("settings"), dict) or not isinstance(
             report.get("rows"), list) or not all(isinstance(row, dict) for row in report["rows"]):
         raise ValueError("robustness.json: expected the suite's settings and rows")
+    problem = _report_problem(families, report["rows"])
+    if problem:
+        raise ValueError(problem)
     greedy: dict[str, dict[str, dict]] = {}
     for row in (row for row in report["rows"] if row.get("family") == "greedy"):
         try:
-            greedy.setdefault(row["task"], {})[row["variant"]] = {key: float(row["details"][key]) for key in GREEDY}
+            details = {key: float(row["details"][key]) for key in GREEDY}
         except (KeyError, TypeError, ValueError):
             raise ValueError(f"robustness.json: a greedy row without {', '.join(GREEDY)}") from None
+        if not all(math.isfinite(value) and value >= 0 for value in details.values()):
+            raise ValueError(f"robustness.json: a greedy row's {', '.join(GREEDY)} are not finite numbers >= 0")
+        greedy.setdefault(row["task"], {})[row["variant"]] = details
     return ScoredRun(name, families, {key: report["settings"].get(key) for key in INPUT_SETTINGS}, greedy)
 
 
