@@ -104,6 +104,7 @@ SWITCHED_OFF = [
     (["--score_train", "--distill_temperature", "2"], "--distill_temperature does nothing without --distill or "
                                                       "--distill_override (the distillation penalty is off)"),
     (["--ewc_fisher_batches", "5"], "--ewc_fisher_batches does nothing without --ewc_weight (the ewc penalty is off)"),
+    (["--qa_n_best", "3"], "--qa_n_best does nothing without qa in --tasks"),
 ]
 
 
@@ -120,7 +121,8 @@ def test_a_features_flag_without_its_switch_is_refused_in_one_line(capsys, flags
     ["--smart", "--smart_override", "sst:adv_weight=2", "--no-smart"], ["--adapter", "none", "--adapter_rank", "4"],
     ["--lnsr", "--lnsr_weight", "0.1"], ["--lr_schedule", "linear", "--warmup_ratio", "0.2"],
     ["--head_hidden", "64", "--head_activation", "relu"], ["--option", "finetune", "--ewc_weight", "1", "--ewc_fisher_batches", "5"],
-    ["--distill", "teacher", "--distill_weight", "0.3"], ["--lr_schedule", "constant", "--warmup_ratio", "0.2"],
+    ["--distill", "teacher", "--distill_weight", "0.3"], ["--tasks", "sst,qqp,sts,qa", "--qa_n_best", "3"],
+    ["--tasks", "sts", "--sst_objective", "ordinal"], ["--lr_schedule", "constant", "--warmup_ratio", "0.2"],
     ["--simcse_data", "nli.jsonl", "--option", "finetune", "--simcse_pairing", "product"]])
 def test_a_features_flag_is_accepted_with_its_switch_on_or_named_off(flags):
     """A switch named off says so knowingly: a recipe's SMART flags with --no-smart after them (table 4.11)."""

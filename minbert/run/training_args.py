@@ -980,7 +980,8 @@ def parse_training_args(argv, description: str) -> TrainingArguments:
 def check_switched_flags(args: TrainingArguments, named: set[str]) -> None:
     """A feature's flag `named` (on the command line or in a --config) while its switch leaves the feature off does
     nothing: refused (ValueError naming both). So for a group's switch (SWITCHES), the flag another one's value
-    turns on (TUNES) and a penalty's tuning flags (PenaltyFlag.tunes) while its file says it is off. A switch named
+    turns on (TUNES), a penalty's tuning flags (PenaltyFlag.tunes) while its file says it is off, and a task's
+    option (Task.options) while --tasks leaves the task out. A switch named
     off as well says so knowingly and is accepted: a recipe's --smart flags with --no-smart after them, a run
     record's "smart": false beside its SMART settings."""
     for f in dataclasses.fields(args):
@@ -991,6 +992,11 @@ def check_switched_flags(args: TrainingArguments, named: set[str]) -> None:
     for name, (switch, turns_on, turn_on) in TUNES.items():
         if name in named and switch not in named:
             _check(turns_on(args), f"--{name} does nothing without {turn_on}")
+    if "tasks" not in named:  # a task's option is its task's switch: --tasks named without it says so knowingly
+        for f in dataclasses.fields(args):
+            task = f.metadata.get("task")
+            if task is not None and f.name in named:
+                _check(task in run_tasks(args), f"--{f.name} does nothing without {task} in --tasks")
     for kind in PENALTY_KINDS.values():
         switches = [name for name, spec in kind.flags.items() if not spec.tunes and not spec.resume_free]
         if kind.is_on(args) or any(name in named for name in switches):
