@@ -140,7 +140,7 @@ def main() -> int:
     if course_reference is None:
         print("course reference optimizer_test.npy not found; skipping that comparison")
     else:
-        expected = torch.from_numpy(np.load(course_reference))
+        expected = torch.from_numpy(np.load(course_reference, allow_pickle=False))
         checks.append(_report(f"float32 run vs course {course_reference}", weight32, expected, COURSE_ATOL, COURSE_RTOL))
     checks.append(_report("float64 run vs float64 NumPy Algorithm 1", weight64, reference64, FLOAT64_ATOL, 0.0))
     checks.append(_report("float32 run vs float64 NumPy Algorithm 1", weight32, reference64, FLOAT32_ATOL, 0.0))

@@ -35,7 +35,7 @@ def max_abs_diff(actual: torch.Tensor, expected: torch.Tensor | np.ndarray) -> f
 
 @pytest.mark.skipif(not COURSE_REFERENCE.is_file(), reason="course reference ../shared/reference absent")
 def test_course_test_reproduces_course_reference_weights():
-    expected = torch.from_numpy(np.load(COURSE_REFERENCE))
+    expected = torch.from_numpy(np.load(COURSE_REFERENCE, allow_pickle=False))
     actual = train_linear_model()
     assert torch.allclose(actual, expected, atol=COURSE_ATOL, rtol=COURSE_RTOL), max_abs_diff(actual, expected)
     # Tighter than the course asks: we reproduce it to float32 rounding (measured 6e-8). Decaying
