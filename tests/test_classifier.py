@@ -123,3 +123,32 @@ def test_missing_pretrained_model_is_one_line_exit_2(tmp_path, capsys):
     assert code == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: {tmp_path / 'no-model'}: not a directory")
+
+
+@pytest.mark.parametrize("where, problem", [
+    ("its input", "would replace it, which this command reads"),
+    ("another run's folder", "whose files belong to that run"),
+    ("checkpoints in another run's folder", "whose files belong to that run"),
+    ("checkpoints in the pretrained model's folder", "which this command reads"),
+])
+def test_outputs_never_replace_the_input_or_go_into_another_run(tmp_path, capsys, where, problem):
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    test_file = inputs / "pretrain-sst-test-out.csv"  # a test split read from where its predictions would go
+    test_file.write_bytes((DEMO / "ids-sst-test-student.csv").read_bytes())
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "best.json").write_text("{}")
+    pretrained = tmp_path / "model"
+    pretrained.mkdir()
+    flags = {"its input": ["--predictions_dir", str(inputs)],
+             "another run's folder": ["--predictions_dir", str(other)],
+             "checkpoints in another run's folder": ["--output_dir", str(other / "sub")],
+             "checkpoints in the pretrained model's folder": ["--output_dir", str(pretrained / "runs")]}[where]
+    before = {path: path.read_bytes() for path in tmp_path.rglob("*") if path.is_file()}
+    code = main(["--data_dir", str(DEMO), "--sst_test", str(test_file), "--pretrained", str(pretrained),
+                 "--predictions_dir", str(tmp_path / "predictions"), "--output_dir", str(tmp_path / "runs"), *flags])
+    assert code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and problem in lines[0]
+    assert {path: path.read_bytes() for path in tmp_path.rglob("*") if path.is_file()} == before
