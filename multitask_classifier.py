@@ -13,7 +13,6 @@ the six leaderboard CSVs.
 from __future__ import annotations
 
 import dataclasses
-import re
 import sys
 import time
 from contextlib import nullcontext
@@ -22,21 +21,21 @@ from pathlib import Path
 from base_bert import CheckpointError
 from evaluation import summarize_line
 from minbert.data.batches import DataError, show_data_warnings_on_one_line
-from minbert.data.scores import scores_path, span_logits_path
+from minbert.data.scores import scores_path
 from minbert.distributed import Distributed, data_parallel
 from minbert.files import describe_os_error, remove_files
 from minbert.model.checkpoint import checkpoint_folder
-from minbert.reports.calibration import calibration_lines, reliability_file, write_calibration
+from minbert.reports.calibration import calibration_lines, write_calibration
 from minbert.reports.embedding_analysis import MIN_TSNE_POINTS, plot_tsne, sentence_embeddings
 from minbert.reports.plots import figure_problem, write_run_reports
-from minbert.run.run_record import RECORD_FILE, run_record, run_segments, write_run_record
+from minbert.run.run_files import earlier_run_files, tsne_file
+from minbert.run.run_record import run_record, run_segments, write_run_record
 from minbert.run.run_setup import build_run, check_pretrained, finished_run, load_inputs, resume_prefix, resuming
 from minbert.run.training_args import (TrainingArguments, UsageError, check_resume_arguments, parse_training_args,
                                        prediction_paths, saved_schedule_length)
 from minbert.runtime import compile_notice, precision_notice
-from minbert.step_log import STEPS_FILE, TENSORBOARD_DIR, TrainingDiverged
-from minbert.tasks import RUN_TASKS, SPLITS, TASKS, default_output
-from minbert.tasks.calibration import CALIBRATION_FILE
+from minbert.step_log import TrainingDiverged
+from minbert.tasks import RUN_TASKS, TASKS
 from minbert.tasks.score_files import as_saved
 from minbert.training.distillation import DISTILLED_TASKS
 from minbert.training.checkpoint_files import (FINISHED_FILE, folder_size, human_size, make_last, remove_resume_state,
@@ -49,35 +48,6 @@ ROOT = Path(__file__).resolve().parent
 
 def parse_args(argv=None) -> TrainingArguments:
     return parse_training_args(argv, __doc__)
-
-
-def tsne_file(task: str) -> str:
-    """The plot of a task's dev embeddings in a run's folder (write_tsne): sst_tsne.png."""
-    return f"{task}_tsne.png"
-
-
-# What a run writes in its folder besides checkpoints and scores (minbert/training/trainer.py, plots.write_run_reports,
-# write_tsne, write_run_calibration).
-RUN_REPORTS = (RECORD_FILE, "metrics.jsonl", STEPS_FILE, "history.json", "forgetting.md", "forgetting_matrix.png",
-               "training_curves.png", "sst_error_histogram.png", "qqp_confusion_matrix.png", "sts_scatter.png",
-               *(tsne_file(name) for name, task in TASKS.items() if task.plots_embeddings), CALIBRATION_FILE,
-               *(reliability_file(name) for name, task in TASKS.items() if task.calibrated), FINISHED_FILE)
-CHECKPOINT = re.compile(r"(last|best|stage_\d+|checkpoint-\d+)\.(json|safetensors)(\.tmp)?")
-
-
-def earlier_run_files(output_dir: Path, predictions: list[Path]) -> list[Path]:
-    """The files an earlier run may have left in OUTPUT_DIR: its checkpoints, reports, plots and scores/, and the
-    leaderboard files of any task in its predictions folders inside OUTPUT_DIR (a run of other tasks leaves some)."""
-    files = [output_dir / name for name in RUN_REPORTS]
-    files += (output_dir / TENSORBOARD_DIR).glob("events.out.tfevents.*")  # --report_to tensorboard's
-    files += [path for path in output_dir.glob("*") if CHECKPOINT.fullmatch(path.name)]
-    files += [scores_path(output_dir, task, split) for task in RUN_TASKS for split in SPLITS]
-    files.append(span_logits_path(output_dir))
-    folders = {output_dir / "predictions"} | {path.parent for path in predictions
-                                              if path.resolve().is_relative_to(output_dir.resolve())}
-    files += [folder / Path(default_output(task, split)).name for folder in folders
-              for task in RUN_TASKS for split in ("dev", "test")]
-    return files
 
 
 def write_leaderboard_files(trainer: Trainer, paths: dict, dev_scores: dict, run_dir: Path) -> None:

@@ -1,6 +1,8 @@
 """embedding_analysis.py and scripts/plot_embeddings.py: SST embeddings as the SST head reads them, the t-SNE
 plots, and --keep_stage_models' per-stage checkpoints that the side-by-side plot compares."""
 
+from contextlib import nullcontext
+
 import numpy as np
 import plot_embeddings
 import pytest
@@ -100,3 +102,31 @@ def test_stage_models_are_kept_and_plotted_side_by_side(tiny_checkpoint, tmp_pat
     assert plot_embeddings.main([str(run / "stage_1"), "--data_dir", str(DEMO), "--output", str(blocker / "t.png")]) == 2
     err = capsys.readouterr().err.strip()
     assert err == f"error: {blocker}: cannot write there, {blocker} is a file, not a folder"
+
+
+def test_plot_refuses_to_replace_what_it_reads_and_a_bad_max_length(tiny_checkpoint, tmp_path, capsys,
+                                                                     model_must_not_load):
+    """Audit: --output onto the --data_dir's data file or the checkpoint's PREFIX.json replaced them (only PREFIX
+    was compared); --max_length -5 was a traceback, 0 and 100000 (64 positions) ran. Each is one line, exit 2,
+    before any model loads."""
+    import shutil
+    from conftest import tiny_model
+    from minbert.model.multitask_bert import save_multitask_model
+    data, run = tmp_path / "data", tmp_path / "run"
+    shutil.copytree(DEMO, data)
+    save_multitask_model(tiny_model(), run / "best", {"args": {"pretrained": str(tiny_checkpoint)}})
+    (run / "history.json").write_text("[]")
+    before = {path: path.read_bytes() for path in [*data.iterdir(), *run.iterdir()]}
+    common = [str(run / "best"), "--data_dir", str(data)]
+    for output in (data / "ids-sst-dev.csv", run / "best.json", run / "best.safetensors", run / "history.json",
+                   run / "sst_tsne.png", tiny_checkpoint / "config.json"):
+        assert plot_embeddings.main([*common, "--output", str(output)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(f"error: --output {output}: "), err
+    for length, problem in (("-5", "must be >= 3"), ("0", "must be >= 3"), ("100000", "longer than the 64 positions")):
+        with pytest.raises(SystemExit) if length != "100000" else nullcontext() as refused:
+            code = plot_embeddings.main([*common, "--output", str(tmp_path / "t.png"), "--max_length", length])
+        code = refused.value.code if length != "100000" else code
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 2 and len(err) == 1 and "--max_length" in err[0] and problem in err[0], err
+    assert {path: path.read_bytes() for path in [*data.iterdir(), *run.iterdir()]} == before
