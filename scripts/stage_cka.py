@@ -31,6 +31,7 @@ from minbert.files import atomic_write_text, forbidden_output, unwritable_folder
 from minbert.model.multitask_bert import MultitaskBERT, load_multitask_checkpoint
 from minbert.reports.cka import (cka_matrices, dev_sentences, layer_representations, plot_cka_comparison,
                                  plot_stage_cka, sentence_spans, with_start)
+from minbert.run.run_files import replaces_run_file
 from minbert.run.run_record import recorded_pretrained
 from minbert.arguments import OneLineErrorParser
 from minbert.tasks import MULTITASK, task_name
@@ -135,6 +136,34 @@ def folder_name_clash(runs: list[Path]) -> str | None:
     return None
 
 
+def output_files(names: list[str], output_dir: Path) -> list[Path]:
+    """What main writes: each run's NAME.json and NAME.png (write_run), with two runs or more the comparisons."""
+    written = [output_dir / f"{name}.{suffix}" for name in names for suffix in ("json", "png")]
+    return written + ([output_dir / "compare.png", output_dir / "compare_by_task.png"] if len(names) > 1 else [])
+
+
+def bad_name(name: str) -> str | None:
+    """Why a run's name cannot name its files in --output_dir (a path would write outside it: ../evil), or None."""
+    if not name or name in (".", "..") or "/" in name or "\\" in name or "\0" in name:
+        return f"--names: {name!r} is not a plain file name (it names OUTPUT_DIR/NAME.json and .png)"
+    return None
+
+
+def pretrained_folders(runs: list[Path]) -> list[Path]:
+    """The pretrained folders the runs' stage 1 is compared with (read as the first model): a run that cannot be read
+    yet is refused later, after the output is checked."""
+    folders = []
+    for run in runs:
+        try:
+            prefix, metadata = stage_checkpoints(run)[0]
+        except CheckpointError:
+            continue
+        pretrained = recorded_pretrained(prefix, metadata)
+        if pretrained and Path(pretrained).is_dir():
+            folders.append(Path(pretrained))
+    return folders
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     parser = OneLineErrorParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", nargs="+", type=Path, help="run folders holding stage_N.safetensors + .json")
@@ -152,12 +181,24 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.names = args.names.split(",") if args.names else [run.name for run in args.runs]
     if len(args.names) != len(args.runs) or len(set(args.names)) != len(args.names):
         parser.error(f"--names: give {len(args.runs)} different names, one per run, got {len(args.names)}")
+    problem = next(filter(None, map(bad_name, args.names)), None)
+    if problem:
+        parser.error(problem)
+    clash = {"compare", "compare_by_task"} & set(args.names) if len(args.names) > 1 else set()
+    if clash:  # NAME.png would be replaced by the comparison's figure of that name
+        parser.error(f"--names: {sorted(clash)[0]!r} names a figure of the comparison ({sorted(clash)[0]}.png); "
+                     "choose another")
+    if args.batch_size < 1:
+        parser.error(f"--batch_size must be >= 1, got {args.batch_size}")
     if args.per_task < 2:
         parser.error(f"--per_task: CKA needs at least 2 sentences per task, got {args.per_task}")
+    typed, args.tasks = args.tasks, []
     try:
-        args.tasks = [task_name(task, MULTITASK) for task in args.tasks.split(",") if task.strip()]
+        args.tasks = [task_name(task, MULTITASK) for task in typed.split(",") if task.strip()]
     except ValueError as err:
         parser.error(f"--tasks: {err}")
+    if not args.tasks:
+        parser.error(f"--tasks: name at least one of {','.join(MULTITASK)}, got {typed!r}")
     return args
 
 
@@ -166,6 +207,13 @@ def main(argv=None) -> int:
     show_data_warnings_on_one_line()
     problem = unwritable_folder(args.output_dir) or forbidden_output("--output_dir", args.output_dir,
                                                                       own_runs=args.runs)
+    # In a run's folder its own files are not ours to replace (--names best wrote OUTPUT_DIR/best.json over the
+    # run's checkpoint): the names stay the user's (results/ holds NONE.json of --names none), each file is checked;
+    # nor is the pretrained model's folder, which every run's stage 1 is compared with.
+    reads = pretrained_folders(args.runs)
+    problem = problem or next(filter(None, (forbidden_output("--output_dir", path, reads=reads, own_runs=args.runs)
+                                            or replaces_run_file("--output_dir", path)
+                                            for path in output_files(args.names, args.output_dir))), None)
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 2

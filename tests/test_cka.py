@@ -200,3 +200,36 @@ def test_the_script_refuses_a_run_without_stage_models_in_one_line(tmp_path, cap
     with pytest.raises(SystemExit) as refused:
         stage_cka.main([str(tmp_path), str(tmp_path), "--names", "one", "--output_dir", str(tmp_path / "out")])
     assert refused.value.code == 2 and "--names: give 2 different names" in capsys.readouterr().err
+
+
+def test_the_script_never_replaces_a_runs_files_nor_writes_outside_its_folder(tiny_checkpoint, tmp_path, capsys):
+    """Audit: --names best,stage_1 --output_dir RUN1 replaced RUN1's best.json and stage_1.json with CKA results;
+    --names ../evil,b wrote OUTPUT_DIR/../evil.json; --batch_size 0 and --tasks , failed after loading, not naming
+    the flag. Each is one line, exit 2, before any model or data loads."""
+    from conftest import tiny_model
+    from minbert.model.multitask_bert import save_multitask_model
+    runs = [tmp_path / "run1", tmp_path / "run2"]
+    for run in runs:
+        for prefix in ("best", "stage_1"):
+            save_multitask_model(tiny_model(), run / prefix, {"args": {"pretrained": str(tiny_checkpoint)},
+                                                              "metrics": {"stage": "sts", "index": 1}})
+    before = {path: path.read_bytes() for run in runs for path in run.iterdir()}
+    pretrained = {path: path.read_bytes() for path in tiny_checkpoint.iterdir()}
+    both = [*map(str, runs), "--data_dir", str(DEMO)]
+    for names, output_dir, problem in (("best,stage_1", runs[0], "would replace a file of the run"),
+                                       ("a,history", runs[1], "would replace a file of the run"),
+                                       ("config,b", tiny_checkpoint, "which this command reads")):
+        assert stage_cka.main([*both, "--names", names, "--output_dir", str(output_dir)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("error: --output_dir ") and problem in err[0], err
+    for flags, problem in ((["--names", "../evil,b"], "--names: '../evil' is not a plain file name"),
+                           (["--names", "a,compare"], "--names: 'compare' names a figure of the comparison"),
+                           (["--batch_size", "0"], "--batch_size must be >= 1, got 0"),
+                           (["--tasks", ","], "--tasks: name at least one of")):
+        with pytest.raises(SystemExit) as refused:
+            stage_cka.main([*both, *flags, "--output_dir", str(tmp_path / "out" / "d")])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert refused.value.code == 2 and len(err) == 1 and problem in err[0], err
+    assert not (tmp_path / "out").exists() and not (tmp_path / "history.json").exists()
+    assert {path: path.read_bytes() for run in runs for path in run.iterdir()} == before
+    assert {path: path.read_bytes() for path in tiny_checkpoint.iterdir()} == pretrained
