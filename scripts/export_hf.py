@@ -22,7 +22,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from base_bert import CheckpointError, resolve_pretrained, to_hf_state_dict
+from base_bert import MINILM_ALIAS, CheckpointError, resolve_pretrained, to_hf_state_dict
 from minbert.arguments import OneLineErrorParser
 from minbert.files import (atomic_write, atomic_write_text, describe_os_error, forbidden_output, locked_folder,
                            unwritable_folder)
@@ -42,12 +42,52 @@ def hf_config(config: dict) -> dict:
     return {"architectures": ["BertModel"], "model_type": "bert", **values}
 
 
+def recorded_metadata(checkpoint: Path) -> dict:
+    """The checkpoint's JSON, read without its weights ({} when it cannot be: loading it says why, after)."""
+    try:
+        metadata = json.loads(checkpoint.with_suffix(".json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return metadata if isinstance(metadata, dict) else {}
+
+
+def pretrained_folders(checkpoint: Path, metadata: dict, pretrained: str | None) -> list[Path]:
+    """The local folders of the pretrained models the export reads: the tokenizer's (--pretrained, or the one the
+    checkpoint records) and the frozen base model's an adapter checkpoint loads. A Hub name that is not here yet is
+    no folder of the user's."""
+    names = {pretrained, recorded_pretrained(checkpoint, metadata)} - {None, ""}
+    return [resolve_pretrained(name) if name == MINILM_ALIAS else Path(name) for name in names
+            if name == MINILM_ALIAS or Path(name).is_dir()]
+
+
+def output_problem(checkpoint: Path, out: Path, metadata: dict, pretrained: str | None) -> str | None:
+    """Why OUT must not be written: the export's config.json and model.safetensors would replace a pretrained
+    model's it reads (the audit's OUT = the run's --pretrained folder), its lock and clean-up would reach into
+    one below it, or OUT is the folder holding the checkpoint it reads; a run's other folder is another run's."""
+    problem = unwritable_folder(out) or forbidden_output("out_dir", out, own_runs=[checkpoint])
+    target = out.resolve()
+    for folder in pretrained_folders(checkpoint, metadata, pretrained):
+        if problem is None and (target.is_relative_to(folder.resolve()) or folder.resolve().is_relative_to(target)):
+            problem = f"out_dir {out}: would write over or around the pretrained model {folder}, which this " \
+                      "command reads; write elsewhere"
+    if problem is None and target == checkpoint.parent.resolve():
+        problem = f"out_dir {out}: the folder of the checkpoint {checkpoint} it reads; export to a folder of its own"
+    return problem
+
+
 def export(checkpoint: Path, out: Path, task: str | None = None, pretrained: str | None = None) -> None:
     """Everything is checked (the output folder, the checkpoint, the pretrained model's tokenizer files) before the
     first file is written, so a refused export leaves no half of one."""
-    problem = unwritable_folder(out) or forbidden_output("out_dir", out, own_runs=[checkpoint])
+    metadata = recorded_metadata(checkpoint)
+    problem = output_problem(checkpoint, out, metadata, pretrained)
     if problem:
         raise CheckpointError(problem)
+    heads = metadata.get("heads") if isinstance(metadata.get("heads"), dict) else {}
+    adapter = heads.get("adapter") if isinstance(heads.get("adapter"), dict) else None
+    if task is not None and metadata and (adapter is None or adapter.get("sharing") != "per_task"):
+        # --task only chooses which per-task adapters are merged: anywhere else it would be accepted and unused
+        raise CheckpointError(f"--task {task}: {checkpoint} has no per-task adapters to merge "
+                              f"({'no adapters' if adapter is None else 'its adapters are shared'}); leave it out")
     model, metadata = load_multitask_checkpoint(checkpoint)
     bert = model.bert
     if model.adapter is not None:

@@ -183,3 +183,38 @@ def test_a_run_exported_from_another_folder_finds_the_pretrained_model_it_record
     monkeypatch.chdir(tmp_path)
     assert export_hf.main([str(project / "runs" / "x" / "best"), str(tmp_path / "out")]) == 0
     assert (tmp_path / "out" / "vocab.txt").read_bytes() == (tiny_checkpoint / "vocab.txt").read_bytes()
+
+
+def test_an_export_over_a_pretrained_model_it_reads_or_its_checkpoints_folder_is_refused(tmp_path, tiny_checkpoint,
+                                                                                         capsys):
+    """Audit: OUT = the run's recorded --pretrained folder overwrote that model's model.safetensors and config.json.
+    OUT at, inside or around a pretrained folder the export reads, or the folder holding the checkpoint, is refused
+    in one line before anything loads or is written."""
+    import shutil
+    pretrained = tmp_path / "models" / "tiny"
+    shutil.copytree(tiny_checkpoint, pretrained)
+    run = tmp_path / "run"
+    run.mkdir()
+    trained_checkpoint(run, pretrained)
+    before = {path: path.read_bytes() for folder in (pretrained, run) for path in folder.iterdir()}
+    for out, given in ((pretrained, []), (pretrained / "hf", []), (tmp_path / "models", []), (run, []),
+                       (pretrained, ["--pretrained", str(pretrained)])):
+        assert export_hf.main([str(run / "best"), str(out), *given]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(f"error: out_dir {out}: "), err
+    assert {path: path.read_bytes() for folder in (pretrained, run) for path in folder.iterdir()} == before
+    assert not (pretrained / "hf").exists()
+
+
+def test_task_is_refused_where_it_merges_nothing(tmp_path, tiny_checkpoint, capsys):
+    """Audit: --task qqp on a model without adapters was accepted and did nothing (it only chooses which per-task
+    adapters are merged)."""
+    trained_checkpoint(tmp_path, tiny_checkpoint)
+    assert export_hf.main([str(tmp_path / "best"), str(tmp_path / "out"), "--task", "qqp"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: --task qqp: ") and "no adapters" in err[0], err
+    assert not (tmp_path / "out").exists()
+    trained_checkpoint(tmp_path, tiny_checkpoint, adapter=AdapterConfig("lora", rank=2, sharing="shared"))
+    assert export_hf.main([str(tmp_path / "best"), str(tmp_path / "out"), "--task", "qqp"]) == 2
+    assert "its adapters are shared" in capsys.readouterr().err
+    assert export_hf.main([str(tmp_path / "best"), str(tmp_path / "out")]) == 0  # shared adapters need no --task
