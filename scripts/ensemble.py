@@ -45,7 +45,30 @@ from minbert.files import (atomic_write_text, describe_os_error, forbidden_outpu
                            unwritable_folder)
 from minbert.prediction.ensemble_scores import (HELD_OUT_REPEATS, METHODS, EnsembleError, build_ensemble, dev_labels,
                                                 ensemble_train_scores, load_members, member_tasks)
+from minbert.run.run_outputs import leaderboard_files
 from minbert.tasks import TASKS, default_output
+
+
+def output_files(output_dir: Path) -> list[Path]:
+    """Every file an ensemble may write in OUTPUT_DIR: each task's leaderboard files, ensemble.json, teacher scores."""
+    return [*(output_dir / Path(default_output(task, split)).name for task in METHODS for split in ("dev", "test")),
+            output_dir / "ensemble.json", *(scores_path(output_dir, task, "train") for task in METHODS)]
+
+
+def replaces_member_file(output_dir: Path, runs: list[str]) -> str | None:
+    """Why OUTPUT_DIR must not be written, or None: an output would replace a member's leaderboard file (where its
+    best.json records it, often a folder beside the run's: the audit's R/B held B's sst-dev-out.csv) or a file the
+    ensemble reads (a member's scores/, its calibration.json)."""
+    for run in map(Path, runs):
+        owned = {path.resolve() for path in leaderboard_files(run)}
+        for path in output_files(output_dir):
+            if path.resolve() in owned:
+                return f"--output_dir {output_dir}: its {path.name} would replace the member {run}'s own " \
+                       f"({path}); write elsewhere"
+            problem = forbidden_output("--output_dir", path, reads=[run / "scores", run / "calibration.json"])
+            if problem:
+                return problem
+    return None
 
 
 def main(argv=None) -> int:
@@ -67,6 +90,7 @@ def main(argv=None) -> int:
     problem = unwritable_folder(output_dir) or forbidden_output("--output_dir", output_dir)  # a run's CSVs
     if any(output_dir.resolve() == Path(run).resolve() for run in args.runs):
         problem = f"{output_dir}: a member's own folder; the ensemble's files would replace its (its train scores too)"
+    problem = problem or replaces_member_file(output_dir, args.runs)
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 2

@@ -400,3 +400,16 @@ def test_calibrated_members_need_their_calibration_file(finished_run, tmp_path, 
     (tmp_path / "m" / "calibration.json").unlink()
     assert main([member, "--output_dir", str(tmp_path / "e"), "--data_dir", str(DEMO), "--calibrated"]) == 2
     assert "calibration.json: no such file" in capsys.readouterr().err
+
+
+def test_an_ensemble_never_replaces_a_members_recorded_csvs(finished_run, tmp_path, capsys):
+    """Audit: --output_dir R/B, the folder holding member B's recorded CSVs (not its run folder), replaced B's
+    sst-dev-out.csv. A file a member's best.json records as its own is refused in one line, before any scores load."""
+    other = other_member(finished_run, tmp_path / "other")
+    before = {path: path.read_bytes() for path in finished_run.iterdir() if path.is_file()}
+    assert main([other, str(finished_run / "run"), "--output_dir", str(finished_run), "--data_dir", str(DEMO)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: --output_dir {finished_run}: its ") and "would replace the " \
+        f"member {finished_run / 'run'}'s own" in err[0], err
+    assert {path: path.read_bytes() for path in finished_run.iterdir() if path.is_file()} == before
+    assert not (finished_run / "ensemble.json").exists()
