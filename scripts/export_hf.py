@@ -75,19 +75,23 @@ def output_problem(checkpoint: Path, out: Path, metadata: dict, pretrained: str 
     return problem
 
 
+def task_problem(checkpoint: Path, metadata: dict, task: str | None) -> str | None:
+    """Why --task would do nothing, or None: it only chooses which per-task adapters are merged."""
+    heads = metadata.get("heads") if isinstance(metadata.get("heads"), dict) else {}
+    adapter = heads.get("adapter") if isinstance(heads.get("adapter"), dict) else None
+    if task is None or not metadata or (adapter is not None and adapter.get("sharing") == "per_task"):
+        return None
+    return (f"--task {task}: {checkpoint} has no per-task adapters to merge "
+            f"({'no adapters' if adapter is None else 'its adapters are shared'}); leave it out")
+
+
 def export(checkpoint: Path, out: Path, task: str | None = None, pretrained: str | None = None) -> None:
     """Everything is checked (the output folder, the checkpoint, the pretrained model's tokenizer files) before the
     first file is written, so a refused export leaves no half of one."""
     metadata = recorded_metadata(checkpoint)
-    problem = output_problem(checkpoint, out, metadata, pretrained)
+    problem = output_problem(checkpoint, out, metadata, pretrained) or task_problem(checkpoint, metadata, task)
     if problem:
         raise CheckpointError(problem)
-    heads = metadata.get("heads") if isinstance(metadata.get("heads"), dict) else {}
-    adapter = heads.get("adapter") if isinstance(heads.get("adapter"), dict) else None
-    if task is not None and metadata and (adapter is None or adapter.get("sharing") != "per_task"):
-        # --task only chooses which per-task adapters are merged: anywhere else it would be accepted and unused
-        raise CheckpointError(f"--task {task}: {checkpoint} has no per-task adapters to merge "
-                              f"({'no adapters' if adapter is None else 'its adapters are shared'}); leave it out")
     model, metadata = load_multitask_checkpoint(checkpoint)
     bert = model.bert
     if model.adapter is not None:

@@ -77,25 +77,11 @@ def load_model(name: str, device) -> tuple[MultitaskBERT, str]:
     return MultitaskBERT(BertModel.from_pretrained(name)).to(device), name
 
 
-def main(argv=None) -> int:
-    parser = OneLineErrorParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("models", nargs="+", help="checkpoint prefixes or pretrained models, one panel each")
-    parser.add_argument("--data_dir", default="data", help="the course files (ids-sst-dev.csv)")
-    parser.add_argument("--output", required=True, help="the PNG to write")
-    parser.add_argument("--max_length", type=int, help=f"tokens per sentence (default: {MAX_LENGTH}, or the fewest "
-                        "positions of the models if fewer)")
-    parser.add_argument("--use_gpu", action="store_true")
-    parser.add_argument("--seed", type=rng_seed, default=0)
-    args = parser.parse_args(argv)
-    device = resolve_device(args.use_gpu)
-    output = Path(args.output)
-    # Before the models run: a bad path costs no embeddings. Beside the checkpoints it reads (runs/NAME/...) is
-    # theirs to hold; another run's folder is not, nor any file it reads (a checkpoint's PREFIX.json and
-    # .safetensors, not only PREFIX; the data file) or a file of the run it writes beside (its sst_tsne.png).
-    shortest = shortest_max_length(1)  # SST's sentences, one text each
-    if args.max_length is not None and args.max_length < shortest:
-        parser.error(f"--max_length must be >= {shortest}, got {args.max_length}: the tokenizer cannot cut a text "
-                     "below its special tokens and a token of it")
+def problem_before_loading(args: argparse.Namespace, output: Path) -> str | None:
+    """Before the models run (a bad path costs no embeddings), why the command cannot: beside the checkpoints it reads
+    (runs/NAME/...) is theirs to hold; another run's folder is not, nor any file it reads (a checkpoint's PREFIX.json
+    and .safetensors, not only PREFIX; the data file) or a file of the run it writes beside (its sst_tsne.png); and
+    --max_length against each model's positions (default: MAX_LENGTH, or the fewest positions if fewer)."""
     try:
         reads = [file for name in args.models for file in model_files(name)]
         reads.append(Path(args.data_dir) / course_file_name("sst", "dev"))
@@ -108,7 +94,27 @@ def main(argv=None) -> int:
         for name, table in tables.items():  # a text longer than a model's positions would fail mid-run
             check_max_length(args.max_length, table, name)
     except (CheckpointError, UsageError) as err:
-        problem = str(err)
+        return str(err)
+    return problem
+
+
+def main(argv=None) -> int:
+    parser = OneLineErrorParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("models", nargs="+", help="checkpoint prefixes or pretrained models, one panel each")
+    parser.add_argument("--data_dir", default="data", help="the course files (ids-sst-dev.csv)")
+    parser.add_argument("--output", required=True, help="the PNG to write")
+    parser.add_argument("--max_length", type=int, help=f"tokens per sentence (default: {MAX_LENGTH}, or the fewest "
+                        "positions of the models if fewer)")
+    parser.add_argument("--use_gpu", action="store_true")
+    parser.add_argument("--seed", type=rng_seed, default=0)
+    args = parser.parse_args(argv)
+    shortest = shortest_max_length(1)  # SST's sentences, one text each
+    if args.max_length is not None and args.max_length < shortest:
+        parser.error(f"--max_length must be >= {shortest}, got {args.max_length}: the tokenizer cannot cut a text "
+                     "below its special tokens and a token of it")
+    device = resolve_device(args.use_gpu)
+    output = Path(args.output)
+    problem = problem_before_loading(args, output)
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 2
