@@ -39,7 +39,7 @@ from evaluation import summarize_line, write_predictions
 from minbert.data.batches import (DataError, SentenceExample, TaskData, load_task_data, make_dataloader,
                                   predict_in_file_order, show_data_warnings_on_one_line)
 from minbert.distributed import SINGLE_PROCESS, Distributed, data_parallel
-from minbert.files import describe_os_error
+from minbert.files import describe_os_error, forbidden_output
 from minbert.model.checkpoint import atomic_save, checkpoint_folder, read_checkpoint
 from minbert.run.training_args import (ClassifierArguments, UsageError, build_parser, check_max_length, check_writable,
                                        data_paths, from_namespace)
@@ -213,7 +213,21 @@ def run(args: ClassifierArguments) -> dict[str, dict]:
         return _run(args, distributed, device)
 
 
+def check_outputs(args: ClassifierArguments) -> None:
+    """UsageError for an output that would replace a file the run reads (a data file, the --pretrained checkpoint's
+    folder) or lie in another run's folder: the checkpoints' --output_dir and each CSV of --predictions_dir."""
+    reads = [*data_paths(args.data_dir, args.data_files, PART1_TASKS).values()]
+    reads += [Path(args.pretrained)] if Path(args.pretrained).is_dir() else []
+    outputs = [("--output_dir", Path(args.output_dir))]
+    outputs += [("--predictions_dir", prediction_path(args, task, split)) for task in PART1_TASKS
+                for split in ("dev", "test")]
+    problem = next(filter(None, (forbidden_output(flag, path, reads) for flag, path in outputs)), None)
+    if problem:
+        raise UsageError(problem)
+
+
 def _run(args: ClassifierArguments, distributed: Distributed, device: torch.device) -> dict[str, dict]:
+    check_outputs(args)
     check_writable([args.output_dir, args.predictions_dir])
     data = load_data(args)  # every data file validated before the model loads, and before a folder is made
     # One writer per folder: two runs there at once would overwrite each other's best checkpoints mid-run.
