@@ -25,7 +25,7 @@ from minbert.data.scores import ScoresFileError, read_scores, scores_path
 from minbert.files import describe_os_error, forbidden_output, unwritable_folder
 from minbert.prediction.ensemble_scores import dev_labels
 from minbert.reports.calibration import calibration_lines, write_calibration
-from minbert.run.run_outputs import leaderboard_files
+from minbert.run.run_outputs import damaged_record, leaderboard_files
 from minbert.tasks import RUN_TASKS, TASKS, default_output
 from minbert.tasks.base import decided
 
@@ -79,6 +79,8 @@ def main(argv=None) -> int:
         parser.error("--threshold_out takes one run")
     show_data_warnings_on_one_line()
     problem = next((f"{run}: not a run's folder" for run in args.runs if not Path(run).is_dir()), None)
+    # A damaged best.json is no record: the run's CSVs it sent elsewhere would lose --threshold_out's guard.
+    problem = problem or next(filter(None, (damaged_record(Path(run)) for run in args.runs)), None)
     if args.threshold_out:
         problem = (problem or unwritable_folder(Path(args.threshold_out))
                    or replaced_by_thresholded(Path(args.runs[0]), Path(args.threshold_out)))

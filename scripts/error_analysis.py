@@ -21,7 +21,7 @@ from minbert.arguments import OneLineErrorParser
 from minbert.data.batches import DataError, show_data_warnings_on_one_line
 from minbert.files import forbidden_output, locked_folder, unwritable_folder
 from minbert.reports.plots import figure_problem, plot_error_analysis
-from minbert.run.run_outputs import predictions_and_gold, run_settings
+from minbert.run.run_outputs import damaged_record, predictions_and_gold, run_settings
 from minbert.run.run_record import recorded_path, working_dir_of
 from minbert.tasks import MULTITASK
 
@@ -52,8 +52,11 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     show_data_warnings_on_one_line()
     output_dir = args.output_dir or args.run
-    problem = (unwritable_folder(output_dir) or forbidden_output("--output_dir", output_dir, own_runs=[args.run])
-               or figure_problem())
+    # The run first: a missing folder or a damaged best.json would otherwise surface as a dev file not found (the
+    # default --data_dir) or, its record unread, as the folder's stale CSVs analysed as the run's.
+    problem = (None if args.run.is_dir() else f"{args.run}: no such run folder") or damaged_record(args.run)
+    problem = (problem or unwritable_folder(output_dir)
+               or forbidden_output("--output_dir", output_dir, own_runs=[args.run]) or figure_problem())
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 2

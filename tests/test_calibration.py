@@ -166,3 +166,27 @@ def test_threshold_out_never_writes_over_a_runs_csvs(tmp_path, capsys, where):
     error = capsys.readouterr().err
     assert error.startswith(f"error: --threshold_out {folder}") and error.count("\n") == 1
     assert (folder / "para-dev-out.csv").read_text() == "theirs" and not (run / "calibration.json").exists()
+
+
+@pytest.mark.parametrize("threshold_out", [False, True])
+def test_a_damaged_best_json_is_refused_naming_it_not_read_as_no_record(tmp_path, capsys, threshold_out):
+    """A best.json cut short is no record: read as none, the CSVs it sent elsewhere lost --threshold_out's guard and
+    were written over (audit); the run is refused in one line naming it, before anything is written."""
+    run, mine = tmp_path / "run", tmp_path / "mine"
+    write_run_scores(run)
+    mine.mkdir()
+    (mine / "para-dev-out.csv").write_text("theirs")
+    record = json.dumps({"args": {"prediction_files": {"para_dev_out": str(mine / "para-dev-out.csv")}}})
+    (run / "best.json").write_text(record[:30])
+    flags = ["--threshold_out", str(mine)] if threshold_out else []
+    assert main([str(run), "--data_dir", str(DEMO), *flags]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith(f"error: {run / 'best.json'}: not JSON") and error.count("\n") == 1
+    assert (mine / "para-dev-out.csv").read_text() == "theirs" and not (run / "calibration.json").exists()
+
+
+def test_a_folder_without_best_json_is_calibrated(tmp_path):
+    """An ensemble's folder has no best.json: nothing damaged, calibrated as before."""
+    write_run_scores(tmp_path / "ensemble")
+    assert main([str(tmp_path / "ensemble"), "--data_dir", str(DEMO)]) == 0
+    assert (tmp_path / "ensemble" / "calibration.json").is_file()

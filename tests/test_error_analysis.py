@@ -2,6 +2,8 @@
 import json
 from pathlib import Path
 
+import pytest
+
 import error_analysis
 
 from conftest import DEMO
@@ -129,3 +131,24 @@ def test_the_plots_never_go_into_another_runs_folder(tmp_path, capsys):
     assert capsys.readouterr().err == (f"error: --output_dir {other}: inside the run folder {other.resolve()}, whose "
                                        "files belong to that run; write elsewhere\n")
     assert not list(other.glob("*.png"))
+
+
+@pytest.mark.parametrize("damage", ["truncated", "not an object", "args not an object", "not UTF-8"])
+def test_a_damaged_best_json_is_refused_naming_it_not_its_stale_csvs_analysed(tmp_path, capsys, damage):
+    """A best.json that is there but unreadable is no run record: not the folder's stale CSVs analysed as the run's
+    (nor a dev file the default --data_dir lacks named instead: audit)."""
+    run = tmp_path / "run"
+    write_dev_csvs(run)
+    record = json.dumps({"args": {"data_dir": str(DEMO), "prediction_files": {}}}).encode()
+    (run / "best.json").write_bytes({"truncated": record[:20], "not an object": b"[1, 2]",
+                                     "args not an object": b'{"args": [1]}', "not UTF-8": b"\xff\xfe{}"}[damage])
+    assert error_analysis.main([str(run)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {run / 'best.json'}: ") and err.count("\n") == 1
+    assert not list(run.glob("*.png"))
+
+
+def test_a_missing_run_folder_is_refused_naming_it(tmp_path, capsys):
+    assert error_analysis.main([str(tmp_path / "gone")]) == 2
+    assert capsys.readouterr().err == f"error: {tmp_path / 'gone'}: no such run folder\n"
+    assert not (tmp_path / "gone").exists()

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from minbert.data.batches import load_split
+from minbert.files import DataError
 from minbert.prediction.leaderboard import PredictionsFileError, check_predictions_file
 from minbert.run.run_record import recorded_path, working_dir_of
 from minbert.tasks import MULTITASK, PART1_TASKS, RUN_TASKS, TASKS, default_output, output_flag, task_name
@@ -31,12 +32,34 @@ DEFAULT_TASKS = "sst,qqp,sts"  # what a run recorded before --tasks existed trai
 
 
 def run_settings(run: Path) -> dict:
-    """The flags a run was trained with, as its best.json records them ({} for a folder without one: an ensemble's)."""
-    try:
-        settings = json.loads((run / "best.json").read_text(encoding="utf-8")).get("args", {})
-    except (OSError, UnicodeDecodeError, ValueError, AttributeError):
+    """The flags a run was trained with, as its best.json records them ({} for a folder without one: an ensemble's).
+    A best.json that is there but unreadable is a DataError naming it, never {}: read as no record, the run's CSVs
+    recorded elsewhere would go unguarded (calibrate.py's --threshold_out) and its folder's stale ones read as its."""
+    source = run / "best.json"
+    if not source.exists():
         return {}
-    return settings if isinstance(settings, dict) else {}
+    try:
+        record = json.loads(source.read_text(encoding="utf-8"))
+    except OSError as err:
+        raise DataError(source, f"cannot be read ({err.strerror or err})") from None
+    except UnicodeDecodeError:
+        raise DataError(source, "not UTF-8 text: a damaged run record") from None
+    except ValueError as err:
+        raise DataError(source, f"not JSON ({err}): a damaged run record") from None
+    settings = record.get("args", {}) if isinstance(record, dict) else None
+    if not isinstance(settings, dict):
+        raise DataError(source, "not a run record (a JSON object whose args are an object): a damaged run record")
+    return settings
+
+
+def damaged_record(run: Path) -> str | None:
+    """Why the run's best.json cannot be read (run_settings's DataError), or None: for a command line to refuse the
+    run in one line before it reads or writes anything of it."""
+    try:
+        run_settings(run)
+    except DataError as err:
+        return str(err)
+    return None
 
 
 def dev_csv(run: Path, task: str) -> Path:
