@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import argparse
+import pickle
 import sys
 from pathlib import Path
 
@@ -47,12 +48,42 @@ def masked(outputs: dict, mask: torch.Tensor) -> dict:
             "pooler_output": outputs["pooler_output"]}
 
 
+class ReferenceFileError(ValueError):
+    """The reference file is missing or not the course's outputs; str() is one line naming it."""
+
+
+def read_reference(reference_file: Path) -> dict:
+    """The course's outputs on COURSE_IDS from `reference_file`, loaded without unpickling; ReferenceFileError
+    otherwise (torch's own errors are a traceback, or several lines advising weights_only=False)."""
+    if not reference_file.is_file():
+        raise ReferenceFileError(f"{reference_file}: file not found" if not reference_file.exists()
+                                 else f"{reference_file}: not a file")
+    try:
+        reference = torch.load(reference_file, map_location="cpu", weights_only=True)
+    except OSError as err:
+        raise ReferenceFileError(f"{reference_file}: cannot be read ({err.strerror or err})") from None
+    except (pickle.UnpicklingError, EOFError, RuntimeError, ValueError, TypeError, AttributeError):
+        raise ReferenceFileError(f"{reference_file}: not a torch file of tensors (the course's "
+                                 "sanity_check.data), or cut short") from None
+    batch = COURSE_IDS.shape
+    shapes = {"last_hidden_state": 3, "pooler_output": 2}  # their dimensions; the first ones are COURSE_IDS'
+    if not isinstance(reference, dict) or not all(
+            isinstance(reference.get(key), torch.Tensor) and reference[key].dim() == dims
+            and reference[key].shape[:dims - 1] == batch[:dims - 1] for key, dims in shapes.items()):
+        raise ReferenceFileError(f"{reference_file}: not the course's sanity_check.data (last_hidden_state of "
+                                 f"shape {tuple(batch)} x hidden and pooler_output of {batch[0]} x hidden)")
+    return reference
+
+
 def course_check(reference_file: Path, pretrained: str = "bert-base-uncased") -> bool:
     print(f"course check: {pretrained} vs {reference_file} (atol 1e-5, rtol 1e-3)")
-    reference = torch.load(reference_file, map_location="cpu", weights_only=True)
+    reference = read_reference(reference_file)  # before the weights load: a bad file is known without them
     model = BertModel.from_pretrained(pretrained).eval()
     with torch.no_grad():
         ours = masked(model(COURSE_IDS, COURSE_MASK), COURSE_MASK)
+    if any(ours[key].shape != reference[key].shape for key in ours):
+        raise ReferenceFileError(f"{reference_file}: its outputs' shapes are not {pretrained}'s "
+                                 f"({', '.join(f'{key} {tuple(value.shape)}' for key, value in ours.items())})")
     reference = masked(reference, COURSE_MASK)
     return all([compare(k, ours[k], reference[k], 1e-5, 1e-3) for k in ("last_hidden_state", "pooler_output")])
 
@@ -81,15 +112,27 @@ def main(argv=None) -> int:
     parser.add_argument("--pretrained", default=None,
                         help="weights for the oracle check (default: bert-base-uncased if available, "
                              f"else {MINILM_ALIAS})")
-    parser.add_argument("--reference", type=Path, default=None, help="the course's sanity_check.data")
+    parser.add_argument("--reference", type=Path, default=None,
+                        help="the course's sanity_check.data (its check runs bert-base-uncased only)")
     args = parser.parse_args(argv)
+    # The course check runs on bert-base-uncased only: other weights run the oracle check, which reads no reference.
+    if args.reference is not None and args.pretrained not in (None, "bert-base-uncased"):
+        parser.error(f"--reference would do nothing with --pretrained {args.pretrained}: the course's reference "
+                     "checks bert-base-uncased only (other weights are checked against transformers)")
 
     reference_file = args.reference or next((p for p in REFERENCE_CANDIDATES if p.is_file()), None)
     passed = None
     if args.pretrained in (None, "bert-base-uncased") and reference_file is not None:
         try:
             passed = course_check(reference_file)
+        except ReferenceFileError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
         except CheckpointError as err:
+            if args.reference is not None:  # typed, it asks for the course check, not the oracle's in its place
+                print(f"error: --reference {args.reference}: the course check needs bert-base-uncased ({err})",
+                      file=sys.stderr)
+                return 2
             print(f"course check skipped: {err}")
     if passed is None:
         try:

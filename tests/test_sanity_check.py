@@ -49,3 +49,31 @@ def test_main_exit_codes(monkeypatch):
     assert sanity_check.main(["--pretrained", "minilm-l6"]) == 1
     monkeypatch.setattr(sanity_check, "oracle_check", lambda pretrained: True)
     assert sanity_check.main(["--pretrained", "minilm-l6"]) == 0
+
+
+@pytest.mark.parametrize("content", [None, b"garbage, not a torch file\n", b"", "a list", "cut short", "wrong keys"])
+def test_a_bad_reference_file_is_one_line_naming_it(tmp_path, capsys, content):
+    """Missing, not torch's, cut short, or not the course's outputs: one line and exit code 2 (a FileNotFoundError
+    or an UnpicklingError advising weights_only=False was a traceback: audit)."""
+    path = tmp_path / "sanity_check.data"
+    if content == "a list":
+        torch.save([1, 2], path)
+    elif content == "wrong keys":
+        torch.save({"last_hidden_state": torch.zeros(2, 768)}, path)
+    elif content == "cut short":
+        torch.save({"pooler_output": torch.zeros(2, 768)}, path)
+        path.write_bytes(path.read_bytes()[:300])
+    elif content is not None:
+        path.write_bytes(content)
+    assert sanity_check.main(["--reference", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {path}: ") and err.count("\n") == 1
+
+
+def test_reference_with_other_weights_is_refused(tmp_path, capsys):
+    """Only bert-base-uncased runs the course check: --reference with other weights would do nothing."""
+    with pytest.raises(SystemExit) as exit_:
+        sanity_check.main(["--pretrained", "minilm-l6", "--reference", str(tmp_path / "sanity_check.data")])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "--reference would do nothing with --pretrained minilm-l6" in err and err.count("\n") == 1
