@@ -8,6 +8,8 @@ be described.
     python scripts/write_args_json.py results          # every run folder under results/, at any depth
 
 A folder's args.json written by its run (it has no "derived_from") is left as it is.
+A damaged best.json, last.json or args.json, or saved settings that --config would refuse (each checked as
+multitask_classifier.py checks them), stops it before anything is written: one line naming the file.
 """
 from __future__ import annotations
 
@@ -19,21 +21,53 @@ from pathlib import Path
 
 from minbert.arguments import OneLineErrorParser
 from minbert.run.run_record import RECORD_FILE, write_run_record
-from minbert.run.training_args import TrainingArguments
+from minbert.run.training_args import TrainingArguments, settings_as_config
 
 SETTINGS_FILES = ("best.json", "last.json")  # where a run saved its settings ("args"), best first
 RUN_FILES = (*SETTINGS_FILES, "history.json", "metrics.jsonl")  # any of these makes a folder a run's
 
 
+class RecordError(ValueError):
+    """A run's saved settings or args.json that cannot be read, or settings --config would refuse; str() is one line
+    naming the file."""
+
+
+def read_object(path: Path) -> dict:
+    """The JSON object in `path`; RecordError naming it for one damaged (cut short, not UTF-8, not an object)."""
+    try:
+        content = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as err:
+        raise RecordError(f"{path}: cannot be read ({err.strerror or err})") from None
+    except UnicodeDecodeError:
+        raise RecordError(f"{path}: not UTF-8 text: a damaged run record") from None
+    except (ValueError, RecursionError) as err:
+        raise RecordError(f"{path}: not JSON ({err}): a damaged run record") from None
+    if not isinstance(content, dict):
+        raise RecordError(f"{path}: not a run record (a JSON object), found {type(content).__name__}")
+    return content
+
+
 def saved_settings(run: Path) -> tuple[str, dict] | None:
-    """(file name, settings) of the first of SETTINGS_FILES that holds the run's settings, or None."""
+    """(file name, settings) of the first of SETTINGS_FILES that holds the run's settings, or None. A damaged one is
+    a RecordError, never passed over for the next: last.json's settings are not the kept model's."""
     for name in SETTINGS_FILES:
         path = run / name
         if path.is_file():
-            settings = json.loads(path.read_text(encoding="utf-8")).get("args")
+            settings = read_object(path).get("args")
             if isinstance(settings, dict):
                 return name, settings
     return None
+
+
+def check_trains_again(source: Path, settings: dict, known: list[str]) -> None:
+    """RecordError naming `source` unless `multitask_classifier.py --config` takes the settings this code still has
+    (args.json's purpose): each value of its field's type and choices, then the command line's own validation."""
+    try:
+        settings_as_config(TrainingArguments, str(source), {k: v for k, v in settings.items() if k in known})
+    except ValueError as err:  # read_config's say "--config SOURCE: 'lr' must be ...", the command line's name the flag
+        message = str(err)
+        raise RecordError(message.removeprefix("--config ") if message.startswith(f"--config {source}: ")
+                          else f"{source}: its settings would not train again ({message})") from None
 
 
 def derived_record(source: str, settings: dict) -> dict:
@@ -59,12 +93,25 @@ def main(argv=None) -> int:
     if missing:
         parser.error(f"not a folder: {', '.join(missing)}")
     known = [f.name for f in dataclasses.fields(TrainingArguments)]
-    for run in run_folders(args.folders):
-        existing = run / RECORD_FILE
-        if existing.is_file() and "derived_from" not in json.loads(existing.read_text(encoding="utf-8")):
+    # Every run read and checked before anything is written: one bad record refuses the command, not half its runs.
+    plans = []  # (run, its settings file's name and settings, or None; whether its args.json is its own)
+    try:
+        for run in run_folders(args.folders):
+            existing = run / RECORD_FILE
+            if existing.is_file() and "derived_from" not in read_object(existing):
+                plans.append((run, None, True))
+                continue
+            found = saved_settings(run)
+            if found is not None:
+                check_trains_again(run / found[0], found[1], known)
+            plans.append((run, found, False))
+    except RecordError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    for run, found, own in plans:
+        if own:
             print(f"{run}: kept its own {RECORD_FILE}")
             continue
-        found = saved_settings(run)
         if found is None:
             print(f"{run}: no saved settings (no best.json or last.json with 'args'): cannot be described")
             continue

@@ -349,3 +349,27 @@ def test_demo_in_a_config_applies_the_demos_settings_as_the_flag_does(tmp_path):
 def test_per_file_flags_may_be_named_alone_in_a_config(tmp_path):
     args = mc.parse_args(["--config", write_config(tmp_path, {"sst_train": "a.csv", "sts_dev_out": "b.csv"})])
     assert args.data_files["sst_train"] == "a.csv" and args.prediction_files["sts_dev_out"] == "b.csv"
+
+
+@pytest.mark.parametrize("damage", ["cut short", "a list", "not UTF-8", "args.json cut short", "not a number",
+                                    "refused by the command line"])
+def test_write_args_json_refuses_a_damaged_record_or_settings_config_would_refuse(tmp_path, capsys, damage):
+    """One line naming the file, exit code 2, nothing written (each was a traceback, or an args.json of
+    {"lr": "banana", "epochs": -5} that --config refuses: audit); the runs beside it are not half done."""
+    good, run = tmp_path / "a_good", tmp_path / "b_run"
+    good.mkdir(), run.mkdir()
+    record = json.dumps({"args": dataclasses.asdict(TrainingArguments()), "metrics": {}})
+    (good / "best.json").write_text(record)
+    named = run / ("args.json" if damage == "args.json cut short" else "best.json")
+    (run / "best.json").write_bytes({
+        "cut short": record[:300].encode(), "a list": b"[1, 2]", "not UTF-8": b"\xff\xfe{}",
+        "args.json cut short": record.encode(), "not a number": b'{"args": {"lr": "banana"}}',
+        "refused by the command line": b'{"args": {"epochs": -5}}'}[damage])
+    if damage == "args.json cut short":
+        named.write_text(record[:20])
+    assert write_args_json.main([str(tmp_path)]) == 2
+    line = one_error_line(capsys)
+    assert line.startswith(f"error: {named}: ")
+    assert {"not a number": "'lr' must be a number", "refused by the command line": "--epochs must be >= 1"}.get(
+        damage, "") in line
+    assert not (good / "args.json").exists() and (damage == "args.json cut short") == (run / "args.json").exists()

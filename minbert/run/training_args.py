@@ -779,6 +779,15 @@ def read_config(cls, path: str) -> ConfigFile:
     return ConfigFile(path, _config_settings(cls, path, content), record, segments)
 
 
+def settings_as_config(cls, path: str, content: dict):
+    """The `cls` that a --config FILE holding the settings `content` makes with no flag given, checked as read_config
+    and the command line check it (scripts/write_args_json.py: an args.json it writes must train the run again);
+    ValueError naming `path` and the setting, or the flag validation refuses."""
+    parser = build_parser(cls)
+    parser.set_defaults(**_config_settings(cls, path, content))
+    return from_namespace(cls, parser.parse_args([]))
+
+
 def _config_settings(cls, path: str, content: dict) -> dict:
     """{flag destination: value} of a --config's settings (read_config)."""
     fields = {f.name: f for f in dataclasses.fields(cls)}
