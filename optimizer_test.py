@@ -6,9 +6,11 @@ Run as `python optimizer_test.py`. The result is compared with
   2. a float64 NumPy transcription of handout Algorithm 1 run on the same data stream, which
      needs no file: once against the same training run in float64 (must agree to rounding), and
      once against the float32 course run (agrees only up to float32 drift, see FLOAT32_ATOL).
-Exits non-zero on any mismatch. The functions below are imported by tests/test_optimizer.py.
+Exits non-zero on any mismatch (2 for a course file that cannot be read). It takes no flags but --help. The functions
+below are imported by tests/test_optimizer.py.
 """
 
+import argparse
 import math
 import sys
 from collections.abc import Iterable, Iterator
@@ -17,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from minbert.arguments import OneLineErrorParser
 from optimizer import AdamW
 
 SEED = 0
@@ -44,6 +47,20 @@ COURSE_REFERENCE_CANDIDATES = (
 
 def find_course_reference() -> Path | None:
     return next((path for path in COURSE_REFERENCE_CANDIDATES if path.is_file()), None)
+
+
+def read_course_reference(path: Path) -> np.ndarray:
+    """The course's expected weights, shape (OUT_FEATURES, IN_FEATURES); ValueError in one line naming the file
+    for one numpy cannot read without unpickling (garbage, cut short), or of another shape or kind."""
+    try:
+        expected = np.load(path, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as err:
+        raise ValueError(f"{path}: not a .npy array numpy reads without unpickling, or cut short "
+                         f"({str(err).splitlines()[0] if str(err) else type(err).__name__})") from None
+    if expected.shape != (OUT_FEATURES, IN_FEATURES) or expected.dtype.kind != "f":
+        raise ValueError(f"{path}: expected floating weights of shape {(OUT_FEATURES, IN_FEATURES)}, found "
+                         f"{expected.dtype} of shape {expected.shape}")
+    return expected
 
 
 def input_stream(num_steps: int = NUM_STEPS, seed: int = SEED) -> Iterator[np.ndarray]:
@@ -129,18 +146,24 @@ def _report(label: str, actual: torch.Tensor, expected: torch.Tensor, atol: floa
     return passed
 
 
-def main() -> int:
+def main(argv=None) -> int:
+    parser = OneLineErrorParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.parse_args(argv)  # --help, and any other flag refused: none would change the test
+    course_reference = find_course_reference()
+    try:  # before the training runs: a damaged file is known without them
+        expected = None if course_reference is None else torch.from_numpy(read_course_reference(course_reference))
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     weight32 = train_linear_model(dtype=torch.float32)
     weight64 = train_linear_model(dtype=torch.float64)
     reference64 = torch.from_numpy(numpy_reference_weight())
     print(f"AdamW after {NUM_STEPS} steps (float32):\n{weight32.numpy()}")
 
     checks = []
-    course_reference = find_course_reference()
     if course_reference is None:
         print("course reference optimizer_test.npy not found; skipping that comparison")
     else:
-        expected = torch.from_numpy(np.load(course_reference, allow_pickle=False))
         checks.append(_report(f"float32 run vs course {course_reference}", weight32, expected, COURSE_ATOL, COURSE_RTOL))
     checks.append(_report("float64 run vs float64 NumPy Algorithm 1", weight64, reference64, FLOAT64_ATOL, 0.0))
     checks.append(_report("float32 run vs float64 NumPy Algorithm 1", weight32, reference64, FLOAT32_ATOL, 0.0))

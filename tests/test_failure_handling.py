@@ -155,7 +155,7 @@ def test_a_removed_tensor_is_named(tiny_checkpoint, tmp_path, capsys):
 
 
 # -- the command lines ---------------------------------------------------------------------------------
-# Every command line that reads flags (the course's scripts and scripts/*.py); optimizer_test.py reads none.
+# Every command line that reads flags (the course's scripts and scripts/*.py); optimizer_test.py reads --help alone.
 COMMAND_LINES = sorted(path.relative_to(ROOT).as_posix() for path in [*ROOT.glob("*.py"), *ROOT.glob("scripts/*.py")]
                        if "parse_args(" in path.read_text(encoding="utf-8"))
 

@@ -9,6 +9,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 import optimizer as optimizer_module
+import optimizer_test
 from optimizer import FOREACH_CHUNK_ELEMENTS, AdamW, encoder_depth, parameter_chunks, weight_decay_groups
 from optimizer_test import (
     COURSE_ATOL,
@@ -238,8 +239,39 @@ def test_invalid_param_group_override_raises_and_is_not_added():
 
 
 def test_optimizer_test_script_passes(capsys):
-    assert run_optimizer_test_script() == 0
+    assert run_optimizer_test_script([]) == 0
     assert "Optimizer test passed!" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("content", ["garbage", "wrong shape", "cut short", "integers"])
+def test_a_bad_course_reference_is_one_line_naming_it_before_training(tmp_path, capsys, monkeypatch, content):
+    """np.load's ValueError or OSError was a traceback (audit); the file is read before the 1000 steps."""
+    path = tmp_path / "optimizer_test.npy"
+    if content == "garbage":
+        path.write_bytes(b"not a .npy file\n")
+    else:
+        array = {"wrong shape": np.zeros((3, 2)), "cut short": np.zeros((2, 3)), "integers": np.zeros((2, 3), int)}
+        np.save(path, array[content])
+        if content == "cut short":
+            path.write_bytes(path.read_bytes()[:-8])
+    monkeypatch.setattr(optimizer_test, "COURSE_REFERENCE_CANDIDATES", (path,))
+    monkeypatch.setattr(optimizer_test, "train_linear_model", None)  # never reached
+    assert run_optimizer_test_script([]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {path}: ") and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("flag", ["--help", "--bogus-flag"])
+def test_the_script_reads_help_and_refuses_other_flags(capsys, monkeypatch, flag):
+    """Both ran the whole test and exited 0 (audit)."""
+    monkeypatch.setattr(optimizer_test, "train_linear_model", None)  # never reached
+    with pytest.raises(SystemExit) as stopped:
+        run_optimizer_test_script([flag])
+    captured = capsys.readouterr()
+    if flag == "--help":
+        assert stopped.value.code == 0 and "usage:" in captured.out
+    else:
+        assert stopped.value.code == 2 and "unrecognized arguments: --bogus-flag" in captured.err
 
 
 # --- weight_decay_groups: BERT's convention -------------------------------------------------------
