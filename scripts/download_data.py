@@ -17,17 +17,19 @@ and exits with status 1.
 """
 from __future__ import annotations
 
+import argparse
 import csv
 import http.client
 import io
 import json
 import sys
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
-from minbert.arguments import OneLineErrorParser
+from minbert.arguments import OneLineErrorParser, flags_given
 from minbert.data.batches import standard_paths
-from minbert.files import atomic_write_bytes
+from minbert.files import atomic_write_bytes, unwritable_folder
 
 SOURCE_URL = "https://raw.githubusercontent.com/gpoesia/minbert-default-final-project/HEAD/data/"
 SQUAD_URL = "https://rajpurkar.github.io/SQuAD-explorer/dataset/"
@@ -48,6 +50,17 @@ SQUAD_HIDDEN = "test-v2.0.json"
 
 class DownloadError(Exception):
     """A file could not be fetched or failed its check; str() is the one-line reason."""
+
+
+def url_folder(text: str) -> str:
+    """argparse's type of --base_url and --squad_url: a URL urllib fetches (http, https, ftp or file), ending in / as
+    the file names are appended to it (urllib's ValueError for 'notaurl' was a traceback)."""
+    parts = urllib.parse.urlsplit(text)
+    if parts.scheme not in ("http", "https", "ftp", "file") or (parts.scheme != "file" and not parts.netloc):
+        raise argparse.ArgumentTypeError(f"{text!r} is not an http(s), ftp or file URL")
+    if not text.endswith("/"):
+        raise argparse.ArgumentTypeError(f"{text!r} must end in / (the file names are appended to it)")
+    return text
 
 
 def fetch(url: str, timeout: float = 60.0) -> bytes:
@@ -118,11 +131,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = OneLineErrorParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data_dir", type=Path, default=Path("data"))
     parser.add_argument("--force", action="store_true", help="download again files that are already there")
-    parser.add_argument("--base_url", default=SOURCE_URL, help="where the course files are (a URL ending in /)")
+    parser.add_argument("--base_url", type=url_folder, default=SOURCE_URL, help="where the course files are (a URL ending in /)")
     parser.add_argument("--squad", action="store_true",
                         help="also fetch the official SQuAD 2.0 train-v2.0.json and dev-v2.0.json (the qa task)")
-    parser.add_argument("--squad_url", default=SQUAD_URL, help="where the SQuAD 2.0 files are (a URL ending in /)")
+    parser.add_argument("--squad_url", type=url_folder, default=SQUAD_URL, help="where the SQuAD 2.0 files are (a URL ending in /)")
     args = parser.parse_args(argv)
+    if "squad_url" in flags_given(parser, argv) and not args.squad:
+        parser.error("--squad_url would do nothing without --squad (only --squad fetches the SQuAD files)")
+    problem = unwritable_folder(args.data_dir)  # a file there: mkdir's FileExistsError was a traceback
+    if problem:
+        parser.error(f"--data_dir {problem}")
 
     args.data_dir.mkdir(parents=True, exist_ok=True)
     # Every data file the loaders read (datasets.standard_paths): the course CSVs from the course's repository,

@@ -483,6 +483,25 @@ def test_download_checks_row_counts_and_writes_atomically(tmp_path, monkeypatch,
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("flags, message", [
+    (["--data_dir", "FILE"], "--data_dir FILE: cannot write there, FILE is a file, not a folder"),
+    (["--base_url", "notaurl"], "argument --base_url: 'notaurl' is not an http(s), ftp or file URL"),
+    (["--base_url", "https://example.org/data"], "argument --base_url: 'https://example.org/data' must end in /"),
+    (["--squad_url", "https://example.org/"], "--squad_url would do nothing without --squad"),
+])
+def test_download_refuses_bad_flags_in_one_line_before_fetching(tmp_path, monkeypatch, capsys, flags, message):
+    """A file as --data_dir (FileExistsError) and a --base_url urllib cannot open (ValueError) were tracebacks, and
+    --squad_url without --squad was ignored (audit)."""
+    (tmp_path / "FILE").write_text("a file")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(download_data, "fetch", None)  # never reached
+    with pytest.raises(SystemExit) as stopped:
+        download_data.main(flags)
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    assert f": error: {message}" in err and err.count("\n") == 1
+
+
 @needs_shared
 def test_download_expected_counts_match_the_real_files(tmp_path):
     script = download_data
