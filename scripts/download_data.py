@@ -131,10 +131,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = OneLineErrorParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data_dir", type=Path, default=Path("data"))
     parser.add_argument("--force", action="store_true", help="download again files that are already there")
-    parser.add_argument("--base_url", type=url_folder, default=SOURCE_URL, help="where the course files are (a URL ending in /)")
+    parser.add_argument("--base_url", type=url_folder, default=SOURCE_URL,
+                        help="where the course files are (a URL ending in /)")
     parser.add_argument("--squad", action="store_true",
                         help="also fetch the official SQuAD 2.0 train-v2.0.json and dev-v2.0.json (the qa task)")
-    parser.add_argument("--squad_url", type=url_folder, default=SQUAD_URL, help="where the SQuAD 2.0 files are (a URL ending in /)")
+    parser.add_argument("--squad_url", type=url_folder, default=SQUAD_URL,
+                        help="where the SQuAD 2.0 files are (a URL ending in /; with --squad)")
     args = parser.parse_args(argv)
     if "squad_url" in flags_given(parser, argv) and not args.squad:
         parser.error("--squad_url would do nothing without --squad (only --squad fetches the SQuAD files)")
