@@ -60,7 +60,10 @@ def replaces_member_file(output_dir: Path, runs: list[str]) -> str | None:
     best.json records it, often a folder beside the run's: the audit's R/B held B's sst-dev-out.csv) or a file the
     ensemble reads (a member's scores/, its calibration.json)."""
     for run in map(Path, runs):
-        owned = {path.resolve() for path in leaderboard_files(run)}
+        try:
+            owned = {path.resolve() for path in leaderboard_files(run)}
+        except DataError as err:  # a member whose record is damaged cannot say which files are its own
+            return str(err)
         for path in output_files(output_dir):
             if path.resolve() in owned:
                 return f"--output_dir {output_dir}: its {path.name} would replace the member {run}'s own " \

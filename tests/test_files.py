@@ -215,3 +215,18 @@ def test_an_output_may_not_be_an_input_nor_lie_in_another_runs_folder(tmp_path, 
         "write elsewhere")
     assert forbidden_output("--out", "mine/predictions/x.csv", own_runs=["mine/best"]) is None  # a checkpoint prefix
     assert forbidden_output("--out", "elsewhere/x.csv", reads=["in.csv"], own_runs=["mine"]) is None
+
+
+def test_a_file_in_a_run_whose_record_is_damaged_is_not_written(tmp_path):
+    """Where a run's CSVs went is in its best.json: unreadable, no file of its folder can be told apart from the
+    run's own, so none is written; a readable run's own files are refused by name, others allowed."""
+    from minbert.run.run_files import replaces_run_file
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "best.json").write_text(json.dumps({"metrics": {}, "args": {}}))
+    assert replaces_run_file("--output", run / "best.json").endswith(f"would replace a file of the run {run}; "
+                                                                      "write elsewhere or under another name")
+    assert replaces_run_file("--output", run / "mine.png") is None
+    (run / "best.json").write_text('{"metrics": {')  # cut short
+    problem = replaces_run_file("--output", run / "mine.png")
+    assert problem.startswith(f"--output {run / 'mine.png'}: inside the run folder {run}, whose record cannot be read")

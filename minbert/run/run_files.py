@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 
 from minbert.data.scores import scores_path, span_logits_path
-from minbert.files import RUN_MARKERS, run_folder_of
+from minbert.files import RUN_MARKERS, DataError, run_folder_of
 from minbert.reports.calibration import reliability_file
 from minbert.run.run_outputs import leaderboard_files
 from minbert.run.run_record import RECORD_FILE
@@ -54,7 +54,11 @@ def replaces_run_file(flag: str, path: str | Path) -> str | None:
     owner = run_folder_of(target)
     if owner is None:
         return None
-    files = [*earlier_run_files(owner, leaderboard_files(owner)), *(owner / marker for marker in RUN_MARKERS)]
+    try:
+        recorded = leaderboard_files(owner)
+    except DataError as err:  # a damaged best.json: where its CSVs went is not known, so nothing there is writable
+        return f"{flag} {path}: inside the run folder {owner}, whose record cannot be read ({err}); write elsewhere"
+    files = [*earlier_run_files(owner, recorded), *(owner / marker for marker in RUN_MARKERS)]
     if target in {file.resolve() for file in files} or CHECKPOINT.fullmatch(target.name) and target.parent == owner:
         return f"{flag} {path}: would replace a file of the run {owner}; write elsewhere or under another name"
     return None
