@@ -7,8 +7,9 @@ The dev CSVs are those the run wrote where its flags sent them (its best.json re
 the folder the run was started in, wherever this runs from: a run told --sst_dev_out predictions/sst-dev-out.csv, as
 runs were by default before, wrote them there, not in its folder), else the three files (sst-dev-out.csv,
 para-dev-out.csv, sts-dev-out.csv) in the folder's predictions/ or directly in it, as the recipes' and
-scripts/ensemble.py's folders hold them; every dev example needs exactly one prediction. --data_dir defaults to the
-run's own. --output_dir in another run's folder is refused (its plots are that run's: docs/runs.md).
+scripts/ensemble.py's folders hold them; every dev example needs exactly one prediction, and each CSV must score
+what the run's best.json records (another run's CSVs written over them at shared paths are refused, as
+compare_runs.py refuses them). --data_dir defaults to the run's own. --output_dir in another run's folder is refused (its plots are that run's: docs/runs.md).
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from minbert.arguments import OneLineErrorParser
 from minbert.data.batches import DataError, show_data_warnings_on_one_line
 from minbert.files import forbidden_output, locked_folder, unwritable_folder
 from minbert.reports.plots import figure_problem, plot_error_analysis
-from minbert.run.run_outputs import damaged_record, predictions_and_gold, run_settings
+from minbert.run.run_outputs import checked_predictions_and_gold, damaged_record, run_settings
 from minbert.run.run_record import recorded_path, working_dir_of
 from minbert.tasks import MULTITASK
 
@@ -63,7 +64,7 @@ def main(argv=None) -> int:
     settings = run_settings(args.run)
     data_dir = args.data_dir or recorded_path(settings.get("data_dir") or "data", working_dir_of(args.run, settings))
     try:
-        pairs = predictions_and_gold(args.run, data_dir)
+        pairs = checked_predictions_and_gold(args.run, data_dir)  # its best.json's CSVs, scoring what it records
     except (DataError, PredictionsFileError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

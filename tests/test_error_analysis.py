@@ -2,14 +2,15 @@
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import error_analysis
 
 from conftest import DEMO
-from evaluation import write_predictions
+from evaluation import read_predictions, write_predictions
 from minbert.data.batches import load_split
-from minbert.tasks import MULTITASK, default_output
+from minbert.tasks import MULTITASK, TASKS, default_output
 
 
 def write_dev_csvs(folder: Path, sst_shift: int = 0, skip_qqp_rows: int = 0) -> None:
@@ -20,6 +21,17 @@ def write_dev_csvs(folder: Path, sst_shift: int = 0, skip_qqp_rows: int = 0) -> 
         if task == "qqp" and skip_qqp_rows:
             examples, labels = examples[skip_qqp_rows:], labels[skip_qqp_rows:]
         write_predictions(folder / Path(default_output(task, "dev")).name, [e.id for e in examples], labels, task)
+
+
+def dev_metrics(folder: Path) -> dict[str, float]:
+    """What a run whose dev CSVs are folder's records of them in best.json: each task's kept-model score."""
+    metrics = {}
+    for task in MULTITASK:
+        predicted = read_predictions(folder / Path(default_output(task, "dev")).name, task)
+        examples = [e for e in load_split(DEMO, task, "dev") if e.id in predicted]
+        rows = np.array([[predicted[e.id] for e in examples], [e.label for e in examples]], dtype=float)
+        metrics[TASKS[task].model.score_key] = float(TASKS[task].model.resampled_scores(rows[:1], rows[1:])[0])
+    return metrics
 
 
 def test_counts_and_plots_of_a_run_folder(tmp_path, capsys):
@@ -73,7 +85,8 @@ def test_a_run_whose_csvs_went_elsewhere_is_read_where_its_flags_sent_them(tmp_p
     run = tmp_path / "runs" / "demo"
     run.mkdir(parents=True)
     written = {f"{flag}_dev_out": f"predictions/{flag}-dev-out.csv" for flag in ("sst", "para", "sts")}
-    (run / "best.json").write_text(json.dumps({"args": {"data_dir": str(DEMO), "prediction_files": written}}))
+    (run / "best.json").write_text(json.dumps({"metrics": dev_metrics(Path("predictions")),
+                                               "args": {"data_dir": str(DEMO), "prediction_files": written}}))
     assert error_analysis.main([str(run)]) == 0
     assert "too positive" in capsys.readouterr().out
     assert len(list(run.glob("*.png"))) == 3
@@ -90,7 +103,7 @@ def started_in(folder: Path, output_dir: str, record_working_dir: bool) -> Path:
     run.mkdir(parents=True)
     written = {f"{flag}_dev_out": f"predictions/{flag}-dev-out.csv" for flag in ("sst", "para", "sts")}
     settings = {"data_dir": "data", "output_dir": output_dir, "prediction_files": written}
-    (run / "best.json").write_text(json.dumps({"args": settings}))
+    (run / "best.json").write_text(json.dumps({"metrics": dev_metrics(folder / "predictions"), "args": settings}))
     if record_working_dir:
         (run / "args.json").write_text(json.dumps({"args": settings, "resolved": {"working_dir": str(folder)}}))
     (folder / "data").symlink_to(DEMO)
@@ -152,3 +165,13 @@ def test_a_missing_run_folder_is_refused_naming_it(tmp_path, capsys):
     assert error_analysis.main([str(tmp_path / "gone")]) == 2
     assert capsys.readouterr().err == f"error: {tmp_path / 'gone'}: no such run folder\n"
     assert not (tmp_path / "gone").exists()
+
+
+def test_csvs_another_run_wrote_over_the_runs_own_are_refused(tmp_path, capsys, monkeypatch):
+    """Two runs sent their CSVs to the same paths (the handout's predictions/): the later one's sit there now, and
+    the earlier run's best.json records other scores."""
+    run = started_in(tmp_path / "project", "runs/first", record_working_dir=True)
+    write_dev_csvs(tmp_path / "project" / "predictions", sst_shift=1)  # a second run's, at the same paths
+    assert error_analysis.main([str(run)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "sst-dev-out.csv: its sst_acc is" in err and err.endswith("records: not this run's predictions")
