@@ -24,6 +24,7 @@ from evaluation import DEFAULT_OUTPUTS, PredictionsFileError, check_predictions_
 from minbert.arguments import OneLineErrorParser
 from minbert.data.batches import DataError, load_examples, show_data_warnings_on_one_line, standard_paths
 from minbert.files import atomic_write, describe_os_error, forbidden_output, unwritable_folder
+from minbert.run.run_files import replaces_run_file
 from minbert.tasks import PART1_TASKS
 
 MINBERT_CODE_FILES = ("bert.py", "classifier.py", "optimizer.py")
@@ -58,11 +59,13 @@ def build_submission(predictions_dir: Path, out: Path, part: str, data_dir: Path
     returns the archive member names."""
     problem = unwritable_folder(out.parent) or (f"--out {out}: a folder; name the zip file to write" if out.is_dir()
                                                 else None)
-    # Not onto a file it reads (a CSV, a data file, the code it zips), nor into a run's folder: it writes for none.
+    # Not onto a file it reads (a CSV, a data file, the code it zips), nor into another run's folder; beside the run
+    # whose CSVs it zips (the Colab notebook's RUN/cs224n_...zip) it may, but never over one of that run's files.
     reads = [predictions_dir / name for name, _, _ in submission_predictions(part)]
     reads += list(standard_paths(data_dir).values()) if data_dir is not None else []
     reads += list(MINBERT_CODE_FILES) if part == "minbert" else []
-    problem = problem or forbidden_output("--out", out, reads)
+    problem = (problem or forbidden_output("--out", out, reads, own_runs=[predictions_dir])
+               or replaces_run_file("--out", out))
     if problem:  # known before any file is read
         raise SubmissionError(problem)
     members: list[tuple[Path, str]] = []

@@ -553,6 +553,7 @@ def test_a_full_disk_while_zipping_is_one_line_and_leaves_no_zip(tmp_path, capsy
     ("predictions/sst-dev-out.csv", "would replace it, which this command reads"),
     ("data/ids-sst-dev.csv", "would replace it, which this command reads"),
     ("run/submission.zip", "inside the run folder"),
+    ("run_of_csvs/best.json", "would replace a file of the run"),
 ])
 def test_prepare_submit_never_replaces_what_it_reads_or_writes_in_a_run(tmp_path, capsys, monkeypatch, out, problem):
     monkeypatch.chdir(tmp_path)
@@ -560,11 +561,16 @@ def test_prepare_submit_never_replaces_what_it_reads_or_writes_in_a_run(tmp_path
     shutil.copytree(DEMO, tmp_path / "data")
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "best.json").write_text("{}")
+    (tmp_path / "run_of_csvs").mkdir()  # the run whose CSVs are zipped: a zip beside them is allowed, not over its files
+    (tmp_path / "run_of_csvs" / "best.json").write_text(json.dumps({"metrics": {}, "args": {}}))
+    (tmp_path / "predictions").rename(tmp_path / "run_of_csvs" / "predictions")
+    (tmp_path / "predictions").symlink_to(tmp_path / "run_of_csvs" / "predictions")
     before = {path: path.read_bytes() for path in tmp_path.rglob("*") if path.is_file()}
     assert prepare_submit.main(["--out", out]) == 2
     line = one_error_line(capsys)
     assert line.startswith(f"error: --out {out}: ") and problem in line
     assert {path: path.read_bytes() for path in tmp_path.rglob("*") if path.is_file()} == before
+    assert prepare_submit.main(["--out", "run_of_csvs/submission.zip"]) == 0  # beside the run it zips: the notebook's
 
 
 @pytest.mark.parametrize("make", [lambda path: None, lambda path: path.write_text("")])
