@@ -11,7 +11,9 @@ Each RUN gets calibration.json (what predict.py --calibrated / --threshold and s
 and a reliability diagram per task (TASK_reliability.png). --data_dir holds the course files, for the dev labels.
 --threshold_out DIR (one run) also writes the dev and test leaderboard CSVs of each task with a threshold, decided
 from the run's scores at the threshold chosen on dev; the run's own CSVs are left as they are (a DIR where one of
-them would be written over is refused, as is one inside another run's folder: docs/runs.md).
+them would be written over is refused, as is one inside another run's folder: docs/runs.md). A run's dev scores must
+be its own: decided as the run decided its CSVs they score the dev metric its best.json records, else (a scores file
+copied from another run) the run is refused in one line naming the file, before anything is written.
 """
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ from minbert.data.scores import ScoresFileError, read_scores, scores_path
 from minbert.files import describe_os_error, forbidden_output, unwritable_folder
 from minbert.prediction.ensemble_scores import dev_labels
 from minbert.reports.calibration import calibration_lines, write_calibration
-from minbert.run.run_outputs import damaged_record, leaderboard_files
+from minbert.run.run_outputs import check_run_dev, damaged_record, leaderboard_files
 from minbert.tasks import RUN_TASKS, TASKS, default_output
 from minbert.tasks.base import decided
 
@@ -88,8 +90,11 @@ def main(argv=None) -> int:
         print(f"error: {problem}", file=sys.stderr)
         return 2
     try:
-        for run in map(Path, args.runs):
-            report = write_calibration(run, run_dev(run, args.data_dir))
+        dev = {run: run_dev(run, args.data_dir) for run in map(Path, args.runs)}
+        for run, scores in dev.items():  # every run's scores its own before anything is written
+            check_run_dev(run, scores)
+        for run, scores in dev.items():
+            report = write_calibration(run, scores)
             print(f"{run}:\n" + "\n".join(f"  {line}" for line in calibration_lines(report)))
             if args.threshold_out:
                 for path in write_thresholded(run, report, Path(args.threshold_out)):

@@ -18,7 +18,9 @@ the held-out figure that --select also prints is the honest one: members chosen 
 dev and the ensemble scored on the other half, both ways, averaged over five random halvings.
 
 The dev metrics printed and written to OUTPUT_DIR/ensemble.json need the dev labels: --data_dir
-holds the course files (as for training).
+holds the course files (as for training). A member's files must be its own: decided as the run decided its CSVs,
+its dev scores score the dev metric its best.json records, and its calibration.json (--calibrated) records those
+accuracies; a file copied from another run is refused in one line naming it, before anything is written.
 
 --calibrated combines each member's calibrated probabilities of the calibrated tasks (SST, QQP): its logits divided
 by the temperature fitted on its own dev set (RUN/calibration.json, which a run writes at its end and
@@ -43,10 +45,11 @@ from minbert.data.batches import DataError, show_data_warnings_on_one_line
 from minbert.data.scores import ScoresFileError, scores_path, write_scores
 from minbert.files import (atomic_write_text, describe_os_error, forbidden_output, locked_folder, remove_files,
                            unwritable_folder)
-from minbert.prediction.ensemble_scores import (HELD_OUT_REPEATS, METHODS, EnsembleError, build_ensemble, dev_labels,
-                                                ensemble_train_scores, load_members, member_tasks)
-from minbert.run.run_outputs import leaderboard_files
+from minbert.prediction.ensemble_scores import (HELD_OUT_REPEATS, METHODS, EnsembleError, build_ensemble, calibrate,
+                                                dev_labels, ensemble_train_scores, load_members, member_tasks)
+from minbert.run.run_outputs import check_run_dev, leaderboard_files
 from minbert.tasks import TASKS, default_output
+from minbert.tasks.calibration import read_calibration
 
 
 def output_files(output_dir: Path) -> list[Path]:
@@ -74,6 +77,21 @@ def replaces_member_file(output_dir: Path, runs: list[str]) -> str | None:
     return None
 
 
+def checked_members(runs: list[str], data_dir: str, calibrated: bool) -> tuple[list, dict]:
+    """The members (load_members; `calibrated` ones if asked) and the gold dev labels per task, each member's dev
+    scores and calibration.json checked to be its own (check_run_dev: a copy of another run's scores its metric, not
+    the one the member's best.json records) before its logits are divided by the temperature."""
+    members = load_members(runs)
+    tasks = member_tasks(members)
+    gold = dev_labels(data_dir, {task: members[0].scores[(task, "dev")][0] for task in tasks})
+    for member in members:
+        check_run_dev(member.run_dir, {task: (member.scores[(task, "dev")][1], gold[task]) for task in tasks},
+                      read_calibration(member.run_dir) if calibrated else None)
+        if calibrated:
+            calibrate(member)
+    return members, gold
+
+
 def main(argv=None) -> int:
     parser = OneLineErrorParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", nargs="+", help="finished runs' output folders (each with scores/)")
@@ -98,9 +116,8 @@ def main(argv=None) -> int:
         print(f"error: {problem}", file=sys.stderr)
         return 2
     try:
-        members = load_members(args.runs, args.calibrated)
+        members, gold = checked_members(args.runs, args.data_dir, args.calibrated)
         tasks = member_tasks(members)
-        gold = dev_labels(args.data_dir, {t: members[0].scores[(t, "dev")][0] for t in tasks})
         predictions, report = build_ensemble(members, gold, {t: getattr(args, t) for t in tasks}, args.select)
         train_scores = ensemble_train_scores(report) if args.score_train else {}
     except (ScoresFileError, DataError, EnsembleError) as err:

@@ -8,9 +8,11 @@ import sys
 
 import numpy as np
 import pytest
+import torch
 from calibrate import main
 
 from conftest import DEMO, ROOT
+from minbert.data.batches import load_split
 from minbert.data.scores import read_scores, scores_path, write_scores
 from minbert.reports.calibration import calibration_lines, reliability_file, task_calibration, write_calibration
 from minbert.tasks import TASKS
@@ -190,3 +192,33 @@ def test_a_folder_without_best_json_is_calibrated(tmp_path):
     write_run_scores(tmp_path / "ensemble")
     assert main([str(tmp_path / "ensemble"), "--data_dir", str(DEMO)]) == 0
     assert (tmp_path / "ensemble" / "calibration.json").is_file()
+
+
+def record_own_metrics(run):
+    """A best.json recording the dev accuracy its scores decide (the run's own rule: the task's decide)."""
+    metrics = {}
+    for name in ("sst", "qqp"):
+        ids, scores = read_scores(scores_path(run, name, "dev"), name)
+        gold = {e.id: e.label for e in load_split(DEMO, name, "dev")}
+        predicted = TASKS[name].model.decide(torch.from_numpy(scores)).numpy()
+        metrics[TASKS[name].model.score_key] = float(np.mean(predicted == np.array([gold[i] for i in ids])))
+    (run / "best.json").write_text(json.dumps({"metrics": metrics, "args": {"tasks": "sst,qqp"}}))
+
+
+def test_dev_scores_copied_from_another_run_are_refused_before_anything_is_written(tmp_path, capsys):
+    """Audit: calibrate.py fitted and wrote calibration.json and thresholded CSVs from a scores/qqp-dev.csv copied
+    from another run. Decided as the run decided its CSVs, the dev scores must score what its best.json records."""
+    run, other = tmp_path / "run", tmp_path / "other"
+    write_run_scores(run)
+    record_own_metrics(run)
+    assert main([str(run), "--data_dir", str(DEMO), "--threshold_out", str(tmp_path / "own")]) == 0
+    calibration_path(run).unlink()
+    ids, scores = read_scores(scores_path(run, "qqp", "dev"), "qqp")
+    write_scores(scores_path(other, "qqp", "dev"), ids, -scores, "qqp")  # another run's: every decision flipped
+    scores_path(run, "qqp", "dev").write_bytes(scores_path(other, "qqp", "dev").read_bytes())
+    capsys.readouterr()
+    assert main([str(run), "--data_dir", str(DEMO), "--threshold_out", str(tmp_path / "out")]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith(f"error: {scores_path(run, 'qqp', 'dev')}: its qqp_acc is ") and error.count("\n") == 1
+    assert error.endswith(f"that {run / 'best.json'} records: not this run's dev scores\n")
+    assert not calibration_path(run).exists() and not (tmp_path / "out").exists()

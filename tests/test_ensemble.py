@@ -3,6 +3,7 @@
 in one line."""
 import json
 import shutil
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -413,3 +414,49 @@ def test_an_ensemble_never_replaces_a_members_recorded_csvs(finished_run, tmp_pa
         f"member {finished_run / 'run'}'s own" in err[0], err
     assert {path: path.read_bytes() for path in finished_run.iterdir() if path.is_file()} == before
     assert not (finished_run / "ensemble.json").exists()
+
+
+def copied_run(finished_run, folder) -> Path:
+    """The finished run's record, scores and calibration.json in another folder: a member as its own files hold it."""
+    folder.mkdir()
+    for name in ("best.json", "calibration.json"):
+        shutil.copy(finished_run / "run" / name, folder / name)
+    shutil.copytree(finished_run / "run" / "scores", folder / "scores")
+    return folder
+
+
+def test_a_members_dev_scores_copied_from_another_run_are_refused(finished_run, tmp_path, capsys):
+    """Audit: a member whose scores/sst-dev.csv was another run's was combined as the member (its best.json was never
+    opened). Decided as the run decided its CSVs, each member's dev scores must score the metric its best.json
+    records; a copy is one line naming the file, exit 2, before anything is written."""
+    member = copied_run(finished_run, tmp_path / "member")
+    assert main([str(member), "--output_dir", str(tmp_path / "own"), "--data_dir", str(DEMO)]) == 0
+    gold = {e.id: e.label for e in load_split(DEMO, "sst", "dev")}
+    ids, _ = read_scores(scores_path(member, "sst", "dev"), "sst")
+    write_scores(scores_path(member, "sst", "dev"), ids, sst_logits([gold[i] for i in ids]), "sst")  # all right
+    recorded = json.loads((member / "best.json").read_text())["metrics"]["sst_acc"]
+    assert recorded < 1
+    capsys.readouterr()
+    assert main([str(finished_run / "run"), str(member), "--output_dir", str(tmp_path / "e"),
+                 "--data_dir", str(DEMO)]) == 2
+    assert capsys.readouterr().err == (f"error: {scores_path(member, 'sst', 'dev')}: its sst_acc is 1.000000, not the "
+                                       f"{recorded:.6f} that {member / 'best.json'} records: not this run's dev "
+                                       "scores\n")
+    assert not (tmp_path / "e").exists()
+
+
+def test_a_calibrated_members_calibration_copied_from_another_run_is_refused(finished_run, tmp_path, capsys):
+    """Audit: --calibrated divided a member's logits by the temperatures of a calibration.json copied from another
+    run. The accuracies it records are those of the dev scores it was fitted on: they must be the member's."""
+    member = copied_run(finished_run, tmp_path / "member")
+    assert main([str(member), "--output_dir", str(tmp_path / "own"), "--data_dir", str(DEMO), "--calibrated"]) == 0
+    calibration = json.loads((member / "calibration.json").read_text())
+    calibration["tasks"]["qqp"]["accuracy"] += 0.125  # another run's, fitted on its own dev scores
+    (member / "calibration.json").write_text(json.dumps(calibration))
+    capsys.readouterr()
+    assert main([str(member), "--output_dir", str(tmp_path / "e"), "--data_dir", str(DEMO), "--calibrated"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {member / 'calibration.json'}: fitted on dev scores of qqp accuracy ")
+    assert err.endswith(f"that {member / 'best.json'} records: not this run's calibration\n") and err.count("\n") == 1
+    assert not (tmp_path / "e").exists()
+    assert main([str(member), "--output_dir", str(tmp_path / "e"), "--data_dir", str(DEMO)]) == 0  # not read

@@ -294,6 +294,27 @@ def test_the_python_api_applies_the_runs_temperature_and_threshold_as_predict_py
     assert not np.allclose(plain.probabilities, predictions.probabilities)  # the temperature is not 1
 
 
+def test_a_calibration_copied_from_another_run_is_refused_by_the_api_and_predict_py(run, tmp_path, capsys):
+    """Audit: load_run(...).predict(..., calibrated=True) applied the temperature of a calibration.json copied from
+    another run. The accuracies it records are those of the dev scores it was fitted on: they must be the ones the
+    run's best.json records, else one line naming the file, before any model loads."""
+    for name in ("best.json", "best.safetensors"):
+        shutil.copy(run / name, tmp_path / name)
+    calibration = json.loads((run / "calibration.json").read_text())
+    calibration["tasks"]["sst"]["accuracy"] += 0.125  # another run's, fitted on its own dev scores
+    (tmp_path / "calibration.json").write_text(json.dumps(calibration))
+    copied = load_run(tmp_path, device="cpu")
+    assert copied.predict(["A gripping film."], task="sst").labels.shape == (1,)  # no dev-fitted choice: not read
+    for task, asked in (("sst", {"calibrated": True}), ("qqp", {"threshold": True})):
+        with pytest.raises(trained_run.ScoresFileError) as refused:
+            copied.predict([("a", "b")] if task == "qqp" else ["A gripping film."], task=task, **asked)
+        assert str(refused.value).startswith(f"{tmp_path / 'calibration.json'}: fitted on dev scores of sst accuracy ")
+        assert str(refused.value).endswith(f"that {tmp_path / 'best.json'} records: not this run's calibration")
+    assert predict.main([str(tmp_path), "--task", "sst", "--calibrated", "--input", str(DEMO / "ids-sst-dev.csv"),
+                         "--quiet"]) == 2
+    assert one_error_line(capsys).endswith("records: not this run's calibration")
+
+
 def test_encode_gives_each_sentence_the_runs_pooled_embedding(loaded, tokenizer):
     sentences = ["A gripping, funny film.", "Dull.", "The plot wanders but the actors hold it together."]
     embeddings = loaded.encode(sentences)

@@ -9,7 +9,9 @@ recipes' and scripts/ensemble.py's folders hold them.
 checked_predictions_and_gold reads them as scripts/compare_runs.py must: only what belongs to the run. A recorded
 path may hold another run's CSV by now (two runs told the same --*_dev_out), so each CSV must score what the run
 recorded of the predictions it wrote (best.json's metrics of its kept model, an ensemble's ensemble.json), and a
-task the run did not train is no score of its own.
+task the run did not train is no score of its own. check_run_dev does the same for what scripts/ensemble.py,
+scripts/calibrate.py and load_run's calibrated=True read of a run: its dev scores (scores/TASK-dev.csv) and its
+calibration.json.
 """
 from __future__ import annotations
 
@@ -19,11 +21,16 @@ from pathlib import Path
 
 import numpy as np
 
+from collections.abc import Mapping
+
 from minbert.data.batches import load_split
 from minbert.files import DataError
+from minbert.prediction.ensemble_scores import member_predictions
 from minbert.prediction.leaderboard import PredictionsFileError, check_predictions_file
 from minbert.run.run_record import recorded_path, working_dir_of
 from minbert.tasks import MULTITASK, PART1_TASKS, RUN_TASKS, TASKS, default_output, output_flag, task_name
+from minbert.tasks.calibration import calibration_path
+from minbert.tasks.score_files import ScoresFileError, scores_path
 
 # How far a CSV's score may be from the recorded one beyond what the CSV's rounding explains (TaskOutputs.
 # rounding_effect: STS's 6 significant digits): one changed prediction of 40,000 QQP pairs moves the accuracy by 2.5e-5.
@@ -115,16 +122,59 @@ def checked_predictions_and_gold(run: Path, data_dir: Path) -> dict[str, tuple[l
 
 
 def _check_score(csv: Path, task: str, predictions: list, gold: list, record: RunRecord) -> None:
+    tolerance = METRIC_TOLERANCE + TASKS[task].outputs.rounding_effect(np.asarray(predictions, dtype=np.float64))
+    problem = _score_problem(csv, task, predictions, gold, record, tolerance)
+    if problem:
+        raise PredictionsFileError(problem + ": not this run's predictions")
+
+
+def _score_problem(path: Path, task: str, predictions, gold, record: RunRecord, tolerance: float) -> str | None:
+    """Why `path`'s predictions are not those whose dev metric `record` holds (their score_key's metric further than
+    `tolerance` from the recorded one, or none recorded), or None."""
     key = TASKS[task].model.score_key
     recorded = record.metrics.get(key)
     if not isinstance(recorded, (int, float)):
-        raise PredictionsFileError(f"{record.source}: records no {key} to check {csv} against")
+        return f"{record.source}: records no {key} to check {path} against"
     scored = float(TASKS[task].model.resampled_scores(np.asarray(predictions, dtype=np.float64)[None, :],
-                                                np.asarray(gold, dtype=np.float64)[None, :])[0])
-    tolerance = METRIC_TOLERANCE + TASKS[task].outputs.rounding_effect(np.asarray(predictions, dtype=np.float64))
+                                                      np.asarray(gold, dtype=np.float64)[None, :])[0])
     if not abs(scored - recorded) <= tolerance:  # a NaN recorded or scored is no match either
-        raise PredictionsFileError(f"{csv}: its {key} is {scored:.6f}, not the {recorded:.6f} that {record.source} "
-                                   "records: not this run's predictions")
+        return f"{path}: its {key} is {scored:.6f}, not the {recorded:.6f} that {record.source} records"
+    return None
+
+
+def check_run_dev(run: Path, dev: Mapping[str, tuple[np.ndarray, np.ndarray]],
+                  calibration: Mapping[str, dict] | None = None) -> None:
+    """What a tool read of a run's folder is the run's own, else a ScoresFileError naming the file in one line: each
+    task's dev scores of `dev` (task -> (scores as its scores file holds them, gold)), decided into predictions as
+    the run decided its CSVs (the task's decide: QQP at logit 0, the threshold chosen on dev is calibrate.py's, never
+    the run's), score the dev metric its best.json records (within METRIC_TOLERANCE: a scores file's 9 digits read
+    float32 back exactly), and `calibration` (its calibration.json's tasks, read_calibration's) records that same
+    accuracy of each task, the accuracy of the dev scores it was fitted on. A copy of another run's scores/ file or
+    calibration.json scores that run's metric, not this one's. A folder with no best.json has no record to check
+    against (nothing recorded ties its files to anything), nor has an ensemble's (ensemble.json: scripts/ensemble.py
+    writes no dev scores or calibration; its record holds its combined predictions' metrics)."""
+    try:
+        record = run_record(run)
+    except PredictionsFileError as err:
+        raise ScoresFileError(str(err)) from None
+    if record is None or record.source.name != "best.json":
+        return
+    for task, (scores, gold) in dev.items():
+        problem = _score_problem(scores_path(run, task, "dev"), task, member_predictions(task, scores), gold, record,
+                                 METRIC_TOLERANCE)
+        if problem:
+            raise ScoresFileError(problem + ": not this run's dev scores")
+    for task, entry in (calibration or {}).items():
+        source, key = calibration_path(run), TASKS[task].model.score_key
+        fitted_on, recorded = entry.get("accuracy"), record.metrics.get(key)
+        if not isinstance(fitted_on, (int, float)):
+            raise ScoresFileError(f"{source}: records no {task} accuracy to tie it to the run's dev scores; rewrite it "
+                                  f"with scripts/calibrate.py {run} --data_dir DIR")
+        if not isinstance(recorded, (int, float)):
+            raise ScoresFileError(f"{record.source}: records no {key} to check {source} against")
+        if not abs(fitted_on - recorded) <= METRIC_TOLERANCE:
+            raise ScoresFileError(f"{source}: fitted on dev scores of {task} accuracy {fitted_on:.6f}, not the "
+                                  f"{recorded:.6f} that {record.source} records: not this run's calibration")
 
 
 def leaderboard_files(run: Path) -> list[Path]:

@@ -27,6 +27,7 @@ from minbert.prediction.inference import Predictor
 from minbert.prediction.new_inputs import Predictions, examples_of_texts, predictions_of
 from minbert.reports.embedding_analysis import sentence_embeddings
 from minbert.run.kept_model import KEPT_MODEL, checkpoint_prefix, kept_predictor, missing_head
+from minbert.run.run_outputs import check_run_dev
 from minbert.runtime import resolve_device, use_tf32
 from minbert.tasks import TASKS, TEXT_TASKS, task_name
 from minbert.tasks.calibration import calibration_path, read_calibration
@@ -41,7 +42,8 @@ def dev_fitted(prefix: Path, task: str, calibrated: bool, threshold: bool,
                names: tuple[str, str] = API_NAMES) -> tuple[float, float | None]:
     """The temperature (`calibrated`; else 1) and the decision threshold (`threshold`; else None) fitted on the run's
     dev set, from its calibration.json, read before any model loads; ValueError for a task without them,
-    ScoresFileError when the file lacks them or `prefix` is not the kept model they were fitted on. `names`: what the
+    ScoresFileError when the file lacks them, is not the run's own (its accuracies are not those best.json records:
+    check_run_dev) or `prefix` is not the kept model they were fitted on. `names`: what the
     two choices are called in the message."""
     asked = [name for name, wanted in zip(names, (calibrated, threshold)) if wanted]
     if not asked:
@@ -55,6 +57,7 @@ def dev_fitted(prefix: Path, task: str, calibrated: bool, threshold: bool,
         raise ScoresFileError(f"{flags}: {calibration_path(prefix.parent)} was fitted on the kept model "
                               f"({KEPT_MODEL}), not {prefix.name}")
     tasks = read_calibration(prefix.parent)
+    check_run_dev(prefix.parent, {}, tasks)  # fitted on this run's dev scores, not a copy of another run's file
     if task not in tasks:
         raise ScoresFileError(f"{flags}: {calibration_path(prefix.parent)} has no {task} (the run did not "
                               "train it, or its dev set was too small to calibrate)")
