@@ -33,6 +33,7 @@ from minbert.reports.cka import (cka_matrices, dev_sentences, layer_representati
                                  plot_stage_cka, sentence_spans, with_start)
 from minbert.run.run_files import replaces_run_file
 from minbert.run.run_record import recorded_pretrained
+from minbert.run.training_args import TrainingArguments, field_defaults, resume_free_fields
 from minbert.arguments import OneLineErrorParser
 from minbert.tasks import MULTITASK, task_name
 from minbert.training.stage_transitions import stage_starts
@@ -50,7 +51,7 @@ def stage_checkpoints(run: Path) -> list[tuple[Path, dict]]:
     if not numbered:
         raise CheckpointError(f"{run}: no stage_N checkpoints (train the run with --keep_stage_models)")
     stages = []
-    for _, path in numbered:
+    for number, path in numbered:
         try:
             metadata = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError) as err:
@@ -58,8 +59,44 @@ def stage_checkpoints(run: Path) -> list[tuple[Path, dict]]:
         if not (isinstance(metadata, dict) and isinstance(metadata.get("metrics"), dict)
                 and "stage" in metadata["metrics"] and isinstance(metadata.get("args"), dict)):
             raise CheckpointError(f"{path}: not a stage checkpoint's metadata (no metrics with a stage, or no args)")
+        if metadata["metrics"].get("index") != number:  # the trainer saves stage N's record as stage_N
+            raise CheckpointError(f"{path}: holds stage {metadata['metrics'].get('index')!r}'s model, not stage "
+                                  f"{number}'s (a checkpoint renamed or copied from another run?)")
         stages.append((path.with_suffix(""), metadata))
+    check_one_run(run, stages)
     return stages
+
+
+def check_one_run(run: Path, stages: list[tuple[Path, dict]]) -> None:
+    """A CheckpointError naming the first stage_N.json whose settings ("args", every flag, seed and output_dir among
+    them) differ from stage_1.json's, or best.json when its own differ (or it is missing or damaged): the stage
+    models must all be those of the run in the folder (another run's stage_2.* copied in, or an earlier run's stage
+    files beside a run trained since, would make a CKA that mixes runs). The flags a resume of the same run may
+    change without changing what it trains (resume_free, output_dir excepted) are not compared; a flag added to the
+    code since a checkpoint was written reads as its default, as --resume reads it."""
+    defaults = field_defaults(TrainingArguments)
+    free = resume_free_fields(TrainingArguments) - {"output_dir"}
+
+    def compared(settings: dict) -> dict:
+        return {key: value for key, value in {**defaults, **settings}.items() if key not in free}
+    first_path, first = stages[0][0].with_suffix(".json"), compared(stages[0][1]["args"])
+    best = run / "best.json"
+    try:
+        kept = json.loads(best.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise CheckpointError(f"{best}: cannot read it ({type(err).__name__}), so the stage models cannot be checked "
+                              "against the run's own settings") from None
+    if not (isinstance(kept, dict) and isinstance(kept.get("args"), dict)):
+        raise CheckpointError(f"{best}: not a checkpoint's metadata (no args)")
+    for path, settings in [(prefix.with_suffix(".json"), metadata["args"]) for prefix, metadata in stages[1:]] + \
+            [(best, kept["args"])]:
+        settings = compared(settings)
+        differing = sorted(key for key in first.keys() | settings.keys() if first.get(key) != settings.get(key))
+        if differing:
+            key = differing[0]
+            raise CheckpointError(f"{path}: another run's checkpoint (its --{key} {settings.get(key)!r} is "
+                                  f"{first.get(key)!r} in {first_path}); every stage_N and best of the run must "
+                                  "come from one run")
 
 
 def representations(run: Path, stages: list[tuple[Path, dict]], sentences: dict, batch_size: int) -> list:

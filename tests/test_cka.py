@@ -233,3 +233,50 @@ def test_the_script_never_replaces_a_runs_files_nor_writes_outside_its_folder(ti
     assert not (tmp_path / "out").exists() and not (tmp_path / "history.json").exists()
     assert {path: path.read_bytes() for run in runs for path in run.iterdir()} == before
     assert {path: path.read_bytes() for path in tiny_checkpoint.iterdir()} == pretrained
+
+
+def test_the_script_refuses_stage_models_of_another_run_naming_the_file(tiny_checkpoint, tmp_path, capsys,
+                                                                        monkeypatch):
+    """Audit: the run's settings were read from stage_1.json alone, so another run's stage_2.* copied into the
+    folder, or an earlier run's stage files beside a run trained there since, gave a CKA mixing runs (exit 0). Every
+    stage_N.json and best.json must record one run's settings (and stage_N.json stage N's record): one line naming
+    the file, exit 2, before any model loads or anything is written."""
+    import shutil
+    from conftest import tiny_model
+    from minbert.model.multitask_bert import save_multitask_model
+
+    def train(run, seed, stages=2):
+        settings = {"pretrained": str(tiny_checkpoint), "seed": seed, "output_dir": str(run)}
+        for index in range(1, stages + 1):
+            saved = {"args": settings, "metrics": {"stage": "sts", "index": index}}
+            save_multitask_model(tiny_model(), run / f"stage_{index}", saved)
+        save_multitask_model(tiny_model(), run / "best", {"args": settings, "metrics": {"stage": "sts", "index": 1}})
+    runs = {name: tmp_path / name for name in ("copied", "retrained", "renamed", "other", "moved")}
+    for name, run in runs.items():
+        train(run, seed=0)
+    train(runs["other"], seed=1)
+    train(runs["retrained"], seed=1, stages=0)  # its folder trained again since: only best.* (no stage models)
+    for suffix in ("json", "safetensors"):
+        shutil.copy(runs["other"] / f"stage_2.{suffix}", runs["copied"] / f"stage_2.{suffix}")
+        shutil.copy(runs["other"] / f"stage_1.{suffix}", runs["renamed"] / f"stage_2.{suffix}")
+        shutil.copy(runs["other"] / f"stage_2.{suffix}", runs["moved"] / f"stage_2.{suffix}")
+    moved = json.loads((runs["moved"] / "stage_2.json").read_text())  # the same seed, another folder's run
+    moved["args"]["seed"] = 0
+    (runs["moved"] / "stage_2.json").write_text(json.dumps(moved))
+
+    def loading(*_args, **_kwargs):
+        raise AssertionError("a model loaded before the stage checkpoints were checked")
+    monkeypatch.setattr(stage_cka, "load_multitask_checkpoint", loading)
+    monkeypatch.setattr(stage_cka.BertModel, "from_pretrained", loading)
+    for name, file, problem in (("copied", "stage_2.json", "another run's checkpoint (its --output_dir"),
+                                ("retrained", "best.json", "another run's checkpoint (its --seed 1 is 0 in"),
+                                ("renamed", "stage_2.json", "holds stage 1's model, not stage 2's"),
+                                ("moved", "stage_2.json", "another run's checkpoint (its --output_dir")):
+        out = tmp_path / "out" / name
+        assert stage_cka.main([str(runs[name]), "--data_dir", str(DEMO), "--output_dir", str(out)]) == 2, name
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(f"error: {runs[name] / file}: ") and problem in err[0], err
+        assert not out.exists()
+    (runs["other"] / "best.json").unlink()
+    assert stage_cka.main([str(runs["other"]), "--data_dir", str(DEMO), "--output_dir", str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err.startswith(f"error: {runs['other'] / 'best.json'}: cannot read it")
