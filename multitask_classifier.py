@@ -207,7 +207,8 @@ def start_or_resume(trainer: Trainer, args: TrainingArguments, stages: list) -> 
         removed = remove_files(earlier)
         if removed:
             print(f"note: starting a fresh run in {output_dir}; the earlier run's {len(removed)} files there "
-                  "(checkpoints, metrics, scores, plots, predictions) are removed (use --resume to continue instead)")
+                  "(checkpoints, metrics, scores, plots, predictions, robustness/'s results and perturbed sets) are "
+                  "removed (use --resume to continue instead)")
     if distributed.is_main:  # a resumed run's record holds the settings it continues with, and its segments
         write_record(args, trainer, output_dir, device=trainer.device)
 

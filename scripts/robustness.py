@@ -169,6 +169,7 @@ def check_inputs(args: argparse.Namespace) -> tuple[list[Path], list[str], Path,
     manifest = read_manifest(sets_dir)
     if manifest is not None:
         check_set_flags_agree(args, manifest, sets_dir)
+        sets_made_by_another_model(manifest, prefixes, sets_dir)
         return prefixes, tasks, sets_dir, read_sets(sets_dir, tasks)
     check_attack_examples(args, args.max_examples or None, sets_dir, "--max_examples")
     settings = run_settings(run) if run.is_dir() else {}
@@ -259,6 +260,30 @@ def check_set_flags_agree(args: argparse.Namespace, manifest: dict, sets_dir: Pa
     check_attack_examples(args, made["max_examples"], sets_dir, MANIFEST)
 
 
+def sets_made_by_another_model(manifest: dict, prefixes: list[Path], sets_dir: Path) -> None:
+    """A DataError naming the manifest when the sets' word_neighbour texts came from another model of a run folder
+    scored now: the manifest's source names the checkpoint whose embeddings made them and (sets made since this
+    check) its weights' SHA-256, and a scored checkpoint in that same folder now holds other weights (the run trained
+    again there since, or resumed to another kept model: those texts are not this model's neighbours). Sets made by
+    ANOTHER run are read on purpose (--perturbed_dir shared by a study's runs: the same inputs for every model), and
+    sets recording no digest (made before it was recorded) cannot be told apart, so both are read. A fresh training
+    run removes RUN/robustness/ (run_files.robustness_files) besides; this covers the sets it cannot: a resumed run,
+    sets copied into the folder, or a RUN/robustness/perturbed made before that removal existed."""
+    source = manifest.get("source") if isinstance(manifest.get("source"), dict) else {}
+    made_by, digest = source.get("run"), source.get("run_sha256")
+    if not (isinstance(made_by, str) and isinstance(digest, str)):
+        return
+    for prefix in prefixes:
+        if Path(made_by).resolve().parent != prefix.resolve().parent:
+            continue
+        now = checkpoint_json(prefix).get("sha256")
+        if now != digest:
+            raise DataError(sets_dir / MANIFEST, f"these perturbed sets were made from {made_by}'s embeddings when it "
+                                                 f"held other weights (SHA-256 {digest[:12]}..., now {str(now)[:12]}"
+                                                 "...): the run was trained again since; remove the folder to make "
+                                                 "the new model's sets, or name another --perturbed_dir")
+
+
 def _as_typed(value) -> str:
     """A flag's value in a manifest as the command line types it: rates space-separated, all examples 0."""
     return " ".join(f"{rate:g}" for rate in value) if isinstance(value, list) else str(0 if value is None else value)
@@ -277,7 +302,9 @@ def evaluate(args: argparse.Namespace) -> int:
         start, made = time.perf_counter(), not isinstance(sets, PerturbedSets)
         if made:  # `sets` holds the dev examples: the sets are made here, then read back
             with locked_folder(sets_dir):
-                source = {"run": str(prefixes[0]), "data_dir": args.data_dir, "neighbours": args.neighbours}
+                # run_sha256: the weights whose embeddings gave the word neighbours (sets_made_by_another_model)
+                source = {"run": str(prefixes[0]), "run_sha256": checkpoint_json(prefixes[0]).get("sha256"),
+                          "data_dir": args.data_dir, "neighbours": args.neighbours}
                 make_sets(sets_dir, sets, args.noises, SetOptions(args.seed, args.max_examples or None), neighbours,
                           source)
             say(args)(f"wrote {len(args.noises)} perturbed sets per task in {sets_dir}")

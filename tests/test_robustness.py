@@ -512,3 +512,54 @@ def test_the_data_folder_the_sets_are_made_from_is_never_written_into(tmp_path, 
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: {flag} {folder}: ") and str(data) in lines[0], lines
     assert tree() == before
+
+
+def test_a_fresh_training_run_removes_what_robustness_wrote_in_its_folder(tmp_path, tiny_checkpoint):
+    """Audit: a run trained again in its folder kept RUN/robustness, so robustness.py read RUN/robustness/perturbed
+    (word_neighbour texts from the old model's embeddings) and the old robustness.md/json stood as the new model's.
+    Every file robustness.py writes there is one a fresh run removes (run_files.robustness_files); a user's is not."""
+    import robustness
+    from minbert.run.run_files import earlier_run_files
+    run = tiny_run(tmp_path / "a", tiny_checkpoint, 1)
+    assert robustness.main([str(run), *SCRIPT_FLAGS]) == 0
+    written = {path for path in (run / "robustness").rglob("*") if path.is_file() and path.name != ".lock"}
+    assert {"robustness.json", "manifest.json", "greedy-sst.jsonl"} <= {path.name for path in written}
+    assert any(path.parent.name == "word_neighbour-0.2" for path in written)
+    mine = run / "robustness" / "notes.md"
+    mine.write_text("mine")
+    removed = set(earlier_run_files(run, []))
+    assert written <= removed and mine not in removed
+
+
+def test_sets_made_by_an_earlier_model_of_the_same_run_are_refused(tmp_path, tiny_checkpoint, capsys, monkeypatch):
+    """Audit: RUN/robustness/perturbed was read back after RUN's kept model changed (trained again, resumed), its
+    word_neighbour texts the old model's neighbours. The manifest records the SHA-256 of the weights that made them:
+    another model of the same run folder is one line naming the manifest, exit 2, before the model loads; another run
+    reading the sets (a shared --perturbed_dir) still does, as the studies do on purpose."""
+    import robustness
+    from minbert.run import kept_ensemble
+    first, second = tiny_run(tmp_path / "a", tiny_checkpoint, 1), tiny_run(tmp_path / "b", tiny_checkpoint, 2)
+    flags = ["--families", "char,word", *SET_FLAGS, "--neighbours", "3"]
+    assert robustness.main([str(first), *flags]) == 0
+    sets = first / "robustness" / "perturbed"
+    manifest = json.loads((sets / "manifest.json").read_text())
+    assert manifest["source"]["run_sha256"] == json.loads((first / "best.json").read_text())["sha256"]
+    for path in first.glob("best.*"):  # trained again: another kept model in the same folder
+        path.unlink()
+    tiny_run(tmp_path / "c", tiny_checkpoint, 3)
+    for path in (tmp_path / "c").glob("best.*"):
+        path.rename(first / path.name)
+    real = kept_ensemble.load_multitask_checkpoint
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the model was loaded before the sets were checked")
+    monkeypatch.setattr(kept_ensemble, "load_multitask_checkpoint", refuse)
+    capsys.readouterr()
+    assert robustness.main([str(first), "--perturbed_dir", str(sets), *flags, "--output_dir",
+                            str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {sets / 'manifest.json'}: ") and "made from" in err[0] \
+        and "trained again since" in err[0], err
+    assert not (tmp_path / "out").exists()
+    monkeypatch.setattr(kept_ensemble, "load_multitask_checkpoint", real)
+    assert robustness.main([str(second), "--perturbed_dir", str(sets), *flags]) == 0  # another run: read on purpose

@@ -8,10 +8,11 @@ from pathlib import Path
 from minbert.data.scores import scores_path, span_logits_path
 from minbert.files import RUN_MARKERS, DataError, run_folder_of
 from minbert.reports.calibration import reliability_file
+from minbert.robustness.perturbed_sets import MANIFEST
 from minbert.run.run_outputs import leaderboard_files
 from minbert.run.run_record import RECORD_FILE
 from minbert.step_log import STEPS_FILE, TENSORBOARD_DIR
-from minbert.tasks import RUN_TASKS, SPLITS, TASKS, default_output
+from minbert.tasks import RUN_TASKS, SPLITS, TASKS, TEXT_TASKS, course_file_name, default_output
 from minbert.tasks.calibration import CALIBRATION_FILE
 from minbert.training.checkpoint_files import FINISHED_FILE
 
@@ -28,12 +29,31 @@ RUN_REPORTS = (RECORD_FILE, "metrics.jsonl", STEPS_FILE, "history.json", "forget
                *(tsne_file(name) for name, task in TASKS.items() if task.plots_embeddings), CALIBRATION_FILE,
                *(reliability_file(name) for name, task in TASKS.items() if task.calibrated), FINISHED_FILE)
 CHECKPOINT = re.compile(r"(last|best|stage_\d+|checkpoint-\d+)\.(json|safetensors)(\.tmp)?")
+ROBUSTNESS_DIR = "robustness"  # scripts/robustness.py RUN's default --output_dir, its sets in perturbed/ there
+ROBUSTNESS_REPORTS = ("robustness.md", "robustness.json", "robustness_predictions.json")
+
+
+def robustness_files(output_dir: Path) -> list[Path]:
+    """What scripts/robustness.py RUN wrote in RUN/robustness (its default --output_dir): the reports, greedy-TASK.jsonl
+    and greedy/'s dev files, and the perturbed sets of perturbed/ (their manifest, clean/ and every variant's dev
+    files). They belong to the run whose model they scored: the sets' word_neighbour texts came from its embeddings,
+    so a fresh run there removes them (robustness.py then makes the new model's own). Only these names go: anything
+    else a user keeps there stays. Sets made elsewhere (--perturbed_dir, which other runs share on purpose) are not
+    the run's, and robustness.py checks them (robustness.py: sets_made_by_another_model)."""
+    folder = Path(output_dir) / ROBUSTNESS_DIR
+    sets = folder / "perturbed"
+    dev_files = [course_file_name(task, "dev") for task in TEXT_TASKS]
+    files = [folder / name for name in ROBUSTNESS_REPORTS] + sorted(folder.glob("greedy-*.jsonl"))
+    variants = sorted(path.name for path in sets.glob("*") if path.is_dir())  # clean/ and each variant's
+    files += [folder / "greedy" / name for name in dev_files] + [sets / MANIFEST]
+    return files + [sets / variant / name for variant in variants for name in dev_files]
 
 
 def earlier_run_files(output_dir: Path, predictions: list[Path]) -> list[Path]:
-    """The files an earlier run may have left in OUTPUT_DIR: its checkpoints, reports, plots and scores/, and the
-    leaderboard files of any task in its predictions folders inside OUTPUT_DIR (a run of other tasks leaves some)."""
-    files = [output_dir / name for name in RUN_REPORTS]
+    """The files an earlier run may have left in OUTPUT_DIR: its checkpoints, reports, plots and scores/, the
+    leaderboard files of any task in its predictions folders inside OUTPUT_DIR (a run of other tasks leaves some), and
+    what scripts/robustness.py wrote in OUTPUT_DIR/robustness (robustness_files)."""
+    files = [output_dir / name for name in RUN_REPORTS] + robustness_files(output_dir)
     files += (output_dir / TENSORBOARD_DIR).glob("events.out.tfevents.*")  # --report_to tensorboard's
     files += [path for path in output_dir.glob("*") if CHECKPOINT.fullmatch(path.name)]
     files += [scores_path(output_dir, task, split) for task in RUN_TASKS for split in SPLITS]
