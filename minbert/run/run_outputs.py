@@ -16,12 +16,11 @@ calibration.json.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-
-from collections.abc import Mapping
 
 from minbert.data.batches import load_split
 from minbert.files import DataError
