@@ -13,6 +13,7 @@ the six leaderboard CSVs.
 from __future__ import annotations
 
 import dataclasses
+import json
 import sys
 import time
 from contextlib import nullcontext
@@ -28,6 +29,7 @@ from minbert.model.checkpoint import checkpoint_folder
 from minbert.reports.calibration import calibration_lines, write_calibration
 from minbert.reports.embedding_analysis import MIN_TSNE_POINTS, plot_tsne, sentence_embeddings
 from minbert.reports.plots import figure_problem, write_run_reports
+from minbert.prediction.run_evaluation import kept_record_mismatch
 from minbert.run.run_files import earlier_run_files, tsne_file
 from minbert.run.run_record import run_record, run_segments, write_run_record
 from minbert.run.run_setup import build_run, check_pretrained, finished_run, load_inputs, resume_prefix, resuming
@@ -123,6 +125,8 @@ def resume(trainer: Trainer, args: TrainingArguments, prefix: Path, stage_labels
     check_resume_arguments(metadata["args"], args)
     check_resumable(metadata, trainer.distributed.world_size, stage_labels, trainer.data_sha256,
                     prefix.with_suffix(".json"), trainer.tasks)
+    if not args.resume_from:  # a rewound run's best.* may be a later stage's, which the rewind keeps on purpose
+        check_kept_model(Path(args.output_dir) / "best.json", metadata["history"], prefix.with_suffix(".json"))
     schedule_length = saved_schedule_length(metadata["args"], args)
     try:
         trainer.load_state_dict(tensors, metadata, schedule_length)
@@ -133,6 +137,22 @@ def resume(trainer: Trainer, args: TrainingArguments, prefix: Path, stage_labels
                               "not fit the model, optimizer or SMART setup of its own flags "
                               f"({type(err).__name__}: {err}); the checkpoint was damaged, edited or saved by another "
                               "version of the code: resume from an intact copy or start again without --resume") from None
+
+
+def check_kept_model(best: Path, history: list[dict], info: Path) -> None:
+    """The kept model a resumed run would finish with (OUTPUT_DIR/best.*, read back when the run ends) is the one its
+    training state's history kept: another run's best.* copied beside the state would be finished, scored and
+    written out as this run's."""
+    if not best.exists():
+        return
+    try:
+        kept = json.loads(best.read_text(encoding="utf-8"))["metrics"]
+        mismatch = kept_record_mismatch(kept, history)
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError) as err:
+        mismatch = f"not a run record ({type(err).__name__})"
+    if mismatch:
+        raise CheckpointError(f"cannot resume: {best} is not the kept model of the training state in {info} "
+                              f"({mismatch}); restore the run's own best.* or start again without --resume")
 
 
 def write_record(args: TrainingArguments, trainer: Trainer, output_dir: Path, device) -> None:

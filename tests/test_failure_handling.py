@@ -365,6 +365,20 @@ def test_prepare_submit_refuses_incomplete_or_invalid_files(tmp_path, capsys, da
     assert not (tmp_path / "t.zip").exists()
 
 
+def test_a_resume_refuses_a_kept_model_that_is_not_its_runs(tiny_checkpoint, tmp_path, capsys):
+    """Another run's best.* copied beside a stopped run's state would be finished and written out as its own."""
+    for name, seed in (("a", "1"), ("b", "2")):
+        assert mc.main(quick_flags(tiny_checkpoint, tmp_path / name, "--seed", seed, "--stop_after_stages", "1")) == 0
+    theirs = {suffix: (tmp_path / "b" / "run" / f"best{suffix}").read_bytes() for suffix in (".json", ".safetensors")}
+    for suffix, content in theirs.items():
+        (tmp_path / "a" / "run" / f"best{suffix}").write_bytes(content)
+    capsys.readouterr()
+    assert mc.main(quick_flags(tiny_checkpoint, tmp_path / "a", "--seed", "1", "--resume")) == 2
+    line = one_error_line(capsys)
+    assert line.startswith(f"error: cannot resume: {tmp_path / 'a' / 'run' / 'best.json'} is not the kept model")
+    assert {suffix: (tmp_path / "a" / "run" / f"best{suffix}").read_bytes() for suffix in theirs} == theirs
+
+
 def test_resume_reads_the_data_by_content_not_by_path(tiny_checkpoint, tmp_path, capsys):
     data = tmp_path / "data"
     shutil.copytree(DEMO, data)
