@@ -990,9 +990,9 @@ def check_switched_flags(args: TrainingArguments, named: set[str]) -> None:
     """A feature's flag `named` (on the command line or in a --config) while its switch leaves the feature off does
     nothing: refused (ValueError naming both). So for a group's switch (SWITCHES), the flag another one's value
     turns on (TUNES), a penalty's tuning flags (PenaltyFlag.tunes) while its file says it is off, and a task's
-    option (Task.options) while --tasks leaves the task out. A switch named
-    off as well says so knowingly and is accepted: a recipe's --smart flags with --no-smart after them, a run
-    record's "smart": false beside its SMART settings."""
+    option (Task.options) while --tasks leaves the task out. A switch named off as well says so knowingly and is
+    accepted: a recipe's --smart flags with --no-smart after them, a run record's "smart": false beside its SMART
+    settings."""
     for f in dataclasses.fields(args):
         switch, turn_on = SWITCHES.get(f.metadata["group"], (None, None))
         if switch in (None, f.name) or f.name not in named or switch in named:
