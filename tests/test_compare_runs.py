@@ -117,7 +117,8 @@ def test_bad_arms_are_refused_in_one_line(tmp_path, capsys):
     assert len(err) == 1 and err[0].startswith("error: ") and "sts-dev-out.csv: file not found" in err[0]
     for argv, problem in [([f"a={run}", f"a={run}"], "'a' names two arms"),
                           ([str(tmp_path / "nope")], "nope: not a run's folder"),
-                          (["--replicates", "10", str(run)], "--replicates must be >= 100")]:
+                          (["--replicates", "10", str(run)], "--replicates must be >= 100"),
+                          (["--replicates", str(10**9), str(run)], "--replicates must be <= 100000")]:
         with pytest.raises(SystemExit) as exit_info:
             compare_runs.main(["--data_dir", str(DEMO), *argv])
         assert exit_info.value.code == 2 and problem in capsys.readouterr().err
