@@ -38,7 +38,7 @@ from minbert.run.training_args import (TrainingArguments, UsageError, check_resu
 from minbert.runtime import compile_notice, precision_notice
 from minbert.step_log import TrainingDiverged
 from minbert.tasks import RUN_TASKS, TASKS
-from minbert.tasks.score_files import as_saved
+from minbert.tasks.score_files import as_saved, write_train_record
 from minbert.training.distillation import DISTILLED_TASKS
 from minbert.training.checkpoint_files import (FINISHED_FILE, folder_size, human_size, make_last, remove_resume_state,
                                                resume_state_files)
@@ -71,7 +71,9 @@ def write_leaderboard_files(trainer: Trainer, paths: dict, dev_scores: dict, run
 
 def write_train_scores(trainer: Trainer, run_dir: Path) -> None:
     """--score_train: the kept model's scores of every train split the run read (run_dir/scores/TASK-train.csv;
-    SQuAD's windows' logits), what --distill reads from a teacher."""
+    SQuAD's windows' logits), what --distill reads from a teacher; then run_dir/scores/train.json, their SHA-256 and
+    that of the kept model's weights (best.json's), which ties them to this run."""
+    written = []
     for task in trainer.tasks:
         train = trainer.data[task].train
         if task not in DISTILLED_TASKS or train is None:
@@ -79,6 +81,9 @@ def write_train_scores(trainer: Trainer, run_dir: Path) -> None:
         scores = TASKS[task].outputs.train_scores(trainer.predictor, train)
         if trainer.distributed.is_main:
             print(f"wrote {TASKS[task].outputs.write_train_scores(run_dir, scores, trainer.task_settings)}")
+            written.append(TASKS[task].outputs.train_scores_file(run_dir))
+    if trainer.distributed.is_main and written:
+        print(f"wrote {write_train_record(run_dir, written)}")
 
 
 def write_run_calibration(dev_predictions: dict, dev_scores: dict, output_dir: Path) -> None:

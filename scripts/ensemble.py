@@ -29,8 +29,10 @@ the higher mean calibrated probability; each member's own predictions do not cha
 
 --score_train makes the ensemble a teacher: the chosen members' train scores (each run written with
 --score_train) combined into OUTPUT_DIR/scores/TASK-train.csv, which `multitask_classifier.py --distill
-OUTPUT_DIR` learns from (distillation.py). A run scores the train splits of the tasks it trained, so an
-ensemble of one task's specialists teaches that task alone (`--distill_override qqp:teacher=OUTPUT_DIR`).
+OUTPUT_DIR` learns from (distillation.py), with OUTPUT_DIR/scores/train.json tying them to this ensemble (each
+member's own scores/train.json is checked the same way before they are read). A run scores the train splits of the
+tasks it trained, so an ensemble of one task's specialists teaches that task alone (`--distill_override
+qqp:teacher=OUTPUT_DIR`).
 """
 from __future__ import annotations
 
@@ -50,6 +52,7 @@ from minbert.prediction.ensemble_scores import (HELD_OUT_REPEATS, METHODS, Ensem
 from minbert.run.run_outputs import check_run_dev, leaderboard_files
 from minbert.tasks import TASKS, default_output
 from minbert.tasks.calibration import read_calibration
+from minbert.tasks.score_files import train_record_path, write_train_record
 
 
 def output_files(output_dir: Path) -> list[Path]:
@@ -129,10 +132,7 @@ def main(argv=None) -> int:
                 path = output_dir / Path(default_output(task, split)).name
                 write_predictions(path, members[0].scores[(task, split)][0], predicted.tolist(), task)
             atomic_write_text(output_dir / "ensemble.json", json.dumps(report, indent=2) + "\n")
-            for task, (ids, scores) in train_scores.items():
-                write_scores(scores_path(output_dir, task, "train"), ids, scores, task)
-            # An earlier ensemble's teacher scores of a task this one does not teach would still teach --distill.
-            remove_files(scores_path(output_dir, task, "train") for task in METHODS if task not in train_scores)
+            write_teacher(output_dir, train_scores)
     except DataError as err:  # the folder's lock: another ensemble writing there now
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -141,6 +141,20 @@ def main(argv=None) -> int:
         return 2
     print_report(report, args.select, len(predictions), train_scores, output_dir)
     return 0
+
+
+def write_teacher(output_dir: Path, train_scores: dict) -> None:
+    """--score_train's combined train scores and scores/train.json, which ties them to this ensemble (ensemble.json's
+    SHA-256 stands for a run's weights); an earlier ensemble's teacher scores of a task this one does not teach (or
+    their record) would still teach --distill, so they go."""
+    for task, (ids, scores) in train_scores.items():
+        write_scores(scores_path(output_dir, task, "train"), ids, scores, task)
+    remove_files(scores_path(output_dir, task, "train") for task in METHODS if task not in train_scores)
+    if train_scores:
+        write_train_record(output_dir, [scores_path(output_dir, task, "train") for task in train_scores],
+                           "ensemble.json")
+    else:
+        remove_files([train_record_path(output_dir)])
 
 
 def print_report(report: dict, selected: bool, csvs: int, train_scores: dict, output_dir: Path) -> None:

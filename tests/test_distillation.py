@@ -22,6 +22,7 @@ from minbert.tasks import TASKS
 from minbert.tasks.losses import (SIMILARITY_OBJECTIVES, ClassificationObjective, CosineSimilarityObjective,
                                   CrossSimilarityObjective)
 from minbert.tasks.qa import PADDING_LOGIT, read_span_logits, write_span_logits
+from minbert.tasks.score_files import file_sha256, train_record_path
 from minbert.training.distillation import Distillation, TeacherScores, TeacherSpans, load_teacher
 
 pytestmark = pytest.mark.usefixtures("one_thread", "no_plots")
@@ -300,6 +301,66 @@ def test_a_finished_run_becomes_a_teacher_with_resume_and_score_train(teacher_ru
     for task in ("sst", "qqp", "sts"):
         assert (scores_path(tmp_path / "run", task, "train").read_bytes()
                 == scores_path(teacher_run, task, "train").read_bytes())
+    assert_records_its_train_scores(tmp_path / "run")
+
+
+def assert_records_its_train_scores(run):
+    """scores/train.json ties each train scores file to the run's kept weights (best.json's sha256)."""
+    record = json.loads(train_record_path(run).read_text())
+    assert record["model"] == "best.json"
+    assert record["model_sha256"] == json.loads((run / "best.json").read_text())["sha256"]
+    assert record["files"] == {f"{task}-train.csv": file_sha256(scores_path(run, task, "train"))
+                               for task in ("sst", "qqp", "sts")}
+
+
+def test_a_teachers_train_scores_are_tied_to_its_kept_model_and_an_intact_teacher_teaches(teacher_run,
+                                                                                           tiny_checkpoint, tmp_path):
+    assert_records_its_train_scores(teacher_run)
+    teacher = tmp_path / "teacher"
+    shutil.copytree(teacher_run, teacher)  # a run's folder moved elsewhere is still its own
+    assert mc.main(run_flags(tiny_checkpoint, tmp_path / "student", "--distill", str(teacher))) == 0
+
+
+def another_runs_scores(path, task):
+    """The train scores of `path` as another run's model would have written them (other values, the same ids)."""
+    ids, scores = read_scores(path, task)
+    write_scores(path, ids, scores + 0.25, task)
+
+
+@pytest.mark.parametrize("swap", ["copied_scores", "retrained_model", "unrecorded_file"])
+def test_train_scores_that_are_not_the_teachers_kept_models_are_refused(swap, teacher_run, tiny_checkpoint, tmp_path,
+                                                                        capsys):
+    """Audit: another run's scores/qqp-train.csv copied into a teacher folder (or the teacher retrained since) was
+    distilled from with exit 0. Refused in one line naming the file, exit 2, before training."""
+    teacher = tmp_path / "teacher"
+    shutil.copytree(teacher_run, teacher)
+    path = scores_path(teacher, "qqp", "train")
+    if swap == "copied_scores":
+        another_runs_scores(path, "qqp")
+        expected = f"error: {path}: not the train scores {train_record_path(teacher)} records"
+    elif swap == "retrained_model":
+        best = json.loads((teacher / "best.json").read_text())
+        (teacher / "best.json").write_text(json.dumps({**best, "sha256": "0" * 64}))
+        expected = f"error: {scores_path(teacher, 'sst', 'train')}: written by another model than"
+    else:
+        record = json.loads(train_record_path(teacher).read_text())
+        del record["files"]["qqp-train.csv"]
+        train_record_path(teacher).write_text(json.dumps(record))
+        expected = f"error: {path}: not among the train scores"
+    capsys.readouterr()
+    assert mc.main(run_flags(tiny_checkpoint, tmp_path / "student", "--distill", str(teacher))) == 2
+    error = capsys.readouterr().err.strip()
+    assert "\n" not in error and error.startswith(expected), error
+    assert not (tmp_path / "student" / "run" / "history.json").exists()
+
+
+def test_a_teacher_written_before_the_record_is_read_unchecked(teacher_run, tiny_checkpoint, tmp_path):
+    """Train scores without scores/train.json (committed results/ teachers) still teach, as before."""
+    teacher = tmp_path / "teacher"
+    shutil.copytree(teacher_run, teacher)
+    train_record_path(teacher).unlink()
+    another_runs_scores(scores_path(teacher, "qqp", "train"), "qqp")  # nothing to tell it from the run's
+    assert mc.main(run_flags(tiny_checkpoint, tmp_path / "student", "--distill", str(teacher))) == 0
 
 
 def test_a_distilled_run_trains_on_the_teachers_scores(teacher_run, tiny_checkpoint, tmp_path, capsys):
@@ -340,6 +401,7 @@ def test_teachers_that_cannot_teach_this_run_are_one_line_and_exit_2(teacher_run
 def test_a_resume_refuses_a_teacher_whose_scores_changed(teacher_run, tiny_checkpoint, tmp_path, capsys):
     teacher = tmp_path / "teacher"
     shutil.copytree(teacher_run / "scores", teacher / "scores")
+    train_record_path(teacher).unlink()  # scores alone, not tied to a model: read unchecked, as before the record
     flags = run_flags(tiny_checkpoint, tmp_path, "--distill", str(teacher))
     assert mc.main(flags + ["--stop_after_stages", "1"]) == 0
     path = scores_path(teacher, "qqp", "train")
@@ -441,6 +503,7 @@ def test_ensemble_score_train_writes_a_teacher_a_student_learns_from(teacher_run
     # scored and others did not is refused, and so are members written without --score_train.
     first = tmp_path / "first"
     shutil.copytree(teacher_run / "scores", first / "scores")
+    shutil.copy(teacher_run / "best.json", first / "best.json")  # the model its scores/train.json records
     members = [str(first), str(other / "run")]
 
     def teacher_of(name: str) -> int:
@@ -450,7 +513,8 @@ def test_ensemble_score_train_writes_a_teacher_a_student_learns_from(teacher_run
     for member in members:
         scores_path(member, "sst", "train").unlink()
     assert teacher_of("no_sst") == 0
-    assert sorted(p.name for p in (tmp_path / "no_sst" / "scores").iterdir()) == ["qqp-train.csv", "sts-train.csv"]
+    assert sorted(p.name for p in (tmp_path / "no_sst" / "scores").iterdir()) == ["qqp-train.csv", "sts-train.csv",
+                                                                                 "train.json"]
     scores_path(other / "run", "qqp", "train").unlink()
     assert teacher_of("half_qqp") == 2 and "qqp-train.csv: no train scores" in capsys.readouterr().err
     for member, task in ((first, "qqp"), (first, "sts"), (other / "run", "sts")):

@@ -18,7 +18,8 @@ from minbert.data.scores import ScoresFileError, read_scores, scores_path, write
 from minbert.prediction.ensemble_scores import (METHODS, combine, greedy_selection, held_out_metric, load_members,
                                                 member_predictions, member_weights, metric)
 from minbert.tasks import MULTITASK, TASKS
-from minbert.tasks.score_files import as_saved
+from minbert.tasks.score_files import as_saved, file_sha256, train_record_path, write_train_record
+from minbert.training.distillation import load_teacher
 
 pytestmark = pytest.mark.usefixtures("one_thread", "no_plots")
 
@@ -460,3 +461,46 @@ def test_a_calibrated_members_calibration_copied_from_another_run_is_refused(fin
     assert err.endswith(f"that {member / 'best.json'} records: not this run's calibration\n") and err.count("\n") == 1
     assert not (tmp_path / "e").exists()
     assert main([str(member), "--output_dir", str(tmp_path / "e"), "--data_dir", str(DEMO)]) == 0  # not read
+
+
+def recorded_teacher_member(finished_run, folder, shift: float = 0.0) -> Path:
+    """A member written with --score_train: the finished run's record and scores, QQP train scores (its dev
+    scores + shift) and scores/train.json tying them to its best.json."""
+    member = copied_run(finished_run, folder)
+    ids, scores = read_scores(scores_path(member, "qqp", "dev"), "qqp")
+    write_scores(scores_path(member, "qqp", "train"), ids, scores + shift, "qqp")
+    write_train_record(member, [scores_path(member, "qqp", "train")])
+    return member
+
+
+def test_an_ensemble_teacher_records_and_checks_the_train_scores_it_writes(finished_run, tmp_path):
+    member = recorded_teacher_member(finished_run, tmp_path / "m")
+    out = tmp_path / "e"
+    assert main([str(member), "--output_dir", str(out), "--data_dir", str(DEMO), "--score_train"]) == 0
+    record = json.loads(train_record_path(out).read_text())
+    assert record == {"model": "ensemble.json", "model_sha256": file_sha256(out / "ensemble.json"),
+                      "files": {"qqp-train.csv": file_sha256(scores_path(out, "qqp", "train"))}}
+    ids = read_scores(scores_path(out, "qqp", "train"), "qqp")[0]
+    assert set(load_teacher(out, {"qqp": ids})) == {"qqp"}  # an intact ensemble teacher teaches
+    another_ensemble = json.loads((out / "ensemble.json").read_text()) | {"methods": {"qqp": "vote"}}
+    (out / "ensemble.json").write_text(json.dumps(another_ensemble))  # another member set's in its place
+    with pytest.raises(ScoresFileError, match=r"qqp-train.csv: written by another model than .*ensemble.json"):
+        load_teacher(out, {"qqp": ids})
+    assert main([str(member), "--output_dir", str(out), "--data_dir", str(DEMO)]) == 0
+    assert not train_record_path(out).exists()  # no train scores, no record of them
+
+
+def test_an_ensemble_refuses_a_members_train_scores_copied_from_another_run(finished_run, tmp_path, capsys):
+    """Audit: a member's scores/qqp-train.csv that was another run's was combined into the teacher (exit 0). Refused
+    in one line naming it, exit 2, before anything is written; a member without a record is read as before."""
+    member = recorded_teacher_member(finished_run, tmp_path / "m")
+    other = recorded_teacher_member(finished_run, tmp_path / "other", shift=0.5)
+    shutil.copy(scores_path(other, "qqp", "train"), scores_path(member, "qqp", "train"))
+    capsys.readouterr()
+    assert main([str(member), "--output_dir", str(tmp_path / "e"), "--data_dir", str(DEMO), "--score_train"]) == 2
+    error = capsys.readouterr().err.strip()
+    assert "\n" not in error and error.startswith(f"error: {scores_path(member, 'qqp', 'train')}: not the train "
+                                                  f"scores {train_record_path(member)} records"), error
+    assert not (tmp_path / "e" / "ensemble.json").exists()
+    train_record_path(member).unlink()  # written before the record existed: unchecked
+    assert main([str(member), "--output_dir", str(tmp_path / "e"), "--data_dir", str(DEMO), "--score_train"]) == 0

@@ -18,6 +18,7 @@ from minbert.prediction.leaderboard import kept_model_score, overall_of, task_me
 from minbert.tasks import MULTITASK, RUN_TASKS, TASKS
 from minbert.tasks.base import check_weights
 from minbert.tasks.calibration import calibration_path, read_calibration
+from minbert.tasks.score_files import check_train_scores
 
 SPLITS = ("dev", "test")
 # The tasks a run saves scores of that ensembles combine, and how (each task's first method is the default).
@@ -303,6 +304,8 @@ def ensemble_train_scores(report: dict) -> dict[str, tuple[list[str], np.ndarray
             continue
         if missing:
             raise ScoresFileError(f"{missing[0]}: no train scores; rerun that member with --score_train")
+        for run, path in zip(info["chosen"], paths):  # each member's own (its scores/train.json), if it records them
+            check_train_scores(run, [path])
         temperatures = [report.get("temperatures", {}).get(run, {}).get(task, 1.0) for run in info["chosen"]]
         loaded = [(ids, scores / t) for (ids, scores), t in zip((read_scores(path, task) for path in paths),
                                                                  temperatures)]

@@ -14,6 +14,7 @@ from minbert.run.run_record import RECORD_FILE
 from minbert.step_log import STEPS_FILE, TENSORBOARD_DIR
 from minbert.tasks import RUN_TASKS, SPLITS, TASKS, TEXT_TASKS, course_file_name, default_output
 from minbert.tasks.calibration import CALIBRATION_FILE
+from minbert.tasks.score_files import train_record_path
 from minbert.training.checkpoint_files import FINISHED_FILE
 
 
@@ -57,7 +58,7 @@ def earlier_run_files(output_dir: Path, predictions: list[Path]) -> list[Path]:
     files += (output_dir / TENSORBOARD_DIR).glob("events.out.tfevents.*")  # --report_to tensorboard's
     files += [path for path in output_dir.glob("*") if CHECKPOINT.fullmatch(path.name)]
     files += [scores_path(output_dir, task, split) for task in RUN_TASKS for split in SPLITS]
-    files.append(span_logits_path(output_dir))
+    files += [span_logits_path(output_dir), train_record_path(output_dir)]
     folders = {output_dir / "predictions"} | {path.parent for path in predictions
                                               if path.resolve().is_relative_to(output_dir.resolve())}
     files += [folder / Path(default_output(task, split)).name for folder in folders

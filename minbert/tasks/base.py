@@ -246,11 +246,15 @@ class TaskOutputs(TaskPart, ABC):
         its leaderboard files are decided from (predict_scores). Every rank predicts (a collective under torchrun)."""
         return self.predict_scores(predictor, examples)
 
+    def train_scores_file(self, run_dir: str | os.PathLike) -> Path:
+        """Where write_train_scores writes them and load_teacher reads them (RUN/scores/TASK-train.csv)."""
+        return scores_path(run_dir, self.task.name, "train")
+
     def write_train_scores(self, run_dir: str | os.PathLike, scores, settings: Mapping[str, object]) -> str:
-        """train_scores' `scores` in run_dir/scores/, where load_teacher reads them. Returns the file and what it
-        holds, in words."""
+        """train_scores' `scores` in run_dir/scores/ (train_scores_file), where load_teacher reads them. Returns the
+        file and what it holds, in words."""
         ids, values = scores
-        path = scores_path(run_dir, self.task.name, "train")
+        path = self.train_scores_file(run_dir)
         self.write_scores(path, ids, values)
         return f"{path} ({len(ids)} rows)"
 

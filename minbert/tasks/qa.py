@@ -132,6 +132,9 @@ class AnswerOutputs(TaskOutputs):
     def train_scores(self, predictor, examples: list[QAExample]) -> tuple[list[str], list[np.ndarray]]:
         return predictor.span_logits(self.task.name, examples)
 
+    def train_scores_file(self, run_dir: str | os.PathLike) -> Path:
+        return span_logits_path(run_dir)
+
     def write_train_scores(self, run_dir: str | os.PathLike, scores, settings: Mapping[str, object]) -> str:
         ids, logits = scores
         path, windowing = span_logits_path(run_dir), self.task.windowing(settings)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import json
 import math
 import os
 from collections import Counter
@@ -17,7 +18,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from minbert.files import atomic_write_csv
+from minbert.files import atomic_write_csv, atomic_write_text
 
 # A logit (SST's, QQP's, SQuAD's start and end) beyond +-1e4 is no trained model's (SQuAD's padding is -1e4,
 # tasks.qa.PADDING_LOGIT) and overflows the float32 losses that distil it.
@@ -127,3 +128,71 @@ class TeacherScores:
     def check_windows(self, inputs) -> None:
         """Nothing to refuse in the student's tokenised train split: these scores are one per example, and
         load_teacher found every example's (a teacher of SQuAD's windows, qa.py's TeacherSpans, checks them)."""
+
+
+# --score_train's record (RUN/scores/train.json): what ties a folder's train scores to the model that wrote them, so
+# that --distill and scripts/ensemble.py --score_train refuse another run's copied in (or an earlier model's).
+TRAIN_RECORD = "train.json"
+
+
+def train_record_path(run_dir: str | os.PathLike) -> Path:
+    return Path(run_dir) / "scores" / TRAIN_RECORD
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def model_sha256(run_dir: str | os.PathLike, model: str) -> str | None:
+    """The digest of the folder's model that the record names: a run's best.json "sha256" (its kept weights'), or
+    an ensemble's ensemble.json's own SHA-256 (its members, weights and methods); None when there is none."""
+    path = Path(run_dir) / model
+    try:
+        if model == "ensemble.json":
+            return file_sha256(path)
+        digest = json.loads(path.read_text(encoding="utf-8")).get("sha256")
+        return digest if isinstance(digest, str) else None
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def write_train_record(run_dir: str | os.PathLike, files: Sequence[str | os.PathLike], model: str = "best.json") -> Path:
+    """RUN/scores/train.json: the SHA-256 of each train scores file in `files` and of the model (`model`: best.json
+    or ensemble.json, model_sha256) that wrote them."""
+    digest = model_sha256(run_dir, model)
+    if digest is None:
+        raise ScoresFileError(f"{Path(run_dir) / model}: no model digest to tie the train scores to")
+    record = {"model": model, "model_sha256": digest,
+              "files": {Path(path).name: file_sha256(path) for path in files}}
+    path = train_record_path(run_dir)
+    atomic_write_text(path, json.dumps(record, indent=1, sort_keys=True) + "\n")
+    return path
+
+
+def check_train_scores(run_dir: str | os.PathLike, files: Sequence[str | os.PathLike]) -> None:
+    """Refuses (ScoresFileError, one line naming the file) a train scores file of `files` that the folder's record
+    does not tie to its current model: not recorded, changed since, or written by a model the folder no longer
+    holds. A folder without a record (train scores written before the record existed) is not checked."""
+    record_path = train_record_path(run_dir)
+    if not record_path.is_file():
+        return
+    try:
+        record = json.loads(record_path.read_text(encoding="utf-8"))
+        model, digest, recorded = record["model"], record["model_sha256"], dict(record["files"])
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise ScoresFileError(f"{record_path}: not a train scores record ({err})") from None
+    for path in map(Path, files):
+        if not path.is_file():
+            continue  # the task's reader says it is missing
+        if path.name not in recorded:
+            raise ScoresFileError(f"{path}: not among the train scores {record_path} records; not this run's")
+        if file_sha256(path) != recorded[path.name]:
+            raise ScoresFileError(f"{path}: not the train scores {record_path} records (its SHA-256 differs); "
+                                  "not this run's")
+        if model_sha256(run_dir, model) != digest:
+            raise ScoresFileError(f"{path}: written by another model than {Path(run_dir) / model}'s ({record_path} "
+                                  "records another digest); rewrite them with --score_train")

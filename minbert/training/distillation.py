@@ -26,7 +26,7 @@ from torch import Tensor
 from minbert.tasks import RUN_TASKS, TASKS
 from minbert.tasks.losses import Objective
 from minbert.tasks.qa import TeacherSpans
-from minbert.tasks.score_files import ScoresFileError, TeacherScores
+from minbert.tasks.score_files import ScoresFileError, TeacherScores, check_train_scores
 from minbert.training.objective import Penalty, TaskForward
 
 DISTILLED_TASKS = RUN_TASKS  # the tasks whose saved scores a student can learn from: every task a run trains
@@ -38,10 +38,13 @@ def load_teacher(run_dir: str | Path, train_ids: dict[str, list[str]],
     """The teacher's train scores of every task in `train_ids` (the student's training ids per task; SQuAD's
     question ids). A missing file, or one that lacks an id the student trains on (another data set, or a teacher
     written with fewer training examples), raises ScoresFileError naming the file; so does SQuAD's when its
-    windows are not those of the student's `task_settings` (tasks.task_settings; None: not checked)."""
+    windows are not those of the student's `task_settings` (tasks.task_settings; None: not checked), and a file
+    the teacher's scores/train.json does not tie to its current model (score_files.check_train_scores)."""
     if not Path(run_dir).is_dir():
         raise ScoresFileError(f"{run_dir}: not a folder; --distill names a teacher's folder (a run written with "
                               "--score_train, or scripts/ensemble.py --score_train's output)")
+    # scores/train.json ties the files to the teacher's model; another run's copied in is refused (none: unchecked)
+    check_train_scores(run_dir, [TASKS[task].outputs.train_scores_file(run_dir) for task in train_ids])
     return {task: TASKS[task].outputs.load_teacher(run_dir, ids, task_settings) for task, ids in train_ids.items()}
 
 
