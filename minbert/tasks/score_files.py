@@ -160,7 +160,8 @@ def model_sha256(run_dir: str | os.PathLike, model: str) -> str | None:
         return None
 
 
-def write_train_record(run_dir: str | os.PathLike, files: Sequence[str | os.PathLike], model: str = "best.json") -> Path:
+def write_train_record(run_dir: str | os.PathLike, files: Sequence[str | os.PathLike],
+                       model: str = "best.json") -> Path:
     """RUN/scores/train.json: the SHA-256 of each train scores file in `files` and of the model (`model`: best.json
     or ensemble.json, model_sha256) that wrote them."""
     digest = model_sha256(run_dir, model)
