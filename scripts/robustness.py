@@ -53,7 +53,7 @@ from minbert.run.kept_ensemble import check_members, checkpoint_json, load_score
 from minbert.run.run_outputs import run_settings
 from minbert.run.run_record import recorded_path, working_dir_of
 from minbert.runtime import resolve_device, seed_everything, use_tf32
-from minbert.tasks import TEXT_TASKS, task_name
+from minbert.tasks import TASKS, TEXT_TASKS, task_name
 
 
 def names(text: str, allowed: tuple[str, ...], flag: str, parser: argparse.ArgumentParser) -> list[str]:
@@ -143,6 +143,10 @@ def flag_without_family(args: argparse.Namespace) -> str | None:
             which = f"the {users[0]} family uses" if len(users) == 1 else \
                 f"the {', '.join(users[:-1])} and {users[-1]} families use"
             return f"--{flag} would do nothing with --families {','.join(args.families)}: only {which} it"
+    regressions = [task for task in args.tasks or TEXT_TASKS if not TASKS[task].num_classes]
+    if "regression_margin" in args.given and not regressions:  # the greedy attack's success on a score (STS)
+        return f"--regression_margin would do nothing with --tasks {','.join(args.tasks)}: only a task scored as a " \
+               "number (sts) reads it"
     return None
 
 

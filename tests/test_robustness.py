@@ -381,6 +381,8 @@ def test_a_family_name_is_registered_once(toy_family):
      "--attack_examples would do nothing with --families char: only the embedding and greedy families use it"),
     (["--families", "char,embedding", "--neighbours", "3"], "--neighbours would do nothing with --families "
                                                             "char,embedding: only the word and greedy families use it"),
+    (["--tasks", "sst,qqp", "--regression_margin", "0.5"], "--regression_margin would do nothing with --tasks "
+                                                           "sst,qqp: only a task scored as a number (sts) reads it"),
 ])
 def test_bad_flags_are_one_line_and_exit_2(tmp_path, capsys, flags, problem):
     import robustness
