@@ -28,6 +28,7 @@ from base_bert import CheckpointError
 from bert import BertModel
 from minbert.data.batches import DataError, show_data_warnings_on_one_line
 from minbert.files import atomic_write_text, forbidden_output, unwritable_folder
+from minbert.model.checkpoint import changed_settings
 from minbert.model.multitask_bert import MultitaskBERT, load_multitask_checkpoint
 from minbert.reports.cka import (cka_matrices, dev_sentences, layer_representations, plot_cka_comparison,
                                  plot_stage_cka, sentence_spans, with_start)
@@ -76,10 +77,7 @@ def check_one_run(run: Path, stages: list[tuple[Path, dict]]) -> None:
     code since a checkpoint was written reads as its default, as --resume reads it."""
     defaults = field_defaults(TrainingArguments)
     free = resume_free_fields(TrainingArguments) - {"output_dir"}
-
-    def compared(settings: dict) -> dict:
-        return {key: value for key, value in {**defaults, **settings}.items() if key not in free}
-    first_path, first = stages[0][0].with_suffix(".json"), compared(stages[0][1]["args"])
+    first_path, first = stages[0][0].with_suffix(".json"), stages[0][1]["args"]
     best = run / "best.json"
     try:
         kept = json.loads(best.read_text(encoding="utf-8"))
@@ -90,13 +88,12 @@ def check_one_run(run: Path, stages: list[tuple[Path, dict]]) -> None:
         raise CheckpointError(f"{best}: not a checkpoint's metadata (no args)")
     for path, settings in [(prefix.with_suffix(".json"), metadata["args"]) for prefix, metadata in stages[1:]] + \
             [(best, kept["args"])]:
-        settings = compared(settings)
-        differing = sorted(key for key in first.keys() | settings.keys() if first.get(key) != settings.get(key))
+        # as --resume compares a checkpoint's flags with its own, a flag either side lacks read as its default
+        differing = changed_settings(first, {**defaults, **settings}, free, defaults)
         if differing:
-            key = differing[0]
-            raise CheckpointError(f"{path}: another run's checkpoint (its --{key} {settings.get(key)!r} is "
-                                  f"{first.get(key)!r} in {first_path}); every stage_N and best of the run must "
-                                  "come from one run")
+            key, ours, theirs = differing[0]
+            raise CheckpointError(f"{path}: another run's checkpoint (its --{key} {theirs!r} is {ours!r} in "
+                                  f"{first_path}); every stage_N and best of the run must come from one run")
 
 
 def representations(run: Path, stages: list[tuple[Path, dict]], sentences: dict, batch_size: int) -> list:

@@ -258,16 +258,24 @@ def rank_states(tensors: dict[str, torch.Tensor], rank: int) -> dict[str, torch.
     return {name[:-len(suffix)]: tensor for name, tensor in tensors.items() if name.endswith(suffix)}
 
 
-def check_resume_settings(saved: dict, current: dict, free: set[str], defaults: dict | None = None) -> None:
-    """Refuse to resume when a setting outside `free` (those that cannot change the result) differs.
-
-    A setting the stopped run does not have came with a later version of the code, and reads as its
+def changed_settings(saved: dict, current: dict, free: set[str],
+                     defaults: dict | None = None) -> list[tuple[str, object, object]]:
+    """(setting, its value in `saved`, in `current`) of each setting outside `free` (those that cannot change the
+    result) in which `current` differs from `saved`, a checkpoint's recorded args, sorted; `current` as it would read
+    back from a checkpoint. A setting `saved` does not have came with a later version of the code, and reads as its
     entry in `defaults`: a new flag's default keeps what the code did before it existed."""
-    current = json.loads(json.dumps(current, default=str))  # as it would read back from the checkpoint
+    current = json.loads(json.dumps(current, default=str))
     added = json.loads(json.dumps({k: v for k, v in (defaults or {}).items() if k not in saved}, default=str))
     saved = {**added, **saved}
-    changed = sorted(k for k in saved.keys() | current.keys() if k not in free and saved.get(k) != current.get(k))
+    return [(k, saved.get(k), current.get(k)) for k in sorted(saved.keys() | current.keys())
+            if k not in free and saved.get(k) != current.get(k)]
+
+
+def check_resume_settings(saved: dict, current: dict, free: set[str], defaults: dict | None = None) -> None:
+    """Refuse to resume when a setting outside `free` (those that cannot change the result) differs
+    (changed_settings)."""
+    changed = changed_settings(saved, current, free, defaults)
     if changed:
-        details = ", ".join(f"--{k} {saved.get(k)!r} -> {current.get(k)!r}" for k in changed[:4])
+        details = ", ".join(f"--{k} {before!r} -> {after!r}" for k, before, after in changed[:4])
         raise CheckpointError(f"cannot resume: {len(changed)} flag(s) differ from the stopped run ({details}); "
                               "rerun with the original flags plus --resume")
