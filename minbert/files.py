@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import csv
 import fcntl
+import hashlib
 import io
 import os
 import shutil
@@ -254,6 +255,15 @@ def new_file_mode() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return 0o666 & ~mask
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    """The SHA-256 of a file's bytes, read in blocks (a checkpoint's weights, a train scores file)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def run_folder_of(path: str | os.PathLike) -> Path | None:

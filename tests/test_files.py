@@ -10,7 +10,7 @@ from safetensors.torch import save_file
 
 import minbert.model.checkpoint as checkpoint
 from minbert.files import (PARTIAL, atomic_write, atomic_write_bytes, atomic_write_csv, atomic_write_text, locked_folder,
-                           unwritable_folder, write_aside)
+                           file_sha256, unwritable_folder, write_aside)
 from minbert.model.checkpoint import atomic_save, read_checkpoint
 from prepare_submit import write_zip
 
@@ -191,7 +191,7 @@ def test_settling_a_folder_finishes_a_save_killed_between_its_moves_and_drops_on
     pending = tmp_path / "last.safetensors.tmp"  # killed between the moves: the JSON names these weights
     save_file({"w": torch.ones(2)}, str(pending))
     info = json.loads((tmp_path / "last.json").read_text())
-    (tmp_path / "last.json").write_text(json.dumps({**info, "n": 2, "sha256": checkpoint._sha256(pending)}))
+    (tmp_path / "last.json").write_text(json.dumps({**info, "n": 2, "sha256": file_sha256(pending)}))
     removed = checkpoint.settle_interrupted_saves(tmp_path)
     assert sorted(path.name for path in removed) == ["best.json.tmp", "best.safetensors.tmp"]
     assert sorted(os.listdir(tmp_path)) == ["best.json", "best.safetensors", "last.json", "last.safetensors"]

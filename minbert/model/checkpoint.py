@@ -6,7 +6,6 @@ into tensors and JSON here; the trainer decides what goes in a checkpoint.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import random
@@ -20,17 +19,9 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from base_bert import CheckpointError
-from minbert.files import locked_folder, write_aside
+from minbert.files import file_sha256, locked_folder, write_aside
 
 MT19937_KEYS = 624  # the words of NumPy's Mersenne Twister state
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def atomic_save(prefix: Path, tensors: dict[str, torch.Tensor], metadata: dict) -> None:
@@ -44,7 +35,7 @@ def atomic_save(prefix: Path, tensors: dict[str, torch.Tensor], metadata: dict) 
     weights, info = prefix.with_suffix(".safetensors"), prefix.with_suffix(".json")
     on_cpu = {k: v.cpu() for k, v in tensors.items()}
     pending_weights = write_aside(weights, lambda path: save_tensors(on_cpu, path), _pending(weights))
-    text = json.dumps({**metadata, "sha256": _sha256(pending_weights)}, indent=1, default=str)
+    text = json.dumps({**metadata, "sha256": file_sha256(pending_weights)}, indent=1, default=str)
     pending_info = write_aside(info, lambda path: path.write_text(text, encoding="utf-8"), _pending(info))
     os.replace(pending_info, info)
     os.replace(pending_weights, weights)
@@ -96,7 +87,7 @@ def settle_interrupted_saves(folder: Path) -> list[Path]:
 def _completes_its_save(pending_weights: Path) -> bool:
     info = pending_weights.with_name(pending_weights.name.removesuffix(f".safetensors{PENDING}") + ".json")
     try:
-        return json.loads(info.read_text(encoding="utf-8")).get("sha256") == _sha256(pending_weights)
+        return json.loads(info.read_text(encoding="utf-8")).get("sha256") == file_sha256(pending_weights)
     except (OSError, UnicodeDecodeError, ValueError, AttributeError, RecursionError):
         return False
 
@@ -111,8 +102,8 @@ def read_checkpoint(prefix: Path) -> tuple[dict[str, torch.Tensor], dict]:
     metadata = _read_json(info)
     if "sha256" not in metadata or not isinstance(metadata["sha256"], str):
         raise CheckpointError(f"{info}: no 'sha256' of the weights; not a checkpoint of this project")
-    if not weights.is_file() or _sha256(weights) != metadata["sha256"]:
-        if _pending(weights).is_file() and _sha256(_pending(weights)) == metadata["sha256"]:
+    if not weights.is_file() or file_sha256(weights) != metadata["sha256"]:
+        if _pending(weights).is_file() and file_sha256(_pending(weights)) == metadata["sha256"]:
             os.replace(_pending(weights), weights)  # finish the save that a kill interrupted
         else:
             raise CheckpointError(f"{prefix}: {weights.name} and {info.name} come from different saves or the "

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from minbert.files import atomic_write_csv, atomic_write_text
+from minbert.files import atomic_write_csv, atomic_write_text, file_sha256
 
 # A logit (SST's, QQP's, SQuAD's start and end) beyond +-1e4 is no trained model's (SQuAD's padding is -1e4,
 # tasks.qa.PADDING_LOGIT) and overflows the float32 losses that distil it.
@@ -137,14 +137,6 @@ TRAIN_RECORD = "train.json"
 
 def train_record_path(run_dir: str | os.PathLike) -> Path:
     return Path(run_dir) / "scores" / TRAIN_RECORD
-
-
-def file_sha256(path: str | os.PathLike) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def model_sha256(run_dir: str | os.PathLike, model: str) -> str | None:
