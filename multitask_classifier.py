@@ -13,7 +13,6 @@ the six leaderboard CSVs.
 from __future__ import annotations
 
 import dataclasses
-import json
 import sys
 import time
 from contextlib import nullcontext
@@ -29,8 +28,10 @@ from minbert.model.checkpoint import checkpoint_folder
 from minbert.reports.calibration import calibration_lines, write_calibration
 from minbert.reports.embedding_analysis import MIN_TSNE_POINTS, plot_tsne, sentence_embeddings
 from minbert.reports.plots import figure_problem, write_run_reports
+from minbert.prediction.leaderboard import PredictionsFileError
 from minbert.prediction.run_evaluation import kept_record_mismatch
 from minbert.run.run_files import earlier_run_files, tsne_file
+from minbert.run import run_outputs
 from minbert.run.run_record import run_record, run_segments, write_run_record
 from minbert.run.run_setup import build_run, check_pretrained, finished_run, load_inputs, resume_prefix, resuming
 from minbert.run.training_args import (TrainingArguments, UsageError, check_resume_arguments, parse_training_args,
@@ -148,13 +149,12 @@ def check_kept_model(best: Path, history: list[dict], info: Path) -> None:
     """The kept model a resumed run would finish with (OUTPUT_DIR/best.*, read back when the run ends) is the one its
     training state's history kept: another run's best.* copied beside the state would be finished, scored and
     written out as this run's."""
-    if not best.exists():
-        return
     try:
-        kept = json.loads(best.read_text(encoding="utf-8"))["metrics"]
-        mismatch = kept_record_mismatch(kept, history)
-    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError) as err:
-        mismatch = f"not a run record ({type(err).__name__})"
+        record = run_outputs.run_record(best.parent)  # best.json as every reader of runs reads it; None: none
+    except PredictionsFileError as err:
+        mismatch = str(err)
+    else:
+        mismatch = record and kept_record_mismatch(record.metrics, history)
     if mismatch:
         raise CheckpointError(f"cannot resume: {best} is not the kept model of the training state in {info} "
                               f"({mismatch}); restore the run's own best.* or start again without --resume")
